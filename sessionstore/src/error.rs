@@ -1,0 +1,209 @@
+//! Store errors. Owns the one error type every store call returns and its stable codes; callers
+//! branch on [`ErrorCode`], never on message text. Never carries bodies or secrets.
+
+use std::fmt;
+
+/// A stable, machine-readable error code.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum ErrorCode {
+    NotFound,
+    Conflict,
+    Epoch,
+    ClaimHeld,
+    ClaimLost,
+    Deadline,
+    Terminal,
+    State,
+    CommandMismatch,
+    Evidence,
+    Unroutable,
+    Invalid,
+    Integrity,
+    Unavailable,
+}
+
+impl ErrorCode {
+    /// The wire string of this code.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::Conflict => "conflict",
+            ErrorCode::Epoch => "epoch",
+            ErrorCode::ClaimHeld => "claim_held",
+            ErrorCode::ClaimLost => "claim_lost",
+            ErrorCode::Deadline => "deadline",
+            ErrorCode::Terminal => "terminal",
+            ErrorCode::State => "state",
+            ErrorCode::CommandMismatch => "command_mismatch",
+            ErrorCode::Evidence => "evidence",
+            ErrorCode::Unroutable => "unroutable",
+            ErrorCode::Invalid => "invalid",
+            ErrorCode::Integrity => "integrity",
+            ErrorCode::Unavailable => "unavailable",
+        }
+    }
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Every refusal and failure of the session store.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum StoreError {
+    /// The named record does not exist (for this tenant).
+    #[error("not_found: {entity} {key}")]
+    NotFound { entity: &'static str, key: String },
+
+    /// A conditional write lost a race; `current` is the record's revision now.
+    #[error("conflict: {entity} revision is {current}, expected {expected}")]
+    Conflict {
+        entity: &'static str,
+        expected: u64,
+        current: u64,
+    },
+
+    /// A write under a strictly lower epoch than the record's mark.
+    #[error("epoch: {field} mark is {mark}, the write carried {offered}")]
+    Epoch {
+        field: &'static str,
+        mark: u64,
+        offered: u64,
+    },
+
+    /// A live claim (or lease) is held by someone else.
+    #[error("claim_held: {field} is held at epoch {epoch} until {expires_at_ms} ms")]
+    ClaimHeld {
+        field: &'static str,
+        epoch: u64,
+        expires_at_ms: i64,
+    },
+
+    /// The caller's claim (or lease) lapsed or was taken over.
+    #[error("claim_lost: {field}: {reason}")]
+    ClaimLost {
+        field: &'static str,
+        reason: &'static str,
+    },
+
+    /// The command's apply deadline has passed.
+    #[error("deadline: apply deadline {deadline_ms} ms has passed")]
+    Deadline { deadline_ms: i64 },
+
+    /// The record is terminal and cannot move.
+    #[error("terminal: command is {state}")]
+    Terminal { state: String },
+
+    /// The transition is not allowed from the record's state.
+    #[error("state: {entity} is {state}: {reason}")]
+    State {
+        entity: &'static str,
+        state: String,
+        reason: String,
+    },
+
+    /// An admission retry differs from the recorded command.
+    #[error("command_mismatch: {field} differs from the recorded command")]
+    CommandMismatch { field: &'static str },
+
+    /// The runtime's journal holds no (or no single, matching) disposition for the attempt.
+    #[error("evidence: {reason}")]
+    Evidence { reason: String },
+
+    /// No evidence reader is routed for the session's storage binding.
+    #[error("unroutable: no journal is routed for storage binding {storage_binding}")]
+    Unroutable { storage_binding: String },
+
+    /// Input refused at the edge.
+    #[error("invalid: {field} {reason}")]
+    Invalid { field: &'static str, reason: String },
+
+    /// Stored data failed verification (corrupt row, digest mismatch, undecodable record).
+    #[error("integrity: {entity}: {reason}")]
+    Integrity { entity: &'static str, reason: String },
+
+    /// The store cannot be reached or is closed.
+    #[error("unavailable: {reason}")]
+    Unavailable { reason: String },
+}
+
+impl StoreError {
+    /// The stable code of this error.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            StoreError::NotFound { .. } => ErrorCode::NotFound,
+            StoreError::Conflict { .. } => ErrorCode::Conflict,
+            StoreError::Epoch { .. } => ErrorCode::Epoch,
+            StoreError::ClaimHeld { .. } => ErrorCode::ClaimHeld,
+            StoreError::ClaimLost { .. } => ErrorCode::ClaimLost,
+            StoreError::Deadline { .. } => ErrorCode::Deadline,
+            StoreError::Terminal { .. } => ErrorCode::Terminal,
+            StoreError::State { .. } => ErrorCode::State,
+            StoreError::CommandMismatch { .. } => ErrorCode::CommandMismatch,
+            StoreError::Evidence { .. } => ErrorCode::Evidence,
+            StoreError::Unroutable { .. } => ErrorCode::Unroutable,
+            StoreError::Invalid { .. } => ErrorCode::Invalid,
+            StoreError::Integrity { .. } => ErrorCode::Integrity,
+            StoreError::Unavailable { .. } => ErrorCode::Unavailable,
+        }
+    }
+
+    pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
+        StoreError::Invalid {
+            field,
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn integrity(entity: &'static str, reason: impl Into<String>) -> Self {
+        StoreError::Integrity {
+            entity,
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn unavailable(reason: impl Into<String>) -> Self {
+        StoreError::Unavailable {
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn not_found(entity: &'static str, key: impl Into<String>) -> Self {
+        StoreError::NotFound {
+            entity,
+            key: key.into(),
+        }
+    }
+
+    pub(crate) fn state(
+        entity: &'static str,
+        state: impl Into<String>,
+        reason: impl Into<String>,
+    ) -> Self {
+        StoreError::State {
+            entity,
+            state: state.into(),
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn evidence(reason: impl Into<String>) -> Self {
+        StoreError::Evidence {
+            reason: reason.into(),
+        }
+    }
+
+    /// The fencing mark carried by an `epoch` error, if this is one.
+    pub fn mark(&self) -> Option<u64> {
+        match self {
+            StoreError::Epoch { mark, .. } => Some(*mark),
+            StoreError::ClaimHeld { epoch, .. } => Some(*epoch),
+            _ => None,
+        }
+    }
+}
+
+/// Shorthand for store results.
+pub type StoreResult<T> = Result<T, StoreError>;

@@ -1,0 +1,31 @@
+#![forbid(unsafe_code)]
+//! The durable session store of a Host: the session catalog and its immutable bindings,
+//! residency leases, the host registry, the command inbox and its state machine, the
+//! consumption cursor, the gate projection, payload objects and the runtime journal — one API
+//! over two backends, SQLite (embedded default) and PostgreSQL (a fleet of Hosts).
+
+mod backend;
+pub mod clock;
+pub mod error;
+pub mod evidence;
+pub mod ids;
+pub mod journal;
+pub mod limits;
+pub mod machine;
+pub mod model;
+mod ops;
+mod postgres;
+mod sql;
+mod sqlite;
+mod store;
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use backend::Admission;
+pub use clock::{Clock, ManualClock, Millis, SharedClock, SystemClock};
+pub use error::{ErrorCode, StoreError, StoreResult};
+pub use evidence::{EvidenceReader, EvidenceRouter, FixedEvidenceRouter};
+pub use ids::*;
+pub use journal::*;
+pub use model::*;
+pub use store::{BackendKind, LOCAL_STORAGE_BINDING, Store, StoreOptions, Synchronous, local_binding};

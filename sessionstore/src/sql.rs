@@ -1,0 +1,1075 @@
+//! The relational mapping, written once for both backends: every statement the store runs,
+//! the encoding of records into parameters and the strict decoding of rows back into records.
+//! A backend supplies only a [`Conn`] (run a statement with parameters in its dialect). A row
+//! that fails decoding is an `integrity` error, never a panic. Never opens or commits
+//! transactions.
+
+use std::str::FromStr;
+
+use crate::clock::Millis;
+use crate::error::{StoreError, StoreResult};
+use crate::ids::*;
+use crate::journal::*;
+use crate::model::*;
+use crate::ops::{BodySlot, JournalRow, Tx};
+
+/// One parameter or column value.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Value {
+    Null,
+    Int(i64),
+    Text(String),
+    Blob(Vec<u8>),
+}
+
+/// Typed NULLs matter to PostgreSQL; a parameter carries its intended type.
+#[derive(Clone, Debug)]
+pub(crate) enum Param {
+    Int(Option<i64>),
+    Text(Option<String>),
+    Blob(Option<Vec<u8>>),
+}
+
+/// A row of values in SELECT order.
+#[derive(Clone, Debug)]
+pub(crate) struct Row {
+    pub values: Vec<Value>,
+    pub entity: &'static str,
+}
+
+/// Which SQL dialect a connection speaks.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Dialect {
+    Sqlite,
+    Postgres,
+}
+
+/// A connection (inside a transaction, or a read connection) that runs statements.
+pub(crate) trait Conn {
+    fn dialect(&self) -> Dialect;
+    /// True when loads should lock rows (PostgreSQL write transactions).
+    fn locking(&self) -> bool;
+    async fn query(&mut self, sql: &str, params: Vec<Param>, entity: &'static str) -> StoreResult<Vec<Row>>;
+    async fn execute(&mut self, sql: &str, params: Vec<Param>) -> StoreResult<u64>;
+}
+
+/// Renders a statement template for a dialect: `$N` placeholders become `?N` on SQLite, and
+/// `FOR_UPDATE` becomes a row lock on PostgreSQL write transactions (nothing elsewhere).
+pub(crate) fn render(template: &str, dialect: Dialect, locking: bool) -> String {
+    let lock = if dialect == Dialect::Postgres && locking {
+        " FOR UPDATE"
+    } else {
+        ""
+    };
+    let s = template.replace(" FOR_UPDATE", lock);
+    match dialect {
+        Dialect::Postgres => s,
+        Dialect::Sqlite => s.replace('$', "?"),
+    }
+}
+
+// ---- row decoding ---------------------------------------------------------------------------
+
+impl Row {
+    fn bad(&self, i: usize, what: &str) -> StoreError {
+        StoreError::integrity(self.entity, format!("column {i}: {what}"))
+    }
+
+    fn get(&self, i: usize) -> StoreResult<&Value> {
+        self.values.get(i).ok_or_else(|| self.bad(i, "missing"))
+    }
+
+    pub fn opt_i64(&self, i: usize) -> StoreResult<Option<i64>> {
+        match self.get(i)? {
+            Value::Null => Ok(None),
+            Value::Int(v) => Ok(Some(*v)),
+            _ => Err(self.bad(i, "expected an integer")),
+        }
+    }
+
+    pub fn i64(&self, i: usize) -> StoreResult<i64> {
+        self.opt_i64(i)?.ok_or_else(|| self.bad(i, "unexpected NULL"))
+    }
+
+    pub fn opt_u64(&self, i: usize) -> StoreResult<Option<u64>> {
+        match self.opt_i64(i)? {
+            None => Ok(None),
+            Some(v) => u64::try_from(v)
+                .map(Some)
+                .map_err(|_| self.bad(i, "negative value")),
+        }
+    }
+
+    pub fn u64(&self, i: usize) -> StoreResult<u64> {
+        self.opt_u64(i)?.ok_or_else(|| self.bad(i, "unexpected NULL"))
+    }
+
+    pub fn opt_text(&self, i: usize) -> StoreResult<Option<String>> {
+        match self.get(i)? {
+            Value::Null => Ok(None),
+            Value::Text(v) => Ok(Some(v.clone())),
+            Value::Blob(b) => String::from_utf8(b.clone())
+                .map(Some)
+                .map_err(|_| self.bad(i, "text is not valid UTF-8")),
+            Value::Int(_) => Err(self.bad(i, "expected text")),
+        }
+    }
+
+    pub fn text(&self, i: usize) -> StoreResult<String> {
+        self.opt_text(i)?.ok_or_else(|| self.bad(i, "unexpected NULL"))
+    }
+
+    pub fn opt_blob(&self, i: usize) -> StoreResult<Option<Vec<u8>>> {
+        match self.get(i)? {
+            Value::Null => Ok(None),
+            Value::Blob(b) => Ok(Some(b.clone())),
+            Value::Text(t) => Ok(Some(t.clone().into_bytes())),
+            Value::Int(_) => Err(self.bad(i, "expected bytes")),
+        }
+    }
+
+    pub fn bool(&self, i: usize) -> StoreResult<bool> {
+        match self.i64(i)? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(self.bad(i, "expected 0 or 1")),
+        }
+    }
+
+    fn id<T>(&self, i: usize, parse: impl Fn(String) -> StoreResult<T>) -> StoreResult<T> {
+        let text = self.text(i)?;
+        parse(text).map_err(|e| self.bad(i, &format!("invalid id: {e}")))
+    }
+
+    fn opt_id<T>(&self, i: usize, parse: impl Fn(String) -> StoreResult<T>) -> StoreResult<Option<T>> {
+        match self.opt_text(i)? {
+            None => Ok(None),
+            Some(text) => parse(text)
+                .map(Some)
+                .map_err(|e| self.bad(i, &format!("invalid id: {e}"))),
+        }
+    }
+
+    fn enumv<T: FromStr<Err = StoreError>>(&self, i: usize) -> StoreResult<T> {
+        let text = self.text(i)?;
+        text.parse::<T>().map_err(|e| self.bad(i, &e.to_string()))
+    }
+}
+
+fn int(v: u64) -> Param {
+    Param::Int(Some(v as i64))
+}
+fn opt_int(v: Option<u64>) -> Param {
+    Param::Int(v.map(|v| v as i64))
+}
+fn ms(v: Millis) -> Param {
+    Param::Int(Some(v))
+}
+fn opt_ms(v: Option<Millis>) -> Param {
+    Param::Int(v)
+}
+fn text(v: impl Into<String>) -> Param {
+    Param::Text(Some(v.into()))
+}
+fn opt_text(v: Option<String>) -> Param {
+    Param::Text(v)
+}
+fn flag(v: bool) -> Param {
+    Param::Int(Some(i64::from(v)))
+}
+
+// ---- statements -----------------------------------------------------------------------------
+
+const SESSION_COLS: &str = "tenant_id, session_id, agent_id, compatibility_id, runtime_session_id, \
+     storage_binding_id, binding_version, created_at, last_active_at, residency_state, \
+     last_journal_seq, checkpoint_seq, gate_mark";
+
+fn decode_session(r: &Row) -> StoreResult<SessionRecord> {
+    Ok(SessionRecord {
+        tenant: r.id(0, TenantId::new)?,
+        session: r.id(1, SessionId::new)?,
+        agent: r.id(2, AgentId::new)?,
+        compatibility: r.id(3, CompatibilityId::new)?,
+        binding: SessionBinding {
+            runtime_session_id: r.id(4, |t: String| RuntimeSessionId::parse(&t))?,
+            storage_binding_id: r.id(5, StorageBindingId::new)?,
+            binding_version: r.u64(6)?,
+        },
+        created_at_ms: r.i64(7)?,
+        last_active_ms: r.i64(8)?,
+        residency_state: r.enumv(9)?,
+        last_journal_seq: r.u64(10)?,
+        checkpoint_seq: r.u64(11)?,
+        gate_mark: ResidencyEpoch(r.u64(12)?),
+    })
+}
+
+const LEASE_COLS: &str = "tenant_id, session_id, epoch, holder, host_id, host_generation, expires_at";
+
+fn decode_lease(r: &Row) -> StoreResult<ResidencyLease> {
+    Ok(ResidencyLease {
+        tenant: r.id(0, TenantId::new)?,
+        session: r.id(1, SessionId::new)?,
+        epoch: ResidencyEpoch(r.u64(2)?),
+        holder: r.opt_text(3)?,
+        host: r.opt_id(4, HostId::new)?,
+        host_generation: r.opt_u64(5)?,
+        expires_at_ms: r.opt_i64(6)?,
+    })
+}
+
+const REG_COLS: &str = "tenant_id, session_id, host_id, host_generation, endpoint, residency, \
+     accepting, lease_epoch, observed_at, expires_at";
+
+fn decode_registration(r: &Row) -> StoreResult<HostRegistration> {
+    Ok(HostRegistration {
+        tenant: r.id(0, TenantId::new)?,
+        session: r.id(1, SessionId::new)?,
+        host: r.id(2, HostId::new)?,
+        host_generation: r.u64(3)?,
+        endpoint: r.text(4)?,
+        residency: r.enumv(5)?,
+        accepting: r.bool(6)?,
+        lease_epoch: ResidencyEpoch(r.u64(7)?),
+        observed_at_ms: r.i64(8)?,
+        expires_at_ms: r.i64(9)?,
+    })
+}
+
+const TARGET_COLS: &str = "host_id, endpoint, placement, isolation_class, capacity, accepting, \
+     generation, observed_at, expires_at";
+
+fn decode_target(r: &Row) -> StoreResult<HostTarget> {
+    Ok(HostTarget {
+        host: r.id(0, HostId::new)?,
+        endpoint: r.text(1)?,
+        placement: r.enumv(2)?,
+        isolation_class: r.text(3)?,
+        capacity: u32::try_from(r.u64(4)?)
+            .map_err(|_| StoreError::integrity("host_target", "capacity out of range"))?,
+        accepting: r.bool(5)?,
+        generation: r.u64(6)?,
+        observed_at_ms: r.i64(7)?,
+        expires_at_ms: r.i64(8)?,
+    })
+}
+
+const COMMAND_COLS: &str = "tenant_id, session_id, command_id, accepted_order, kind, body, \
+     object_id, body_digest, body_size, principal, metadata, runtime_command_id, admitted_at, \
+     apply_deadline, state, revision, epoch_mark, claim_epoch, claim_token, claim_expires_at, \
+     attempt_id, attempt_journal_epoch, attempt_residency_epoch, attempt_at, outcome, reason, \
+     evidence_seq, settled_at";
+
+fn decode_command(r: &Row) -> StoreResult<CommandRecord> {
+    let body_digest = r.text(7)?;
+    let body_size = r.u64(8)?;
+    let body = match (r.opt_blob(5)?, r.opt_text(6)?) {
+        (Some(bytes), None) => CommandBody::Inline(bytes),
+        (None, Some(object)) => CommandBody::Object(ObjectRef {
+            object_id: ObjectId::new(object)
+                .map_err(|_| StoreError::integrity("command", "invalid object id"))?,
+            size: body_size,
+            sha256: body_digest.clone(),
+        }),
+        _ => {
+            return Err(StoreError::integrity(
+                "command",
+                "exactly one of body and object_id must be set",
+            ));
+        }
+    };
+    let claim = match (r.opt_u64(17)?, r.opt_text(18)?, r.opt_i64(19)?) {
+        (None, None, None) => None,
+        (Some(epoch), Some(token), Some(expires)) => Some(Claim {
+            epoch: ResidencyEpoch(epoch),
+            token: uuid::Uuid::try_parse(&token)
+                .map_err(|_| StoreError::integrity("command", "claim token is not a UUID"))?,
+            expires_at_ms: expires,
+        }),
+        _ => return Err(StoreError::integrity("command", "partial claim")),
+    };
+    let attempt = match (r.opt_id(20, |t: String| AttemptId::parse(&t))?, r.opt_u64(21)?, r.opt_u64(22)?, r.opt_i64(23)?) {
+        (None, None, None, None) => None,
+        (Some(id), Some(je), Some(re), Some(at)) => Some(Attempt {
+            id,
+            journal_epoch: JournalEpoch(je),
+            residency_epoch: ResidencyEpoch(re),
+            begun_at_ms: at,
+        }),
+        _ => return Err(StoreError::integrity("command", "partial attempt")),
+    };
+    let outcome = match r.opt_text(24)? {
+        None => None,
+        Some(o) => Some(o.parse::<Outcome>()?),
+    };
+    let rec = CommandRecord {
+        tenant: r.id(0, TenantId::new)?,
+        session: r.id(1, SessionId::new)?,
+        command: r.id(2, CommandId::new)?,
+        accepted_order: r.u64(3)?,
+        kind: r.enumv(4)?,
+        body,
+        body_digest,
+        body_size,
+        principal: r.opt_text(9)?,
+        metadata: r.opt_text(10)?,
+        runtime_command: r.id(11, |t: String| RuntimeCommandId::parse(&t))?,
+        admitted_at_ms: r.i64(12)?,
+        apply_deadline_ms: r.i64(13)?,
+        state: r.enumv(14)?,
+        revision: r.u64(15)?,
+        epoch_mark: ResidencyEpoch(r.u64(16)?),
+        claim,
+        attempt,
+        outcome,
+        reason: r.opt_text(25)?,
+        evidence_seq: r.opt_u64(26)?,
+        settled_at_ms: r.opt_i64(27)?,
+    };
+    check_command_shape(&rec)?;
+    Ok(rec)
+}
+
+/// The state/field combinations a command row may have (the schema checks them too; this
+/// catches rows written by anything else).
+fn check_command_shape(rec: &CommandRecord) -> StoreResult<()> {
+    let ok = match rec.state {
+        CommandState::Pending => rec.claim.is_none() && rec.attempt.is_none() && rec.outcome.is_none(),
+        CommandState::Claimed => rec.claim.is_some() && rec.attempt.is_none() && rec.outcome.is_none(),
+        CommandState::Applying => rec.attempt.is_some() && rec.outcome.is_none(),
+        CommandState::Applied => {
+            rec.attempt.is_some()
+                && matches!(rec.outcome, Some(Outcome::Applied | Outcome::NoOp))
+                && rec.evidence_seq.is_some()
+        }
+        CommandState::Rejected => match rec.attempt {
+            Some(_) => {
+                matches!(rec.outcome, Some(Outcome::Refused | Outcome::NotApplied))
+                    && rec.evidence_seq.is_some()
+            }
+            None => rec.outcome == Some(Outcome::Rejected),
+        },
+    };
+    if !ok {
+        return Err(StoreError::integrity(
+            "command",
+            format!("state {} does not match its fields", rec.state),
+        ));
+    }
+    if rec.revision == 0 || rec.accepted_order == 0 {
+        return Err(StoreError::integrity("command", "revision and order start at 1"));
+    }
+    if let CommandBody::Inline(b) = &rec.body
+        && (b.len() as u64 != rec.body_size || sha256_hex(b) != rec.body_digest)
+    {
+        return Err(StoreError::integrity(
+            "command",
+            "inline body does not match its recorded size and digest",
+        ));
+    }
+    Ok(())
+}
+
+fn command_params(rec: &CommandRecord) -> Vec<Param> {
+    let (body, object) = match &rec.body {
+        CommandBody::Inline(b) => (Param::Blob(Some(b.clone())), Param::Text(None)),
+        CommandBody::Object(r) => (Param::Blob(None), text(r.object_id.as_str())),
+    };
+    vec![
+        text(rec.tenant.as_str()),
+        text(rec.session.as_str()),
+        text(rec.command.as_str()),
+        int(rec.accepted_order),
+        text(rec.kind.as_str()),
+        body,
+        object,
+        text(rec.body_digest.clone()),
+        int(rec.body_size),
+        opt_text(rec.principal.clone()),
+        opt_text(rec.metadata.clone()),
+        text(rec.runtime_command.to_text()),
+        ms(rec.admitted_at_ms),
+        ms(rec.apply_deadline_ms),
+        text(rec.state.as_str()),
+        int(rec.revision),
+        int(rec.epoch_mark.0),
+        opt_int(rec.claim.as_ref().map(|c| c.epoch.0)),
+        opt_text(rec.claim.as_ref().map(|c| c.token.hyphenated().to_string())),
+        opt_ms(rec.claim.as_ref().map(|c| c.expires_at_ms)),
+        opt_text(rec.attempt.as_ref().map(|a| a.id.to_text())),
+        opt_int(rec.attempt.as_ref().map(|a| a.journal_epoch.0)),
+        opt_int(rec.attempt.as_ref().map(|a| a.residency_epoch.0)),
+        opt_ms(rec.attempt.as_ref().map(|a| a.begun_at_ms)),
+        opt_text(rec.outcome.map(|o| o.as_str().to_owned())),
+        opt_text(rec.reason.clone()),
+        opt_int(rec.evidence_seq),
+        opt_ms(rec.settled_at_ms),
+    ]
+}
+
+const GATE_COLS: &str = "tenant_id, session_id, gate_id, opened_event_id, opened_seq, kind, \
+     prompt_summary, deadline, state, opened_at, resolved_seq, resolved_at";
+
+fn decode_gate(r: &Row) -> StoreResult<GateRecord> {
+    let rec = GateRecord {
+        tenant: r.id(0, TenantId::new)?,
+        session: r.id(1, SessionId::new)?,
+        gate: r.id(2, GateId::new)?,
+        opened_event: r.id(3, EventId::new)?,
+        opened_seq: r.u64(4)?,
+        kind: r.text(5)?,
+        prompt_summary: r.text(6)?,
+        deadline_ms: r.i64(7)?,
+        state: r.enumv(8)?,
+        opened_at_ms: r.i64(9)?,
+        resolved_seq: r.opt_u64(10)?,
+        resolved_at_ms: r.opt_i64(11)?,
+    };
+    if (rec.state == GateState::Resolved) != rec.resolved_seq.is_some() {
+        return Err(StoreError::integrity("gate", "resolved state and sequence disagree"));
+    }
+    Ok(rec)
+}
+
+const OBJECT_COLS: &str = "object_id, tenant_id, session_id, kind, media_type, size, sha256, bytes";
+
+fn decode_object(r: &Row) -> StoreResult<StoredObject> {
+    Ok(StoredObject {
+        reference: ObjectRef {
+            object_id: r.id(0, ObjectId::new)?,
+            size: r.u64(5)?,
+            sha256: r.text(6)?,
+        },
+        tenant: r.id(1, TenantId::new)?,
+        session: r.id(2, SessionId::new)?,
+        kind: r.text(3)?,
+        media_type: r.text(4)?,
+        bytes: r.opt_blob(7)?.unwrap_or_default(),
+    })
+}
+
+const JLEASE_COLS: &str = "runtime_session_id, tenant_id, epoch, holder, expires_at, tip";
+
+fn decode_journal_lease(r: &Row) -> StoreResult<JournalLeaseState> {
+    Ok(JournalLeaseState {
+        runtime_session: r.id(0, |t: String| RuntimeSessionId::parse(&t))?,
+        tenant: r.id(1, TenantId::new)?,
+        epoch: JournalEpoch(r.u64(2)?),
+        holder: r.opt_text(3)?,
+        expires_at_ms: r.opt_i64(4)?,
+        tip: r.u64(5)?,
+    })
+}
+
+const JOURNAL_COLS: &str = "runtime_session_id, seq, kind, journal_epoch, written_at, event_id, \
+     public_body, public_object_id, private_body, private_object_id, cause_runtime_command, \
+     command_id, runtime_command_id, command_kind, attempt_id, attempt_journal_epoch, outcome, detail";
+
+fn decode_slot(r: &Row, body: usize, object: usize) -> StoreResult<Option<BodySlot>> {
+    match (r.opt_blob(body)?, r.opt_text(object)?) {
+        (None, None) => Ok(None),
+        (Some(b), None) => Ok(Some(BodySlot::Inline(b))),
+        (None, Some(o)) => Ok(Some(BodySlot::Object(
+            ObjectId::new(o).map_err(|_| StoreError::integrity("journal", "invalid object id"))?,
+        ))),
+        _ => Err(StoreError::integrity("journal", "both inline and offloaded body")),
+    }
+}
+
+fn decode_journal_row(r: &Row) -> StoreResult<JournalRow> {
+    let kind = match r.text(2)?.as_str() {
+        "fence" => "fence",
+        "event" => "event",
+        "control" => "control",
+        "application" => "application",
+        "closure" => "closure",
+        other => {
+            return Err(StoreError::integrity(
+                "journal",
+                format!("unknown record kind {other:?}"),
+            ));
+        }
+    };
+    let identity = match (r.opt_id(11, CommandId::new)?, r.opt_id(12, |t: String| RuntimeCommandId::parse(&t))?, r.opt_text(13)?) {
+        (Some(command), Some(runtime_command), Some(k)) => Some(CommandIdentity {
+            command,
+            runtime_command,
+            kind: k.parse()?,
+        }),
+        (None, None, None) => None,
+        _ => return Err(StoreError::integrity("journal", "partial command identity")),
+    };
+    let outcome = match r.opt_text(16)? {
+        None => None,
+        Some(o) => Some(o.parse::<Disposition>()?),
+    };
+    Ok(JournalRow {
+        runtime_session: r.id(0, |t: String| RuntimeSessionId::parse(&t))?,
+        seq: r.u64(1)?,
+        kind,
+        epoch: JournalEpoch(r.u64(3)?),
+        written_at_ms: r.i64(4)?,
+        event: r.opt_id(5, EventId::new)?,
+        public_body: decode_slot(r, 6, 7)?,
+        private_body: decode_slot(r, 8, 9)?,
+        cause: r.opt_id(10, |t: String| RuntimeCommandId::parse(&t))?,
+        identity,
+        attempt: r.opt_id(14, |t: String| AttemptId::parse(&t))?,
+        attempt_epoch: r.opt_u64(15)?.map(JournalEpoch),
+        outcome,
+        detail: r.opt_blob(17)?,
+    })
+}
+
+fn slot_params(slot: &Option<BodySlot>) -> (Param, Param) {
+    match slot {
+        None => (Param::Blob(None), Param::Text(None)),
+        Some(BodySlot::Inline(b)) => (Param::Blob(Some(b.clone())), Param::Text(None)),
+        Some(BodySlot::Object(id)) => (Param::Blob(None), text(id.as_str())),
+    }
+}
+
+/// The generic [`Tx`] over any [`Conn`].
+pub(crate) struct SqlTx<C: Conn> {
+    pub conn: C,
+}
+
+impl<C: Conn> SqlTx<C> {
+    async fn rows(&mut self, template: &str, params: Vec<Param>, entity: &'static str) -> StoreResult<Vec<Row>> {
+        let sql = render(template, self.conn.dialect(), self.conn.locking());
+        self.conn.query(&sql, params, entity).await
+    }
+
+    async fn one<T>(
+        &mut self,
+        template: &str,
+        params: Vec<Param>,
+        entity: &'static str,
+        decode: fn(&Row) -> StoreResult<T>,
+    ) -> StoreResult<Option<T>> {
+        let rows = self.rows(template, params, entity).await?;
+        match rows.first() {
+            None => Ok(None),
+            Some(r) => decode(r).map(Some),
+        }
+    }
+
+    async fn many<T>(
+        &mut self,
+        template: &str,
+        params: Vec<Param>,
+        entity: &'static str,
+        decode: fn(&Row) -> StoreResult<T>,
+    ) -> StoreResult<Vec<T>> {
+        let rows = self.rows(template, params, entity).await?;
+        rows.iter().map(decode).collect()
+    }
+
+    async fn exec(&mut self, template: &str, params: Vec<Param>) -> StoreResult<u64> {
+        let sql = render(template, self.conn.dialect(), false);
+        self.conn.execute(&sql, params).await
+    }
+}
+
+fn ts(t: &TenantId, s: &SessionId) -> Vec<Param> {
+    vec![text(t.as_str()), text(s.as_str())]
+}
+
+impl<C: Conn> Tx for SqlTx<C> {
+    async fn session(&mut self, t: &TenantId, s: &SessionId) -> StoreResult<Option<SessionRecord>> {
+        let q = format!("SELECT {SESSION_COLS} FROM sessions WHERE tenant_id = $1 AND session_id = $2 FOR_UPDATE");
+        self.one(&q, ts(t, s), "session", decode_session).await
+    }
+
+    async fn insert_session(&mut self, rec: &SessionRecord, next_order: u64) -> StoreResult<()> {
+        let q = format!(
+            "INSERT INTO sessions ({SESSION_COLS}, next_order) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14)"
+        );
+        self.exec(
+            &q,
+            vec![
+                text(rec.tenant.as_str()),
+                text(rec.session.as_str()),
+                text(rec.agent.as_str()),
+                text(rec.compatibility.as_str()),
+                text(rec.binding.runtime_session_id.to_text()),
+                text(rec.binding.storage_binding_id.as_str()),
+                int(rec.binding.binding_version),
+                ms(rec.created_at_ms),
+                ms(rec.last_active_ms),
+                text(rec.residency_state.as_str()),
+                int(rec.last_journal_seq),
+                int(rec.checkpoint_seq),
+                int(rec.gate_mark.0),
+                int(next_order),
+            ],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn update_session(&mut self, rec: &SessionRecord) -> StoreResult<()> {
+        self.exec(
+            "UPDATE sessions SET last_active_at = $3, residency_state = $4, last_journal_seq = $5, \
+             checkpoint_seq = $6, gate_mark = $7 WHERE tenant_id = $1 AND session_id = $2",
+            vec![
+                text(rec.tenant.as_str()),
+                text(rec.session.as_str()),
+                ms(rec.last_active_ms),
+                text(rec.residency_state.as_str()),
+                int(rec.last_journal_seq),
+                int(rec.checkpoint_seq),
+                int(rec.gate_mark.0),
+            ],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn take_order(&mut self, t: &TenantId, s: &SessionId, now: Millis) -> StoreResult<u64> {
+        let rows = self
+            .rows(
+                "SELECT next_order FROM sessions WHERE tenant_id = $1 AND session_id = $2 FOR_UPDATE",
+                ts(t, s),
+                "session",
+            )
+            .await?;
+        let order = rows
+            .first()
+            .ok_or_else(|| StoreError::not_found("session", format!("{t}/{s}")))?
+            .u64(0)?;
+        let mut p = ts(t, s);
+        p.push(int(order + 1));
+        p.push(ms(now));
+        self.exec(
+            "UPDATE sessions SET next_order = $3, last_active_at = $4 WHERE tenant_id = $1 AND session_id = $2",
+            p,
+        )
+        .await?;
+        Ok(order)
+    }
+
+    async fn list_sessions(
+        &mut self,
+        t: &TenantId,
+        after: Option<&SessionId>,
+        limit: usize,
+    ) -> StoreResult<Vec<SessionRecord>> {
+        let q = format!(
+            "SELECT {SESSION_COLS} FROM sessions WHERE tenant_id = $1 AND session_id > $2 ORDER BY session_id LIMIT $3"
+        );
+        self.many(
+            &q,
+            vec![
+                text(t.as_str()),
+                text(after.map_or("", |a| a.as_str())),
+                int(limit as u64),
+            ],
+            "session",
+            decode_session,
+        )
+        .await
+    }
+
+    async fn lease(&mut self, t: &TenantId, s: &SessionId) -> StoreResult<Option<ResidencyLease>> {
+        let q = format!("SELECT {LEASE_COLS} FROM residency_leases WHERE tenant_id = $1 AND session_id = $2 FOR_UPDATE");
+        self.one(&q, ts(t, s), "residency_lease", decode_lease).await
+    }
+
+    async fn put_lease(&mut self, l: &ResidencyLease) -> StoreResult<()> {
+        let q = format!(
+            "INSERT INTO residency_leases ({LEASE_COLS}) VALUES ($1,$2,$3,$4,$5,$6,$7) \
+             ON CONFLICT (tenant_id, session_id) DO UPDATE SET epoch = excluded.epoch, \
+             holder = excluded.holder, host_id = excluded.host_id, \
+             host_generation = excluded.host_generation, expires_at = excluded.expires_at"
+        );
+        self.exec(
+            &q,
+            vec![
+                text(l.tenant.as_str()),
+                text(l.session.as_str()),
+                int(l.epoch.0),
+                opt_text(l.holder.clone()),
+                opt_text(l.host.as_ref().map(|h| h.as_str().to_owned())),
+                opt_int(l.host_generation),
+                opt_ms(l.expires_at_ms),
+            ],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn registration(&mut self, t: &TenantId, s: &SessionId) -> StoreResult<Option<HostRegistration>> {
+        let q = format!("SELECT {REG_COLS} FROM host_registrations WHERE tenant_id = $1 AND session_id = $2 FOR_UPDATE");
+        self.one(&q, ts(t, s), "host_registration", decode_registration).await
+    }
+
+    async fn put_registration(&mut self, r: &HostRegistration) -> StoreResult<()> {
+        let q = format!(
+            "INSERT INTO host_registrations ({REG_COLS}) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10) \
+             ON CONFLICT (tenant_id, session_id) DO UPDATE SET host_id = excluded.host_id, \
+             host_generation = excluded.host_generation, endpoint = excluded.endpoint, \
+             residency = excluded.residency, accepting = excluded.accepting, \
+             lease_epoch = excluded.lease_epoch, observed_at = excluded.observed_at, \
+             expires_at = excluded.expires_at"
+        );
+        self.exec(
+            &q,
+            vec![
+                text(r.tenant.as_str()),
+                text(r.session.as_str()),
+                text(r.host.as_str()),
+                int(r.host_generation),
+                text(r.endpoint.clone()),
+                text(r.residency.as_str()),
+                flag(r.accepting),
+                int(r.lease_epoch.0),
+                ms(r.observed_at_ms),
+                ms(r.expires_at_ms),
+            ],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn target(&mut self, host: &HostId) -> StoreResult<Option<HostTarget>> {
+        let q = format!("SELECT {TARGET_COLS} FROM host_targets WHERE host_id = $1 FOR_UPDATE");
+        self.one(&q, vec![text(host.as_str())], "host_target", decode_target).await
+    }
+
+    async fn put_target(&mut self, h: &HostTarget) -> StoreResult<()> {
+        let q = format!(
+            "INSERT INTO host_targets ({TARGET_COLS}) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9) \
+             ON CONFLICT (host_id) DO UPDATE SET endpoint = excluded.endpoint, \
+             placement = excluded.placement, isolation_class = excluded.isolation_class, \
+             capacity = excluded.capacity, accepting = excluded.accepting, \
+             generation = excluded.generation, observed_at = excluded.observed_at, \
+             expires_at = excluded.expires_at"
+        );
+        self.exec(
+            &q,
+            vec![
+                text(h.host.as_str()),
+                text(h.endpoint.clone()),
+                text(h.placement.as_str()),
+                text(h.isolation_class.clone()),
+                int(u64::from(h.capacity)),
+                flag(h.accepting),
+                int(h.generation),
+                ms(h.observed_at_ms),
+                ms(h.expires_at_ms),
+            ],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn targets(&mut self) -> StoreResult<Vec<HostTarget>> {
+        let q = format!("SELECT {TARGET_COLS} FROM host_targets ORDER BY host_id");
+        self.many(&q, vec![], "host_target", decode_target).await
+    }
+
+    async fn command(&mut self, t: &TenantId, s: &SessionId, c: &CommandId) -> StoreResult<Option<CommandRecord>> {
+        let q = format!(
+            "SELECT {COMMAND_COLS} FROM commands WHERE tenant_id = $1 AND session_id = $2 AND command_id = $3 FOR_UPDATE"
+        );
+        let mut p = ts(t, s);
+        p.push(text(c.as_str()));
+        self.one(&q, p, "command", decode_command).await
+    }
+
+    async fn command_by_runtime_id(
+        &mut self,
+        t: &TenantId,
+        s: &SessionId,
+        rc: RuntimeCommandId,
+    ) -> StoreResult<Option<CommandRecord>> {
+        let q = format!(
+            "SELECT {COMMAND_COLS} FROM commands WHERE tenant_id = $1 AND session_id = $2 AND runtime_command_id = $3"
+        );
+        let mut p = ts(t, s);
+        p.push(text(rc.to_text()));
+        self.one(&q, p, "command", decode_command).await
+    }
+
+    async fn insert_command(&mut self, rec: &CommandRecord) -> StoreResult<()> {
+        let q = format!(
+            "INSERT INTO commands ({COMMAND_COLS}) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,\
+             $15,$16,$17,$18,$19,$20,$21,$22,$23,$24,$25,$26,$27,$28)"
+        );
+        self.exec(&q, command_params(rec)).await?;
+        Ok(())
+    }
+
+    async fn update_command(&mut self, old_revision: u64, rec: &CommandRecord) -> StoreResult<bool> {
+        // Identity columns never change; only the state-machine columns (14..28) are written.
+        let all = command_params(rec);
+        let mut p: Vec<Param> = all[..3].to_vec();
+        p.extend_from_slice(&all[14..28]);
+        p.push(int(old_revision));
+        let n = self
+            .exec(
+                "UPDATE commands SET state = $4, revision = $5, epoch_mark = $6, claim_epoch = $7, \
+                 claim_token = $8, claim_expires_at = $9, attempt_id = $10, \
+                 attempt_journal_epoch = $11, attempt_residency_epoch = $12, attempt_at = $13, \
+                 outcome = $14, reason = $15, evidence_seq = $16, settled_at = $17 \
+                 WHERE tenant_id = $1 AND session_id = $2 AND command_id = $3 AND revision = $18",
+                p,
+            )
+            .await?;
+        Ok(n == 1)
+    }
+
+    async fn commands_after(
+        &mut self,
+        t: &TenantId,
+        s: &SessionId,
+        after_order: u64,
+        limit: usize,
+    ) -> StoreResult<Vec<CommandRecord>> {
+        let q = format!(
+            "SELECT {COMMAND_COLS} FROM commands WHERE tenant_id = $1 AND session_id = $2 AND accepted_order > $3 \
+             ORDER BY accepted_order LIMIT $4"
+        );
+        let mut p = ts(t, s);
+        p.push(int(after_order));
+        p.push(int(limit as u64));
+        self.many(&q, p, "command", decode_command).await
+    }
+
+    async fn cursor(&mut self, t: &TenantId, s: &SessionId) -> StoreResult<Option<Cursor>> {
+        self.one(
+            "SELECT consumed_order, epoch FROM cursors WHERE tenant_id = $1 AND session_id = $2 FOR_UPDATE",
+            ts(t, s),
+            "cursor",
+            |r| {
+                Ok(Cursor {
+                    consumed_order: r.u64(0)?,
+                    epoch: ResidencyEpoch(r.u64(1)?),
+                })
+            },
+        )
+        .await
+    }
+
+    async fn put_cursor(&mut self, t: &TenantId, s: &SessionId, c: Cursor) -> StoreResult<()> {
+        let mut p = ts(t, s);
+        p.push(int(c.consumed_order));
+        p.push(int(c.epoch.0));
+        self.exec(
+            "INSERT INTO cursors (tenant_id, session_id, consumed_order, epoch) VALUES ($1,$2,$3,$4) \
+             ON CONFLICT (tenant_id, session_id) DO UPDATE SET consumed_order = excluded.consumed_order, \
+             epoch = excluded.epoch",
+            p,
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn gate(&mut self, t: &TenantId, s: &SessionId, g: &GateId) -> StoreResult<Option<GateRecord>> {
+        let q = format!(
+            "SELECT {GATE_COLS} FROM gates WHERE tenant_id = $1 AND session_id = $2 AND gate_id = $3 FOR_UPDATE"
+        );
+        let mut p = ts(t, s);
+        p.push(text(g.as_str()));
+        self.one(&q, p, "gate", decode_gate).await
+    }
+
+    async fn count_open_gates(&mut self, t: &TenantId, s: &SessionId) -> StoreResult<usize> {
+        let rows = self
+            .rows(
+                "SELECT count(*) FROM gates WHERE tenant_id = $1 AND session_id = $2 AND state = 'open'",
+                ts(t, s),
+                "gate",
+            )
+            .await?;
+        let n = rows
+            .first()
+            .ok_or_else(|| StoreError::integrity("gate", "count returned no row"))?
+            .u64(0)?;
+        Ok(n as usize)
+    }
+
+    async fn put_gate(&mut self, g: &GateRecord) -> StoreResult<()> {
+        let q = format!(
+            "INSERT INTO gates ({GATE_COLS}) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12) \
+             ON CONFLICT (tenant_id, session_id, gate_id) DO UPDATE SET state = excluded.state, \
+             resolved_seq = excluded.resolved_seq, resolved_at = excluded.resolved_at"
+        );
+        self.exec(
+            &q,
+            vec![
+                text(g.tenant.as_str()),
+                text(g.session.as_str()),
+                text(g.gate.as_str()),
+                text(g.opened_event.as_str()),
+                int(g.opened_seq),
+                text(g.kind.clone()),
+                text(g.prompt_summary.clone()),
+                ms(g.deadline_ms),
+                text(g.state.as_str()),
+                ms(g.opened_at_ms),
+                opt_int(g.resolved_seq),
+                opt_ms(g.resolved_at_ms),
+            ],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn gates(&mut self, t: &TenantId, s: &SessionId, open_only: bool) -> StoreResult<Vec<GateRecord>> {
+        let q = if open_only {
+            format!(
+                "SELECT {GATE_COLS} FROM gates WHERE tenant_id = $1 AND session_id = $2 AND state = 'open' \
+                 ORDER BY opened_seq, gate_id"
+            )
+        } else {
+            format!("SELECT {GATE_COLS} FROM gates WHERE tenant_id = $1 AND session_id = $2 ORDER BY opened_seq, gate_id")
+        };
+        self.many(&q, ts(t, s), "gate", decode_gate).await
+    }
+
+    async fn insert_object(&mut self, o: &StoredObject, now: Millis) -> StoreResult<()> {
+        let q = format!("INSERT INTO payload_objects ({OBJECT_COLS}, created_at) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)");
+        self.exec(
+            &q,
+            vec![
+                text(o.reference.object_id.as_str()),
+                text(o.tenant.as_str()),
+                text(o.session.as_str()),
+                text(o.kind.clone()),
+                text(o.media_type.clone()),
+                int(o.reference.size),
+                text(o.reference.sha256.clone()),
+                Param::Blob(Some(o.bytes.clone())),
+                ms(now),
+            ],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn object(&mut self, id: &ObjectId) -> StoreResult<Option<StoredObject>> {
+        let q = format!("SELECT {OBJECT_COLS} FROM payload_objects WHERE object_id = $1");
+        self.one(&q, vec![text(id.as_str())], "payload_object", decode_object).await
+    }
+
+    async fn journal_lease(&mut self, rs: RuntimeSessionId) -> StoreResult<Option<JournalLeaseState>> {
+        let q = format!("SELECT {JLEASE_COLS} FROM journal_leases WHERE runtime_session_id = $1 FOR_UPDATE");
+        self.one(&q, vec![text(rs.to_text())], "journal_lease", decode_journal_lease).await
+    }
+
+    async fn put_journal_lease(&mut self, l: &JournalLeaseState) -> StoreResult<()> {
+        let q = format!(
+            "INSERT INTO journal_leases ({JLEASE_COLS}) VALUES ($1,$2,$3,$4,$5,$6) \
+             ON CONFLICT (runtime_session_id) DO UPDATE SET epoch = excluded.epoch, \
+             holder = excluded.holder, expires_at = excluded.expires_at, tip = excluded.tip"
+        );
+        self.exec(
+            &q,
+            vec![
+                text(l.runtime_session.to_text()),
+                text(l.tenant.as_str()),
+                int(l.epoch.0),
+                opt_text(l.holder.clone()),
+                opt_ms(l.expires_at_ms),
+                int(l.tip),
+            ],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn insert_journal_row(&mut self, row: &JournalRow) -> StoreResult<()> {
+        let q = format!(
+            "INSERT INTO journal_records ({JOURNAL_COLS}) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18)"
+        );
+        let (pub_body, pub_obj) = slot_params(&row.public_body);
+        let (priv_body, priv_obj) = slot_params(&row.private_body);
+        self.exec(
+            &q,
+            vec![
+                text(row.runtime_session.to_text()),
+                int(row.seq),
+                text(row.kind),
+                int(row.epoch.0),
+                ms(row.written_at_ms),
+                opt_text(row.event.as_ref().map(|e| e.as_str().to_owned())),
+                pub_body,
+                pub_obj,
+                priv_body,
+                priv_obj,
+                opt_text(row.cause.map(|c| c.to_text())),
+                opt_text(row.identity.as_ref().map(|i| i.command.as_str().to_owned())),
+                opt_text(row.identity.as_ref().map(|i| i.runtime_command.to_text())),
+                opt_text(row.identity.as_ref().map(|i| i.kind.as_str().to_owned())),
+                opt_text(row.attempt.map(|a| a.to_text())),
+                opt_int(row.attempt_epoch.map(|e| e.0)),
+                opt_text(row.outcome.map(|o| o.as_str().to_owned())),
+                Param::Blob(row.detail.clone()),
+            ],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn has_disposition(&mut self, rs: RuntimeSessionId, rc: RuntimeCommandId) -> StoreResult<bool> {
+        let rows = self
+            .rows(
+                "SELECT 1 FROM journal_records WHERE runtime_session_id = $1 AND runtime_command_id = $2 \
+                 AND kind IN ('application','closure') LIMIT 1",
+                vec![text(rs.to_text()), text(rc.to_text())],
+                "journal",
+            )
+            .await?;
+        Ok(!rows.is_empty())
+    }
+
+    async fn has_effect(&mut self, rs: RuntimeSessionId, rc: RuntimeCommandId) -> StoreResult<bool> {
+        let rows = self
+            .rows(
+                "SELECT 1 FROM journal_records WHERE runtime_session_id = $1 AND cause_runtime_command = $2 LIMIT 1",
+                vec![text(rs.to_text()), text(rc.to_text())],
+                "journal",
+            )
+            .await?;
+        Ok(!rows.is_empty())
+    }
+
+    async fn journal_rows(
+        &mut self,
+        rs: RuntimeSessionId,
+        after: u64,
+        upto: u64,
+        limit: usize,
+        events_only: bool,
+    ) -> StoreResult<Vec<JournalRow>> {
+        let filter = if events_only { " AND kind = 'event'" } else { "" };
+        let q = format!(
+            "SELECT {JOURNAL_COLS} FROM journal_records WHERE runtime_session_id = $1 AND seq > $2 AND seq <= $3{filter} \
+             ORDER BY seq LIMIT $4"
+        );
+        let upto = upto.min(i64::MAX as u64);
+        self.many(
+            &q,
+            vec![text(rs.to_text()), int(after), int(upto), int(limit as u64)],
+            "journal",
+            decode_journal_row,
+        )
+        .await
+    }
+
+    async fn journal_dispositions(&mut self, rs: RuntimeSessionId, rc: RuntimeCommandId) -> StoreResult<Vec<JournalRow>> {
+        let q = format!(
+            "SELECT {JOURNAL_COLS} FROM journal_records WHERE runtime_session_id = $1 AND runtime_command_id = $2 \
+             AND kind IN ('application','closure') ORDER BY seq"
+        );
+        self.many(
+            &q,
+            vec![text(rs.to_text()), text(rc.to_text())],
+            "journal",
+            decode_journal_row,
+        )
+        .await
+    }
+}

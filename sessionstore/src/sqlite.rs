@@ -1,0 +1,463 @@
+//! The SQLite backend. Owns the database file's connections: exactly one writer connection per
+//! process, driven by one thread that groups queued writes into one `BEGIN IMMEDIATE`
+//! transaction (each write inside its own savepoint, so one refusal never undoes another), and
+//! a small pool of read-only connections. WAL mode; `synchronous=FULL` unless the caller opted
+//! into `NORMAL`; a write that finds another process holding the lock waits up to the busy
+//! timeout. Results are released to callers only after the transaction commits.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+
+use rusqlite::types::{Value as SqlValue, ValueRef};
+use rusqlite::{Connection, OpenFlags, params_from_iter};
+use tokio::sync::{Semaphore, broadcast, oneshot};
+
+use crate::backend::Admission;
+use crate::clock::{Millis, SharedClock};
+use crate::error::{StoreError, StoreResult};
+use crate::sql::{Conn, Dialect, Param, Row, SqlTx, Value};
+use crate::store::{StoreOptions, Synchronous};
+
+/// The migrations this binary knows, in order.
+const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("../migrations/sqlite/0001_init.sql"))];
+
+/// A connection usable by the generic SQL layer.
+pub(crate) struct SqliteConn<'a> {
+    conn: &'a Connection,
+}
+
+/// The transaction type the generic operations run over on SQLite.
+pub(crate) type SqliteTx<'a> = SqlTx<SqliteConn<'a>>;
+
+fn to_sql(p: Param) -> SqlValue {
+    match p {
+        Param::Int(Some(v)) => SqlValue::Integer(v),
+        Param::Text(Some(v)) => SqlValue::Text(v),
+        Param::Blob(Some(v)) => SqlValue::Blob(v),
+        Param::Int(None) | Param::Text(None) | Param::Blob(None) => SqlValue::Null,
+    }
+}
+
+fn from_sql(v: ValueRef<'_>) -> Value {
+    match v {
+        ValueRef::Null => Value::Null,
+        ValueRef::Integer(i) => Value::Int(i),
+        ValueRef::Real(r) => Value::Text(format!("{r}")),
+        ValueRef::Text(t) => match std::str::from_utf8(t) {
+            Ok(s) => Value::Text(s.to_owned()),
+            Err(_) => Value::Blob(t.to_vec()),
+        },
+        ValueRef::Blob(b) => Value::Blob(b.to_vec()),
+    }
+}
+
+pub(crate) fn map_err(e: rusqlite::Error) -> StoreError {
+    use rusqlite::ErrorCode as C;
+    match &e {
+        rusqlite::Error::SqliteFailure(f, msg) => match f.code {
+            C::DatabaseBusy | C::DatabaseLocked => StoreError::unavailable(format!(
+                "the database stayed locked past the busy timeout: {}",
+                msg.as_deref().unwrap_or("busy")
+            )),
+            C::ConstraintViolation => StoreError::integrity(
+                "database",
+                format!("constraint refused the write: {}", msg.as_deref().unwrap_or("")),
+            ),
+            C::DatabaseCorrupt | C::NotADatabase => {
+                StoreError::integrity("database", format!("the database file is damaged: {e}"))
+            }
+            _ => StoreError::unavailable(format!("sqlite: {e}")),
+        },
+        rusqlite::Error::FromSqlConversionFailure(..)
+        | rusqlite::Error::InvalidColumnType(..)
+        | rusqlite::Error::IntegralValueOutOfRange(..)
+        | rusqlite::Error::Utf8Error(..) => StoreError::integrity("row", e.to_string()),
+        _ => StoreError::unavailable(format!("sqlite: {e}")),
+    }
+}
+
+impl Conn for SqliteConn<'_> {
+    fn dialect(&self) -> Dialect {
+        Dialect::Sqlite
+    }
+
+    fn locking(&self) -> bool {
+        false
+    }
+
+    async fn query(&mut self, sql: &str, params: Vec<Param>, entity: &'static str) -> StoreResult<Vec<Row>> {
+        let mut stmt = self.conn.prepare_cached(sql).map_err(map_err)?;
+        let n = stmt.column_count();
+        let mut rows = stmt
+            .query(params_from_iter(params.into_iter().map(to_sql)))
+            .map_err(map_err)?;
+        let mut out = Vec::new();
+        while let Some(row) = rows.next().map_err(map_err)? {
+            let mut values = Vec::with_capacity(n);
+            for i in 0..n {
+                values.push(from_sql(row.get_ref(i).map_err(map_err)?));
+            }
+            out.push(Row { values, entity });
+        }
+        Ok(out)
+    }
+
+    async fn execute(&mut self, sql: &str, params: Vec<Param>) -> StoreResult<u64> {
+        let mut stmt = self.conn.prepare_cached(sql).map_err(map_err)?;
+        let n = stmt
+            .execute(params_from_iter(params.into_iter().map(to_sql)))
+            .map_err(map_err)?;
+        Ok(n as u64)
+    }
+}
+
+/// One queued write: runs inside the group transaction, then learns whether it committed.
+trait WriteJob: Send {
+    /// Runs the operation; true when it succeeded (its savepoint is kept).
+    fn run(&mut self, conn: &Connection, now: Millis) -> bool;
+    /// Delivers the result: `None` means the transaction committed.
+    fn finish(self: Box<Self>, failure: Option<StoreError>);
+}
+
+struct TypedJob<T, F> {
+    op: Option<F>,
+    result: Option<StoreResult<T>>,
+    reply: oneshot::Sender<StoreResult<T>>,
+}
+
+impl<T, F> WriteJob for TypedJob<T, F>
+where
+    T: Send + 'static,
+    F: for<'a> FnOnce(&mut SqliteTx<'a>, Millis) -> StoreResult<T> + Send + 'static,
+{
+    fn run(&mut self, conn: &Connection, now: Millis) -> bool {
+        let Some(op) = self.op.take() else {
+            return false;
+        };
+        let mut tx = SqlTx {
+            conn: SqliteConn { conn },
+        };
+        let result = op(&mut tx, now);
+        let ok = result.is_ok();
+        self.result = Some(result);
+        ok
+    }
+
+    fn finish(self: Box<Self>, failure: Option<StoreError>) {
+        let this = *self;
+        let result = match failure {
+            Some(e) => Err(e),
+            None => this
+                .result
+                .unwrap_or_else(|| Err(StoreError::unavailable("the write was never run"))),
+        };
+        // The caller may have stopped waiting; nothing to do then.
+        let _ = this.reply.send(result);
+    }
+}
+
+struct ReaderPool {
+    conns: Mutex<Vec<Connection>>,
+    permits: Semaphore,
+}
+
+/// The SQLite engine: the writer thread, the readers, and the admission notifier.
+pub(crate) struct SqliteEngine {
+    jobs: Mutex<Option<mpsc::Sender<Box<dyn WriteJob>>>>,
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    readers: Arc<ReaderPool>,
+    clock: SharedClock,
+    admissions: broadcast::Sender<Admission>,
+    closed: AtomicBool,
+}
+
+fn parse_path(url: &str) -> StoreResult<PathBuf> {
+    let path = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
+        .unwrap_or(url);
+    if path.is_empty() {
+        return Err(StoreError::invalid("url", "names no SQLite file"));
+    }
+    Ok(PathBuf::from(path))
+}
+
+fn configure(conn: &Connection, options: &StoreOptions, writer: bool) -> StoreResult<()> {
+    conn.busy_timeout(options.busy_timeout).map_err(map_err)?;
+    conn.pragma_update(None, "foreign_keys", "ON").map_err(map_err)?;
+    let sync = match options.synchronous {
+        Synchronous::Full => "FULL",
+        Synchronous::Normal => "NORMAL",
+    };
+    conn.pragma_update(None, "synchronous", sync).map_err(map_err)?;
+    if writer {
+        let mode: String = conn
+            .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+            .map_err(map_err)?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(StoreError::unavailable(format!(
+                "the database refused WAL mode (it is in {mode} mode)"
+            )));
+        }
+    } else {
+        conn.pragma_update(None, "query_only", "ON").map_err(map_err)?;
+    }
+    conn.set_prepared_statement_cache_capacity(64);
+    Ok(())
+}
+
+fn migrate(conn: &Connection, now: Millis) -> StoreResult<()> {
+    conn.execute_batch("BEGIN IMMEDIATE").map_err(map_err)?;
+    let result = (|| {
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)",
+        )
+        .map_err(map_err)?;
+        let current: i64 = conn
+            .query_row("SELECT coalesce(max(version), 0) FROM schema_migrations", [], |r| r.get(0))
+            .map_err(map_err)?;
+        let latest = MIGRATIONS.last().map_or(0, |m| m.0);
+        if current > latest {
+            return Err(StoreError::state(
+                "schema",
+                format!("version {current}"),
+                format!(
+                    "the database was written by a newer build (schema version {current}); this binary knows up to {latest}. Upgrade hostd or use another database."
+                ),
+            ));
+        }
+        for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
+            conn.execute_batch(sql).map_err(map_err)?;
+            conn.execute(
+                "INSERT INTO schema_migrations (version, applied_at) VALUES (?1, ?2)",
+                rusqlite::params![version, now],
+            )
+            .map_err(map_err)?;
+        }
+        Ok(())
+    })();
+    match result {
+        Ok(()) => conn.execute_batch("COMMIT").map_err(map_err),
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
+        }
+    }
+}
+
+fn writer_loop(
+    conn: Connection,
+    jobs: mpsc::Receiver<Box<dyn WriteJob>>,
+    clock: SharedClock,
+    max_batch: usize,
+) {
+    while let Ok(first) = jobs.recv() {
+        let mut batch = vec![first];
+        while batch.len() < max_batch {
+            match jobs.try_recv() {
+                Ok(j) => batch.push(j),
+                Err(_) => break,
+            }
+        }
+        if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+            let err = map_err(e);
+            for job in batch {
+                job.finish(Some(err.clone()));
+            }
+            continue;
+        }
+        let mut broken: Option<StoreError> = None;
+        for job in batch.iter_mut() {
+            if let Err(e) = conn.execute_batch("SAVEPOINT op") {
+                broken = Some(map_err(e));
+                break;
+            }
+            let ok = job.run(&conn, clock.now_ms());
+            let end = if ok {
+                conn.execute_batch("RELEASE op")
+            } else {
+                conn.execute_batch("ROLLBACK TO op; RELEASE op")
+            };
+            if let Err(e) = end {
+                broken = Some(map_err(e));
+                break;
+            }
+        }
+        let failure = match broken {
+            Some(e) => {
+                let _ = conn.execute_batch("ROLLBACK");
+                Some(e)
+            }
+            None => match conn.execute_batch("COMMIT") {
+                Ok(()) => None,
+                Err(e) => {
+                    let _ = conn.execute_batch("ROLLBACK");
+                    Some(map_err(e))
+                }
+            },
+        };
+        for job in batch {
+            job.finish(failure.clone());
+        }
+    }
+}
+
+impl SqliteEngine {
+    pub(crate) async fn open(options: &StoreOptions) -> StoreResult<SqliteEngine> {
+        let path = parse_path(&options.url)?;
+        let opts = options.clone();
+        let clock = options.clock.clone();
+        let (writer_conn, readers) = tokio::task::spawn_blocking(move || -> StoreResult<_> {
+            let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_CREATE
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX
+                | OpenFlags::SQLITE_OPEN_URI;
+            let conn = Connection::open_with_flags(&path, flags).map_err(|e| {
+                StoreError::unavailable(format!(
+                    "cannot open the SQLite database at {}: {e}",
+                    path.display()
+                ))
+            })?;
+            configure(&conn, &opts, true)?;
+            migrate(&conn, opts.clock.now_ms())?;
+            let mut readers = Vec::with_capacity(opts.sqlite_readers);
+            for _ in 0..opts.sqlite_readers {
+                let r = Connection::open_with_flags(
+                    &path,
+                    OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+                )
+                .map_err(map_err)?;
+                configure(&r, &opts, false)?;
+                readers.push(r);
+            }
+            Ok((conn, readers))
+        })
+        .await
+        .map_err(|e| StoreError::unavailable(format!("opening the store failed: {e}")))??;
+
+        let (tx, rx) = mpsc::channel::<Box<dyn WriteJob>>();
+        let writer_clock = clock.clone();
+        let max_batch = options.max_write_batch;
+        let handle = std::thread::Builder::new()
+            .name("sessionstore-sqlite-writer".into())
+            .spawn(move || writer_loop(writer_conn, rx, writer_clock, max_batch))
+            .map_err(|e| StoreError::unavailable(format!("cannot start the writer thread: {e}")))?;
+        let n = readers.len();
+        let (admissions, _) = broadcast::channel(1024);
+        Ok(SqliteEngine {
+            jobs: Mutex::new(Some(tx)),
+            writer: Mutex::new(Some(handle)),
+            readers: Arc::new(ReaderPool {
+                conns: Mutex::new(readers),
+                permits: Semaphore::new(n),
+            }),
+            clock,
+            admissions,
+            closed: AtomicBool::new(false),
+        })
+    }
+
+    fn check_open(&self) -> StoreResult<()> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(StoreError::unavailable("the store is closed"));
+        }
+        Ok(())
+    }
+
+    /// Runs `op` inside the writer's next group transaction; resolves after the commit.
+    pub(crate) async fn write<T, F>(&self, op: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: for<'a> FnOnce(&mut SqliteTx<'a>, Millis) -> StoreResult<T> + Send + 'static,
+    {
+        self.check_open()?;
+        let (reply, rx) = oneshot::channel();
+        let job: Box<dyn WriteJob> = Box::new(TypedJob {
+            op: Some(op),
+            result: None,
+            reply,
+        });
+        {
+            let guard = self
+                .jobs
+                .lock()
+                .map_err(|_| StoreError::unavailable("the writer is poisoned"))?;
+            let sender = guard
+                .as_ref()
+                .ok_or_else(|| StoreError::unavailable("the store is closed"))?;
+            sender
+                .send(job)
+                .map_err(|_| StoreError::unavailable("the writer has stopped"))?;
+        }
+        rx.await
+            .map_err(|_| StoreError::unavailable("the writer stopped before answering"))?
+    }
+
+    /// Runs `op` on a read-only connection.
+    pub(crate) async fn read<T, F>(&self, op: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: for<'a> FnOnce(&mut SqliteTx<'a>, Millis) -> StoreResult<T> + Send + 'static,
+    {
+        self.check_open()?;
+        let permit = self
+            .readers
+            .permits
+            .acquire()
+            .await
+            .map_err(|_| StoreError::unavailable("the store is closed"))?;
+        let pool = self.readers.clone();
+        let now = self.clock.now_ms();
+        let result = tokio::task::spawn_blocking(move || {
+            let conn = pool
+                .conns
+                .lock()
+                .map_err(|_| StoreError::unavailable("the reader pool is poisoned"))?
+                .pop()
+                .ok_or_else(|| StoreError::unavailable("no reader connection is free"))?;
+            let result = {
+                let mut tx = SqlTx {
+                    conn: SqliteConn { conn: &conn },
+                };
+                op(&mut tx, now)
+            };
+            if let Ok(mut conns) = pool.conns.lock() {
+                conns.push(conn);
+            }
+            result
+        })
+        .await
+        .map_err(|e| StoreError::unavailable(format!("a read failed: {e}")))?;
+        drop(permit);
+        result
+    }
+
+    pub(crate) fn now_ms(&self) -> Millis {
+        self.clock.now_ms()
+    }
+
+    pub(crate) fn admissions(&self) -> broadcast::Receiver<Admission> {
+        self.admissions.subscribe()
+    }
+
+    pub(crate) fn announce(&self, a: Admission) {
+        // No receivers is fine: wake-ups are hints.
+        let _ = self.admissions.send(a);
+    }
+
+    pub(crate) async fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        if let Ok(mut guard) = self.jobs.lock() {
+            guard.take();
+        }
+        let handle = self.writer.lock().ok().and_then(|mut g| g.take());
+        if let Some(h) = handle {
+            let _ = tokio::task::spawn_blocking(move || h.join()).await;
+        }
+        self.readers.permits.close();
+        if let Ok(mut conns) = self.readers.conns.lock() {
+            conns.clear();
+        }
+    }
+}

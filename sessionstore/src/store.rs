@@ -1,0 +1,1029 @@
+//! The store handle. Owns input validation at the edge, settlement from evidence, payload
+//! verification on read and the public journal page; delegates every durable read and write to
+//! the backend chosen at open. Cheap to clone; all clones share one backend.
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use tokio::sync::broadcast;
+
+use crate::backend::Admission;
+use crate::ops;
+use crate::postgres::{MAX_TX_ATTEMPTS, PgEngine, WriteEnd};
+use crate::sqlite::SqliteEngine;
+use crate::clock::{Millis, SharedClock, SystemClock};
+use crate::error::{StoreError, StoreResult};
+use crate::evidence::{EvidenceReader, EvidenceRouter, FixedEvidenceRouter};
+use crate::ids::*;
+use crate::journal::*;
+use crate::limits::*;
+use crate::model::*;
+
+/// SQLite's `synchronous` setting.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub enum Synchronous {
+    /// Every commit is fsynced before it is acknowledged (the default).
+    #[default]
+    Full,
+    /// Commits are fsynced at WAL checkpoints: a power loss may lose the most recent commits
+    /// (never corrupts the file). An explicit opt-in.
+    Normal,
+}
+
+/// Options for opening a store.
+#[derive(Clone, Debug)]
+pub struct StoreOptions {
+    /// `sqlite://<path>` (or a plain path) or `postgres://...`.
+    pub url: String,
+    /// SQLite durability.
+    pub synchronous: Synchronous,
+    /// How long a SQLite write waits for another process's write lock.
+    pub busy_timeout: Duration,
+    /// SQLite reader connections.
+    pub sqlite_readers: usize,
+    /// The most write operations one SQLite transaction groups together.
+    pub max_write_batch: usize,
+    /// PostgreSQL pool size.
+    pub pg_max_connections: u32,
+    /// PostgreSQL schema to use (created if missing); `None` uses the connection's default.
+    pub pg_schema: Option<String>,
+    /// The largest referenced body accepted (at most 16 MiB).
+    pub referenced_body_cap: u64,
+    /// Storage bindings whose journal is this store's own journal.
+    pub local_storage_bindings: Vec<StorageBindingId>,
+    /// The clock the SQLite backend decides expiries with (PostgreSQL uses its own clock).
+    pub clock: SharedClock,
+}
+
+/// The storage binding id sessions created against the embedded journal use by default.
+pub const LOCAL_STORAGE_BINDING: &str = "local";
+
+impl StoreOptions {
+    /// Defaults for `url`.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            synchronous: Synchronous::Full,
+            busy_timeout: Duration::from_secs(5),
+            sqlite_readers: 4,
+            max_write_batch: 256,
+            pg_max_connections: 16,
+            pg_schema: None,
+            referenced_body_cap: DEFAULT_REFERENCED_BODY_CAP,
+            local_storage_bindings: vec![local_binding()],
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    fn validate(&self) -> StoreResult<()> {
+        if self.referenced_body_cap == 0 || self.referenced_body_cap > MAX_REFERENCED_BODY_BYTES {
+            return Err(StoreError::invalid(
+                "referenced_body_cap",
+                format!("must be between 1 and {MAX_REFERENCED_BODY_BYTES} bytes"),
+            ));
+        }
+        if self.sqlite_readers == 0 || self.sqlite_readers > 64 {
+            return Err(StoreError::invalid("sqlite_readers", "must be between 1 and 64"));
+        }
+        if self.max_write_batch == 0 || self.max_write_batch > 4096 {
+            return Err(StoreError::invalid("max_write_batch", "must be between 1 and 4096"));
+        }
+        if self.pg_max_connections == 0 || self.pg_max_connections > 512 {
+            return Err(StoreError::invalid("pg_max_connections", "must be between 1 and 512"));
+        }
+        if self.busy_timeout > Duration::from_secs(600) {
+            return Err(StoreError::invalid("busy_timeout", "must be at most 10 minutes"));
+        }
+        if let Some(schema) = &self.pg_schema
+            && (schema.is_empty()
+                || schema.len() > 63
+                || !schema
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+                || schema.as_bytes()[0].is_ascii_digit())
+        {
+            return Err(StoreError::invalid(
+                "pg_schema",
+                "must be 1-63 characters of [a-z0-9_], not starting with a digit",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The default local storage binding id.
+pub fn local_binding() -> StorageBindingId {
+    StorageBindingId::from_literal(LOCAL_STORAGE_BINDING)
+}
+
+/// Which backend a store runs on.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum BackendKind {
+    Sqlite,
+    Postgres,
+}
+
+enum Engine {
+    Sqlite(SqliteEngine),
+    Postgres(PgEngine),
+}
+
+/// Runs one operation in a write transaction of whichever engine is open. `$body` is an
+/// expression over `$tx` (a `&mut` transaction) and `$now` (the store's time) that evaluates
+/// to an operation future; on PostgreSQL it may be evaluated again when the transaction is
+/// re-run, so it must only borrow what it uses.
+macro_rules! write_op {
+    ($store:expr, |$tx:ident, $now:ident| $body:expr) => {{
+        match &$store.inner.engine {
+            Engine::Sqlite(e) => {
+                e.write(move |$tx, $now| futures::executor::block_on($body))
+                    .await
+            }
+            Engine::Postgres(e) => {
+                let mut attempt = 0usize;
+                loop {
+                    let (mut guard, $now) = e.begin_write(attempt).await?;
+                    let result = {
+                        let $tx = &mut guard;
+                        $body.await
+                    };
+                    match e.end_write(guard, result).await {
+                        WriteEnd::Done(r) => break r,
+                        WriteEnd::Retry(err) => {
+                            attempt += 1;
+                            if attempt >= MAX_TX_ATTEMPTS {
+                                break Err(err);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }};
+}
+
+/// Runs one read-only operation.
+macro_rules! read_op {
+    ($store:expr, |$tx:ident, $now:ident| $body:expr) => {{
+        match &$store.inner.engine {
+            Engine::Sqlite(e) => {
+                e.read(move |$tx, $now| futures::executor::block_on($body))
+                    .await
+            }
+            Engine::Postgres(e) => {
+                let (mut guard, $now) = e.begin_read().await?;
+                let $tx = &mut guard;
+                $body.await
+            }
+        }
+    }};
+}
+
+struct Inner {
+    engine: Engine,
+    kind: BackendKind,
+    router: RwLock<Arc<dyn EvidenceRouter>>,
+    referenced_body_cap: u64,
+}
+
+/// A handle on an open session store.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("backend", &self.inner.kind)
+            .finish()
+    }
+}
+
+/// The store's own journal, read as evidence.
+struct OwnJournalEvidence {
+    inner: std::sync::Weak<Inner>,
+}
+
+#[async_trait::async_trait]
+impl EvidenceReader for OwnJournalEvidence {
+    async fn dispositions(
+        &self,
+        tenant: &TenantId,
+        runtime_session: RuntimeSessionId,
+        runtime_command: RuntimeCommandId,
+    ) -> StoreResult<Vec<DispositionFrame>> {
+        let inner = self
+            .inner
+            .upgrade()
+            .ok_or_else(|| StoreError::unavailable("the store is closed"))?;
+        let store = Store { inner };
+        let t = tenant.clone();
+        let records = read_op!(store, |tx, _now| ops::journal_dispositions(
+            tx,
+            &t,
+            runtime_session,
+            runtime_command
+        ))?;
+        Ok(records
+            .iter()
+            .filter_map(JournalRecord::disposition_frame)
+            .collect())
+    }
+}
+
+impl Store {
+    /// Opens (and migrates) the store named by `options.url`.
+    pub async fn open(options: StoreOptions) -> StoreResult<Store> {
+        options.validate()?;
+        let (engine, kind) = if options.url.starts_with("postgres://")
+            || options.url.starts_with("postgresql://")
+        {
+            (
+                Engine::Postgres(PgEngine::open(&options).await?),
+                BackendKind::Postgres,
+            )
+        } else {
+            (
+                Engine::Sqlite(SqliteEngine::open(&options).await?),
+                BackendKind::Sqlite,
+            )
+        };
+        let bindings = options.local_storage_bindings.clone();
+        let inner = Arc::new_cyclic(|weak: &std::sync::Weak<Inner>| {
+            let reader: Arc<dyn EvidenceReader> = Arc::new(OwnJournalEvidence {
+                inner: weak.clone(),
+            });
+            Inner {
+                engine,
+                kind,
+                router: RwLock::new(Arc::new(FixedEvidenceRouter::new(bindings, reader))),
+                referenced_body_cap: options.referenced_body_cap,
+            }
+        });
+        Ok(Store { inner })
+    }
+
+    /// Opens a SQLite store at `path` with default options.
+    pub async fn open_sqlite(path: impl AsRef<std::path::Path>) -> StoreResult<Store> {
+        Store::open(StoreOptions::new(format!(
+            "sqlite://{}",
+            path.as_ref().display()
+        )))
+        .await
+    }
+
+    /// Which backend this store runs on.
+    pub fn backend(&self) -> BackendKind {
+        self.inner.kind
+    }
+
+    /// A reader of this store's own journal, for use in a custom router.
+    pub fn own_evidence_reader(&self) -> Arc<dyn EvidenceReader> {
+        Arc::new(OwnJournalEvidence {
+            inner: Arc::downgrade(&self.inner),
+        })
+    }
+
+    /// Replaces the evidence router settlement reads through.
+    pub fn set_evidence_router(&self, router: Arc<dyn EvidenceRouter>) {
+        match self.inner.router.write() {
+            Ok(mut guard) => *guard = router,
+            Err(poisoned) => *poisoned.into_inner() = router,
+        }
+    }
+
+    fn router(&self) -> Arc<dyn EvidenceRouter> {
+        match self.inner.router.read() {
+            Ok(guard) => guard.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Closes the store; every later call fails `unavailable`.
+    pub async fn close(&self) {
+        match &self.inner.engine {
+            Engine::Sqlite(e) => e.close().await,
+            Engine::Postgres(e) => e.close().await,
+        }
+    }
+
+    /// Command admissions, as wake-up hints. Lagging receivers miss hints, never commands.
+    pub fn admissions(&self) -> broadcast::Receiver<Admission> {
+        match &self.inner.engine {
+            Engine::Sqlite(e) => e.admissions(),
+            Engine::Postgres(e) => e.admissions(),
+        }
+    }
+
+    /// The store's clock (database time on PostgreSQL).
+    pub async fn now_ms(&self) -> StoreResult<Millis> {
+        match &self.inner.engine {
+            Engine::Sqlite(e) => Ok(e.now_ms()),
+            Engine::Postgres(e) => e.now_ms().await,
+        }
+    }
+
+    // ---- sessions -------------------------------------------------------------------------
+
+    /// Puts a session in the catalog with its immutable binding. Idempotent for the same
+    /// content; a different agent, compatibility id or binding is `command_mismatch` naming
+    /// the field.
+    pub async fn create_session(&self, s: NewSession) -> StoreResult<SessionRecord> {
+        if s.binding.binding_version == 0 {
+            return Err(StoreError::invalid("binding_version", "must be >= 1"));
+        }
+        write_op!(self, |tx, now| ops::create_session(tx, &s, now))
+    }
+
+    /// Reads a catalog row.
+    pub async fn session(&self, t: &TenantId, s: &SessionId) -> StoreResult<SessionRecord> {
+        let (t, s) = (t.clone(), s.clone());
+        read_op!(self, |tx, _now| async {
+            use ops::Tx as _;
+            tx.session(&t, &s)
+                .await?
+                .ok_or_else(|| StoreError::not_found("session", format!("{t}/{s}")))
+        })
+    }
+
+    /// Lists a tenant's sessions in id order, after `after`.
+    pub async fn list_sessions(
+        &self,
+        t: &TenantId,
+        after: Option<&SessionId>,
+        limit: usize,
+    ) -> StoreResult<Vec<SessionRecord>> {
+        let (t, after) = (t.clone(), after.cloned());
+        let limit = limit.clamp(1, MAX_PAGE);
+        read_op!(self, |tx, _now| async {
+            use ops::Tx as _;
+            tx.list_sessions(&t, after.as_ref(), limit).await
+        })
+    }
+
+    /// The fencing write to a session's gate mark (made at attach before launching the runtime).
+    pub async fn fence_gate_mark(
+        &self,
+        t: &TenantId,
+        s: &SessionId,
+        epoch: ResidencyEpoch,
+    ) -> StoreResult<ResidencyEpoch> {
+        check_epoch("epoch", epoch.0)?;
+        let (t, s) = (t.clone(), s.clone());
+        write_op!(self, |tx, _now| ops::fence_gate_mark(tx, &t, &s, epoch))
+    }
+
+    /// Writes the Host-owned projection, fenced by the gate mark.
+    pub async fn update_projection(
+        &self,
+        t: &TenantId,
+        s: &SessionId,
+        epoch: ResidencyEpoch,
+        projection: SessionProjection,
+    ) -> StoreResult<SessionRecord> {
+        check_epoch("epoch", epoch.0)?;
+        let (t, s) = (t.clone(), s.clone());
+        write_op!(self, |tx, now| ops::update_projection(
+            tx,
+            &t,
+            &s,
+            epoch,
+            &projection,
+            now
+        ))
+    }
+
+    // ---- residency ------------------------------------------------------------------------
+
+    /// Acquires the session's residency lease: a new, strictly higher epoch unless the same
+    /// holder already holds it live. Held live elsewhere → `claim_held` with that epoch.
+    pub async fn acquire_residency(&self, req: ResidencyRequest) -> StoreResult<ResidencyGrant> {
+        check_holder(&req.holder)?;
+        check_epoch("host_generation", req.host_generation)?;
+        ttl_ms("residency_ttl", req.ttl, MAX_LEASE_TTL)?;
+        write_op!(self, |tx, now| ops::acquire_residency(tx, &req, now))
+    }
+
+    /// Renews a live residency lease.
+    pub async fn renew_residency(
+        &self,
+        grant: &ResidencyGrant,
+        ttl: Duration,
+    ) -> StoreResult<ResidencyGrant> {
+        let ttl = ttl_ms("residency_ttl", ttl, MAX_LEASE_TTL)?;
+        let grant = grant.clone();
+        write_op!(self, |tx, now| ops::renew_residency(tx, &grant, ttl, now))
+    }
+
+    /// Releases a residency lease (the row and its epoch stay).
+    pub async fn release_residency(&self, grant: &ResidencyGrant) -> StoreResult<()> {
+        let grant = grant.clone();
+        write_op!(self, |tx, _now| ops::release_residency(tx, &grant))
+    }
+
+    /// Reads a residency lease row.
+    pub async fn residency(
+        &self,
+        t: &TenantId,
+        s: &SessionId,
+    ) -> StoreResult<Option<ResidencyLease>> {
+        let (t, s) = (t.clone(), s.clone());
+        read_op!(self, |tx, _now| async {
+            use ops::Tx as _;
+            tx.lease(&t, &s).await
+        })
+    }
+
+    // ---- registry -------------------------------------------------------------------------
+
+    /// Publishes a session's registration, fenced by its lease epoch.
+    pub async fn put_registration(&self, u: RegistrationUpdate) -> StoreResult<HostRegistration> {
+        check_epoch("lease_epoch", u.lease_epoch.0)?;
+        check_epoch("host_generation", u.host_generation)?;
+        check_endpoint(&u.endpoint)?;
+        let ttl = ttl_ms("registration_ttl", u.ttl, MAX_REGISTRATION_TTL)?;
+        write_op!(self, |tx, now| ops::put_registration(tx, &u, ttl, now))
+    }
+
+    /// Tombstones a registration: residency `released`, not accepting, epoch kept.
+    pub async fn tombstone_registration(
+        &self,
+        t: &TenantId,
+        s: &SessionId,
+        epoch: ResidencyEpoch,
+    ) -> StoreResult<HostRegistration> {
+        check_epoch("lease_epoch", epoch.0)?;
+        let (t, s) = (t.clone(), s.clone());
+        write_op!(self, |tx, now| ops::tombstone_registration(
+            tx, &t, &s, epoch, now
+        ))
+    }
+
+    /// Reads a session's registration.
+    pub async fn registration(
+        &self,
+        t: &TenantId,
+        s: &SessionId,
+    ) -> StoreResult<Option<HostRegistration>> {
+        let (t, s) = (t.clone(), s.clone());
+        read_op!(self, |tx, _now| async {
+            use ops::Tx as _;
+            tx.registration(&t, &s).await
+        })
+    }
+
+    /// Publishes (or heartbeats) a Host's advertisement; a lower generation is refused.
+    pub async fn advertise(&self, a: HostAdvertisement) -> StoreResult<HostTarget> {
+        check_epoch("generation", a.generation)?;
+        check_endpoint(&a.endpoint)?;
+        check_short_text("isolation_class", &a.isolation_class)?;
+        let ttl = ttl_ms("advertisement_ttl", a.ttl, MAX_REGISTRATION_TTL)?;
+        write_op!(self, |tx, now| ops::advertise(tx, &a, ttl, now))
+    }
+
+    /// Reads a Host's advertisement.
+    pub async fn target(&self, host: &HostId) -> StoreResult<Option<HostTarget>> {
+        let host = host.clone();
+        read_op!(self, |tx, _now| async {
+            use ops::Tx as _;
+            tx.target(&host).await
+        })
+    }
+
+    /// Lists advertisements (only unexpired ones, by the store's clock, when `live_only`).
+    pub async fn targets(&self, live_only: bool) -> StoreResult<Vec<HostTarget>> {
+        read_op!(self, |tx, now| async move {
+            use ops::Tx as _;
+            let all = tx.targets().await?;
+            Ok(all
+                .into_iter()
+                .filter(|t| !live_only || t.is_live(now))
+                .collect::<Vec<_>>())
+        })
+    }
+
+    // ---- commands -------------------------------------------------------------------------
+
+    /// Admits a command into the session's inbox. Idempotent by command id: a retry with the
+    /// same kind, digest and size returns the existing record; otherwise `command_mismatch`.
+    pub async fn admit(&self, c: NewCommand) -> StoreResult<CommandRecord> {
+        self.admit_reporting(c).await.map(|(r, _)| r)
+    }
+
+    /// As [`Store::admit`], also saying whether this call created the record.
+    pub async fn admit_reporting(&self, c: NewCommand) -> StoreResult<(CommandRecord, bool)> {
+        self.check_new_command(&c)?;
+        let runtime_command = RuntimeCommandId::mint();
+        let (record, created) =
+            write_op!(self, |tx, now| ops::admit(tx, &c, runtime_command, now))?;
+        if created {
+            let a = Admission {
+                tenant: record.tenant.clone(),
+                session: record.session.clone(),
+                command: record.command.clone(),
+            };
+            match &self.inner.engine {
+                Engine::Sqlite(e) => e.announce(a),
+                Engine::Postgres(e) => e.announce(a).await,
+            }
+        }
+        Ok((record, created))
+    }
+
+    fn check_new_command(&self, c: &NewCommand) -> StoreResult<()> {
+        match &c.body {
+            CommandBody::Inline(bytes) => {
+                if bytes.len() > MAX_INLINE_BODY_BYTES {
+                    return Err(StoreError::invalid(
+                        "body",
+                        format!(
+                            "is {} bytes; bodies over {MAX_INLINE_BODY_BYTES} bytes must be stored as a payload object",
+                            bytes.len()
+                        ),
+                    ));
+                }
+            }
+            CommandBody::Object(r) => {
+                check_sha256_hex("body.sha256", &r.sha256)?;
+                if r.size > self.inner.referenced_body_cap {
+                    return Err(StoreError::invalid(
+                        "body.size",
+                        format!(
+                            "is {} bytes; at most {} allowed",
+                            r.size, self.inner.referenced_body_cap
+                        ),
+                    ));
+                }
+            }
+        }
+        if let Some(p) = &c.principal {
+            check_short_text("principal", p)?;
+        }
+        if let Some(m) = &c.metadata {
+            if m.len() > MAX_METADATA_BYTES {
+                return Err(StoreError::invalid(
+                    "metadata",
+                    format!("is {} bytes; at most {MAX_METADATA_BYTES} allowed", m.len()),
+                ));
+            }
+            let parsed: Result<serde_json::Value, _> = serde_json::from_str(m);
+            if !matches!(parsed, Ok(serde_json::Value::Object(_))) {
+                return Err(StoreError::invalid("metadata", "must be a JSON object"));
+            }
+        }
+        if c.apply_within.is_zero() || c.apply_within > Duration::from_secs(30 * 24 * 3600) {
+            return Err(StoreError::invalid(
+                "apply_within",
+                "must be positive and at most 30 days",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Reads one command.
+    pub async fn command(
+        &self,
+        t: &TenantId,
+        s: &SessionId,
+        c: &CommandId,
+    ) -> StoreResult<CommandRecord> {
+        let (t, s, c) = (t.clone(), s.clone(), c.clone());
+        read_op!(self, |tx, _now| async {
+            use ops::Tx as _;
+            tx.command(&t, &s, &c)
+                .await?
+                .ok_or_else(|| StoreError::not_found("command", format!("{t}/{s}/{c}")))
+        })
+    }
+
+    /// Finds the command a runtime command id belongs to (to map private ids to public ones).
+    pub async fn command_by_runtime_id(
+        &self,
+        t: &TenantId,
+        s: &SessionId,
+        rc: RuntimeCommandId,
+    ) -> StoreResult<Option<CommandRecord>> {
+        let (t, s) = (t.clone(), s.clone());
+        read_op!(self, |tx, _now| async {
+            use ops::Tx as _;
+            tx.command_by_runtime_id(&t, &s, rc).await
+        })
+    }
+
+    /// Lists commands in acceptance order strictly after `after_order`.
+    pub async fn list_commands(
+        &self,
+        t: &TenantId,
+        s: &SessionId,
+        after_order: u64,
+        limit: usize,
+    ) -> StoreResult<Vec<CommandRecord>> {
+        let (t, s) = (t.clone(), s.clone());
+        let limit = limit.clamp(1, MAX_PAGE);
+        read_op!(self, |tx, _now| async {
+            use ops::Tx as _;
+            tx.commands_after(&t, &s, after_order, limit).await
+        })
+    }
+
+    /// Claims a command under a residency grant.
+    pub async fn claim(&self, req: ClaimRequest) -> StoreResult<CommandRecord> {
+        check_epoch("epoch", req.epoch.0)?;
+        ttl_ms("claim_ttl", req.ttl, MAX_CLAIM_TTL)?;
+        write_op!(self, |tx, now| ops::claim(tx, &req, now))
+    }
+
+    /// Rejects a command before any attempt exists.
+    pub async fn reject(&self, req: RejectRequest) -> StoreResult<CommandRecord> {
+        check_epoch("epoch", req.epoch.0)?;
+        write_op!(self, |tx, _now| ops::reject(tx, &req))
+    }
+
+    /// Records the command's one attempt. The Host must not dispatch before this succeeds.
+    pub async fn begin_attempt(&self, req: AttemptRequest) -> StoreResult<CommandRecord> {
+        check_epoch("epoch", req.epoch.0)?;
+        write_op!(self, |tx, now| ops::begin_attempt(tx, &req, now))
+    }
+
+    /// Settles an applying command from the runtime's own disposition, read through the
+    /// evidence router for the session's (tenant, storage binding). The caller supplies no
+    /// outcome. Missing evidence is an error (`evidence`), an unrouted binding another
+    /// (`unroutable`); neither writes anything.
+    pub async fn settle(&self, req: SettleRequest) -> StoreResult<CommandRecord> {
+        check_epoch("epoch", req.epoch.0)?;
+        let rec = self.command(&req.tenant, &req.session, &req.command).await?;
+        if rec.state.is_terminal() && rec.attempt.is_none() {
+            return Err(StoreError::Terminal {
+                state: rec.state.as_str().to_owned(),
+            });
+        }
+        let Some(attempt) = rec.attempt.clone() else {
+            return Err(StoreError::state(
+                "command",
+                rec.state.as_str(),
+                "no attempt to settle",
+            ));
+        };
+        let session = self.session(&req.tenant, &req.session).await?;
+        let reader = self
+            .router()
+            .route(&req.tenant, &session.binding.storage_binding_id)
+            .ok_or_else(|| StoreError::Unroutable {
+                storage_binding: session.binding.storage_binding_id.to_string(),
+            })?;
+        let frames = reader
+            .dispositions(
+                &req.tenant,
+                session.binding.runtime_session_id,
+                rec.runtime_command,
+            )
+            .await?;
+        let frame = match frames.as_slice() {
+            [] => {
+                return Err(StoreError::evidence(format!(
+                    "the journal holds no disposition for attempt {}",
+                    attempt.id
+                )));
+            }
+            [one] => one.clone(),
+            _ => {
+                return Err(StoreError::evidence(format!(
+                    "the journal holds {} dispositions for one command",
+                    frames.len()
+                )));
+            }
+        };
+        write_op!(self, |tx, now| ops::write_settlement(tx, &req, &frame, now))
+    }
+
+    // ---- cursor ---------------------------------------------------------------------------
+
+    /// Reads the consumption cursor.
+    pub async fn cursor(&self, t: &TenantId, s: &SessionId) -> StoreResult<Option<Cursor>> {
+        let (t, s) = (t.clone(), s.clone());
+        read_op!(self, |tx, _now| async {
+            use ops::Tx as _;
+            tx.cursor(&t, &s).await
+        })
+    }
+
+    /// Saves the cursor, fenced (lower epoch refused; lower order a regression).
+    pub async fn save_cursor(
+        &self,
+        t: &TenantId,
+        s: &SessionId,
+        order: u64,
+        epoch: ResidencyEpoch,
+    ) -> StoreResult<Cursor> {
+        check_epoch("epoch", epoch.0)?;
+        let (t, s) = (t.clone(), s.clone());
+        write_op!(self, |tx, _now| ops::save_cursor(tx, &t, &s, order, epoch))
+    }
+
+    // ---- gates ----------------------------------------------------------------------------
+
+    /// Projects a gate as open, fenced by the gate mark; at most 16 open per session. A gate
+    /// already projected (open or resolved) is returned as it is, never re-opened.
+    pub async fn open_gate(
+        &self,
+        t: &TenantId,
+        s: &SessionId,
+        epoch: ResidencyEpoch,
+        gate: OpenGate,
+    ) -> StoreResult<GateRecord> {
+        check_epoch("epoch", epoch.0)?;
+        check_epoch("opened_seq", gate.opened_seq)?;
+        check_short_text("kind", &gate.kind)?;
+        check_short_text("prompt_summary", &gate.prompt_summary)?;
+        if gate.kind.is_empty() {
+            return Err(StoreError::invalid("kind", "must not be empty"));
+        }
+        let (t, s) = (t.clone(), s.clone());
+        write_op!(self, |tx, now| ops::open_gate(tx, &t, &s, epoch, &gate, now))
+    }
+
+    /// Marks a projected gate resolved, fenced by the gate mark.
+    pub async fn resolve_gate(
+        &self,
+        t: &TenantId,
+        s: &SessionId,
+        epoch: ResidencyEpoch,
+        gate: &GateId,
+        resolved_seq: u64,
+    ) -> StoreResult<GateRecord> {
+        check_epoch("epoch", epoch.0)?;
+        check_epoch("resolved_seq", resolved_seq)?;
+        let (t, s, g) = (t.clone(), s.clone(), gate.clone());
+        write_op!(self, |tx, now| ops::resolve_gate(
+            tx,
+            &t,
+            &s,
+            epoch,
+            &g,
+            resolved_seq,
+            now
+        ))
+    }
+
+    /// Lists a session's projected gates (open only, or all), oldest first.
+    pub async fn gates(
+        &self,
+        t: &TenantId,
+        s: &SessionId,
+        open_only: bool,
+    ) -> StoreResult<Vec<GateRecord>> {
+        let (t, s) = (t.clone(), s.clone());
+        read_op!(self, |tx, _now| async {
+            use ops::Tx as _;
+            tx.gates(&t, &s, open_only).await
+        })
+    }
+
+    // ---- payload objects ------------------------------------------------------------------
+
+    /// Stores a payload object and returns its reference (id, size, SHA-256).
+    pub async fn put_object(&self, o: NewObject) -> StoreResult<ObjectRef> {
+        if o.bytes.len() as u64 > self.inner.referenced_body_cap {
+            return Err(StoreError::invalid(
+                "bytes",
+                format!(
+                    "is {} bytes; at most {} allowed",
+                    o.bytes.len(),
+                    self.inner.referenced_body_cap
+                ),
+            ));
+        }
+        check_short_text("kind", &o.kind)?;
+        check_short_text("media_type", &o.media_type)?;
+        let sha = sha256_hex(&o.bytes);
+        let id = ObjectId::new(format!("obj-{}", uuid::Uuid::now_v7().simple()))?;
+        write_op!(self, |tx, now| ops::put_object(
+            tx,
+            id.clone(),
+            o.clone(),
+            sha.clone(),
+            now
+        ))
+    }
+
+    /// Reads a payload object and verifies it against `expected` (size and SHA-256) and
+    /// against its own stored digest; a mismatch is `integrity`.
+    pub async fn get_object(&self, t: &TenantId, expected: &ObjectRef) -> StoreResult<StoredObject> {
+        check_sha256_hex("sha256", &expected.sha256)?;
+        let (t, id) = (t.clone(), expected.object_id.clone());
+        let obj = read_op!(self, |tx, _now| ops::get_object(tx, &t, &id))?;
+        verify_object(&obj, expected)?;
+        Ok(obj)
+    }
+
+    // ---- journal --------------------------------------------------------------------------
+
+    /// Acquires the journal lease for a runtime session: a strictly higher epoch, with an
+    /// opening fence appended at the tip, which permanently fails any previous writer's next
+    /// append. Taking over a live lease is allowed: the caller's authority comes from the
+    /// residency grant it launched under.
+    pub async fn journal_acquire(
+        &self,
+        t: &TenantId,
+        rs: RuntimeSessionId,
+        holder: &str,
+        ttl: Duration,
+    ) -> StoreResult<JournalLease> {
+        check_holder(holder)?;
+        let ttl = ttl_ms("journal_lease_ttl", ttl, MAX_LEASE_TTL)?;
+        let (t, holder) = (t.clone(), holder.to_owned());
+        write_op!(self, |tx, now| ops::journal_acquire(
+            tx, &t, rs, &holder, ttl, now
+        ))
+    }
+
+    /// Renews a journal lease this writer still holds.
+    pub async fn journal_renew(&self, lease: &JournalLease, ttl: Duration) -> StoreResult<JournalLease> {
+        let ttl = ttl_ms("journal_lease_ttl", ttl, MAX_LEASE_TTL)?;
+        let lease = lease.clone();
+        write_op!(self, |tx, now| ops::journal_renew(tx, &lease, ttl, now))
+    }
+
+    /// Releases a journal lease (a superseded lease is already not held: Ok).
+    pub async fn journal_release(&self, lease: &JournalLease) -> StoreResult<()> {
+        let lease = lease.clone();
+        write_op!(self, |tx, _now| ops::journal_release(tx, &lease))
+    }
+
+    /// Appends entries as one compare-and-set on `lease.tip`, fenced by `lease.epoch`. Returns
+    /// the new tip (the caller tracks it into its lease). Applications need the writer's own
+    /// epoch as the attempt epoch; a closure needs a strictly later epoch than the attempt's
+    /// and is refused when the journal holds any effect caused by that command; at most one
+    /// application or closure per command.
+    pub async fn journal_append(
+        &self,
+        lease: &JournalLease,
+        entries: Vec<JournalEntry>,
+    ) -> StoreResult<u64> {
+        if entries.is_empty() {
+            return Err(StoreError::invalid("entries", "must not be empty"));
+        }
+        if entries.len() > MAX_APPEND_RECORDS {
+            return Err(StoreError::invalid(
+                "entries",
+                format!("at most {MAX_APPEND_RECORDS} per append"),
+            ));
+        }
+        let cap = self.inner.referenced_body_cap as usize;
+        for e in &entries {
+            e.check()?;
+            if let JournalEntry::Event {
+                public_body,
+                private_body,
+                ..
+            } = e
+                && (public_body.len() > cap || private_body.as_ref().is_some_and(|p| p.len() > cap))
+            {
+                return Err(StoreError::invalid(
+                    "body",
+                    format!("event bodies are at most {cap} bytes"),
+                ));
+            }
+        }
+        let lease = lease.clone();
+        write_op!(self, |tx, now| ops::journal_append(tx, &lease, &entries, now))
+    }
+
+    /// Reads the journal lease row of a runtime session (absent for another tenant).
+    pub async fn journal_lease_state(
+        &self,
+        t: &TenantId,
+        rs: RuntimeSessionId,
+    ) -> StoreResult<Option<JournalLeaseState>> {
+        let t = t.clone();
+        read_op!(self, |tx, _now| ops::journal_lease_state(tx, &t, rs))
+    }
+
+    /// The journal tip (0 when the journal does not exist).
+    pub async fn journal_tip(&self, t: &TenantId, rs: RuntimeSessionId) -> StoreResult<u64> {
+        Ok(self.journal_lease_state(t, rs).await?.map_or(0, |l| l.tip))
+    }
+
+    /// A privileged runtime page: every record kind, strictly after `after`.
+    pub async fn journal_runtime_page(
+        &self,
+        t: &TenantId,
+        rs: RuntimeSessionId,
+        after: u64,
+        limit: usize,
+    ) -> StoreResult<Vec<JournalRecord>> {
+        let t = t.clone();
+        let limit = limit.clamp(1, MAX_PAGE);
+        read_op!(self, |tx, _now| ops::journal_read(
+            tx,
+            &t,
+            rs,
+            after,
+            u64::MAX,
+            limit,
+            false
+        ))
+    }
+
+    /// A public page: public event bodies only. The first page (`pinned_tip = None`) pins the
+    /// tip; pass the returned `tip` back to read later pages of the same snapshot. An
+    /// undecodable record fails the whole page.
+    pub async fn journal_public_page(
+        &self,
+        t: &TenantId,
+        rs: RuntimeSessionId,
+        after: u64,
+        pinned_tip: Option<u64>,
+        limit: usize,
+    ) -> StoreResult<PublicPage> {
+        let tip = match pinned_tip {
+            Some(tip) => tip,
+            None => self.journal_tip(t, rs).await?,
+        };
+        let limit = limit.clamp(1, MAX_PAGE);
+        if after >= tip {
+            return Ok(PublicPage {
+                events: Vec::new(),
+                tip,
+                next_after: tip.max(after),
+            });
+        }
+        let t = t.clone();
+        let records = read_op!(self, |tx, _now| ops::journal_read(
+            tx, &t, rs, after, tip, limit, true
+        ))?;
+        let mut events = Vec::with_capacity(records.len());
+        for r in records {
+            match r.kind {
+                RecordKind::Event {
+                    event, public_body, ..
+                } => events.push(PublicEvent {
+                    seq: r.seq,
+                    event,
+                    body: public_body,
+                }),
+                _ => {
+                    return Err(StoreError::integrity(
+                        "journal",
+                        format!("record {} is not a public event", r.seq),
+                    ));
+                }
+            }
+        }
+        let next_after = match events.last() {
+            Some(last) if events.len() == limit => last.seq,
+            _ => tip,
+        };
+        Ok(PublicPage {
+            events,
+            tip,
+            next_after,
+        })
+    }
+}
+
+pub(crate) fn verify_object(obj: &StoredObject, expected: &ObjectRef) -> StoreResult<()> {
+    if obj.reference.object_id != expected.object_id {
+        return Err(StoreError::integrity("payload_object", "id differs"));
+    }
+    if obj.bytes.len() as u64 != expected.size || obj.reference.size != expected.size {
+        return Err(StoreError::integrity(
+            "payload_object",
+            format!(
+                "size is {} bytes, the reference says {}",
+                obj.bytes.len(),
+                expected.size
+            ),
+        ));
+    }
+    let actual = sha256_hex(&obj.bytes);
+    if actual != expected.sha256 || obj.reference.sha256 != expected.sha256 {
+        return Err(StoreError::integrity(
+            "payload_object",
+            "SHA-256 of the stored bytes differs from the reference",
+        ));
+    }
+    Ok(())
+}
+
+fn check_epoch(field: &'static str, value: u64) -> StoreResult<()> {
+    if value == 0 {
+        return Err(StoreError::invalid(field, "must be >= 1"));
+    }
+    if value > i64::MAX as u64 {
+        return Err(StoreError::invalid(field, "is too large"));
+    }
+    Ok(())
+}
+
+fn check_holder(holder: &str) -> StoreResult<()> {
+    check_opaque_id("holder", holder)
+}
+
+fn check_endpoint(endpoint: &str) -> StoreResult<()> {
+    if endpoint.is_empty() {
+        return Err(StoreError::invalid("endpoint", "must not be empty"));
+    }
+    check_short_text("endpoint", endpoint)
+}

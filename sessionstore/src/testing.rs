@@ -1,0 +1,227 @@
+//! Test support (feature `testing`): a store on either backend, isolated per test, so every
+//! suite in the workspace can run its cases against SQLite and PostgreSQL alike.
+//!
+//! PostgreSQL cases read their server from `HOST_TEST_DATABASE_URL` and each gets a fresh
+//! schema, dropped when the [`TestStore`] is dropped. When the variable is unset they report
+//! themselves skipped on stderr; with `CI=true` an unset variable fails the test instead.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::clock::ManualClock;
+use crate::error::StoreResult;
+use crate::store::{Store, StoreOptions};
+
+/// Which backend a test runs against.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum TestBackend {
+    Sqlite,
+    Postgres,
+}
+
+/// The PostgreSQL server for tests, or `None` (with a loud notice) when none is configured.
+/// Panics when `CI=true` and no server is configured: CI must never skip these cases.
+pub fn postgres_url() -> Option<String> {
+    match std::env::var("HOST_TEST_DATABASE_URL") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ => {
+            if std::env::var("CI").is_ok_and(|v| v == "true") {
+                panic!(
+                    "HOST_TEST_DATABASE_URL is unset while CI=true: the PostgreSQL cases must run in CI (.ci/run exports it)"
+                );
+            }
+            // Written to the process's stderr directly, past the test harness's capture, so a
+            // skip is visible even when the test passes.
+            use std::io::Write as _;
+            let _ = writeln!(
+                std::io::stderr(),
+                "*** SKIPPED (PostgreSQL): HOST_TEST_DATABASE_URL is unset; set it (e.g. postgres://postgres@127.0.0.1:5432/test) to run this case on PostgreSQL ***"
+            );
+            None
+        }
+    }
+}
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// A store for one test, on one backend, isolated from every other test.
+pub struct TestStore {
+    pub store: Store,
+    pub backend: TestBackend,
+    options: StoreOptions,
+    clock: Option<ManualClock>,
+    schema: Option<String>,
+    pg_url: Option<String>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl TestStore {
+    /// Opens a fresh store, or `None` when the backend is not available here (PostgreSQL
+    /// without `HOST_TEST_DATABASE_URL`, outside CI).
+    pub async fn open(backend: TestBackend) -> Option<TestStore> {
+        Self::open_with(backend, |_| {}).await
+    }
+
+    /// As [`TestStore::open`], letting the caller adjust the options first.
+    pub async fn open_with(
+        backend: TestBackend,
+        adjust: impl FnOnce(&mut StoreOptions),
+    ) -> Option<TestStore> {
+        match backend {
+            TestBackend::Sqlite => {
+                let dir = tempfile::tempdir().expect("a temporary directory for the test database");
+                let path = dir.path().join("store.db");
+                let clock = ManualClock::starting_now();
+                let mut options = StoreOptions::new(format!("sqlite://{}", path.display()));
+                options.clock = std::sync::Arc::new(clock.clone());
+                adjust(&mut options);
+                let store = Store::open(options.clone())
+                    .await
+                    .expect("the SQLite test store opens");
+                Some(TestStore {
+                    store,
+                    backend,
+                    options,
+                    clock: Some(clock),
+                    schema: None,
+                    pg_url: None,
+                    _dir: Some(dir),
+                })
+            }
+            TestBackend::Postgres => {
+                let url = postgres_url()?;
+                let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+                let schema = format!(
+                    "t_{}_{}_{:x}",
+                    std::process::id(),
+                    n,
+                    uuid::Uuid::now_v7().as_u128() & 0xffff_ffff
+                );
+                let mut options = StoreOptions::new(url.clone());
+                options.pg_schema = Some(schema.clone());
+                options.pg_max_connections = 8;
+                adjust(&mut options);
+                let store = Store::open(options.clone())
+                    .await
+                    .expect("the PostgreSQL test store opens (is HOST_TEST_DATABASE_URL reachable?)");
+                Some(TestStore {
+                    store,
+                    backend,
+                    options,
+                    clock: None,
+                    schema: Some(schema),
+                    pg_url: Some(url),
+                    _dir: None,
+                })
+            }
+        }
+    }
+
+    /// The options this store was opened with.
+    pub fn options(&self) -> StoreOptions {
+        self.options.clone()
+    }
+
+    /// Opens a second, independent store on the same database (its own connections and, on
+    /// SQLite, its own writer: what a second process would have).
+    pub async fn reopen(&self) -> StoreResult<Store> {
+        Store::open(self.options.clone()).await
+    }
+
+    /// Moves the store's time forward: the manual clock on SQLite, real time on PostgreSQL
+    /// (whose clock is the database's own).
+    pub async fn advance(&self, by: Duration) {
+        match &self.clock {
+            Some(c) => c.advance_ms(i64::try_from(by.as_millis()).unwrap_or(i64::MAX)),
+            None => tokio::time::sleep(by).await,
+        }
+    }
+
+    /// Runs raw SQL against the database (to corrupt rows in integrity tests).
+    pub async fn exec_raw(&self, sql: &str) {
+        match self.backend {
+            TestBackend::Sqlite => {
+                let url = self.options.url.clone();
+                let sql = sql.to_owned();
+                tokio::task::spawn_blocking(move || {
+                    let path = url.trim_start_matches("sqlite://");
+                    let conn = rusqlite::Connection::open(path).expect("raw connection");
+                    conn.busy_timeout(Duration::from_secs(5)).expect("busy timeout");
+                    conn.execute_batch(&sql).expect("raw SQL runs");
+                })
+                .await
+                .expect("raw SQL task");
+            }
+            TestBackend::Postgres => {
+                use sqlx::{Connection, Executor};
+                let url = self.pg_url.clone().unwrap_or_default();
+                let mut conn = sqlx::PgConnection::connect(&url).await.expect("raw connection");
+                let schema = self.schema.clone().unwrap_or_default();
+                conn.execute(sqlx::AssertSqlSafe(format!("SET search_path TO \"{schema}\"")))
+                    .await
+                    .expect("search path");
+                sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+                    .execute(&mut conn)
+                    .await
+                    .expect("raw SQL runs");
+                let _ = conn.close().await;
+            }
+        }
+    }
+}
+
+impl Drop for TestStore {
+    fn drop(&mut self) {
+        let (Some(schema), Some(url)) = (self.schema.take(), self.pg_url.take()) else {
+            return;
+        };
+        // Drop the schema from a separate thread with its own runtime: Drop cannot await.
+        let _ = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+                return;
+            };
+            rt.block_on(async move {
+                use sqlx::{Connection, Executor};
+                if let Ok(mut conn) = sqlx::PgConnection::connect(&url).await {
+                    let _ = conn
+                        .execute(sqlx::AssertSqlSafe(format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE")))
+                        .await;
+                    let _ = conn.close().await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// Generates one test per case per backend: `$module::sqlite::$case` and
+/// `$module::postgres::$case`, each calling `$cases::$case(&TestStore)`.
+#[macro_export]
+macro_rules! both_backends {
+    ($cases:ident => $($case:ident),+ $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    use super::$cases as cases;
+                    let store = $crate::testing::TestStore::open($crate::testing::TestBackend::Sqlite)
+                        .await
+                        .expect("SQLite is always available");
+                    cases::$case(&store).await;
+                }
+            )+
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    use super::$cases as cases;
+                    let Some(store) = $crate::testing::TestStore::open($crate::testing::TestBackend::Postgres).await else {
+                        return;
+                    };
+                    cases::$case(&store).await;
+                }
+            )+
+        }
+    };
+}

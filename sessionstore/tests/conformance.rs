@@ -1,0 +1,1223 @@
+//! The store's conformance suite: every case runs against SQLite and PostgreSQL.
+
+mod cases {
+    use std::time::Duration;
+
+    use sessionstore::testing::TestStore;
+    use sessionstore::*;
+    use uuid::Uuid;
+
+    const TTL: Duration = Duration::from_secs(30);
+
+    fn tenant() -> TenantId {
+        TenantId::new("acme").unwrap()
+    }
+
+    async fn new_session(ts: &TestStore, name: &str) -> SessionRecord {
+        ts.store
+            .create_session(NewSession {
+                tenant: tenant(),
+                session: SessionId::new(name).unwrap(),
+                agent: AgentId::new("assistant").unwrap(),
+                compatibility: CompatibilityId::new("build-1").unwrap(),
+                binding: SessionBinding {
+                    runtime_session_id: RuntimeSessionId::mint(),
+                    storage_binding_id: local_binding(),
+                    binding_version: 1,
+                },
+            })
+            .await
+            .unwrap()
+    }
+
+    fn new_command(s: &SessionRecord, id: &str, kind: CommandKind, body: &[u8]) -> NewCommand {
+        NewCommand {
+            tenant: s.tenant.clone(),
+            session: s.session.clone(),
+            command: CommandId::new(id).unwrap(),
+            kind,
+            body: CommandBody::Inline(body.to_vec()),
+            principal: Some("user:1".into()),
+            metadata: Some("{\"a\":1}".into()),
+            apply_within: Duration::from_secs(3600),
+        }
+    }
+
+    async fn admit(ts: &TestStore, s: &SessionRecord, id: &str) -> CommandRecord {
+        ts.store
+            .admit(new_command(s, id, CommandKind::Input, b"{\"text\":\"hi\"}"))
+            .await
+            .unwrap()
+    }
+
+    fn claim_req(rec: &CommandRecord, epoch: u64, token: Uuid) -> ClaimRequest {
+        ClaimRequest {
+            tenant: rec.tenant.clone(),
+            session: rec.session.clone(),
+            command: rec.command.clone(),
+            epoch: ResidencyEpoch(epoch),
+            token,
+            ttl: TTL,
+            expected_revision: rec.revision,
+        }
+    }
+
+    fn attempt_req(rec: &CommandRecord, epoch: u64, token: Uuid, journal: JournalEpoch) -> AttemptRequest {
+        AttemptRequest {
+            tenant: rec.tenant.clone(),
+            session: rec.session.clone(),
+            command: rec.command.clone(),
+            epoch: ResidencyEpoch(epoch),
+            claim_token: token,
+            attempt: AttemptId::mint(),
+            journal_epoch: journal,
+            expected_revision: rec.revision,
+        }
+    }
+
+    fn settle_req(rec: &CommandRecord, epoch: u64) -> SettleRequest {
+        SettleRequest {
+            tenant: rec.tenant.clone(),
+            session: rec.session.clone(),
+            command: rec.command.clone(),
+            epoch: ResidencyEpoch(epoch),
+            expected_revision: rec.revision,
+        }
+    }
+
+    fn identity(rec: &CommandRecord) -> CommandIdentity {
+        CommandIdentity {
+            command: rec.command.clone(),
+            runtime_command: rec.runtime_command,
+            kind: rec.kind,
+        }
+    }
+
+    async fn journal(ts: &TestStore, s: &SessionRecord, holder: &str) -> JournalLease {
+        ts.store
+            .journal_acquire(&s.tenant, s.binding.runtime_session_id, holder, TTL)
+            .await
+            .unwrap()
+    }
+
+    async fn append(ts: &TestStore, lease: &mut JournalLease, entries: Vec<JournalEntry>) -> StoreResult<u64> {
+        let tip = ts.store.journal_append(lease, entries).await?;
+        lease.tip = tip;
+        Ok(tip)
+    }
+
+    /// Claims and begins an attempt under residency `epoch` and the given journal lease.
+    async fn to_applying(ts: &TestStore, rec: &CommandRecord, epoch: u64, lease: &JournalLease) -> CommandRecord {
+        let token = Uuid::now_v7();
+        let claimed = ts.store.claim(claim_req(rec, epoch, token)).await.unwrap();
+        ts.store
+            .begin_attempt(attempt_req(&claimed, epoch, token, lease.epoch))
+            .await
+            .unwrap()
+    }
+
+    async fn apply_in_journal(ts: &TestStore, lease: &mut JournalLease, rec: &CommandRecord, outcome: ApplicationOutcome) -> u64 {
+        let attempt = rec.attempt.clone().unwrap();
+        append(
+            ts,
+            lease,
+            vec![JournalEntry::Application {
+                identity: identity(rec),
+                attempt: attempt.id,
+                attempt_epoch: attempt.journal_epoch,
+                outcome,
+                detail: None,
+            }],
+        )
+        .await
+        .unwrap()
+    }
+
+    fn code<T: std::fmt::Debug>(r: StoreResult<T>) -> &'static str {
+        r.unwrap_err().code().as_str()
+    }
+
+    // ---- sessions ---------------------------------------------------------------------------
+
+    pub async fn a_session_is_created_once_and_its_binding_is_immutable(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let again = ts
+            .store
+            .create_session(NewSession {
+                tenant: s.tenant.clone(),
+                session: s.session.clone(),
+                agent: s.agent.clone(),
+                compatibility: s.compatibility.clone(),
+                binding: s.binding.clone(),
+            })
+            .await
+            .unwrap();
+        assert_eq!(again.binding, s.binding);
+        let mut other = s.binding.clone();
+        other.runtime_session_id = RuntimeSessionId::mint();
+        let err = ts
+            .store
+            .create_session(NewSession {
+                tenant: s.tenant.clone(),
+                session: s.session.clone(),
+                agent: s.agent.clone(),
+                compatibility: s.compatibility.clone(),
+                binding: other,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err, StoreError::CommandMismatch { field: "binding" });
+        assert_eq!(ts.store.session(&s.tenant, &s.session).await.unwrap().binding, s.binding);
+    }
+
+    pub async fn another_tenant_never_sees_a_session(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let other = TenantId::new("globex").unwrap();
+        assert_eq!(code(ts.store.session(&other, &s.session).await), "not_found");
+        assert!(ts.store.list_sessions(&other, None, 10).await.unwrap().is_empty());
+        assert_eq!(ts.store.list_sessions(&s.tenant, None, 10).await.unwrap().len(), 1);
+        let mut c = new_command(&s, "c1", CommandKind::Input, b"{}");
+        c.tenant = other;
+        assert_eq!(code(ts.store.admit(c).await), "not_found");
+    }
+
+    // ---- admission --------------------------------------------------------------------------
+
+    pub async fn admitting_to_a_session_that_is_not_bound_is_not_found(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let mut c = new_command(&s, "c1", CommandKind::Input, b"{}");
+        c.session = SessionId::new("nobody").unwrap();
+        assert_eq!(code(ts.store.admit(c).await), "not_found");
+    }
+
+    pub async fn admission_is_idempotent_by_command_id(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let c = new_command(&s, "c1", CommandKind::Input, b"{\"text\":\"hi\"}");
+        let (first, created) = ts.store.admit_reporting(c.clone()).await.unwrap();
+        assert!(created);
+        let (second, created) = ts.store.admit_reporting(c).await.unwrap();
+        assert!(!created);
+        assert_eq!(first, second);
+        assert_eq!(first.state, CommandState::Pending);
+        assert_eq!(first.revision, 1);
+    }
+
+    pub async fn an_admission_retry_that_differs_is_a_command_mismatch(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        ts.store.admit(new_command(&s, "c1", CommandKind::Input, b"a")).await.unwrap();
+        let err = ts.store.admit(new_command(&s, "c1", CommandKind::Input, b"b")).await.unwrap_err();
+        assert_eq!(err, StoreError::CommandMismatch { field: "body_digest" });
+        let err = ts.store.admit(new_command(&s, "c1", CommandKind::Interrupt, b"a")).await.unwrap_err();
+        assert_eq!(err, StoreError::CommandMismatch { field: "kind" });
+    }
+
+    pub async fn acceptance_order_is_gap_free_and_monotonic_per_session(ts: &TestStore) {
+        let s1 = new_session(ts, "s1").await;
+        let s2 = new_session(ts, "s2").await;
+        let a = admit(ts, &s1, "a").await;
+        let b = admit(ts, &s1, "b").await;
+        let x = admit(ts, &s2, "x").await;
+        let c = admit(ts, &s1, "c").await;
+        assert_eq!((a.accepted_order, b.accepted_order, c.accepted_order), (1, 2, 3));
+        assert_eq!(x.accepted_order, 1);
+        let page = ts.store.list_commands(&s1.tenant, &s1.session, 1, 10).await.unwrap();
+        let ids: Vec<_> = page.iter().map(|r| r.command.as_str().to_owned()).collect();
+        assert_eq!(ids, ["b", "c"]);
+    }
+
+    pub async fn a_body_over_64_kib_must_be_stored_by_reference(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let big = vec![b'x'; 64 * 1024 + 1];
+        let c = new_command(&s, "c1", CommandKind::Input, &big);
+        assert_eq!(code(ts.store.admit(c).await), "invalid");
+        let r = ts
+            .store
+            .put_object(NewObject {
+                tenant: s.tenant.clone(),
+                session: s.session.clone(),
+                kind: "command_body".into(),
+                media_type: "application/json".into(),
+                bytes: big.clone(),
+            })
+            .await
+            .unwrap();
+        let mut c = new_command(&s, "c1", CommandKind::Input, b"");
+        c.body = CommandBody::Object(r.clone());
+        let rec = ts.store.admit(c).await.unwrap();
+        assert_eq!(rec.body, CommandBody::Object(r.clone()));
+        assert_eq!(rec.body_size, big.len() as u64);
+        let obj = ts.store.get_object(&s.tenant, &r).await.unwrap();
+        assert_eq!(obj.bytes, big);
+    }
+
+    pub async fn admission_wakes_a_subscriber(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let mut rx = ts.store.admissions();
+        admit(ts, &s, "c1").await;
+        let a = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .expect("an admission hint arrives")
+            .unwrap();
+        assert_eq!(a.command.as_str(), "c1");
+        assert_eq!(a.session, s.session);
+    }
+
+    pub async fn bad_admission_input_is_refused_with_a_typed_error(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let mut c = new_command(&s, "c1", CommandKind::Input, b"{}");
+        c.metadata = Some("[1,2]".into());
+        assert_eq!(code(ts.store.admit(c).await), "invalid");
+        let mut c = new_command(&s, "c1", CommandKind::Input, b"{}");
+        c.principal = Some("p".repeat(5000));
+        assert_eq!(code(ts.store.admit(c).await), "invalid");
+        let mut c = new_command(&s, "c1", CommandKind::Input, b"{}");
+        c.body = CommandBody::Object(ObjectRef {
+            object_id: ObjectId::new("o").unwrap(),
+            size: 10,
+            sha256: "not-hex".into(),
+        });
+        assert_eq!(code(ts.store.admit(c).await), "invalid");
+        let mut c = new_command(&s, "c1", CommandKind::Input, b"{}");
+        c.body = CommandBody::Object(ObjectRef {
+            object_id: ObjectId::new("o").unwrap(),
+            size: 17 * 1024 * 1024,
+            sha256: "0".repeat(64),
+        });
+        assert_eq!(code(ts.store.admit(c).await), "invalid");
+        let mut c = new_command(&s, "c1", CommandKind::Input, b"{}");
+        c.apply_within = Duration::ZERO;
+        assert_eq!(code(ts.store.admit(c).await), "invalid");
+    }
+
+    // ---- claim ------------------------------------------------------------------------------
+
+    pub async fn a_claim_replayed_with_the_same_token_is_returned_unchanged(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let rec = admit(ts, &s, "c1").await;
+        let token = Uuid::now_v7();
+        let claimed = ts.store.claim(claim_req(&rec, 1, token)).await.unwrap();
+        assert_eq!(claimed.state, CommandState::Claimed);
+        assert_eq!(claimed.revision, 2);
+        assert_eq!(claimed.epoch_mark, ResidencyEpoch(1));
+        let replay = ts.store.claim(claim_req(&rec, 1, token)).await.unwrap();
+        assert_eq!(replay, claimed);
+    }
+
+    pub async fn a_live_claim_of_the_same_epoch_with_another_token_is_claim_held(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let rec = admit(ts, &s, "c1").await;
+        let claimed = ts.store.claim(claim_req(&rec, 1, Uuid::now_v7())).await.unwrap();
+        let err = ts.store.claim(claim_req(&claimed, 1, Uuid::now_v7())).await.unwrap_err();
+        assert_eq!(err.code(), ErrorCode::ClaimHeld);
+        assert_eq!(err.mark(), Some(1));
+    }
+
+    pub async fn a_strictly_higher_epoch_takes_over_a_live_claim(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let rec = admit(ts, &s, "c1").await;
+        let claimed = ts.store.claim(claim_req(&rec, 1, Uuid::now_v7())).await.unwrap();
+        let taken = ts.store.claim(claim_req(&claimed, 2, Uuid::now_v7())).await.unwrap();
+        assert_eq!(taken.claim.as_ref().unwrap().epoch, ResidencyEpoch(2));
+        assert_eq!(taken.epoch_mark, ResidencyEpoch(2));
+    }
+
+    pub async fn a_lower_epoch_is_refused_and_told_the_mark(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let rec = admit(ts, &s, "c1").await;
+        let claimed = ts.store.claim(claim_req(&rec, 3, Uuid::now_v7())).await.unwrap();
+        let err = ts.store.claim(claim_req(&claimed, 2, Uuid::now_v7())).await.unwrap_err();
+        assert_eq!(
+            err,
+            StoreError::Epoch {
+                field: "command.epoch_mark",
+                mark: 3,
+                offered: 2
+            }
+        );
+    }
+
+    pub async fn a_lapsed_claim_is_retaken_by_an_equal_epoch(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let rec = admit(ts, &s, "c1").await;
+        let mut req = claim_req(&rec, 1, Uuid::now_v7());
+        req.ttl = Duration::from_millis(300);
+        let claimed = ts.store.claim(req).await.unwrap();
+        ts.advance(Duration::from_millis(450)).await;
+        let retaken = ts.store.claim(claim_req(&claimed, 1, Uuid::now_v7())).await.unwrap();
+        assert_eq!(retaken.claim.unwrap().epoch, ResidencyEpoch(1));
+    }
+
+    pub async fn a_claim_past_the_apply_deadline_is_refused(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let mut c = new_command(&s, "c1", CommandKind::Input, b"{}");
+        c.apply_within = Duration::from_millis(300);
+        let rec = ts.store.admit(c).await.unwrap();
+        ts.advance(Duration::from_millis(450)).await;
+        assert_eq!(code(ts.store.claim(claim_req(&rec, 1, Uuid::now_v7())).await), "deadline");
+    }
+
+    pub async fn a_stale_revision_is_a_conflict_carrying_the_current_one(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let rec = admit(ts, &s, "c1").await;
+        let claimed = ts.store.claim(claim_req(&rec, 1, Uuid::now_v7())).await.unwrap();
+        let mut req = claim_req(&claimed, 2, Uuid::now_v7());
+        req.expected_revision = 1;
+        let err = ts.store.claim(req).await.unwrap_err();
+        assert_eq!(
+            err,
+            StoreError::Conflict {
+                entity: "command",
+                expected: 1,
+                current: 2
+            }
+        );
+    }
+
+    pub async fn a_claim_ttl_above_the_bound_is_invalid(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let rec = admit(ts, &s, "c1").await;
+        let mut req = claim_req(&rec, 1, Uuid::now_v7());
+        req.ttl = Duration::from_secs(7200);
+        assert_eq!(code(ts.store.claim(req).await), "invalid");
+        let mut req = claim_req(&rec, 1, Uuid::now_v7());
+        req.epoch = ResidencyEpoch(0);
+        assert_eq!(code(ts.store.claim(req).await), "invalid");
+    }
+
+    pub async fn an_unknown_command_is_not_found(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let mut rec = admit(ts, &s, "c1").await;
+        rec.command = CommandId::new("ghost").unwrap();
+        assert_eq!(code(ts.store.claim(claim_req(&rec, 1, Uuid::now_v7())).await), "not_found");
+        assert_eq!(code(ts.store.command(&s.tenant, &s.session, &rec.command).await), "not_found");
+    }
+
+    // ---- reject -----------------------------------------------------------------------------
+
+    pub async fn a_command_is_rejected_before_any_attempt_and_the_retry_is_idempotent(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let rec = admit(ts, &s, "c1").await;
+        let claimed = ts.store.claim(claim_req(&rec, 1, Uuid::now_v7())).await.unwrap();
+        let req = RejectRequest {
+            tenant: s.tenant.clone(),
+            session: s.session.clone(),
+            command: rec.command.clone(),
+            epoch: ResidencyEpoch(1),
+            reason: "malformed_body".into(),
+            expected_revision: claimed.revision,
+        };
+        let rejected = ts.store.reject(req.clone()).await.unwrap();
+        assert_eq!(rejected.state, CommandState::Rejected);
+        assert_eq!(rejected.outcome, Some(Outcome::Rejected));
+        assert_eq!(rejected.reason.as_deref(), Some("malformed_body"));
+        assert_eq!(ts.store.reject(req).await.unwrap(), rejected);
+        // Terminal: nothing else moves it.
+        assert_eq!(code(ts.store.claim(claim_req(&rejected, 2, Uuid::now_v7())).await), "terminal");
+        assert_eq!(code(ts.store.settle(settle_req(&rejected, 2)).await), "terminal");
+    }
+
+    pub async fn a_pending_command_is_rejected_only_at_or_above_its_mark(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let rec = admit(ts, &s, "c1").await;
+        let claimed = ts.store.claim(claim_req(&rec, 5, Uuid::now_v7())).await.unwrap();
+        let req = RejectRequest {
+            tenant: s.tenant.clone(),
+            session: s.session.clone(),
+            command: rec.command.clone(),
+            epoch: ResidencyEpoch(4),
+            reason: "deadline_sweep".into(),
+            expected_revision: claimed.revision,
+        };
+        assert_eq!(ts.store.reject(req).await.unwrap_err().mark(), Some(5));
+    }
+
+    pub async fn a_command_with_an_attempt_can_be_neither_rejected_nor_claimed(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let lease = journal(ts, &s, "runtime-a").await;
+        let rec = admit(ts, &s, "c1").await;
+        let applying = to_applying(ts, &rec, 1, &lease).await;
+        assert_eq!(applying.state, CommandState::Applying);
+        let req = RejectRequest {
+            tenant: s.tenant.clone(),
+            session: s.session.clone(),
+            command: rec.command.clone(),
+            epoch: ResidencyEpoch(1),
+            reason: "late".into(),
+            expected_revision: applying.revision,
+        };
+        assert_eq!(code(ts.store.reject(req).await), "state");
+        assert_eq!(code(ts.store.claim(claim_req(&applying, 2, Uuid::now_v7())).await), "state");
+    }
+
+    // ---- attempt ----------------------------------------------------------------------------
+
+    pub async fn an_attempt_needs_a_live_claim_held_by_this_residency(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let rec = admit(ts, &s, "c1").await;
+        // Pending: no claim.
+        assert_eq!(
+            code(ts.store.begin_attempt(attempt_req(&rec, 1, Uuid::now_v7(), JournalEpoch(1))).await),
+            "state"
+        );
+        // Another token of the same epoch: the claim is not ours.
+        let token = Uuid::now_v7();
+        let mut short = claim_req(&rec, 1, token);
+        short.ttl = Duration::from_millis(300);
+        let claimed = ts.store.claim(short).await.unwrap();
+        assert_eq!(
+            code(ts.store.begin_attempt(attempt_req(&claimed, 1, Uuid::now_v7(), JournalEpoch(1))).await),
+            "claim_lost"
+        );
+        // Lapsed: the claim expired.
+        ts.advance(Duration::from_millis(450)).await;
+        assert_eq!(
+            code(ts.store.begin_attempt(attempt_req(&claimed, 1, token, JournalEpoch(1))).await),
+            "claim_lost"
+        );
+        // Taken over by a successor: the predecessor's attempt fails.
+        let taken = ts.store.claim(claim_req(&claimed, 2, Uuid::now_v7())).await.unwrap();
+        let err = ts
+            .store
+            .begin_attempt(attempt_req(&taken, 1, token, JournalEpoch(1)))
+            .await
+            .unwrap_err();
+        assert_eq!(err.mark(), Some(2));
+    }
+
+    pub async fn an_attempt_is_immutable_and_its_replay_is_unchanged(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let rec = admit(ts, &s, "c1").await;
+        let token = Uuid::now_v7();
+        let claimed = ts.store.claim(claim_req(&rec, 1, token)).await.unwrap();
+        let req = attempt_req(&claimed, 1, token, JournalEpoch(1));
+        let applying = ts.store.begin_attempt(req.clone()).await.unwrap();
+        assert_eq!(ts.store.begin_attempt(req.clone()).await.unwrap(), applying);
+        let mut other = req;
+        other.attempt = AttemptId::mint();
+        other.expected_revision = applying.revision;
+        assert_eq!(code(ts.store.begin_attempt(other).await), "state");
+    }
+
+    // ---- settle -----------------------------------------------------------------------------
+
+    pub async fn settling_without_evidence_is_an_error_and_writes_nothing(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let lease = journal(ts, &s, "runtime-a").await;
+        let rec = admit(ts, &s, "c1").await;
+        let applying = to_applying(ts, &rec, 1, &lease).await;
+        assert_eq!(code(ts.store.settle(settle_req(&applying, 1)).await), "evidence");
+        let after = ts.store.command(&s.tenant, &s.session, &rec.command).await.unwrap();
+        assert_eq!(after, applying);
+    }
+
+    pub async fn settlement_takes_the_outcome_from_the_runtimes_disposition(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let mut lease = journal(ts, &s, "runtime-a").await;
+        for (id, outcome, state, out) in [
+            ("a", ApplicationOutcome::Applied, CommandState::Applied, Outcome::Applied),
+            ("b", ApplicationOutcome::NoOp, CommandState::Applied, Outcome::NoOp),
+            ("c", ApplicationOutcome::Refused, CommandState::Rejected, Outcome::Refused),
+        ] {
+            let rec = admit(ts, &s, id).await;
+            let applying = to_applying(ts, &rec, 1, &lease).await;
+            let seq = apply_in_journal(ts, &mut lease, &applying, outcome).await;
+            let settled = ts.store.settle(settle_req(&applying, 1)).await.unwrap();
+            assert_eq!(settled.state, state);
+            assert_eq!(settled.outcome, Some(out));
+            assert_eq!(settled.evidence_seq, Some(seq));
+            // Idempotent retry.
+            assert_eq!(ts.store.settle(settle_req(&applying, 1)).await.unwrap(), settled);
+        }
+    }
+
+    pub async fn a_successor_closes_a_stranded_attempt_not_applied(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let old = journal(ts, &s, "runtime-a").await;
+        let rec = admit(ts, &s, "c1").await;
+        let applying = to_applying(ts, &rec, 1, &old).await;
+        // The predecessor crashed before its runtime accepted the command. A successor's
+        // runtime takes the journal lease (a strictly later epoch) and closes the attempt.
+        let mut new = journal(ts, &s, "runtime-b").await;
+        assert!(new.epoch > old.epoch);
+        let attempt = applying.attempt.clone().unwrap();
+        append(
+            ts,
+            &mut new,
+            vec![JournalEntry::Closure {
+                identity: identity(&applying),
+                attempt: attempt.id,
+                attempt_epoch: attempt.journal_epoch,
+            }],
+        )
+        .await
+        .unwrap();
+        let settled = ts.store.settle(settle_req(&applying, 2)).await.unwrap();
+        assert_eq!(settled.state, CommandState::Rejected);
+        assert_eq!(settled.outcome, Some(Outcome::NotApplied));
+        assert_eq!(settled.epoch_mark, ResidencyEpoch(2));
+    }
+
+    pub async fn an_unroutable_storage_binding_is_not_missing_evidence(ts: &TestStore) {
+        let rs = RuntimeSessionId::mint();
+        let s = ts
+            .store
+            .create_session(NewSession {
+                tenant: tenant(),
+                session: SessionId::new("remote").unwrap(),
+                agent: AgentId::new("assistant").unwrap(),
+                compatibility: CompatibilityId::new("build-1").unwrap(),
+                binding: SessionBinding {
+                    runtime_session_id: rs,
+                    storage_binding_id: StorageBindingId::new("elsewhere").unwrap(),
+                    binding_version: 1,
+                },
+            })
+            .await
+            .unwrap();
+        let lease = journal(ts, &s, "runtime-a").await;
+        let rec = admit(ts, &s, "c1").await;
+        let applying = to_applying(ts, &rec, 1, &lease).await;
+        let err = ts.store.settle(settle_req(&applying, 1)).await.unwrap_err();
+        assert_eq!(
+            err,
+            StoreError::Unroutable {
+                storage_binding: "elsewhere".into()
+            }
+        );
+        let after = ts.store.command(&s.tenant, &s.session, &rec.command).await.unwrap();
+        assert_eq!(after.state, CommandState::Applying);
+        // Routing the binding to this store's journal makes the same settle find evidence.
+        ts.store.set_evidence_router(std::sync::Arc::new(FixedEvidenceRouter::new(
+            [StorageBindingId::new("elsewhere").unwrap()],
+            ts.store.own_evidence_reader(),
+        )));
+        assert_eq!(code(ts.store.settle(settle_req(&applying, 1)).await), "evidence");
+    }
+
+    pub async fn evidence_for_another_attempt_or_epoch_is_refused(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let mut lease = journal(ts, &s, "runtime-a").await;
+        let rec = admit(ts, &s, "c1").await;
+        let applying = to_applying(ts, &rec, 1, &lease).await;
+        let epoch = lease.epoch;
+        append(
+            ts,
+            &mut lease,
+            vec![JournalEntry::Application {
+                identity: identity(&applying),
+                attempt: AttemptId::mint(),
+                attempt_epoch: epoch,
+                outcome: ApplicationOutcome::Applied,
+                detail: None,
+            }],
+        )
+        .await
+        .unwrap();
+        assert_eq!(code(ts.store.settle(settle_req(&applying, 1)).await), "evidence");
+        assert_eq!(
+            ts.store.command(&s.tenant, &s.session, &rec.command).await.unwrap().state,
+            CommandState::Applying
+        );
+    }
+
+    pub async fn settling_under_a_lower_epoch_than_the_mark_is_refused(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let mut lease = journal(ts, &s, "runtime-a").await;
+        let rec = admit(ts, &s, "c1").await;
+        let applying = to_applying(ts, &rec, 3, &lease).await;
+        apply_in_journal(ts, &mut lease, &applying, ApplicationOutcome::Applied).await;
+        assert_eq!(ts.store.settle(settle_req(&applying, 2)).await.unwrap_err().mark(), Some(3));
+    }
+
+    // ---- cursor -----------------------------------------------------------------------------
+
+    pub async fn the_cursor_is_fenced_and_never_regresses(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        assert_eq!(ts.store.cursor(&s.tenant, &s.session).await.unwrap(), None);
+        ts.store.save_cursor(&s.tenant, &s.session, 2, ResidencyEpoch(1)).await.unwrap();
+        assert_eq!(code(ts.store.save_cursor(&s.tenant, &s.session, 1, ResidencyEpoch(1)).await), "state");
+        ts.store.save_cursor(&s.tenant, &s.session, 3, ResidencyEpoch(2)).await.unwrap();
+        let err = ts.store.save_cursor(&s.tenant, &s.session, 9, ResidencyEpoch(1)).await.unwrap_err();
+        assert_eq!(err.mark(), Some(2));
+        let c = ts.store.cursor(&s.tenant, &s.session).await.unwrap().unwrap();
+        assert_eq!((c.consumed_order, c.epoch), (3, ResidencyEpoch(2)));
+    }
+
+    // ---- residency --------------------------------------------------------------------------
+
+    fn residency(s: &SessionRecord, holder: &str) -> ResidencyRequest {
+        ResidencyRequest {
+            tenant: s.tenant.clone(),
+            session: s.session.clone(),
+            holder: holder.into(),
+            host: HostId::new("host-a").unwrap(),
+            host_generation: 1,
+            ttl: TTL,
+        }
+    }
+
+    pub async fn residency_epochs_strictly_increase_and_survive_release(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let g1 = ts.store.acquire_residency(residency(&s, "h1")).await.unwrap();
+        assert_eq!(g1.epoch, ResidencyEpoch(1));
+        assert_eq!(ts.store.acquire_residency(residency(&s, "h1")).await.unwrap().epoch, g1.epoch);
+        ts.store.release_residency(&g1).await.unwrap();
+        let row = ts.store.residency(&s.tenant, &s.session).await.unwrap().unwrap();
+        assert_eq!((row.epoch, row.holder), (ResidencyEpoch(1), None));
+        let g2 = ts.store.acquire_residency(residency(&s, "h2")).await.unwrap();
+        assert_eq!(g2.epoch, ResidencyEpoch(2));
+        // Releasing a superseded grant changes nothing.
+        ts.store.release_residency(&g1).await.unwrap();
+        assert_eq!(
+            ts.store.residency(&s.tenant, &s.session).await.unwrap().unwrap().holder.as_deref(),
+            Some("h2")
+        );
+    }
+
+    pub async fn a_live_residency_held_elsewhere_is_refused_with_its_epoch(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let g1 = ts.store.acquire_residency(residency(&s, "h1")).await.unwrap();
+        let err = ts.store.acquire_residency(residency(&s, "h2")).await.unwrap_err();
+        assert_eq!(err.code(), ErrorCode::ClaimHeld);
+        assert_eq!(err.mark(), Some(g1.epoch.0));
+    }
+
+    pub async fn an_expired_residency_is_taken_over_and_the_old_holder_cannot_renew(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let mut req = residency(&s, "h1");
+        req.ttl = Duration::from_millis(300);
+        let g1 = ts.store.acquire_residency(req).await.unwrap();
+        let renewed = ts.store.renew_residency(&g1, Duration::from_millis(300)).await.unwrap();
+        assert!(renewed.expires_at_ms >= g1.expires_at_ms);
+        ts.advance(Duration::from_millis(450)).await;
+        assert_eq!(code(ts.store.renew_residency(&g1, TTL).await), "claim_lost");
+        let g2 = ts.store.acquire_residency(residency(&s, "h2")).await.unwrap();
+        assert_eq!(g2.epoch, ResidencyEpoch(2));
+        assert_eq!(ts.store.renew_residency(&g1, TTL).await.unwrap_err().mark(), Some(2));
+    }
+
+    // ---- gate mark and projection -------------------------------------------------------------
+
+    pub async fn the_gate_mark_refuses_lower_admits_equal_and_raises_on_higher(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        assert_eq!(ts.store.fence_gate_mark(&s.tenant, &s.session, ResidencyEpoch(2)).await.unwrap(), ResidencyEpoch(2));
+        assert_eq!(ts.store.fence_gate_mark(&s.tenant, &s.session, ResidencyEpoch(2)).await.unwrap(), ResidencyEpoch(2));
+        assert_eq!(ts.store.fence_gate_mark(&s.tenant, &s.session, ResidencyEpoch(1)).await.unwrap_err().mark(), Some(2));
+        assert_eq!(ts.store.fence_gate_mark(&s.tenant, &s.session, ResidencyEpoch(3)).await.unwrap(), ResidencyEpoch(3));
+        assert_eq!(ts.store.session(&s.tenant, &s.session).await.unwrap().gate_mark, ResidencyEpoch(3));
+        let proj = SessionProjection {
+            residency_state: ResidencyState::Resident,
+            last_journal_seq: 4,
+            checkpoint_seq: 2,
+        };
+        assert_eq!(code(ts.store.update_projection(&s.tenant, &s.session, ResidencyEpoch(2), proj.clone()).await), "epoch");
+        let rec = ts.store.update_projection(&s.tenant, &s.session, ResidencyEpoch(3), proj).await.unwrap();
+        assert_eq!(rec.residency_state, ResidencyState::Resident);
+    }
+
+    fn gate(n: u64) -> OpenGate {
+        OpenGate {
+            gate: GateId::new(format!("g{n}")).unwrap(),
+            opened_event: EventId::new(format!("e{n}")).unwrap(),
+            opened_seq: n,
+            kind: "permission".into(),
+            prompt_summary: format!("allow tool {n}?"),
+            deadline_ms: 1_000_000,
+        }
+    }
+
+    pub async fn the_gate_projection_holds_at_most_16_open_and_never_reopens(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let e = ResidencyEpoch(1);
+        for n in 1..=16 {
+            ts.store.open_gate(&s.tenant, &s.session, e, gate(n)).await.unwrap();
+        }
+        // Re-opening a projected gate returns it unchanged.
+        let again = ts.store.open_gate(&s.tenant, &s.session, e, gate(3)).await.unwrap();
+        assert_eq!(again.state, GateState::Open);
+        assert_eq!(code(ts.store.open_gate(&s.tenant, &s.session, e, gate(17)).await), "state");
+        let resolved = ts.store.resolve_gate(&s.tenant, &s.session, e, &gate(1).gate, 40).await.unwrap();
+        assert_eq!(resolved.resolved_seq, Some(40));
+        ts.store.open_gate(&s.tenant, &s.session, e, gate(17)).await.unwrap();
+        // A resolved gate is never reopened.
+        let stays = ts.store.open_gate(&s.tenant, &s.session, e, gate(1)).await.unwrap();
+        assert_eq!(stays.state, GateState::Resolved);
+        assert_eq!(ts.store.gates(&s.tenant, &s.session, true).await.unwrap().len(), 16);
+        assert_eq!(ts.store.gates(&s.tenant, &s.session, false).await.unwrap().len(), 17);
+        assert_eq!(code(ts.store.resolve_gate(&s.tenant, &s.session, e, &GateId::new("nope").unwrap(), 41).await), "not_found");
+    }
+
+    pub async fn gate_writes_are_fenced_by_the_gate_mark(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        ts.store.fence_gate_mark(&s.tenant, &s.session, ResidencyEpoch(2)).await.unwrap();
+        let err = ts.store.open_gate(&s.tenant, &s.session, ResidencyEpoch(1), gate(1)).await.unwrap_err();
+        assert_eq!(err.mark(), Some(2));
+        ts.store.open_gate(&s.tenant, &s.session, ResidencyEpoch(2), gate(1)).await.unwrap();
+        assert_eq!(
+            ts.store.resolve_gate(&s.tenant, &s.session, ResidencyEpoch(1), &gate(1).gate, 5).await.unwrap_err().mark(),
+            Some(2)
+        );
+    }
+
+    // ---- registry ---------------------------------------------------------------------------
+
+    fn registration(s: &SessionRecord, epoch: u64) -> RegistrationUpdate {
+        RegistrationUpdate {
+            tenant: s.tenant.clone(),
+            session: s.session.clone(),
+            host: HostId::new("host-a").unwrap(),
+            host_generation: 1,
+            endpoint: "ws://10.0.0.1:7400".into(),
+            residency: ResidencyState::Resident,
+            accepting: true,
+            lease_epoch: ResidencyEpoch(epoch),
+            ttl: TTL,
+        }
+    }
+
+    pub async fn a_registration_is_fenced_and_its_tombstone_keeps_the_epoch(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        ts.store.put_registration(registration(&s, 2)).await.unwrap();
+        assert_eq!(ts.store.put_registration(registration(&s, 1)).await.unwrap_err().mark(), Some(2));
+        let tomb = ts.store.tombstone_registration(&s.tenant, &s.session, ResidencyEpoch(2)).await.unwrap();
+        assert_eq!(tomb.residency, ResidencyState::Released);
+        assert!(!tomb.accepting);
+        assert_eq!(tomb.lease_epoch, ResidencyEpoch(2));
+        let read = ts.store.registration(&s.tenant, &s.session).await.unwrap().unwrap();
+        assert_eq!(read, tomb);
+        assert_eq!(code(ts.store.tombstone_registration(&s.tenant, &s.session, ResidencyEpoch(1)).await), "epoch");
+        let mut bad = registration(&s, 3);
+        bad.ttl = Duration::from_secs(7200);
+        assert_eq!(code(ts.store.put_registration(bad).await), "invalid");
+    }
+
+    fn advertisement(generation: u64, ttl: Duration) -> HostAdvertisement {
+        HostAdvertisement {
+            host: HostId::new("host-a").unwrap(),
+            endpoint: "ws://10.0.0.1:7400".into(),
+            placement: Placement::Pooled,
+            isolation_class: "standard".into(),
+            capacity: 8,
+            accepting: true,
+            generation,
+            ttl,
+        }
+    }
+
+    pub async fn an_advertisement_expires_and_a_lower_generation_is_refused(ts: &TestStore) {
+        let t = ts.store.advertise(advertisement(2, Duration::from_millis(300))).await.unwrap();
+        assert_eq!(t.capacity, 8);
+        assert_eq!(ts.store.targets(true).await.unwrap().len(), 1);
+        assert_eq!(ts.store.advertise(advertisement(1, TTL)).await.unwrap_err().mark(), Some(2));
+        ts.advance(Duration::from_millis(450)).await;
+        assert!(ts.store.targets(true).await.unwrap().is_empty());
+        assert_eq!(ts.store.targets(false).await.unwrap().len(), 1);
+        ts.store.advertise(advertisement(2, TTL)).await.unwrap();
+        assert_eq!(ts.store.targets(true).await.unwrap().len(), 1);
+    }
+
+    // ---- payload objects --------------------------------------------------------------------
+
+    async fn object(ts: &TestStore, s: &SessionRecord, bytes: &[u8]) -> ObjectRef {
+        ts.store
+            .put_object(NewObject {
+                tenant: s.tenant.clone(),
+                session: s.session.clone(),
+                kind: "command_body".into(),
+                media_type: "application/json".into(),
+                bytes: bytes.to_vec(),
+            })
+            .await
+            .unwrap()
+    }
+
+    pub async fn a_corrupted_payload_object_is_detected(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let r = object(ts, &s, b"the original bytes").await;
+        assert_eq!(ts.store.get_object(&s.tenant, &r).await.unwrap().bytes, b"the original bytes");
+        ts.exec_raw(&format!(
+            "UPDATE payload_objects SET bytes = {} WHERE object_id = '{}'",
+            match ts.backend {
+                sessionstore::testing::TestBackend::Sqlite => "X'6576696c'",
+                sessionstore::testing::TestBackend::Postgres => "'\\x6576696c'::bytea",
+            },
+            r.object_id
+        ))
+        .await;
+        assert_eq!(code(ts.store.get_object(&s.tenant, &r).await), "integrity");
+    }
+
+    pub async fn an_object_read_against_a_wrong_reference_is_refused(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let r = object(ts, &s, b"bytes").await;
+        let mut wrong = r.clone();
+        wrong.size = 4;
+        assert_eq!(code(ts.store.get_object(&s.tenant, &wrong).await), "integrity");
+        let mut wrong = r.clone();
+        wrong.sha256 = "0".repeat(64);
+        assert_eq!(code(ts.store.get_object(&s.tenant, &wrong).await), "integrity");
+        let other = TenantId::new("globex").unwrap();
+        assert_eq!(code(ts.store.get_object(&other, &r).await), "not_found");
+        let mut missing = r;
+        missing.object_id = ObjectId::new("nope").unwrap();
+        assert_eq!(code(ts.store.get_object(&s.tenant, &missing).await), "not_found");
+    }
+
+    // ---- journal ----------------------------------------------------------------------------
+
+    fn event(n: u64, cause: Option<RuntimeCommandId>) -> JournalEntry {
+        JournalEntry::Event {
+            event: EventId::new(format!("ev{n}")).unwrap(),
+            public_body: format!("{{\"n\":{n}}}").into_bytes(),
+            private_body: Some(b"secret".to_vec()),
+            cause,
+        }
+    }
+
+    pub async fn acquiring_the_journal_lease_appends_an_opening_fence(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let rs = s.binding.runtime_session_id;
+        assert_eq!(ts.store.journal_tip(&s.tenant, rs).await.unwrap(), 0);
+        let l1 = journal(ts, &s, "runtime-a").await;
+        assert_eq!((l1.epoch, l1.tip), (JournalEpoch(1), 1));
+        let l2 = journal(ts, &s, "runtime-b").await;
+        assert_eq!((l2.epoch, l2.tip), (JournalEpoch(2), 2));
+        let page = ts.store.journal_runtime_page(&s.tenant, rs, 0, 10).await.unwrap();
+        assert_eq!(page.len(), 2);
+        assert!(page.iter().all(|r| r.kind == RecordKind::Fence));
+        assert_eq!(page[1].epoch, JournalEpoch(2));
+    }
+
+    pub async fn a_stale_writers_append_fails_after_a_successors_fence(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let mut old = journal(ts, &s, "runtime-a").await;
+        append(ts, &mut old, vec![event(1, None)]).await.unwrap();
+        let mut new = journal(ts, &s, "runtime-b").await;
+        let err = append(ts, &mut old, vec![event(2, None)]).await.unwrap_err();
+        assert_eq!(err.code(), ErrorCode::Epoch);
+        assert_eq!(err.mark(), Some(new.epoch.0));
+        append(ts, &mut new, vec![event(3, None)]).await.unwrap();
+        assert_eq!(new.tip, 4);
+        // The stale lease can neither renew nor release the successor's.
+        assert_eq!(code(ts.store.journal_renew(&old, TTL).await), "epoch");
+        ts.store.journal_release(&old).await.unwrap();
+        let state = ts.store.journal_lease_state(&s.tenant, s.binding.runtime_session_id).await.unwrap().unwrap();
+        assert_eq!(state.holder.as_deref(), Some("runtime-b"));
+    }
+
+    pub async fn appends_are_compare_and_set_on_the_writers_tip(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let mut lease = journal(ts, &s, "runtime-a").await;
+        let stale = lease.clone();
+        append(ts, &mut lease, vec![event(1, None), event(2, None)]).await.unwrap();
+        let err = ts.store.journal_append(&stale, vec![event(3, None)]).await.unwrap_err();
+        assert_eq!(
+            err,
+            StoreError::Conflict {
+                entity: "journal.tip",
+                expected: 1,
+                current: 3
+            }
+        );
+    }
+
+    pub async fn a_command_has_at_most_one_disposition(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let mut lease = journal(ts, &s, "runtime-a").await;
+        let rec = admit(ts, &s, "c1").await;
+        let applying = to_applying(ts, &rec, 1, &lease).await;
+        apply_in_journal(ts, &mut lease, &applying, ApplicationOutcome::Applied).await;
+        let attempt = applying.attempt.clone().unwrap();
+        let dup = ts
+            .store
+            .journal_append(
+                &lease,
+                vec![JournalEntry::Application {
+                    identity: identity(&applying),
+                    attempt: attempt.id,
+                    attempt_epoch: attempt.journal_epoch,
+                    outcome: ApplicationOutcome::NoOp,
+                    detail: None,
+                }],
+            )
+            .await;
+        assert_eq!(code(dup), "state");
+        // A successor cannot close an applied command either.
+        let mut next = journal(ts, &s, "runtime-b").await;
+        let close = append(
+            ts,
+            &mut next,
+            vec![JournalEntry::Closure {
+                identity: identity(&applying),
+                attempt: attempt.id,
+                attempt_epoch: attempt.journal_epoch,
+            }],
+        )
+        .await;
+        assert_eq!(code(close), "state");
+    }
+
+    pub async fn a_closure_needs_a_later_epoch_and_no_effect_of_the_command(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let mut lease = journal(ts, &s, "runtime-a").await;
+        let rec = admit(ts, &s, "c1").await;
+        let applying = to_applying(ts, &rec, 1, &lease).await;
+        let attempt = applying.attempt.clone().unwrap();
+        let closure = JournalEntry::Closure {
+            identity: identity(&applying),
+            attempt: attempt.id,
+            attempt_epoch: attempt.journal_epoch,
+        };
+        // Same epoch as the attempt: a runtime never closes its own attempt.
+        assert_eq!(code(append(ts, &mut lease, vec![closure.clone()]).await), "epoch");
+        // An effect caused by the command exists: it cannot be closed not_applied.
+        append(ts, &mut lease, vec![event(1, Some(applying.runtime_command))]).await.unwrap();
+        let mut next = journal(ts, &s, "runtime-b").await;
+        assert_eq!(code(append(ts, &mut next, vec![closure]).await), "state");
+        // And the application epoch must be the writer's own.
+        let other = admit(ts, &s, "c2").await;
+        let applying2 = to_applying(ts, &other, 1, &lease).await;
+        let a2 = applying2.attempt.clone().unwrap();
+        let wrong = append(
+            ts,
+            &mut next,
+            vec![JournalEntry::Application {
+                identity: identity(&applying2),
+                attempt: a2.id,
+                attempt_epoch: a2.journal_epoch,
+                outcome: ApplicationOutcome::Applied,
+                detail: None,
+            }],
+        )
+        .await;
+        assert_eq!(code(wrong), "invalid");
+    }
+
+    pub async fn public_pages_hold_public_events_only_pinned_to_the_first_tip(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let rs = s.binding.runtime_session_id;
+        let mut lease = journal(ts, &s, "runtime-a").await;
+        append(
+            ts,
+            &mut lease,
+            vec![
+                event(1, None),
+                JournalEntry::Control {
+                    body: b"ctl".to_vec(),
+                    cause: None,
+                },
+                event(2, None),
+                event(3, None),
+            ],
+        )
+        .await
+        .unwrap();
+        let first = ts.store.journal_public_page(&s.tenant, rs, 0, None, 2).await.unwrap();
+        assert_eq!(first.events.len(), 2);
+        assert_eq!(first.events[0].body, b"{\"n\":1}");
+        assert!(!first.is_complete());
+        append(ts, &mut lease, vec![event(4, None)]).await.unwrap();
+        let second = ts
+            .store
+            .journal_public_page(&s.tenant, rs, first.next_after, Some(first.tip), 2)
+            .await
+            .unwrap();
+        let ids: Vec<_> = second.events.iter().map(|e| e.event.as_str().to_owned()).collect();
+        assert_eq!(ids, ["ev3"]);
+        assert!(second.is_complete());
+        let other = TenantId::new("globex").unwrap();
+        assert!(ts.store.journal_public_page(&other, rs, 0, None, 10).await.unwrap().events.is_empty());
+        assert!(ts.store.journal_runtime_page(&other, rs, 0, 10).await.unwrap().is_empty());
+        assert_eq!(code(ts.store.journal_acquire(&other, rs, "x", TTL).await), "not_found");
+    }
+
+    pub async fn event_bodies_over_64_kib_are_offloaded_and_verified_on_read(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let rs = s.binding.runtime_session_id;
+        let mut lease = journal(ts, &s, "runtime-a").await;
+        let big: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        append(
+            ts,
+            &mut lease,
+            vec![JournalEntry::Event {
+                event: EventId::new("big").unwrap(),
+                public_body: big.clone(),
+                private_body: None,
+                cause: None,
+            }],
+        )
+        .await
+        .unwrap();
+        let page = ts.store.journal_public_page(&s.tenant, rs, 0, None, 10).await.unwrap();
+        assert_eq!(page.events[0].body, big);
+        ts.exec_raw(&format!(
+            "UPDATE payload_objects SET sha256 = '{}' WHERE object_id LIKE 'journal-%'",
+            "1".repeat(64)
+        ))
+        .await;
+        assert_eq!(code(ts.store.journal_public_page(&s.tenant, rs, 0, None, 10).await), "integrity");
+    }
+
+    // ---- bad input and damage ---------------------------------------------------------------
+
+    pub async fn a_corrupt_command_row_reads_as_integrity_not_a_panic(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let rec = admit(ts, &s, "c1").await;
+        ts.exec_raw(&format!(
+            "UPDATE commands SET runtime_command_id = 'not-a-uuid' WHERE command_id = '{}'",
+            rec.command
+        ))
+        .await;
+        assert_eq!(code(ts.store.command(&s.tenant, &s.session, &rec.command).await), "integrity");
+        assert_eq!(code(ts.store.claim(claim_req(&rec, 1, Uuid::now_v7())).await), "integrity");
+        assert_eq!(code(ts.store.list_commands(&s.tenant, &s.session, 0, 10).await), "integrity");
+    }
+
+    pub async fn a_corrupt_journal_record_fails_the_page_closed(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let rs = s.binding.runtime_session_id;
+        let mut lease = journal(ts, &s, "runtime-a").await;
+        append(ts, &mut lease, vec![event(1, None), event(2, None)]).await.unwrap();
+        ts.exec_raw("UPDATE journal_records SET event_id = '' WHERE seq = 3").await;
+        assert_eq!(code(ts.store.journal_public_page(&s.tenant, rs, 0, None, 10).await), "integrity");
+    }
+
+    pub async fn a_closed_store_answers_unavailable(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let second = ts.reopen().await.unwrap();
+        second.close().await;
+        assert_eq!(code(second.session(&s.tenant, &s.session).await), "unavailable");
+        let err = second
+            .admit(new_command(&s, "c1", CommandKind::Input, b"{}"))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::Unavailable);
+        // The first handle is unaffected.
+        ts.store.session(&s.tenant, &s.session).await.unwrap();
+    }
+
+    pub async fn a_database_written_by_a_newer_build_is_refused(ts: &TestStore) {
+        ts.exec_raw("INSERT INTO schema_migrations (version, applied_at) VALUES (999, 0)").await;
+        let err = ts.reopen().await.unwrap_err();
+        assert_eq!(err.code(), ErrorCode::State);
+        assert!(err.to_string().contains("newer build"), "{err}");
+    }
+
+    pub async fn concurrent_writers_racing_to_claim_have_exactly_one_winner(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let rec = admit(ts, &s, "c1").await;
+        let other = ts.reopen().await.unwrap();
+        let mut tasks = Vec::new();
+        for i in 0..8 {
+            let store = if i % 2 == 0 { ts.store.clone() } else { other.clone() };
+            let req = claim_req(&rec, 1, Uuid::now_v7());
+            tasks.push(tokio::spawn(async move { store.claim(req).await }));
+        }
+        let mut wins = 0;
+        for t in tasks {
+            match t.await.unwrap() {
+                Ok(_) => wins += 1,
+                Err(e) => assert!(
+                    matches!(e.code(), ErrorCode::Conflict | ErrorCode::ClaimHeld),
+                    "unexpected {e}"
+                ),
+            }
+        }
+        assert_eq!(wins, 1);
+        other.close().await;
+    }
+
+    pub async fn a_successor_with_a_higher_epoch_takes_over_a_live_claim_from_another_connection(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let lease = journal(ts, &s, "runtime-a").await;
+        let rec = admit(ts, &s, "c1").await;
+        let token = Uuid::now_v7();
+        let claimed = ts.store.claim(claim_req(&rec, 1, token)).await.unwrap();
+        let successor = ts.reopen().await.unwrap();
+        let taken = successor.claim(claim_req(&claimed, 2, Uuid::now_v7())).await.unwrap();
+        assert_eq!(taken.claim.as_ref().unwrap().epoch, ResidencyEpoch(2));
+        let late = ts.store.begin_attempt(attempt_req(&claimed, 1, token, lease.epoch)).await;
+        assert_eq!(code(late), "epoch");
+        successor.close().await;
+    }
+
+    pub async fn many_sessions_admitted_concurrently_keep_their_own_orders(ts: &TestStore) {
+        let mut sessions = Vec::new();
+        for i in 0..8 {
+            sessions.push(new_session(ts, &format!("s{i}")).await);
+        }
+        let mut tasks = Vec::new();
+        for s in &sessions {
+            for n in 0..10 {
+                let store = ts.store.clone();
+                let c = new_command(s, &format!("c{n}"), CommandKind::Input, b"{}");
+                tasks.push(tokio::spawn(async move { store.admit(c).await }));
+            }
+        }
+        for t in tasks {
+            t.await.unwrap().unwrap();
+        }
+        for s in &sessions {
+            let page = ts.store.list_commands(&s.tenant, &s.session, 0, 100).await.unwrap();
+            let orders: Vec<u64> = page.iter().map(|r| r.accepted_order).collect();
+            assert_eq!(orders, (1..=10).collect::<Vec<_>>());
+        }
+    }
+}
+
+sessionstore::both_backends!(cases =>
+    a_session_is_created_once_and_its_binding_is_immutable,
+    another_tenant_never_sees_a_session,
+    admitting_to_a_session_that_is_not_bound_is_not_found,
+    admission_is_idempotent_by_command_id,
+    an_admission_retry_that_differs_is_a_command_mismatch,
+    acceptance_order_is_gap_free_and_monotonic_per_session,
+    a_body_over_64_kib_must_be_stored_by_reference,
+    admission_wakes_a_subscriber,
+    bad_admission_input_is_refused_with_a_typed_error,
+    a_claim_replayed_with_the_same_token_is_returned_unchanged,
+    a_live_claim_of_the_same_epoch_with_another_token_is_claim_held,
+    a_strictly_higher_epoch_takes_over_a_live_claim,
+    a_lower_epoch_is_refused_and_told_the_mark,
+    a_lapsed_claim_is_retaken_by_an_equal_epoch,
+    a_claim_past_the_apply_deadline_is_refused,
+    a_stale_revision_is_a_conflict_carrying_the_current_one,
+    a_claim_ttl_above_the_bound_is_invalid,
+    an_unknown_command_is_not_found,
+    a_command_is_rejected_before_any_attempt_and_the_retry_is_idempotent,
+    a_pending_command_is_rejected_only_at_or_above_its_mark,
+    a_command_with_an_attempt_can_be_neither_rejected_nor_claimed,
+    an_attempt_needs_a_live_claim_held_by_this_residency,
+    an_attempt_is_immutable_and_its_replay_is_unchanged,
+    settling_without_evidence_is_an_error_and_writes_nothing,
+    settlement_takes_the_outcome_from_the_runtimes_disposition,
+    a_successor_closes_a_stranded_attempt_not_applied,
+    an_unroutable_storage_binding_is_not_missing_evidence,
+    evidence_for_another_attempt_or_epoch_is_refused,
+    settling_under_a_lower_epoch_than_the_mark_is_refused,
+    the_cursor_is_fenced_and_never_regresses,
+    residency_epochs_strictly_increase_and_survive_release,
+    a_live_residency_held_elsewhere_is_refused_with_its_epoch,
+    an_expired_residency_is_taken_over_and_the_old_holder_cannot_renew,
+    the_gate_mark_refuses_lower_admits_equal_and_raises_on_higher,
+    the_gate_projection_holds_at_most_16_open_and_never_reopens,
+    gate_writes_are_fenced_by_the_gate_mark,
+    a_registration_is_fenced_and_its_tombstone_keeps_the_epoch,
+    an_advertisement_expires_and_a_lower_generation_is_refused,
+    a_corrupted_payload_object_is_detected,
+    an_object_read_against_a_wrong_reference_is_refused,
+    acquiring_the_journal_lease_appends_an_opening_fence,
+    a_stale_writers_append_fails_after_a_successors_fence,
+    appends_are_compare_and_set_on_the_writers_tip,
+    a_command_has_at_most_one_disposition,
+    a_closure_needs_a_later_epoch_and_no_effect_of_the_command,
+    public_pages_hold_public_events_only_pinned_to_the_first_tip,
+    event_bodies_over_64_kib_are_offloaded_and_verified_on_read,
+    a_corrupt_command_row_reads_as_integrity_not_a_panic,
+    a_corrupt_journal_record_fails_the_page_closed,
+    a_closed_store_answers_unavailable,
+    a_database_written_by_a_newer_build_is_refused,
+    concurrent_writers_racing_to_claim_have_exactly_one_winner,
+    a_successor_with_a_higher_epoch_takes_over_a_live_claim_from_another_connection,
+    many_sessions_admitted_concurrently_keep_their_own_orders,
+);
