@@ -1,0 +1,284 @@
+//! A service program for the flow tests and benchmark, run as a real process by a real flow.
+//!
+//! It owns nothing of the library: it only behaves as told by its flags, so a test can
+//! declare "an HTTP service whose health path answers 503", "a gRPC server that turns
+//! SERVING when a file appears", "a job that exits 3" or "a service that ignores SIGTERM".
+//!
+//! ```text
+//! flow-fixture <mode> [flags]
+//!   modes: tcp | http | grpc | grpc-bare | job | sleep
+//!   --port-env VAR         the variable holding the port to listen on (default PORT)
+//!   --health-status N      http: the status of the health path (default 200)
+//!   --health-status-file F http: read the health status from F on every request
+//!   --serve-when-file F    grpc: NOT_SERVING until F exists, then SERVING
+//!   --exit N               job / after --exit-after: the exit status
+//!   --exit-after DUR       exit with --exit after this long (e.g. 50ms)
+//!   --ignore-sigterm       install a SIGTERM handler that ignores it
+//!   --env-dump F           write every FLOW_* / APP_* variable to F at start
+//!   --require-env VAR      connect to the address in VAR at start; exit 1 if it fails
+//!   --count-starts F       append one line to F per start
+//!   --say TEXT             print TEXT on stdout at start
+//!   --child                spawn a `sleep` child in the same process group
+//! ```
+
+#![forbid(unsafe_code)]
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+struct Args {
+    mode: String,
+    flags: HashMap<String, String>,
+    switches: Vec<String>,
+}
+
+impl Args {
+    fn parse() -> Result<Args, String> {
+        let mut it = std::env::args().skip(1);
+        let mode = it.next().ok_or("missing mode")?;
+        let mut flags = HashMap::new();
+        let mut switches = Vec::new();
+        while let Some(arg) = it.next() {
+            let Some(name) = arg.strip_prefix("--") else {
+                return Err(format!("unexpected argument {arg}"));
+            };
+            if matches!(name, "ignore-sigterm" | "child") {
+                switches.push(name.to_owned());
+            } else {
+                let value = it.next().ok_or(format!("--{name} needs a value"))?;
+                flags.insert(name.to_owned(), value);
+            }
+        }
+        Ok(Args { mode, flags, switches })
+    }
+
+    fn get(&self, name: &str) -> Option<&str> {
+        self.flags.get(name).map(String::as_str)
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.switches.iter().any(|s| s == name)
+    }
+
+    fn port(&self) -> Result<u16, String> {
+        let var = self.get("port-env").unwrap_or("PORT");
+        std::env::var(var)
+            .map_err(|_| format!("{var} is not set"))?
+            .parse()
+            .map_err(|e| format!("{var}: {e}"))
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match run().await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("flow-fixture: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn run() -> Result<ExitCode, String> {
+    let args = Args::parse()?;
+    if let Some(text) = args.get("say") {
+        println!("{text}");
+    }
+    if let Some(file) = args.get("count-starts") {
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(file)
+            .map_err(|e| format!("{file}: {e}"))?;
+        writeln!(f, "start {}", std::process::id()).map_err(|e| e.to_string())?;
+    }
+    if let Some(file) = args.get("env-dump") {
+        let mut lines: Vec<String> = std::env::vars()
+            .filter(|(k, _)| k.starts_with("FLOW_") || k.starts_with("APP_") || k == "PORT")
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        lines.sort();
+        std::fs::write(file, lines.join("\n") + "\n").map_err(|e| format!("{file}: {e}"))?;
+    }
+    if let Some(var) = args.get("require-env") {
+        let addr = std::env::var(var).map_err(|_| format!("{var} is not set"))?;
+        TcpStream::connect(&addr)
+            .await
+            .map_err(|e| format!("producer at {var}={addr} is not reachable: {e}"))?;
+        println!("reached {var}={addr}");
+    }
+    if args.has("child") {
+        std::process::Command::new("sleep")
+            .arg("300")
+            .spawn()
+            .map_err(|e| format!("cannot spawn the child: {e}"))?;
+    }
+    let mut sigterm = if args.has("ignore-sigterm") {
+        Some(
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .map_err(|e| e.to_string())?,
+        )
+    } else {
+        None
+    };
+    let exit_code: u8 = args.get("exit").map(|s| s.parse().unwrap_or(1)).unwrap_or(0);
+    let exit_after = match args.get("exit-after") {
+        Some(d) => Some(humantime::parse_duration(d).map_err(|e| e.to_string())?),
+        None => None,
+    };
+
+    let server = async {
+        match args.mode.as_str() {
+            "tcp" => serve_tcp(args.port()?).await,
+            "http" => serve_http(&args).await,
+            "grpc" => serve_grpc(&args, true).await,
+            "grpc-bare" => serve_grpc(&args, false).await,
+            "job" => {
+                tokio::time::sleep(exit_after.unwrap_or(Duration::ZERO)).await;
+                Ok(())
+            }
+            "sleep" => {
+                futures::future::pending::<()>().await;
+                Ok(())
+            }
+            other => Err(format!("unknown mode {other}")),
+        }
+    };
+    let ignore = async {
+        if let Some(s) = sigterm.as_mut() {
+            while s.recv().await.is_some() {
+                println!("ignoring SIGTERM");
+            }
+        }
+        futures::future::pending::<()>().await;
+    };
+    let timer = async {
+        match exit_after {
+            Some(d) => tokio::time::sleep(d).await,
+            None => futures::future::pending().await,
+        }
+    };
+    tokio::select! {
+        r = server => r?,
+        _ = ignore => {}
+        _ = timer => {}
+    }
+    if exit_code != 0 {
+        eprintln!("exiting with status {exit_code}");
+    }
+    Ok(ExitCode::from(exit_code))
+}
+
+async fn bind(port: u16) -> Result<TcpListener, String> {
+    TcpListener::bind(("127.0.0.1", port))
+        .await
+        .map_err(|e| format!("bind 127.0.0.1:{port}: {e}"))
+}
+
+async fn serve_tcp(port: u16) -> Result<(), String> {
+    let listener = bind(port).await?;
+    println!("listening on tcp 127.0.0.1:{port}");
+    loop {
+        let (mut stream, _) = listener.accept().await.map_err(|e| e.to_string())?;
+        tokio::spawn(async move {
+            let _ = stream.write_all(b"hello\n").await;
+        });
+    }
+}
+
+async fn serve_http(args: &Args) -> Result<(), String> {
+    let port = args.port()?;
+    let listener = bind(port).await?;
+    println!("listening on http 127.0.0.1:{port}");
+    let fixed: u16 = args.get("health-status").map(|s| s.parse().unwrap_or(200)).unwrap_or(200);
+    let status_file = args.get("health-status-file").map(PathBuf::from);
+    loop {
+        let (stream, _) = listener.accept().await.map_err(|e| e.to_string())?;
+        let status_file = status_file.clone();
+        tokio::spawn(async move {
+            let status = status_file
+                .and_then(|f| std::fs::read_to_string(f).ok())
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(fixed);
+            let _ = answer_http(stream, status).await;
+        });
+    }
+}
+
+async fn answer_http(mut stream: TcpStream, health_status: u16) -> std::io::Result<()> {
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 * 1024 {
+        let n = stream.read(&mut buf).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        head.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&head);
+    let mut first = text.lines().next().unwrap_or("").split_whitespace();
+    let method = first.next().unwrap_or("");
+    let path = first.next().unwrap_or("/");
+    let (status, body) = if path == "/healthz" {
+        (health_status, "health\n".to_owned())
+    } else {
+        (200, format!("hello from {}\n", std::env::var("FLOW_SERVICE").unwrap_or_default()))
+    };
+    let reason = match status {
+        200 => "OK",
+        302 => "Found",
+        404 => "Not Found",
+        500 => "Internal Server Error",
+        503 => "Service Unavailable",
+        _ => "Status",
+    };
+    let mut response = format!(
+        "HTTP/1.1 {status} {reason}\r\ncontent-length: {}\r\nconnection: close\r\n",
+        body.len()
+    );
+    if status == 302 {
+        response.push_str("location: /elsewhere\r\n");
+    }
+    response.push_str("\r\n");
+    if method != "HEAD" {
+        response.push_str(&body);
+    }
+    stream.write_all(response.as_bytes()).await?;
+    stream.shutdown().await
+}
+
+async fn serve_grpc(args: &Args, with_health: bool) -> Result<(), String> {
+    let port = args.port()?;
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let mut routes = tonic::service::Routes::default();
+    if with_health {
+        let (reporter, health) = tonic_health::server::health_reporter();
+        if let Some(file) = args.get("serve-when-file").map(PathBuf::from) {
+            reporter
+                .set_service_status("", tonic_health::ServingStatus::NotServing)
+                .await;
+            tokio::spawn(async move {
+                while !file.exists() {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                reporter.set_service_status("", tonic_health::ServingStatus::Serving).await;
+                println!("health: SERVING");
+            });
+        }
+        routes = routes.add_service(health);
+    }
+    println!("listening on grpc {addr}");
+    tonic::transport::Server::builder()
+        .add_routes(routes)
+        .serve(addr)
+        .await
+        .map_err(|e| format!("grpc server: {e}"))
+}

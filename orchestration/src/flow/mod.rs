@@ -1,0 +1,34 @@
+//! Flows: a workspace of services (`flow.yaml` plus per-service manifests), the dependency
+//! graph over them, and the engine that brings a selection up, keeps it running and tears it
+//! down. Each submodule owns one concern; this module only wires their public types together
+//! and must never hold behaviour of its own.
+
+pub mod down;
+pub mod engine;
+pub mod error;
+pub mod events;
+pub mod graph;
+pub mod logs;
+pub mod manifest;
+pub mod options;
+pub mod policy;
+pub mod ports;
+pub mod process;
+pub mod procfs;
+pub mod readiness;
+pub mod restart;
+pub mod state;
+pub mod status;
+pub mod teardown;
+
+pub use down::{DownAction, DownReport, down};
+pub use status::{FlowStatus, RecordedService, status};
+pub use engine::{Flow, FlowEnd, FlowEndReason, RunningFlow, Selection, ServiceStatus, UpFailure};
+pub use error::{FlowError, GraphError, ManifestError, ManifestProblem};
+pub use events::{EventSink, FlowEvent, OutputStream};
+pub use graph::{DependencyGraph, DependencyKind, Edge, EdgeOrigin, Phase, Stage, StageGraph};
+pub use manifest::{Api, Dependency, Endpoint, ServiceManifest, Workspace};
+pub use options::FlowOptions;
+pub use readiness::{Predicate, ReadinessFailure};
+pub use restart::{RestartPolicy, RestartSpec};
+pub use teardown::{Receipt, StopOutcome, TeardownReport};
