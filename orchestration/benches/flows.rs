@@ -59,7 +59,10 @@ fn chain_workspace(n: usize) -> tempfile::TempDir {
             "  - name: s{i}\n    command: {FIXTURE}\n    args: [tcp]\n    endpoints: [{{name: e, api: tcp}}]\n"
         ));
         if i > 0 {
-            yaml.push_str(&format!("    dependencies: [{{name: s{}, kind: runtime}}]\n", i - 1));
+            yaml.push_str(&format!(
+                "    dependencies: [{{name: s{}, kind: runtime}}]\n",
+                i - 1
+            ));
         }
     }
     std::fs::write(dir.path().join("flow.yaml"), yaml).unwrap_or_else(|e| panic!("write: {e}"));
@@ -71,7 +74,11 @@ async fn flow_chain(n: usize, options: &FlowOptions) -> Duration {
     let began = Instant::now();
     let flow = Flow::load(dir.path(), options.clone()).unwrap_or_else(|e| panic!("load: {e}"));
     let up = flow
-        .up(Selection::default(), EventSink::none(), CancellationToken::new())
+        .up(
+            Selection::default(),
+            EventSink::none(),
+            CancellationToken::new(),
+        )
         .await
         .unwrap_or_else(|e| panic!("up: {e}"));
     let end = up.shutdown().await;
@@ -102,9 +109,20 @@ fn main() {
     println!("flows: chains of trivial TCP services, median of {RUNS} runs, up + teardown");
     for n in [10usize, 50] {
         let raw = median((0..RUNS).map(|_| raw_chain(n)).collect());
-        let with_default = median((0..RUNS).map(|_| runtime.block_on(flow_chain(n, &default))).collect());
-        let with_tight = median((0..RUNS).map(|_| runtime.block_on(flow_chain(n, &tight))).collect());
-        for (label, flow) in [("default backoff 150ms..5s", with_default), ("backoff 5ms..50ms", with_tight)] {
+        let with_default = median(
+            (0..RUNS)
+                .map(|_| runtime.block_on(flow_chain(n, &default)))
+                .collect(),
+        );
+        let with_tight = median(
+            (0..RUNS)
+                .map(|_| runtime.block_on(flow_chain(n, &tight)))
+                .collect(),
+        );
+        for (label, flow) in [
+            ("default backoff 150ms..5s", with_default),
+            ("backoff 5ms..50ms", with_tight),
+        ] {
             let overhead = flow.saturating_sub(raw);
             println!(
                 "chain of {n:>2} [{label:<25}]: direct {:>9}, flow {:>9}, overhead {:>9} total / {:>8} per service, ratio {:.2}x",

@@ -77,14 +77,22 @@ services:
     );
 
     let status = up.status().await.unwrap();
-    assert!(status.iter().all(|s| s.state == "running" && s.pid.is_some()), "{status:?}");
+    assert!(
+        status
+            .iter()
+            .all(|s| s.state == "running" && s.pid.is_some()),
+        "{status:?}"
+    );
 
     let end = up.shutdown().await;
     assert!(matches!(end.reason, FlowEndReason::Shutdown));
     let layer = |s: &str| end.teardown.receipt(s).unwrap().layer;
     assert_eq!((layer("web"), layer("api"), layer("store")), (0, 1, 2));
     assert!(end.teardown.all_stopped(), "{:?}", end.teardown);
-    assert!(!flow.paths().state_file.exists(), "a clean teardown removes the state file");
+    assert!(
+        !flow.paths().state_file.exists(),
+        "a clean teardown removes the state file"
+    );
     assert_no_orphans(&rec.spawned());
 }
 
@@ -102,7 +110,11 @@ async fn a_grpc_health_server_becomes_ready_only_when_it_turns_from_not_serving_
     let flow = Flow::load(ws.root(), fast_options()).unwrap();
     let (rec, sink) = Recorder::start();
     let flow2 = flow.clone();
-    let up = tokio::spawn(async move { flow2.up(Selection::default(), sink, CancellationToken::new()).await });
+    let up = tokio::spawn(async move {
+        flow2
+            .up(Selection::default(), sink, CancellationToken::new())
+            .await
+    });
 
     let waiting = rec
         .wait_for("greeter reported NOT_SERVING", |e| {
@@ -113,11 +125,20 @@ async fn a_grpc_health_server_becomes_ready_only_when_it_turns_from_not_serving_
     if let FlowEvent::Waiting { failure, .. } = waiting {
         assert_eq!(failure.endpoint.as_deref(), Some("grpc"));
     }
-    assert!(rec.position(|e| is_step(e, "greeter", Step::Running)).is_none());
+    assert!(
+        rec.position(|e| is_step(e, "greeter", Step::Running))
+            .is_none()
+    );
     std::fs::write(ws.path("serve"), b"").unwrap();
 
-    let up = up.await.unwrap().unwrap_or_else(|e| panic!("up failed: {e}"));
-    assert!(rec.position(|e| is_step(e, "greeter", Step::Running)).is_some());
+    let up = up
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("up failed: {e}"));
+    assert!(
+        rec.position(|e| is_step(e, "greeter", Step::Running))
+            .is_some()
+    );
     up.shutdown().await;
     assert_no_orphans(&rec.spawned());
 }
@@ -164,12 +185,22 @@ async fn a_failing_readiness_reports_the_predicate_that_still_fails_at_the_deadl
             assert_eq!(failure.service, "sick");
             assert_eq!(failure.endpoint.as_deref(), Some("http"));
             assert_eq!(failure.predicate, Predicate::HttpStatus);
-            assert!(failure.last_error.contains("HEAD /healthz answered 503"), "{failure}");
+            assert!(
+                failure.last_error.contains("HEAD /healthz answered 503"),
+                "{failure}"
+            );
         }
         other => panic!("expected a readiness failure, got {other}"),
     }
-    assert!(failure.error.to_string().contains("http-status failed"), "{}", failure.error);
-    assert_eq!(failure.teardown.receipt("sick").unwrap().outcome, StopOutcome::Stopped);
+    assert!(
+        failure.error.to_string().contains("http-status failed"),
+        "{}",
+        failure.error
+    );
+    assert_eq!(
+        failure.teardown.receipt("sick").unwrap().outcome,
+        StopOutcome::Stopped
+    );
     assert_no_orphans(&rec.spawned());
 }
 
@@ -186,13 +217,16 @@ async fn an_http_health_path_that_redirects_counts_as_an_answer_and_is_not_follo
     )]);
     let flow = Flow::load(ws.root(), fast_options()).unwrap();
     let (rec, sink) = Recorder::start();
-    let up = flow.up(Selection::default(), sink, CancellationToken::new()).await.unwrap();
+    let up = flow
+        .up(Selection::default(), sink, CancellationToken::new())
+        .await
+        .unwrap();
     up.shutdown().await;
     assert_no_orphans(&rec.spawned());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_service_that_dies_before_it_is_ready_fails_the_runner_predicate() {
+async fn a_service_that_dies_before_it_is_ready_fails_the_flow_with_its_status_and_last_lines() {
     let ws = TempWorkspace::new(&[(
         "flow.yaml",
         "services:
@@ -209,10 +243,18 @@ async fn a_service_that_dies_before_it_is_ready_fails_the_runner_predicate() {
         .await
         .expect_err("it exits");
     match &failure.error {
-        FlowError::ServiceCrashed { service, exit, last_lines, .. } => {
+        FlowError::ServiceCrashed {
+            service,
+            exit,
+            last_lines,
+            ..
+        } => {
             assert_eq!(service, "doomed");
             assert_eq!(exit, "status 4");
-            assert!(last_lines.iter().any(|l| l == "cannot bind"), "{last_lines:?}");
+            assert!(
+                last_lines.iter().any(|l| l == "cannot bind"),
+                "{last_lines:?}"
+            );
         }
         other => panic!("expected a crash, got {other}"),
     }
@@ -236,10 +278,18 @@ async fn a_completion_job_runs_to_exit_zero_before_its_consumer_starts() {
     )]);
     let flow = Flow::load(ws.root(), fast_options()).unwrap();
     let (rec, sink) = Recorder::start();
-    let up = flow.up(Selection::default(), sink, CancellationToken::new()).await.unwrap();
-    let completed = rec.position(|e| is_step(e, "migrate", Step::Completed)).unwrap();
+    let up = flow
+        .up(Selection::default(), sink, CancellationToken::new())
+        .await
+        .unwrap();
+    let completed = rec
+        .position(|e| is_step(e, "migrate", Step::Completed))
+        .unwrap();
     let started = rec.position(|e| is_step(e, "api", Step::Start)).unwrap();
-    assert!(completed < started, "the consumer started before the job completed");
+    assert!(
+        completed < started,
+        "the consumer started before the job completed"
+    );
     assert_eq!(ws.read("migrated").lines().count(), 1);
     let env = env_of(&ws.read("api.env"));
     assert!(
@@ -247,9 +297,15 @@ async fn a_completion_job_runs_to_exit_zero_before_its_consumer_starts() {
         "a completion edge hands over no address"
     );
     let status = up.status().await.unwrap();
-    assert_eq!(status.iter().find(|s| s.name == "migrate").unwrap().state, "completed");
+    assert_eq!(
+        status.iter().find(|s| s.name == "migrate").unwrap().state,
+        "completed"
+    );
     let end = up.shutdown().await;
-    assert_eq!(end.teardown.receipt("migrate").unwrap().outcome, StopOutcome::Stopped);
+    assert_eq!(
+        end.teardown.receipt("migrate").unwrap().outcome,
+        StopOutcome::Stopped
+    );
     assert_no_orphans(&rec.spawned());
 }
 
@@ -277,16 +333,23 @@ async fn a_failing_completion_job_fails_its_consumer_with_its_exit_status() {
     match &failure.error {
         FlowError::DependencyFailed { service, reason } => {
             assert_eq!(service, "api");
-            assert!(reason.contains("completion dependency `migrate` exited with status 3"), "{reason}");
+            assert!(
+                reason.contains("completion dependency `migrate` exited with status 3"),
+                "{reason}"
+            );
         }
         other => panic!("expected a dependency failure, got {other}"),
     }
-    assert!(rec.position(|e| is_step(e, "api", Step::Start)).is_none(), "the consumer never starts");
+    assert!(
+        rec.position(|e| is_step(e, "api", Step::Start)).is_none(),
+        "the consumer never starts"
+    );
     assert_no_orphans(&rec.spawned());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crashing_service_is_restarted_within_its_budget_then_fails_the_flow_with_its_last_lines() {
+async fn a_crashing_service_is_restarted_within_its_budget_then_fails_the_flow_with_its_last_lines()
+{
     let ws = TempWorkspace::new(&[(
         "flow.yaml",
         "services:
@@ -298,7 +361,10 @@ async fn a_crashing_service_is_restarted_within_its_budget_then_fails_the_flow_w
     )]);
     let flow = Flow::load(ws.root(), fast_options()).unwrap();
     let (rec, sink) = Recorder::start();
-    let error = match flow.up(Selection::default(), sink, CancellationToken::new()).await {
+    let error = match flow
+        .up(Selection::default(), sink, CancellationToken::new())
+        .await
+    {
         // Usually up first (the crash comes 150 ms after the start)…
         Ok(up) => match up.wait().await.reason {
             FlowEndReason::Failed(e) => e,
@@ -308,15 +374,30 @@ async fn a_crashing_service_is_restarted_within_its_budget_then_fails_the_flow_w
         Err(failure) => failure.error,
     };
     match &error {
-        FlowError::ServiceCrashed { service, exit, reason, last_lines } => {
+        FlowError::ServiceCrashed {
+            service,
+            exit,
+            reason,
+            last_lines,
+        } => {
             assert_eq!(service, "flaky");
             assert_eq!(exit, "status 7");
-            assert!(reason.contains("exhausted its restart budget (2 restarts within 1m)"), "{reason}");
-            assert!(last_lines.iter().any(|l| l == "about to fall over"), "{last_lines:?}");
+            assert!(
+                reason.contains("exhausted its restart budget (2 restarts within 1m)"),
+                "{reason}"
+            );
+            assert!(
+                last_lines.iter().any(|l| l == "about to fall over"),
+                "{last_lines:?}"
+            );
         }
         other => panic!("expected a crash, got {other}"),
     }
-    assert_eq!(ws.read("starts").lines().count(), 3, "one start and two restarts");
+    assert_eq!(
+        ws.read("starts").lines().count(),
+        3,
+        "one start and two restarts"
+    );
     let restarts: Vec<u32> = rec
         .snapshot()
         .iter()
@@ -344,8 +425,12 @@ async fn a_restarted_service_comes_back_to_running_and_the_flow_stays_up() {
     )]);
     let flow = Flow::load(ws.root(), fast_options()).unwrap();
     let (rec, sink) = Recorder::start();
-    let up = flow.up(Selection::default(), sink, CancellationToken::new()).await.unwrap();
-    rec.wait_for("a restart", |e| matches!(e, FlowEvent::Restarting { .. })).await;
+    let up = flow
+        .up(Selection::default(), sink, CancellationToken::new())
+        .await
+        .unwrap();
+    rec.wait_for("a restart", |e| matches!(e, FlowEvent::Restarting { .. }))
+        .await;
     // Back to running after the restart, on the same port.
     let running = |e: &FlowEvent| is_step(e, "phoenix", Step::Running);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
@@ -357,7 +442,10 @@ async fn a_restarted_service_comes_back_to_running_and_the_flow_stays_up() {
     assert_eq!(status[0].restarts, 1);
     // The second start exits again after 300 ms and exhausts the budget of one.
     let end = up.wait().await;
-    assert!(matches!(end.reason, FlowEndReason::Failed(FlowError::ServiceCrashed { .. })));
+    assert!(matches!(
+        end.reason,
+        FlowEndReason::Failed(FlowError::ServiceCrashed { .. })
+    ));
     assert_eq!(ws.read("starts").lines().count(), 2);
     assert_no_orphans(&rec.spawned());
 }
@@ -389,12 +477,22 @@ async fn teardown_stops_consumers_first_and_a_shared_dependency_once_after_all_o
     )]);
     let flow = Flow::load(ws.root(), fast_options()).unwrap();
     let (rec, sink) = Recorder::start();
-    let up = flow.up(Selection::default(), sink, CancellationToken::new()).await.unwrap();
+    let up = flow
+        .up(Selection::default(), sink, CancellationToken::new())
+        .await
+        .unwrap();
     let end = up.shutdown().await;
     let r = &end.teardown;
     assert_eq!(r.layers, 3);
-    let order: Vec<(&str, usize)> = r.receipts.iter().map(|x| (x.service.as_str(), x.layer)).collect();
-    assert_eq!(order, vec![("worker", 0), ("web", 0), ("api", 1), ("db", 2)]);
+    let order: Vec<(&str, usize)> = r
+        .receipts
+        .iter()
+        .map(|x| (x.service.as_str(), x.layer))
+        .collect();
+    assert_eq!(
+        order,
+        vec![("worker", 0), ("web", 0), ("api", 1), ("db", 2)]
+    );
     assert_eq!(r.receipts.iter().filter(|x| x.service == "db").count(), 1);
     assert!(r.all_stopped(), "{r:?}");
     // The worker's child shared its process group and went with it.
@@ -422,9 +520,15 @@ async fn a_service_that_ignores_sigterm_is_killed_and_receipted_timed_out() {
     };
     let flow = Flow::load(ws.root(), options).unwrap();
     let (rec, sink) = Recorder::start();
-    let up = flow.up(Selection::default(), sink, CancellationToken::new()).await.unwrap();
+    let up = flow
+        .up(Selection::default(), sink, CancellationToken::new())
+        .await
+        .unwrap();
     // Let the fixture install its SIGTERM handler.
-    rec.wait_for("stubborn running", |e| is_step(e, "stubborn", Step::Running)).await;
+    rec.wait_for("stubborn running", |e| {
+        is_step(e, "stubborn", Step::Running)
+    })
+    .await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let end = up.shutdown().await;
     let stubborn = end.teardown.receipt("stubborn").unwrap();
@@ -463,13 +567,29 @@ async fn an_interrupted_up_tears_down_what_it_started() {
     let flow2 = flow.clone();
     let token = cancel.clone();
     let up = tokio::spawn(async move { flow2.up(Selection::default(), sink, token).await });
-    rec.wait_for("slow waiting", |e| matches!(e, FlowEvent::Waiting { service, .. } if service == "slow"))
-        .await;
+    rec.wait_for(
+        "slow waiting",
+        |e| matches!(e, FlowEvent::Waiting { service, .. } if service == "slow"),
+    )
+    .await;
     cancel.cancel();
     let failure = up.await.unwrap().expect_err("interrupted");
-    assert!(matches!(failure.error, FlowError::Interrupted), "{}", failure.error);
-    let stopped: Vec<&str> = failure.teardown.receipts.iter().map(|r| r.service.as_str()).collect();
-    assert_eq!(stopped, vec!["slow", "db"], "web never started, so it has no receipt");
+    assert!(
+        matches!(failure.error, FlowError::Interrupted),
+        "{}",
+        failure.error
+    );
+    let stopped: Vec<&str> = failure
+        .teardown
+        .receipts
+        .iter()
+        .map(|r| r.service.as_str())
+        .collect();
+    assert_eq!(
+        stopped,
+        vec!["slow", "db"],
+        "web never started, so it has no receipt"
+    );
     assert!(!flow.paths().state_file.exists());
     assert_no_orphans(&rec.spawned());
 }
@@ -513,8 +633,18 @@ async fn up_with_a_target_starts_its_closure_and_only_deps_leaves_the_target_out
         )
         .await
         .unwrap();
-    let names: Vec<String> = up.status().await.unwrap().into_iter().map(|s| s.name).collect();
-    assert_eq!(names, vec!["db", "api"], "a build edge does not pull its producer into a run");
+    let names: Vec<String> = up
+        .status()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    assert_eq!(
+        names,
+        vec!["db", "api"],
+        "a build edge does not pull its producer into a run"
+    );
     up.shutdown().await;
 
     let up = flow
@@ -528,7 +658,13 @@ async fn up_with_a_target_starts_its_closure_and_only_deps_leaves_the_target_out
         )
         .await
         .unwrap();
-    let names: Vec<String> = up.status().await.unwrap().into_iter().map(|s| s.name).collect();
+    let names: Vec<String> = up
+        .status()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
     assert_eq!(names, vec!["db"]);
     up.shutdown().await;
     assert_no_orphans(&rec.spawned());
@@ -542,12 +678,17 @@ async fn a_second_up_in_the_same_workspace_is_refused_while_the_first_runs() {
     )]);
     let flow = Flow::load(ws.root(), fast_options()).unwrap();
     let (rec, sink) = Recorder::start();
-    let up = flow.up(Selection::default(), sink.clone(), CancellationToken::new()).await.unwrap();
+    let up = flow
+        .up(Selection::default(), sink.clone(), CancellationToken::new())
+        .await
+        .unwrap();
     let refused = flow
         .up(Selection::default(), sink, CancellationToken::new())
         .await
         .expect_err("one up per workspace");
-    assert!(matches!(refused.error, FlowError::AlreadyUp { pid } if pid == std::process::id() as i32));
+    assert!(
+        matches!(refused.error, FlowError::AlreadyUp { pid } if pid == std::process::id() as i32)
+    );
     up.shutdown().await;
     assert_no_orphans(&rec.spawned());
 }

@@ -15,7 +15,14 @@ fn refusal(files: &[(&str, &str)]) -> (TempWorkspace, ManifestError) {
     (ws, err)
 }
 
-fn assert_refused(err: &ManifestError, ws: &TempWorkspace, file: &str, service: Option<&str>, code: &str, says: &str) {
+fn assert_refused(
+    err: &ManifestError,
+    ws: &TempWorkspace,
+    file: &str,
+    service: Option<&str>,
+    code: &str,
+    says: &str,
+) {
     assert_eq!(err.code(), code, "{err}");
     assert_eq!(err.file, ws.path(file), "{err}");
     assert_eq!(err.service.as_deref(), service, "{err}");
@@ -23,14 +30,27 @@ fn assert_refused(err: &ManifestError, ws: &TempWorkspace, file: &str, service: 
     assert!(text.contains(says), "`{text}` does not say `{says}`");
     assert!(text.contains(file), "`{text}` does not name the file");
     if let Some(s) = service {
-        assert!(text.contains(&format!("service `{s}`")), "`{text}` does not name the service");
+        assert!(
+            text.contains(&format!("service `{s}`")),
+            "`{text}` does not name the service"
+        );
     }
 }
 
 #[test]
 fn an_unknown_key_in_flow_yaml_is_refused() {
-    let (ws, err) = refusal(&[("flow.yaml", "name: x\nservise: []\nservices:\n  - name: a\n    command: true\n")]);
-    assert_refused(&err, &ws, "flow.yaml", None, "flow.manifest.unknown_key", "unknown key `servise`");
+    let (ws, err) = refusal(&[(
+        "flow.yaml",
+        "name: x\nservise: []\nservices:\n  - name: a\n    command: true\n",
+    )]);
+    assert_refused(
+        &err,
+        &ws,
+        "flow.yaml",
+        None,
+        "flow.manifest.unknown_key",
+        "unknown key `servise`",
+    );
 }
 
 #[test]
@@ -55,12 +75,26 @@ fn an_unknown_key_in_an_endpoint_or_restart_block_is_refused() {
         "flow.yaml",
         "services:\n  - name: a\n    command: true\n    endpoints:\n      - {name: http, api: http, helth: /h}\n",
     )]);
-    assert_refused(&err, &ws, "flow.yaml", Some("a"), "flow.manifest.unknown_key", "unknown key `helth` in endpoints entry #1");
+    assert_refused(
+        &err,
+        &ws,
+        "flow.yaml",
+        Some("a"),
+        "flow.manifest.unknown_key",
+        "unknown key `helth` in endpoints entry #1",
+    );
     let (ws, err) = refusal(&[(
         "flow.yaml",
         "services:\n  - name: a\n    command: true\n    restart: {policy: always, retries: 3}\n",
     )]);
-    assert_refused(&err, &ws, "flow.yaml", Some("a"), "flow.manifest.unknown_key", "unknown key `retries` in restart");
+    assert_refused(
+        &err,
+        &ws,
+        "flow.yaml",
+        Some("a"),
+        "flow.manifest.unknown_key",
+        "unknown key `retries` in restart",
+    );
 }
 
 #[test]
@@ -69,7 +103,14 @@ fn a_service_declared_twice_is_refused() {
         "flow.yaml",
         "services:\n  - name: a\n    command: true\n  - name: a\n    command: false\n",
     )]);
-    assert_refused(&err, &ws, "flow.yaml", Some("a"), "flow.manifest.duplicate_service", "entries #1 and #2");
+    assert_refused(
+        &err,
+        &ws,
+        "flow.yaml",
+        Some("a"),
+        "flow.manifest.duplicate_service",
+        "entries #1 and #2",
+    );
 }
 
 #[test]
@@ -78,7 +119,14 @@ fn a_service_declared_inline_and_in_its_own_file_is_refused() {
         ("flow.yaml", "services:\n  - name: a\n    command: true\n"),
         ("services/a/service.yaml", "command: true\n"),
     ]);
-    assert_refused(&err, &ws, "flow.yaml", Some("a"), "flow.manifest.duplicate_service", "inline in flow.yaml and in");
+    assert_refused(
+        &err,
+        &ws,
+        "flow.yaml",
+        Some("a"),
+        "flow.manifest.duplicate_service",
+        "inline in flow.yaml and in",
+    );
 }
 
 #[test]
@@ -87,13 +135,27 @@ fn a_duplicate_yaml_key_is_refused_as_a_syntax_error() {
         ("flow.yaml", "services:\n  - name: a\n"),
         ("services/a/service.yaml", "command: true\ncommand: false\n"),
     ]);
-    assert_refused(&err, &ws, "services/a/service.yaml", Some("a"), "flow.manifest.syntax", "duplicate");
+    assert_refused(
+        &err,
+        &ws,
+        "services/a/service.yaml",
+        Some("a"),
+        "flow.manifest.syntax",
+        "duplicate",
+    );
 }
 
 #[test]
 fn a_missing_service_manifest_file_is_refused_naming_the_expected_path() {
     let (ws, err) = refusal(&[("flow.yaml", "services:\n  - name: ghost\n")]);
-    assert_refused(&err, &ws, "services/ghost/service.yaml", Some("ghost"), "flow.manifest.unreadable", "cannot read");
+    assert_refused(
+        &err,
+        &ws,
+        "services/ghost/service.yaml",
+        Some("ghost"),
+        "flow.manifest.unreadable",
+        "cannot read",
+    );
 }
 
 #[test]
@@ -102,7 +164,14 @@ fn a_dangling_dependency_is_refused() {
         "flow.yaml",
         "services:\n  - name: a\n    command: true\n    dependencies:\n      - {name: nowhere, kind: runtime}\n",
     )]);
-    assert_refused(&err, &ws, "flow.yaml", Some("a"), "flow.manifest.dangling_dependency", "`nowhere`");
+    assert_refused(
+        &err,
+        &ws,
+        "flow.yaml",
+        Some("a"),
+        "flow.manifest.dangling_dependency",
+        "`nowhere`",
+    );
 }
 
 #[test]
@@ -118,7 +187,10 @@ fn an_external_dependency_may_name_something_outside_the_workspace() {
 fn a_completion_edge_naming_endpoints_is_refused() {
     let (ws, err) = refusal(&[
         ("flow.yaml", "services:\n  - name: migrate\n  - name: api\n"),
-        ("services/migrate/service.yaml", "command: true\nendpoints:\n  - {name: admin, api: tcp}\n"),
+        (
+            "services/migrate/service.yaml",
+            "command: true\nendpoints:\n  - {name: admin, api: tcp}\n",
+        ),
         (
             "services/api/service.yaml",
             "command: true\ndependencies:\n  - name: migrate\n    kind: completion\n    endpoints: [admin]\n",
@@ -140,7 +212,14 @@ fn a_runtime_edge_onto_a_producer_without_endpoints_is_refused() {
         "flow.yaml",
         "services:\n  - name: job\n    command: true\n  - name: api\n    command: true\n    dependencies:\n      - {name: job, kind: runtime}\n",
     )]);
-    assert_refused(&err, &ws, "flow.yaml", Some("api"), "flow.manifest.runtime_without_endpoints", "would wait forever");
+    assert_refused(
+        &err,
+        &ws,
+        "flow.yaml",
+        Some("api"),
+        "flow.manifest.runtime_without_endpoints",
+        "would wait forever",
+    );
 }
 
 #[test]
@@ -161,7 +240,14 @@ fn a_dependency_naming_an_undeclared_endpoint_is_refused_for_every_kind() {
                 "services:\n  - name: db\n    command: true\n    endpoints: [{{name: pg, api: tcp}}]\n  - name: api\n    command: true\n    dependencies:\n      - {{name: db, kind: {kind}, endpoints: [postgres]}}\n"
             ),
         )]);
-        assert_refused(&err, &ws, "flow.yaml", Some("api"), "flow.manifest.undeclared_endpoint", "endpoint `postgres` of `db`");
+        assert_refused(
+            &err,
+            &ws,
+            "flow.yaml",
+            Some("api"),
+            "flow.manifest.undeclared_endpoint",
+            "endpoint `postgres` of `db`",
+        );
     }
 }
 
@@ -171,7 +257,14 @@ fn an_endpoint_reference_to_an_undeclared_endpoint_is_refused() {
         "flow.yaml",
         "services:\n  - name: db\n    command: true\n    endpoints: [{name: pg, api: tcp}]\n  - name: api\n    command: true\n    env:\n      DB: \"postgres://${endpoint:db/postgres}/app\"\n",
     )]);
-    assert_refused(&err, &ws, "flow.yaml", Some("api"), "flow.manifest.undeclared_endpoint", "endpoint `postgres` of `db`");
+    assert_refused(
+        &err,
+        &ws,
+        "flow.yaml",
+        Some("api"),
+        "flow.manifest.undeclared_endpoint",
+        "endpoint `postgres` of `db`",
+    );
 }
 
 #[test]
@@ -180,26 +273,63 @@ fn a_malformed_endpoint_reference_is_refused() {
         "flow.yaml",
         "services:\n  - name: api\n    command: true\n    env:\n      DB: \"${endpoint:db}\"\n",
     )]);
-    assert_refused(&err, &ws, "flow.yaml", Some("api"), "flow.manifest.malformed_reference", "${endpoint:db}");
+    assert_refused(
+        &err,
+        &ws,
+        "flow.yaml",
+        Some("api"),
+        "flow.manifest.malformed_reference",
+        "${endpoint:db}",
+    );
 }
 
 #[test]
 fn an_unknown_kind_api_or_policy_is_refused_with_the_allowed_values() {
     let cases = [
-        ("dependencies:\n      - {name: b, kind: sometimes}", "not one of build, schema, runtime, completion, external"),
-        ("endpoints: [{name: e, api: websocket}]", "not one of tcp, http, grpc"),
-        ("restart: {policy: sometimes}", "not one of no, on-failure, always"),
-        ("restart: {policy: on-failure, window: soon}", "not a duration"),
-        ("endpoints: [{name: e, api: tcp, health: /h}]", "only for http"),
-        ("endpoints: [{name: e, api: http, health: h}]", "must be an absolute path"),
-        ("endpoints: [{name: e, api: tcp, port: 70000}]", "not a port"),
+        (
+            "dependencies:\n      - {name: b, kind: sometimes}",
+            "not one of build, schema, runtime, completion, external",
+        ),
+        (
+            "endpoints: [{name: e, api: websocket}]",
+            "not one of tcp, http, grpc",
+        ),
+        (
+            "restart: {policy: sometimes}",
+            "not one of no, on-failure, always",
+        ),
+        (
+            "restart: {policy: on-failure, window: soon}",
+            "not a duration",
+        ),
+        (
+            "endpoints: [{name: e, api: tcp, health: /h}]",
+            "only for http",
+        ),
+        (
+            "endpoints: [{name: e, api: http, health: h}]",
+            "must be an absolute path",
+        ),
+        (
+            "endpoints: [{name: e, api: tcp, port: 70000}]",
+            "not a port",
+        ),
     ];
     for (block, says) in cases {
         let (ws, err) = refusal(&[(
             "flow.yaml",
-            &format!("services:\n  - name: b\n    command: true\n  - name: a\n    command: true\n    {block}\n"),
+            &format!(
+                "services:\n  - name: b\n    command: true\n  - name: a\n    command: true\n    {block}\n"
+            ),
         )]);
-        assert_refused(&err, &ws, "flow.yaml", Some("a"), "flow.manifest.invalid_value", says);
+        assert_refused(
+            &err,
+            &ws,
+            "flow.yaml",
+            Some("a"),
+            "flow.manifest.invalid_value",
+            says,
+        );
     }
 }
 
@@ -209,7 +339,14 @@ fn a_fixed_port_used_twice_is_refused() {
         "flow.yaml",
         "services:\n  - name: a\n    command: true\n    endpoints: [{name: e, api: tcp, port: 4100}]\n  - name: b\n    command: true\n    endpoints: [{name: f, api: tcp, port: 4100}]\n",
     )]);
-    assert_refused(&err, &ws, "flow.yaml", Some("b"), "flow.manifest.duplicate_port", "port 4100 is fixed by both `a/e` and `b/f`");
+    assert_refused(
+        &err,
+        &ws,
+        "flow.yaml",
+        Some("b"),
+        "flow.manifest.duplicate_port",
+        "port 4100 is fixed by both `a/e` and `b/f`",
+    );
 }
 
 #[test]
@@ -218,7 +355,14 @@ fn a_producer_waited_on_both_as_a_job_and_as_a_service_is_refused() {
         "flow.yaml",
         "services:\n  - name: m\n    command: true\n    endpoints: [{name: e, api: tcp}]\n  - name: a\n    command: true\n    dependencies: [{name: m, kind: completion}]\n  - name: b\n    command: true\n    dependencies: [{name: m, kind: runtime}]\n",
     )]);
-    assert_refused(&err, &ws, "flow.yaml", Some("b"), "flow.manifest.job_and_service", "cannot be both");
+    assert_refused(
+        &err,
+        &ws,
+        "flow.yaml",
+        Some("b"),
+        "flow.manifest.job_and_service",
+        "cannot be both",
+    );
 }
 
 #[test]
@@ -227,7 +371,14 @@ fn a_job_with_restart_policy_always_is_refused() {
         "flow.yaml",
         "services:\n  - name: m\n    command: true\n    restart: {policy: always}\n  - name: a\n    command: true\n    dependencies: [{name: m, kind: completion}]\n",
     )]);
-    assert_refused(&err, &ws, "flow.yaml", Some("m"), "flow.manifest.always_restarted_job", "forever");
+    assert_refused(
+        &err,
+        &ws,
+        "flow.yaml",
+        Some("m"),
+        "flow.manifest.always_restarted_job",
+        "forever",
+    );
 }
 
 #[test]
@@ -236,14 +387,24 @@ fn a_self_dependency_is_refused() {
         "flow.yaml",
         "services:\n  - name: a\n    command: true\n    endpoints: [{name: e, api: tcp}]\n    dependencies: [{name: a, kind: runtime}]\n",
     )]);
-    assert_refused(&err, &ws, "flow.yaml", Some("a"), "flow.manifest.self_dependency", "depends on itself");
+    assert_refused(
+        &err,
+        &ws,
+        "flow.yaml",
+        Some("a"),
+        "flow.manifest.self_dependency",
+        "depends on itself",
+    );
 }
 
 /// The legitimate two-stage relationship: the API talks to the database at run time, and
 /// the database reads the API's contract at build time.
 fn two_stage_workspace() -> TempWorkspace {
     TempWorkspace::new(&[
-        ("flow.yaml", "services:\n  - name: api\n  - name: database\n"),
+        (
+            "flow.yaml",
+            "services:\n  - name: api\n  - name: database\n",
+        ),
         (
             "services/api/service.yaml",
             "command: true\ndependencies:\n  - name: database\n    kind: runtime\n    endpoints:\n      - name: postgres\nendpoints:\n  - {name: grpc, api: grpc}\n",
@@ -259,8 +420,14 @@ fn two_stage_workspace() -> TempWorkspace {
 fn a_cycle_across_the_two_stages_is_legitimate_and_each_stage_orders_it_its_own_way() {
     let ws = two_stage_workspace();
     let graph = DependencyGraph::from_workspace(&Workspace::load(ws.root()).unwrap()).unwrap();
-    assert_eq!(graph.stage(Stage::Run).order().unwrap(), vec!["database", "api"]);
-    assert_eq!(graph.stage(Stage::Build).order().unwrap(), vec!["api", "database"]);
+    assert_eq!(
+        graph.stage(Stage::Run).order().unwrap(),
+        vec!["database", "api"]
+    );
+    assert_eq!(
+        graph.stage(Stage::Build).order().unwrap(),
+        vec!["api", "database"]
+    );
 }
 
 #[test]
@@ -271,7 +438,10 @@ fn a_same_stage_cycle_fails_naming_the_stage_and_the_path() {
     )]);
     let err = DependencyGraph::from_workspace(&Workspace::load(ws.root()).unwrap()).unwrap_err();
     assert_eq!(err.code(), "flow.graph.cycle");
-    assert_eq!(err.to_string(), "run dependencies have a cycle: a -> b -> a");
+    assert_eq!(
+        err.to_string(),
+        "run dependencies have a cycle: a -> b -> a"
+    );
 }
 
 #[test]
@@ -281,23 +451,45 @@ fn a_legacy_edge_joins_both_stages_so_it_closes_a_build_cycle() {
         "services:\n  - name: a\n    command: true\n    dependencies: [{name: b}]\n  - name: b\n    command: true\n    dependencies: [{name: a, kind: build}]\n",
     )]);
     let err = DependencyGraph::from_workspace(&Workspace::load(ws.root()).unwrap()).unwrap_err();
-    assert_eq!(err.to_string(), "build dependencies have a cycle: a -> b -> a");
+    assert_eq!(
+        err.to_string(),
+        "build dependencies have a cycle: a -> b -> a"
+    );
 }
 
 #[test]
 fn phases_decompose_into_ordered_stages_and_unknown_names_are_errors() {
     let ws = two_stage_workspace();
     let graph = DependencyGraph::from_workspace(&Workspace::load(ws.root()).unwrap()).unwrap();
-    let stages = |p: Phase| graph.order_for(p).unwrap().into_iter().map(|(s, _)| s).collect::<Vec<_>>();
+    let stages = |p: Phase| {
+        graph
+            .order_for(p)
+            .unwrap()
+            .into_iter()
+            .map(|(s, _)| s)
+            .collect::<Vec<_>>()
+    };
     assert_eq!(stages(Phase::Build), vec![Stage::Build]);
     assert_eq!(stages(Phase::Run), vec![Stage::Run]);
     assert_eq!(stages(Phase::Test), vec![Stage::Build, Stage::Run]);
     assert_eq!(stages(Phase::Deploy), vec![Stage::Build, Stage::Run]);
     let test = graph.order_for_name("test").unwrap();
-    assert_eq!(test[0].1, vec![vec!["api".to_string()], vec!["database".to_string()]]);
-    assert_eq!(test[1].1, vec![vec!["database".to_string()], vec!["api".to_string()]]);
-    assert_eq!(graph.order_for_name("lint").unwrap_err(), GraphError::UnknownPhase("lint".into()));
-    assert_eq!(graph.for_stage("runtime").unwrap_err(), GraphError::UnknownStage("runtime".into()));
+    assert_eq!(
+        test[0].1,
+        vec![vec!["api".to_string()], vec!["database".to_string()]]
+    );
+    assert_eq!(
+        test[1].1,
+        vec![vec!["database".to_string()], vec!["api".to_string()]]
+    );
+    assert_eq!(
+        graph.order_for_name("lint").unwrap_err(),
+        GraphError::UnknownPhase("lint".into())
+    );
+    assert_eq!(
+        graph.for_stage("runtime").unwrap_err(),
+        GraphError::UnknownStage("runtime".into())
+    );
     assert_eq!(graph.for_stage("build").unwrap().stage(), Stage::Build);
 }
 
@@ -328,7 +520,10 @@ fn restriction_to_a_target_keeps_edge_kinds_and_forgets_removed_services() {
     let graph = DependencyGraph::from_workspace(&Workspace::load(ws.root()).unwrap()).unwrap();
     let only = graph.restrict_to("worker").unwrap();
     let run = only.stage(Stage::Run);
-    assert_eq!(run.nodes(), &["migration".to_string(), "worker".to_string()]);
+    assert_eq!(
+        run.nodes(),
+        &["migration".to_string(), "worker".to_string()]
+    );
     assert_eq!(run.edges().len(), 1);
     assert_eq!(run.edges()[0].kind, DependencyKind::Completion);
     let build = only.stage(Stage::Build);
@@ -340,7 +535,10 @@ fn restriction_to_a_target_keeps_edge_kinds_and_forgets_removed_services() {
         GraphError::UnknownService("api".into()),
         "a removed service cannot be resolved through the restricted graph"
     );
-    assert_eq!(graph.restrict_to("nobody").unwrap_err(), GraphError::UnknownService("nobody".into()));
+    assert_eq!(
+        graph.restrict_to("nobody").unwrap_err(),
+        GraphError::UnknownService("nobody".into())
+    );
 }
 
 #[test]
@@ -354,9 +552,15 @@ fn an_external_edge_is_in_no_stage_and_never_pulls_its_producer_in() {
     assert!(graph.stage(Stage::Build).edges().is_empty());
     assert_eq!(graph.external_edges().len(), 1);
     // The producer is still a service of the workspace and runs when the whole flow runs…
-    assert_eq!(graph.stage(Stage::Run).layers().unwrap(), vec![vec!["cache".to_string(), "app".into()]]);
+    assert_eq!(
+        graph.stage(Stage::Run).layers().unwrap(),
+        vec![vec!["cache".to_string(), "app".into()]]
+    );
     // …but the consumer alone does not pull it in.
-    assert_eq!(graph.restrict_to("app").unwrap().stage(Stage::Run).nodes(), &["app".to_string()]);
+    assert_eq!(
+        graph.restrict_to("app").unwrap().stage(Stage::Run).nodes(),
+        &["app".to_string()]
+    );
 }
 
 #[test]
@@ -369,13 +573,32 @@ fn an_endpoint_reference_adds_a_runtime_edge_and_supersedes_an_external_declarat
     let run = graph.stage(Stage::Run);
     assert_eq!(run.edges().len(), 1);
     let edge = &run.edges()[0];
-    assert_eq!((edge.consumer.as_str(), edge.producer.as_str()), ("app", "cache"));
+    assert_eq!(
+        (edge.consumer.as_str(), edge.producer.as_str()),
+        ("app", "cache")
+    );
     assert_eq!(edge.kind, DependencyKind::Runtime);
     assert_eq!(edge.endpoints, vec!["e".to_string()]);
-    assert_eq!(edge.origin, EdgeOrigin::Reference { key: "CACHE".into() });
+    assert_eq!(
+        edge.origin,
+        EdgeOrigin::Reference {
+            key: "CACHE".into()
+        }
+    );
     assert_eq!(graph.superseded().len(), 1);
-    assert_eq!(run.layers().unwrap(), vec![vec!["cache".to_string()], vec!["app".into()]]);
-    assert_eq!(graph.restrict_to("app").unwrap().stage(Stage::Run).nodes().len(), 2);
+    assert_eq!(
+        run.layers().unwrap(),
+        vec![vec!["cache".to_string()], vec!["app".into()]]
+    );
+    assert_eq!(
+        graph
+            .restrict_to("app")
+            .unwrap()
+            .stage(Stage::Run)
+            .nodes()
+            .len(),
+        2
+    );
 }
 
 #[test]

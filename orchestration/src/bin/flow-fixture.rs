@@ -56,7 +56,11 @@ impl Args {
                 flags.insert(name.to_owned(), value);
             }
         }
-        Ok(Args { mode, flags, switches })
+        Ok(Args {
+            mode,
+            flags,
+            switches,
+        })
     }
 
     fn get(&self, name: &str) -> Option<&str> {
@@ -129,7 +133,10 @@ async fn run() -> Result<ExitCode, String> {
     } else {
         None
     };
-    let exit_code: u8 = args.get("exit").map(|s| s.parse().unwrap_or(1)).unwrap_or(0);
+    let exit_code: u8 = args
+        .get("exit")
+        .map(|s| s.parse().unwrap_or(1))
+        .unwrap_or(0);
     let exit_after = match args.get("exit-after") {
         Some(d) => Some(humantime::parse_duration(d).map_err(|e| e.to_string())?),
         None => None,
@@ -198,7 +205,10 @@ async fn serve_http(args: &Args) -> Result<(), String> {
     let port = args.port()?;
     let listener = bind(port).await?;
     println!("listening on http 127.0.0.1:{port}");
-    let fixed: u16 = args.get("health-status").map(|s| s.parse().unwrap_or(200)).unwrap_or(200);
+    let fixed: u16 = args
+        .get("health-status")
+        .map(|s| s.parse().unwrap_or(200))
+        .unwrap_or(200);
     let status_file = args.get("health-status-file").map(PathBuf::from);
     loop {
         let (stream, _) = listener.accept().await.map_err(|e| e.to_string())?;
@@ -230,7 +240,13 @@ async fn answer_http(mut stream: TcpStream, health_status: u16) -> std::io::Resu
     let (status, body) = if path == "/healthz" {
         (health_status, "health\n".to_owned())
     } else {
-        (200, format!("hello from {}\n", std::env::var("FLOW_SERVICE").unwrap_or_default()))
+        (
+            200,
+            format!(
+                "hello from {}\n",
+                std::env::var("FLOW_SERVICE").unwrap_or_default()
+            ),
+        )
     };
     let reason = match status {
         200 => "OK",
@@ -269,7 +285,9 @@ async fn serve_grpc(args: &Args, with_health: bool) -> Result<(), String> {
                 while !file.exists() {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
-                reporter.set_service_status("", tonic_health::ServingStatus::Serving).await;
+                reporter
+                    .set_service_status("", tonic_health::ServingStatus::Serving)
+                    .await;
                 println!("health: SERVING");
             });
         }

@@ -20,7 +20,9 @@ use crate::flow::error::FlowError;
 use crate::flow::options::FlowOptions;
 use crate::flow::procfs::{self, Ownership, StartIdentity};
 use crate::flow::state::{self, StatePaths, WorkspaceLock};
-use crate::flow::teardown::{self, Signalled, StopOutcome, StopTarget, TeardownBudget, TeardownReport};
+use crate::flow::teardown::{
+    self, Signalled, StopOutcome, StopTarget, TeardownBudget, TeardownReport,
+};
 
 /// Who did the stopping.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,7 +44,10 @@ pub struct DownReport {
 impl DownReport {
     /// Whether every recorded service is now proven stopped.
     pub fn clean(&self) -> bool {
-        self.teardown.receipts.iter().all(|r| r.outcome != StopOutcome::Failed)
+        self.teardown
+            .receipts
+            .iter()
+            .all(|r| r.outcome != StopOutcome::Failed)
     }
 }
 
@@ -80,13 +85,16 @@ pub async fn down(root: &Path, options: &FlowOptions) -> Result<DownReport, Flow
                 Err(e) => {
                     return Err(FlowError::State {
                         path: paths.state_file.clone(),
-                        reason: format!("cannot signal the running `hostd flow up` (pid {pid}): {e}"),
+                        reason: format!(
+                            "cannot signal the running `hostd flow up` (pid {pid}): {e}"
+                        ),
                     });
                 }
             }
             // Its teardown takes at most one budget (plus the kill grace) per layer.
             let layers = recorded.teardown_layers.len().max(1) as u32;
-            let bound = (options.teardown_layer_budget + options.kill_grace) * layers + Duration::from_secs(10);
+            let bound = (options.teardown_layer_budget + options.kill_grace) * layers
+                + Duration::from_secs(10);
             let deadline = Instant::now() + bound;
             let lock = loop {
                 if let Some(lock) = WorkspaceLock::try_acquire(&paths)? {
@@ -160,7 +168,10 @@ pub async fn down(root: &Path, options: &FlowOptions) -> Result<DownReport, Flow
     })
     .await;
 
-    let refused = report.receipts.iter().any(|r| r.outcome == StopOutcome::Failed);
+    let refused = report
+        .receipts
+        .iter()
+        .any(|r| r.outcome == StopOutcome::Failed);
     if refused {
         // Keep the record of what could not be proven, so it stays visible in `status`.
         let mut kept = remaining.clone();
@@ -175,7 +186,9 @@ pub async fn down(root: &Path, options: &FlowOptions) -> Result<DownReport, Flow
     }
     let mut combined = asked.unwrap_or_default();
     combined.layers = combined.layers.max(report.layers);
-    combined.receipts.retain(|r| report.receipt(&r.service).is_none());
+    combined
+        .receipts
+        .retain(|r| report.receipt(&r.service).is_none());
     combined.receipts.extend(report.receipts);
     state::write_receipts(&paths, &combined)?;
     drop(lock);
@@ -208,7 +221,8 @@ impl StopTarget for RecordedGroup {
 
     fn signal(&self, signal: Signal) -> Result<Signalled, String> {
         let pgid = Pid::from_raw(self.identity.pgid);
-        let ownership = procfs::prove(&self.identity).map_err(|e| format!("cannot read /proc: {e}"))?;
+        let ownership =
+            procfs::prove(&self.identity).map_err(|e| format!("cannot read /proc: {e}"))?;
         let result = match ownership {
             Ownership::Gone => return Ok(Signalled::NothingLeft("was already gone".into())),
             Ownership::Proven { in_group: true } => killpg(pgid, signal),

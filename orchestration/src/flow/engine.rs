@@ -33,7 +33,9 @@ use crate::flow::process::{ExitInfo, ServiceProcess, SpawnSpec};
 use crate::flow::procfs::{self, Ownership, StartIdentity};
 use crate::flow::readiness::{Backoff, Predicate, ReadinessFailure, ReadinessGate};
 use crate::flow::restart::{RestartDecision, RestartTracker};
-use crate::flow::state::{self, EndpointRecord, FlowState, ServiceRecord, StatePaths, WorkspaceLock};
+use crate::flow::state::{
+    self, EndpointRecord, FlowState, ServiceRecord, StatePaths, WorkspaceLock,
+};
 use crate::flow::teardown::{self, Signalled, StopTarget, TeardownBudget, TeardownReport};
 
 /// Which services an `up` starts.
@@ -170,14 +172,18 @@ impl Flow {
 
         // Load: ports for every selected endpoint, log files, supervisor identity.
         let ports = ports::allocate(&self.workspace, plan.nodes())?;
-        let supervisor = procfs::identity(std::process::id() as i32).map_err(|e| FlowError::State {
-            path: self.paths.state_file.clone(),
-            reason: format!("cannot read this process's start identity: {e}"),
-        })?;
+        let supervisor =
+            procfs::identity(std::process::id() as i32).map_err(|e| FlowError::State {
+                path: self.paths.state_file.clone(),
+                reason: format!("cannot read this process's start identity: {e}"),
+            })?;
         let mut slots = Vec::new();
         for name in plan.nodes() {
             let Some(manifest) = self.workspace.service(name) else {
-                return Err(FlowError::Graph(crate::flow::error::GraphError::UnknownService(name.clone())).into());
+                return Err(
+                    FlowError::Graph(crate::flow::error::GraphError::UnknownService(name.clone()))
+                        .into(),
+                );
             };
             let path = self.paths.log_file(name);
             if let Some(dir) = path.parent() {
@@ -227,7 +233,11 @@ impl Flow {
         let (internal_tx, internal_rx) = mpsc::channel(1024);
         let (command_tx, command_rx) = mpsc::channel(16);
         let (ready_tx, ready_rx) = oneshot::channel();
-        let index = slots.iter().enumerate().map(|(i, s)| (s.name.clone(), i)).collect();
+        let index = slots
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.name.clone(), i))
+            .collect();
         let engine = Engine {
             flow_name: self.workspace.name.clone(),
             graph: plan,
@@ -406,7 +416,9 @@ impl Slot {
             Phase::Starting | Phase::Restarting | Phase::Stopping => Standing::Starting,
             Phase::Running => Standing::Healthy,
             // A service without endpoints is satisfied by having started and not failed.
-            Phase::Exited(exit) if exit.success() && self.manifest.endpoints.is_empty() => Standing::Healthy,
+            Phase::Exited(exit) if exit.success() && self.manifest.endpoints.is_empty() => {
+                Standing::Healthy
+            }
             Phase::Exited(exit) => Standing::Failed(format!("exited with {exit}")),
             Phase::Completed => Standing::Completed,
             Phase::Failed(why) => Standing::Failed(why.clone()),
@@ -418,7 +430,11 @@ impl Slot {
         ServiceStatus {
             name: self.name.clone(),
             state: self.phase.as_str().to_owned(),
-            pid: self.process.as_ref().filter(|p| p.exited().is_none()).map(|p| p.pid()),
+            pid: self
+                .process
+                .as_ref()
+                .filter(|p| p.exited().is_none())
+                .map(|p| p.pid()),
             endpoints: self.endpoints.clone(),
             restarts: self.tracker.total(),
             detail: self.detail.clone(),
@@ -428,13 +444,20 @@ impl Slot {
 
 #[derive(Debug)]
 enum Internal {
-    Exited { slot: usize, generation: u64, exit: ExitInfo },
+    Exited {
+        slot: usize,
+        generation: u64,
+        exit: ExitInfo,
+    },
     Readiness {
         slot: usize,
         generation: u64,
         result: Result<(), ReadinessFailure>,
     },
-    RestartDue { slot: usize, generation: u64 },
+    RestartDue {
+        slot: usize,
+        generation: u64,
+    },
 }
 
 struct Engine {
@@ -500,7 +523,8 @@ impl Engine {
         }
         let actions = {
             let standings = self.standings();
-            StartPolicy::new(&self.graph).next(|n| standings.get(n).cloned().unwrap_or(Standing::Pending))
+            StartPolicy::new(&self.graph)
+                .next(|n| standings.get(n).cloned().unwrap_or(Standing::Pending))
         };
         for action in actions {
             match action {
@@ -525,7 +549,8 @@ impl Engine {
         let standings = self.standings();
         if self.fatal.is_none()
             && self.ready.is_some()
-            && StartPolicy::new(&self.graph).is_up(|n| standings.get(n).cloned().unwrap_or(Standing::Pending))
+            && StartPolicy::new(&self.graph)
+                .is_up(|n| standings.get(n).cloned().unwrap_or(Standing::Pending))
         {
             self.events.emit(FlowEvent::Up {
                 services: self.slots.len(),
@@ -538,7 +563,10 @@ impl Engine {
     }
 
     fn standings(&self) -> HashMap<String, Standing> {
-        self.slots.iter().map(|s| (s.name.clone(), s.standing())).collect()
+        self.slots
+            .iter()
+            .map(|s| (s.name.clone(), s.standing()))
+            .collect()
     }
 
     /// Init (resolve the environment) and Start (spawn) one service.
@@ -607,7 +635,8 @@ impl Engine {
         }));
 
         if !slot.is_job {
-            let gate = ReadinessGate::for_service(&slot.manifest, &self.ports, process.exit_watch());
+            let gate =
+                ReadinessGate::for_service(&slot.manifest, &self.ports, process.exit_watch());
             let deadline = Instant::now() + self.options.readiness_timeout;
             let backoff = Backoff {
                 initial: self.options.readiness_backoff_initial,
@@ -667,7 +696,11 @@ impl Engine {
             for (endpoint, addr) in &self.slots[p].endpoints {
                 if edge.endpoints.is_empty() || edge.endpoints.contains(endpoint) {
                     env.push((
-                        format!("FLOW_DEP_{}_{}_ADDR", env_key(&edge.producer), env_key(endpoint)),
+                        format!(
+                            "FLOW_DEP_{}_{}_ADDR",
+                            env_key(&edge.producer),
+                            env_key(endpoint)
+                        ),
                         addr.to_string(),
                     ));
                 }
@@ -678,15 +711,17 @@ impl Engine {
             for segment in &value.segments {
                 match segment {
                     EnvSegment::Text(t) => text.push_str(t),
-                    EnvSegment::EndpointRef { service, endpoint } => match self.ports.addr(service, endpoint) {
-                        Some(addr) => text.push_str(&addr.to_string()),
-                        None => tracing::warn!(
-                            consumer = %slot.name,
-                            producer = %service,
-                            endpoint = %endpoint,
-                            "an endpoint reference has no address in this flow"
-                        ),
-                    },
+                    EnvSegment::EndpointRef { service, endpoint } => {
+                        match self.ports.addr(service, endpoint) {
+                            Some(addr) => text.push_str(&addr.to_string()),
+                            None => tracing::warn!(
+                                consumer = %slot.name,
+                                producer = %service,
+                                endpoint = %endpoint,
+                                "an endpoint reference has no address in this flow"
+                            ),
+                        }
+                    }
                 }
             }
             env.push((key.clone(), text));
@@ -696,7 +731,11 @@ impl Engine {
 
     fn handle(&mut self, message: Internal) {
         match message {
-            Internal::Exited { slot, generation, exit } => self.on_exit(slot, generation, exit),
+            Internal::Exited {
+                slot,
+                generation,
+                exit,
+            } => self.on_exit(slot, generation, exit),
             Internal::Readiness {
                 slot,
                 generation,
@@ -770,10 +809,15 @@ impl Engine {
         match slot.tracker.decide(&exit, Instant::now()) {
             RestartDecision::Restart { delay, attempt } => {
                 slot.phase = Phase::Restarting;
-                slot.detail = Some(format!("exited with {exit}; restart #{attempt} in {delay:?}"));
+                slot.detail = Some(format!(
+                    "exited with {exit}; restart #{attempt} in {delay:?}"
+                ));
                 slot.log.write(
                     FLOW_STREAM,
-                    &format!("restart #{attempt} in {}", humantime::format_duration(delay)),
+                    &format!(
+                        "restart #{attempt} in {}",
+                        humantime::format_duration(delay)
+                    ),
                 );
                 self.events.emit(FlowEvent::Restarting {
                     service: slot.name.clone(),
@@ -783,7 +827,12 @@ impl Engine {
                 let tx = self.internal_tx.clone();
                 slot.tasks.push(tokio::spawn(async move {
                     tokio::time::sleep(delay).await;
-                    let _ = tx.send(Internal::RestartDue { slot: i, generation }).await;
+                    let _ = tx
+                        .send(Internal::RestartDue {
+                            slot: i,
+                            generation,
+                        })
+                        .await;
                 }));
             }
             RestartDecision::Finished if slot.is_job => {
@@ -813,9 +862,16 @@ impl Engine {
                         "exhausted its restart budget ({restarts} restarts within {})",
                         humantime::format_duration(window)
                     ),
-                    _ => format!("its restart policy `{}` does not restart it", slot.tracker.spec().policy.as_str()),
+                    _ => format!(
+                        "its restart policy `{}` does not restart it",
+                        slot.tracker.spec().policy.as_str()
+                    ),
                 };
-                let what = if slot.is_job { "exited with" } else { "crashed with" };
+                let what = if slot.is_job {
+                    "exited with"
+                } else {
+                    "crashed with"
+                };
                 slot.phase = Phase::Failed(format!("{what} {exit}"));
                 slot.detail = Some(format!("{what} {exit}; {reason}"));
                 self.events.emit(FlowEvent::Failed {
@@ -862,7 +918,12 @@ impl Engine {
                         .iter()
                         .map(|(n, a)| EndpointRecord {
                             name: n.clone(),
-                            api: s.manifest.endpoint(n).map(|e| e.api.as_str()).unwrap_or("tcp").to_owned(),
+                            api: s
+                                .manifest
+                                .endpoint(n)
+                                .map(|e| e.api.as_str())
+                                .unwrap_or("tcp")
+                                .to_owned(),
                             address: a.to_string(),
                         })
                         .collect(),
@@ -895,7 +956,9 @@ impl Engine {
             .map(|s| s.name.clone())
             .collect();
         let layers = self.graph.teardown_layers(&participants);
-        self.events.emit(FlowEvent::TeardownStarted { layers: layers.len() });
+        self.events.emit(FlowEvent::TeardownStarted {
+            layers: layers.len(),
+        });
         let targets: Vec<Vec<Arc<dyn StopTarget>>> = layers
             .iter()
             .map(|layer| {
@@ -1006,6 +1069,12 @@ fn resolve_program(command: &str, cwd: &Path) -> PathBuf {
 /// `my-api` → `MY_API`.
 pub fn env_key(name: &str) -> String {
     name.chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        })
         .collect()
 }

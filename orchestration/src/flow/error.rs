@@ -14,7 +14,7 @@ use crate::flow::readiness::ReadinessFailure;
 pub struct ManifestError {
     pub file: PathBuf,
     pub service: Option<String>,
-    pub problem: ManifestProblem,
+    pub problem: Box<ManifestProblem>,
 }
 
 impl ManifestError {
@@ -60,7 +60,9 @@ pub enum ManifestProblem {
     RuntimeWithoutEndpoints { producer: String },
     #[error("refers to endpoint `{endpoint}` of `{producer}`, which `{producer}` does not declare")]
     UndeclaredEndpoint { producer: String, endpoint: String },
-    #[error("malformed endpoint reference `{reference}` in env `{key}`: expected ${{endpoint:<service>/<endpoint>}}")]
+    #[error(
+        "malformed endpoint reference `{reference}` in env `{key}`: expected ${{endpoint:<service>/<endpoint>}}"
+    )]
     MalformedReference { key: String, reference: String },
     #[error("port {port} is fixed by both `{first}` and `{second}`")]
     DuplicatePort {
@@ -76,7 +78,9 @@ pub enum ManifestProblem {
         job_consumer: String,
         service_consumer: String,
     },
-    #[error("restart policy `always` would re-run the one-shot job forever; use `on-failure` or `no`")]
+    #[error(
+        "restart policy `always` would re-run the one-shot job forever; use `on-failure` or `no`"
+    )]
     AlwaysRestartedJob,
 }
 
@@ -136,7 +140,10 @@ pub enum FlowError {
     #[error(transparent)]
     Graph(#[from] GraphError),
     #[error("invalid option `{option}`: {reason}")]
-    InvalidOption { option: &'static str, reason: String },
+    InvalidOption {
+        option: &'static str,
+        reason: String,
+    },
     #[error("port {port} for {service}/{endpoint} is not free on 127.0.0.1: {reason}")]
     PortUnavailable {
         service: String,

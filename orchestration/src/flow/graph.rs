@@ -68,7 +68,10 @@ impl DependencyKind {
     pub fn consumes_endpoints(self) -> bool {
         matches!(
             self,
-            DependencyKind::Legacy | DependencyKind::Build | DependencyKind::Schema | DependencyKind::Runtime
+            DependencyKind::Legacy
+                | DependencyKind::Build
+                | DependencyKind::Schema
+                | DependencyKind::Runtime
         )
     }
 
@@ -82,7 +85,9 @@ impl DependencyKind {
         match self {
             DependencyKind::Legacy | DependencyKind::Runtime => Wait::Healthy,
             DependencyKind::Completion => Wait::Completed,
-            DependencyKind::Build | DependencyKind::Schema | DependencyKind::External => Wait::Nothing,
+            DependencyKind::Build | DependencyKind::Schema | DependencyKind::External => {
+                Wait::Nothing
+            }
         }
     }
 }
@@ -247,7 +252,11 @@ impl StageGraph {
     }
 
     fn index(&self) -> HashMap<&str, usize> {
-        self.nodes.iter().enumerate().map(|(i, n)| (n.as_str(), i)).collect()
+        self.nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.as_str(), i))
+            .collect()
     }
 
     /// Fails with the stage and the path of the first cycle found (in declaration order).
@@ -255,7 +264,10 @@ impl StageGraph {
         let index = self.index();
         let mut out: Vec<Vec<usize>> = vec![Vec::new(); self.nodes.len()];
         for e in &self.edges {
-            if let (Some(&c), Some(&p)) = (index.get(e.consumer.as_str()), index.get(e.producer.as_str())) {
+            if let (Some(&c), Some(&p)) = (
+                index.get(e.consumer.as_str()),
+                index.get(e.producer.as_str()),
+            ) {
                 out[c].push(p);
             }
         }
@@ -275,7 +287,10 @@ impl StageGraph {
                 match next {
                     Some(n) if color[n] == 1 => {
                         let from = path.iter().position(|&x| x == n).unwrap_or(0);
-                        let mut names: Vec<String> = path[from..].iter().map(|&i| self.nodes[i].clone()).collect();
+                        let mut names: Vec<String> = path[from..]
+                            .iter()
+                            .map(|&i| self.nodes[i].clone())
+                            .collect();
                         names.push(self.nodes[n].clone());
                         return Err(GraphError::Cycle {
                             stage: self.stage.as_str().to_owned(),
@@ -383,8 +398,16 @@ impl StageGraph {
     /// is stopped once, after all of them. Within a layer, declaration order. Should a cycle
     /// slip through, its members land together in one final layer rather than leak.
     pub fn teardown_layers(&self, participants: &[String]) -> Vec<Vec<String>> {
-        let members: Vec<&String> = self.nodes.iter().filter(|n| participants.contains(n)).collect();
-        let mut extra: Vec<String> = participants.iter().filter(|p| !self.contains(p)).cloned().collect();
+        let members: Vec<&String> = self
+            .nodes
+            .iter()
+            .filter(|n| participants.contains(n))
+            .collect();
+        let mut extra: Vec<String> = participants
+            .iter()
+            .filter(|p| !self.contains(p))
+            .cloned()
+            .collect();
         let mut depth: HashMap<&str, usize> = HashMap::new();
         let mut remaining: Vec<&String> = members.clone();
         let mut layers: Vec<Vec<String>> = Vec::new();
@@ -415,6 +438,9 @@ impl StageGraph {
         layers
     }
 }
+
+/// The ordered stages of a phase, each with its start layers.
+pub type PhaseOrder = Vec<(Stage, Vec<Vec<String>>)>;
 
 /// Both stage graphs of a workspace, plus the edges no stage holds.
 #[derive(Debug, Clone)]
@@ -475,7 +501,9 @@ impl DependencyGraph {
                         .iter_mut()
                         .find(|e| e.consumer == service.name && e.producer == producer)
                     {
-                        if !existing.endpoints.is_empty() && !existing.endpoints.iter().any(|e| e == endpoint) {
+                        if !existing.endpoints.is_empty()
+                            && !existing.endpoints.iter().any(|e| e == endpoint)
+                        {
                             existing.endpoints.push(endpoint.to_owned());
                         }
                         continue;
@@ -529,7 +557,7 @@ impl DependencyGraph {
     }
 
     /// The ordered stages of a phase, each with its start layers.
-    pub fn order_for(&self, phase: Phase) -> Result<Vec<(Stage, Vec<Vec<String>>)>, GraphError> {
+    pub fn order_for(&self, phase: Phase) -> Result<PhaseOrder, GraphError> {
         phase
             .stages()
             .iter()
@@ -538,7 +566,7 @@ impl DependencyGraph {
     }
 
     /// As [`order_for`](Self::order_for), by phase name; an unknown name is an error.
-    pub fn order_for_name(&self, phase: &str) -> Result<Vec<(Stage, Vec<Vec<String>>)>, GraphError> {
+    pub fn order_for_name(&self, phase: &str) -> Result<PhaseOrder, GraphError> {
         self.order_for(phase.parse()?)
     }
 
@@ -547,8 +575,18 @@ impl DependencyGraph {
         Ok(DependencyGraph {
             build: self.build.restrict_to(&[target])?,
             run: self.run.restrict_to(&[target])?,
-            external: self.external.iter().filter(|e| e.consumer == target).cloned().collect(),
-            superseded: self.superseded.iter().filter(|e| e.consumer == target).cloned().collect(),
+            external: self
+                .external
+                .iter()
+                .filter(|e| e.consumer == target)
+                .cloned()
+                .collect(),
+            superseded: self
+                .superseded
+                .iter()
+                .filter(|e| e.consumer == target)
+                .cloned()
+                .collect(),
         })
     }
 
@@ -587,10 +625,17 @@ mod tests {
 
     #[test]
     fn layers_put_independent_services_together_and_producers_first() {
-        let g = graph(&["web", "api", "db", "cache"], &[("web", "api"), ("api", "db"), ("api", "cache")]);
+        let g = graph(
+            &["web", "api", "db", "cache"],
+            &[("web", "api"), ("api", "db"), ("api", "cache")],
+        );
         assert_eq!(
             g.layers().unwrap(),
-            vec![vec!["db".to_string(), "cache".into()], vec!["api".into()], vec!["web".into()]]
+            vec![
+                vec!["db".to_string(), "cache".into()],
+                vec!["api".into()],
+                vec!["web".into()]
+            ]
         );
     }
 
@@ -598,16 +643,29 @@ mod tests {
     fn a_cycle_names_the_stage_and_the_path() {
         let g = graph(&["x", "a", "b"], &[("a", "b"), ("b", "a")]);
         let err = g.verify_acyclic().unwrap_err();
-        assert_eq!(err.to_string(), "run dependencies have a cycle: a -> b -> a");
+        assert_eq!(
+            err.to_string(),
+            "run dependencies have a cycle: a -> b -> a"
+        );
     }
 
     #[test]
     fn a_shared_dependency_is_torn_down_once_after_all_its_consumers() {
-        let g = graph(&["db", "api", "worker", "web"], &[("api", "db"), ("worker", "db"), ("web", "api")]);
-        let all: Vec<String> = ["db", "api", "worker", "web"].iter().map(|s| s.to_string()).collect();
+        let g = graph(
+            &["db", "api", "worker", "web"],
+            &[("api", "db"), ("worker", "db"), ("web", "api")],
+        );
+        let all: Vec<String> = ["db", "api", "worker", "web"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
         assert_eq!(
             g.teardown_layers(&all),
-            vec![vec!["worker".to_string(), "web".into()], vec!["api".into()], vec!["db".into()]]
+            vec![
+                vec!["worker".to_string(), "web".into()],
+                vec!["api".into()],
+                vec!["db".into()]
+            ]
         );
     }
 
@@ -615,6 +673,9 @@ mod tests {
     fn teardown_layers_only_consider_participants() {
         let g = graph(&["db", "api", "web"], &[("api", "db"), ("web", "api")]);
         let some = vec!["db".to_string(), "web".to_string()];
-        assert_eq!(g.teardown_layers(&some), vec![vec!["db".to_string(), "web".into()]]);
+        assert_eq!(
+            g.teardown_layers(&some),
+            vec![vec!["db".to_string(), "web".into()]]
+        );
     }
 }

@@ -186,7 +186,11 @@ mod tests {
             .collect();
         assert_eq!(
             texts,
-            vec![("a", "out", "first"), ("b", "err", "second with  spaces"), ("a", "out", "third")]
+            vec![
+                ("a", "out", "first"),
+                ("b", "err", "second with  spaces"),
+                ("a", "out", "third")
+            ]
         );
     }
 

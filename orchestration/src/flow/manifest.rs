@@ -98,7 +98,9 @@ pub struct EnvValue {
 impl EnvValue {
     pub fn references(&self) -> impl Iterator<Item = (&str, &str)> {
         self.segments.iter().filter_map(|s| match s {
-            EnvSegment::EndpointRef { service, endpoint } => Some((service.as_str(), endpoint.as_str())),
+            EnvSegment::EndpointRef { service, endpoint } => {
+                Some((service.as_str(), endpoint.as_str()))
+            }
             EnvSegment::Text(_) => None,
         })
     }
@@ -179,7 +181,9 @@ impl Workspace {
                     if declared != name {
                         return Err(fctx.invalid(
                             "name",
-                            &format!("is `{declared}` but flow.yaml and the folder name it `{name}`"),
+                            &format!(
+                                "is `{declared}` but flow.yaml and the folder name it `{name}`"
+                            ),
                         ));
                     }
                 }
@@ -274,7 +278,9 @@ impl Workspace {
                 }
                 match dep.kind {
                     DependencyKind::Completion => {
-                        job_consumer.entry(producer.name.as_str()).or_insert(service.name.as_str());
+                        job_consumer
+                            .entry(producer.name.as_str())
+                            .or_insert(service.name.as_str());
                     }
                     DependencyKind::Legacy | DependencyKind::Runtime => {
                         service_consumer
@@ -311,7 +317,10 @@ impl Workspace {
                 continue;
             };
             if let Some(service_by) = service_consumer.get(producer) {
-                let consumer = by_name.get(service_by).copied().unwrap_or(producer_manifest);
+                let consumer = by_name
+                    .get(service_by)
+                    .copied()
+                    .unwrap_or(producer_manifest);
                 return Err(Ctx::service(&consumer.source, &consumer.name).problem(
                     ManifestProblem::JobAndService {
                         producer: (*producer).to_owned(),
@@ -354,7 +363,7 @@ impl Ctx {
         ManifestError {
             file: self.file.clone(),
             service: self.service.clone(),
-            problem,
+            problem: Box::new(problem),
         }
     }
 
@@ -379,7 +388,12 @@ impl Ctx {
         }
     }
 
-    fn check_keys(&self, map: &Mapping, allowed: &[&str], context: &str) -> Result<(), ManifestError> {
+    fn check_keys(
+        &self,
+        map: &Mapping,
+        allowed: &[&str],
+        context: &str,
+    ) -> Result<(), ManifestError> {
         for key in map.keys() {
             let name = match key {
                 Value::String(s) => s.clone(),
@@ -410,8 +424,12 @@ impl Ctx {
 
     fn duration(&self, value: &Value, key: &str) -> Result<Duration, ManifestError> {
         let text = self.scalar(value, key)?;
-        humantime::parse_duration(&text)
-            .map_err(|e| self.invalid(key, &format!("`{text}` is not a duration like 500ms, 10s or 1m ({e})")))
+        humantime::parse_duration(&text).map_err(|e| {
+            self.invalid(
+                key,
+                &format!("`{text}` is not a duration like 500ms, 10s or 1m ({e})"),
+            )
+        })
     }
 }
 
@@ -427,7 +445,8 @@ fn scalar_text(value: &Value) -> Option<String> {
 fn read_yaml(path: &Path) -> Result<Value, ManifestError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| Ctx::file(path).problem(ManifestProblem::Unreadable(e.to_string())))?;
-    serde_yaml::from_str(&text).map_err(|e| Ctx::file(path).problem(ManifestProblem::Syntax(e.to_string())))
+    serde_yaml::from_str(&text)
+        .map_err(|e| Ctx::file(path).problem(ManifestProblem::Syntax(e.to_string())))
 }
 
 fn read_yaml_for(path: &Path, service: &str) -> Result<Value, ManifestError> {
@@ -453,16 +472,26 @@ fn validate_name(ctx: &Ctx, key: &str, name: &str) -> Result<(), ManifestError> 
 
 fn validate_env_key(ctx: &Ctx, key: &str) -> Result<(), ManifestError> {
     let mut chars = key.chars();
-    let valid_first = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+    let valid_first = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
     let valid_rest = chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
     if valid_first && valid_rest {
         Ok(())
     } else {
-        Err(ctx.invalid("env", &format!("`{key}` is not a valid environment variable name")))
+        Err(ctx.invalid(
+            "env",
+            &format!("`{key}` is not a valid environment variable name"),
+        ))
     }
 }
 
-fn parse_service(ctx: &Ctx, map: &Mapping, name: &str, base: &Path) -> Result<ServiceManifest, ManifestError> {
+fn parse_service(
+    ctx: &Ctx,
+    map: &Mapping,
+    name: &str,
+    base: &Path,
+) -> Result<ServiceManifest, ManifestError> {
     ctx.check_keys(map, SERVICE_KEYS, "the service manifest")?;
     let command = match map.get("command") {
         Some(v) => ctx.scalar(v, "command")?,
@@ -500,7 +529,11 @@ fn parse_service(ctx: &Ctx, map: &Mapping, name: &str, base: &Path) -> Result<Se
         Some(v) => {
             let text = ctx.string(v, "cwd")?;
             let path = PathBuf::from(&text);
-            if path.is_absolute() { path } else { base.join(path) }
+            if path.is_absolute() {
+                path
+            } else {
+                base.join(path)
+            }
         }
     };
 
@@ -534,7 +567,9 @@ fn parse_service(ctx: &Ctx, map: &Mapping, name: &str, base: &Path) -> Result<Se
                 ctx.check_keys(m, DEPENDENCY_KEYS, &context)?;
                 let dep = parse_dependency(ctx, m, &context)?;
                 if dependencies.iter().any(|d| d.name == dep.name) {
-                    return Err(ctx.problem(ManifestProblem::DuplicateDependency { producer: dep.name }));
+                    return Err(
+                        ctx.problem(ManifestProblem::DuplicateDependency { producer: dep.name })
+                    );
                 }
                 dependencies.push(dep);
             }
@@ -604,13 +639,18 @@ fn parse_endpoint(ctx: &Ctx, m: &Mapping, context: &str) -> Result<Endpoint, Man
             if api != Api::Http {
                 return Err(ctx.invalid(
                     "endpoints.health",
-                    &format!("endpoint `{name}` speaks {}; a health path is only for http", api.as_str()),
+                    &format!(
+                        "endpoint `{name}` speaks {}; a health path is only for http",
+                        api.as_str()
+                    ),
                 ));
             }
             if !path.starts_with('/') {
                 return Err(ctx.invalid(
                     "endpoints.health",
-                    &format!("`{path}` on endpoint `{name}` must be an absolute path starting with `/`"),
+                    &format!(
+                        "`{path}` on endpoint `{name}` must be an absolute path starting with `/`"
+                    ),
                 ));
             }
             Some(path)
@@ -670,7 +710,11 @@ fn parse_dependency(ctx: &Ctx, m: &Mapping, context: &str) -> Result<Dependency,
         }
         Some(_) => return Err(ctx.invalid("dependencies.endpoints", "must be a list")),
     };
-    Ok(Dependency { name, kind, endpoints })
+    Ok(Dependency {
+        name,
+        kind,
+        endpoints,
+    })
 }
 
 fn parse_restart(ctx: &Ctx, m: &Mapping) -> Result<RestartSpec, ManifestError> {
@@ -694,10 +738,13 @@ fn parse_restart(ctx: &Ctx, m: &Mapping) -> Result<RestartSpec, ManifestError> {
     }
     if let Some(v) = m.get("max_restarts") {
         spec.max_restarts = match v {
-            Value::Number(n) => n
-                .as_u64()
-                .and_then(|x| u32::try_from(x).ok())
-                .ok_or_else(|| ctx.invalid("restart.max_restarts", "must be a non-negative integer"))?,
+            Value::Number(n) => {
+                n.as_u64()
+                    .and_then(|x| u32::try_from(x).ok())
+                    .ok_or_else(|| {
+                        ctx.invalid("restart.max_restarts", "must be a non-negative integer")
+                    })?
+            }
             _ => return Err(ctx.invalid("restart.max_restarts", "must be a non-negative integer")),
         };
     }
@@ -714,7 +761,10 @@ fn parse_restart(ctx: &Ctx, m: &Mapping) -> Result<RestartSpec, ManifestError> {
         spec.max_backoff = ctx.duration(v, "restart.max_backoff")?;
     }
     if spec.max_backoff < spec.backoff {
-        return Err(ctx.invalid("restart.max_backoff", "must not be shorter than restart.backoff"));
+        return Err(ctx.invalid(
+            "restart.max_backoff",
+            "must not be shorter than restart.backoff",
+        ));
     }
     Ok(spec)
 }
@@ -744,7 +794,9 @@ fn parse_env_value(ctx: &Ctx, key: &str, text: &str) -> Result<EnvValue, Manifes
             return Err(malformed(reference));
         };
         let well_formed = |s: &str| {
-            !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            !s.is_empty()
+                && s.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
         };
         if !well_formed(service) || !well_formed(endpoint) {
             return Err(malformed(reference));

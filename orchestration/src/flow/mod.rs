@@ -22,7 +22,6 @@ pub mod status;
 pub mod teardown;
 
 pub use down::{DownAction, DownReport, down};
-pub use status::{FlowStatus, RecordedService, status};
 pub use engine::{Flow, FlowEnd, FlowEndReason, RunningFlow, Selection, ServiceStatus, UpFailure};
 pub use error::{FlowError, GraphError, ManifestError, ManifestProblem};
 pub use events::{EventSink, FlowEvent, OutputStream};
@@ -31,4 +30,5 @@ pub use manifest::{Api, Dependency, Endpoint, ServiceManifest, Workspace};
 pub use options::FlowOptions;
 pub use readiness::{Predicate, ReadinessFailure};
 pub use restart::{RestartPolicy, RestartSpec};
+pub use status::{FlowStatus, RecordedService, status};
 pub use teardown::{Receipt, StopOutcome, TeardownReport};

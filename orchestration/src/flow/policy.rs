@@ -116,7 +116,10 @@ mod tests {
     }
 
     fn standings(pairs: &[(&str, Standing)]) -> impl Fn(&str) -> Standing {
-        let map: HashMap<String, Standing> = pairs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+        let map: HashMap<String, Standing> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
         move |s: &str| map.get(s).cloned().unwrap_or(Standing::Pending)
     }
 
@@ -124,7 +127,10 @@ mod tests {
     fn independent_services_of_one_layer_are_started_together() {
         let g = graph(
             &["db", "cache", "api"],
-            &[("api", "db", DependencyKind::Runtime), ("api", "cache", DependencyKind::Legacy)],
+            &[
+                ("api", "db", DependencyKind::Runtime),
+                ("api", "cache", DependencyKind::Legacy),
+            ],
         );
         let p = StartPolicy::new(&g);
         assert_eq!(
@@ -132,18 +138,27 @@ mod tests {
             vec![Action::Start("db".into()), Action::Start("cache".into())]
         );
         assert_eq!(
-            p.next(standings(&[("db", Standing::Healthy), ("cache", Standing::Starting)])),
+            p.next(standings(&[
+                ("db", Standing::Healthy),
+                ("cache", Standing::Starting)
+            ])),
             vec![]
         );
         assert_eq!(
-            p.next(standings(&[("db", Standing::Healthy), ("cache", Standing::Healthy)])),
+            p.next(standings(&[
+                ("db", Standing::Healthy),
+                ("cache", Standing::Healthy)
+            ])),
             vec![Action::Start("api".into())]
         );
     }
 
     #[test]
     fn a_completion_dependency_waits_for_completion_not_health() {
-        let g = graph(&["migrate", "api"], &[("api", "migrate", DependencyKind::Completion)]);
+        let g = graph(
+            &["migrate", "api"],
+            &[("api", "migrate", DependencyKind::Completion)],
+        );
         let p = StartPolicy::new(&g);
         assert_eq!(p.next(standings(&[("migrate", Standing::Healthy)])), vec![]);
         assert_eq!(
@@ -154,9 +169,15 @@ mod tests {
 
     #[test]
     fn a_failed_job_blocks_its_consumers_with_its_reason() {
-        let g = graph(&["migrate", "api"], &[("api", "migrate", DependencyKind::Completion)]);
+        let g = graph(
+            &["migrate", "api"],
+            &[("api", "migrate", DependencyKind::Completion)],
+        );
         let p = StartPolicy::new(&g);
-        let actions = p.next(standings(&[("migrate", Standing::Failed("exited with status 3".into()))]));
+        let actions = p.next(standings(&[(
+            "migrate",
+            Standing::Failed("exited with status 3".into()),
+        )]));
         assert_eq!(
             actions,
             vec![Action::Block {
@@ -168,9 +189,18 @@ mod tests {
 
     #[test]
     fn the_flow_is_up_when_everything_is_healthy_or_completed() {
-        let g = graph(&["migrate", "api"], &[("api", "migrate", DependencyKind::Completion)]);
+        let g = graph(
+            &["migrate", "api"],
+            &[("api", "migrate", DependencyKind::Completion)],
+        );
         let p = StartPolicy::new(&g);
-        assert!(!p.is_up(standings(&[("migrate", Standing::Completed), ("api", Standing::Starting)])));
-        assert!(p.is_up(standings(&[("migrate", Standing::Completed), ("api", Standing::Healthy)])));
+        assert!(!p.is_up(standings(&[
+            ("migrate", Standing::Completed),
+            ("api", Standing::Starting)
+        ])));
+        assert!(p.is_up(standings(&[
+            ("migrate", Standing::Completed),
+            ("api", Standing::Healthy)
+        ])));
     }
 }

@@ -21,15 +21,20 @@ pub struct PortMap {
 
 impl PortMap {
     pub fn port(&self, service: &str, endpoint: &str) -> Option<u16> {
-        self.ports.get(&(service.to_owned(), endpoint.to_owned())).copied()
+        self.ports
+            .get(&(service.to_owned(), endpoint.to_owned()))
+            .copied()
     }
 
     pub fn addr(&self, service: &str, endpoint: &str) -> Option<SocketAddr> {
-        self.port(service, endpoint).map(|p| SocketAddr::from((LOOPBACK, p)))
+        self.port(service, endpoint)
+            .map(|p| SocketAddr::from((LOOPBACK, p)))
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&str, &str, u16)> {
-        self.ports.iter().map(|((s, e), p)| (s.as_str(), e.as_str(), *p))
+        self.ports
+            .iter()
+            .map(|((s, e), p)| (s.as_str(), e.as_str(), *p))
     }
 }
 
@@ -42,14 +47,17 @@ pub fn allocate(workspace: &Workspace, services: &[String]) -> Result<PortMap, F
     for service in selected() {
         for endpoint in &service.endpoints {
             if let Some(port) = endpoint.port {
-                let probe = TcpListener::bind((LOOPBACK, port)).map_err(|e| FlowError::PortUnavailable {
-                    service: service.name.clone(),
-                    endpoint: endpoint.name.clone(),
-                    port,
-                    reason: e.to_string(),
+                let probe = TcpListener::bind((LOOPBACK, port)).map_err(|e| {
+                    FlowError::PortUnavailable {
+                        service: service.name.clone(),
+                        endpoint: endpoint.name.clone(),
+                        port,
+                        reason: e.to_string(),
+                    }
                 })?;
                 drop(probe);
-                map.ports.insert((service.name.clone(), endpoint.name.clone()), port);
+                map.ports
+                    .insert((service.name.clone(), endpoint.name.clone()), port);
             }
         }
     }
@@ -63,8 +71,12 @@ pub fn allocate(workspace: &Workspace, services: &[String]) -> Result<PortMap, F
                 reason,
             };
             let port = loop {
-                let listener = TcpListener::bind((LOOPBACK, 0)).map_err(|e| failure(e.to_string()))?;
-                let port = listener.local_addr().map_err(|e| failure(e.to_string()))?.port();
+                let listener =
+                    TcpListener::bind((LOOPBACK, 0)).map_err(|e| failure(e.to_string()))?;
+                let port = listener
+                    .local_addr()
+                    .map_err(|e| failure(e.to_string()))?
+                    .port();
                 held.push(listener);
                 if !fixed.contains(&port) {
                     break port;
@@ -73,7 +85,8 @@ pub fn allocate(workspace: &Workspace, services: &[String]) -> Result<PortMap, F
                     return Err(failure("the kernel keeps offering fixed ports".into()));
                 }
             };
-            map.ports.insert((service.name.clone(), endpoint.name.clone()), port);
+            map.ports
+                .insert((service.name.clone(), endpoint.name.clone()), port);
         }
     }
     drop(held);

@@ -79,7 +79,11 @@ pub struct ServiceProcess {
 impl ServiceProcess {
     /// Spawns the process as the leader of a new process group. Must be called inside a
     /// tokio runtime (the output pipes register with it).
-    pub fn spawn(spec: &SpawnSpec, log: Arc<LogWriter>, events: &EventSink) -> Result<ServiceProcess, FlowError> {
+    pub fn spawn(
+        spec: &SpawnSpec,
+        log: Arc<LogWriter>,
+        events: &EventSink,
+    ) -> Result<ServiceProcess, FlowError> {
         let spawn_error = |reason: String| FlowError::Spawn {
             service: spec.service.clone(),
             command: spec.program.display().to_string(),
@@ -115,15 +119,26 @@ impl ServiceProcess {
                 }
             }
         };
-        let identity = StartIdentity { pgid: pid, ..identity };
+        let identity = StartIdentity {
+            pgid: pid,
+            ..identity
+        };
 
         let (exit_tx, exit_rx) = watch::channel(None);
         std::thread::Builder::new()
             .name(format!("flow-wait-{pid}"))
             .spawn(move || {
                 let status = loop {
-                    match waitid(Id::Pid(Pid::from_raw(pid)), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT) {
-                        Ok(WaitStatus::Exited(_, code)) => break ExitInfo { code: Some(code), signal: None },
+                    match waitid(
+                        Id::Pid(Pid::from_raw(pid)),
+                        WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT,
+                    ) {
+                        Ok(WaitStatus::Exited(_, code)) => {
+                            break ExitInfo {
+                                code: Some(code),
+                                signal: None,
+                            };
+                        }
                         Ok(WaitStatus::Signaled(_, sig, _)) => {
                             break ExitInfo {
                                 code: None,
@@ -132,7 +147,12 @@ impl ServiceProcess {
                         }
                         Ok(_) => continue,
                         Err(nix::errno::Errno::EINTR) => continue,
-                        Err(_) => break ExitInfo { code: None, signal: None },
+                        Err(_) => {
+                            break ExitInfo {
+                                code: None,
+                                signal: None,
+                            };
+                        }
                     }
                 };
                 let _ = exit_tx.send(Some(status));
@@ -140,7 +160,10 @@ impl ServiceProcess {
             .map_err(|e| spawn_error(format!("cannot start the exit watcher: {e}")))?;
 
         let tail = Arc::new(Mutex::new(VecDeque::with_capacity(spec.tail_lines)));
-        log.write(FLOW_STREAM, &format!("started pid {pid} (process group {pid})"));
+        log.write(
+            FLOW_STREAM,
+            &format!("started pid {pid} (process group {pid})"),
+        );
         let pumps: [(Option<Box<dyn AsyncRead + Send + Unpin>>, OutputStream); 2] = [
             (
                 stdout
@@ -213,7 +236,10 @@ impl ServiceProcess {
                 return exit;
             }
             if rx.changed().await.is_err() {
-                return (*rx.borrow()).unwrap_or(ExitInfo { code: None, signal: None });
+                return (*rx.borrow()).unwrap_or(ExitInfo {
+                    code: None,
+                    signal: None,
+                });
             }
         }
     }
@@ -224,7 +250,10 @@ impl ServiceProcess {
 
     /// The last output lines, oldest first.
     pub fn tail(&self) -> Vec<String> {
-        self.tail.lock().map(|t| t.iter().cloned().collect()).unwrap_or_default()
+        self.tail
+            .lock()
+            .map(|t| t.iter().cloned().collect())
+            .unwrap_or_default()
     }
 
     pub fn is_reaped(&self) -> bool {
@@ -234,13 +263,20 @@ impl ServiceProcess {
     /// Signals every member of the process group. Refused once the leader has been reaped,
     /// because the group number is then no longer ours to use.
     pub fn signal_group(&self, signal: Signal) -> Result<(), String> {
-        let reaped = self.reaped.lock().map_err(|_| "the process record is poisoned".to_owned())?;
+        let reaped = self
+            .reaped
+            .lock()
+            .map_err(|_| "the process record is poisoned".to_owned())?;
         if *reaped {
             return Err(format!("process group {} was already reaped", self.pgid()));
         }
         match killpg(Pid::from_raw(self.pgid()), signal) {
             Ok(()) | Err(nix::errno::Errno::ESRCH) => Ok(()),
-            Err(e) => Err(format!("cannot send {} to process group {}: {e}", signal.as_str(), self.pgid())),
+            Err(e) => Err(format!(
+                "cannot send {} to process group {}: {e}",
+                signal.as_str(),
+                self.pgid()
+            )),
         }
     }
 
@@ -249,7 +285,9 @@ impl ServiceProcess {
         if self.is_reaped() {
             return false;
         }
-        procfs::live_members(self.pgid()).map(|m| !m.is_empty()).unwrap_or(true)
+        procfs::live_members(self.pgid())
+            .map(|m| !m.is_empty())
+            .unwrap_or(true)
     }
 
     /// After the leader exited on its own: asks whatever is left in its group to stop
@@ -264,9 +302,14 @@ impl ServiceProcess {
         if self.group_alive() {
             tracing::debug!(service = %self.service, pgid = self.pgid(), "stopping what the exited leader left in its group");
             let _ = self.signal_group(Signal::SIGTERM);
-            if !self.wait_group_empty(tokio::time::Instant::now() + grace).await {
+            if !self
+                .wait_group_empty(tokio::time::Instant::now() + grace)
+                .await
+            {
                 let _ = self.signal_group(Signal::SIGKILL);
-                emptied = self.wait_group_empty(tokio::time::Instant::now() + grace).await;
+                emptied = self
+                    .wait_group_empty(tokio::time::Instant::now() + grace)
+                    .await;
             }
         }
         if emptied {
@@ -297,15 +340,23 @@ impl ServiceProcess {
         if *reaped {
             return Some(exit);
         }
-        if procfs::live_members(self.pgid()).map(|m| !m.is_empty()).unwrap_or(true) {
+        if procfs::live_members(self.pgid())
+            .map(|m| !m.is_empty())
+            .unwrap_or(true)
+        {
             return None;
         }
         match waitpid(Pid::from_raw(self.pid()), None) {
             Ok(_) | Err(nix::errno::Errno::ECHILD) => {}
-            Err(e) => tracing::warn!(service = %self.service, pid = self.pid(), error = %e, "cannot reap"),
+            Err(e) => {
+                tracing::warn!(service = %self.service, pid = self.pid(), error = %e, "cannot reap")
+            }
         }
         *reaped = true;
-        self.log.write(FLOW_STREAM, &format!("pid {} exited with {exit}", self.pid()));
+        self.log.write(
+            FLOW_STREAM,
+            &format!("pid {} exited with {exit}", self.pid()),
+        );
         Some(exit)
     }
 }

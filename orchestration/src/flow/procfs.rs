@@ -56,9 +56,12 @@ fn parse_stat(text: &str) -> Option<ProcStat> {
 /// Reads `/proc/<pid>/stat`; `Ok(None)` when no such process exists.
 pub fn stat(pid: i32) -> io::Result<Option<ProcStat>> {
     match fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(text) => parse_stat(&text)
-            .map(Some)
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("unreadable /proc/{pid}/stat"))),
+        Ok(text) => parse_stat(&text).map(Some).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("unreadable /proc/{pid}/stat"),
+            )
+        }),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) if e.raw_os_error() == Some(nix::libc::ESRCH) => Ok(None),
         Err(e) => Err(e),
@@ -67,12 +70,15 @@ pub fn stat(pid: i32) -> io::Result<Option<ProcStat>> {
 
 /// This boot's id.
 pub fn boot_id() -> io::Result<String> {
-    Ok(fs::read_to_string("/proc/sys/kernel/random/boot_id")?.trim().to_owned())
+    Ok(fs::read_to_string("/proc/sys/kernel/random/boot_id")?
+        .trim()
+        .to_owned())
 }
 
 /// The start identity of a live process.
 pub fn identity(pid: i32) -> io::Result<StartIdentity> {
-    let stat = stat(pid)?.ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no process {pid}")))?;
+    let stat = stat(pid)?
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no process {pid}")))?;
     Ok(StartIdentity {
         pid,
         pgid: stat.pgrp,
@@ -157,7 +163,8 @@ mod tests {
 
     #[test]
     fn a_command_name_with_spaces_and_parentheses_is_parsed_from_the_last_parenthesis() {
-        let line = "4242 (a (weird) name) S 1 4240 4240 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 987654 1 2";
+        let line =
+            "4242 (a (weird) name) S 1 4240 4240 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 987654 1 2";
         let s = parse_stat(line).unwrap();
         assert_eq!(s.pid, 4242);
         assert_eq!(s.state, 'S');

@@ -17,9 +17,9 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::Instant;
+use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
-use tonic_health::pb::HealthCheckRequest;
 
 use crate::flow::manifest::{Api, ServiceManifest};
 use crate::flow::ports::PortMap;
@@ -89,7 +89,10 @@ impl Probe {
     pub async fn run(&self, timeout: Duration) -> Result<(), String> {
         match tokio::time::timeout(timeout, self.run_unbounded(timeout)).await {
             Ok(result) => result,
-            Err(_) => Err(format!("no answer within {}", humantime::format_duration(timeout))),
+            Err(_) => Err(format!(
+                "no answer within {}",
+                humantime::format_duration(timeout)
+            )),
         }
     }
 
@@ -106,7 +109,9 @@ impl Probe {
 }
 
 async fn http_request(addr: SocketAddr, path: &str, method: Method) -> Result<StatusCode, String> {
-    let stream = TcpStream::connect(addr).await.map_err(|e| format!("connect {addr}: {e}"))?;
+    let stream = TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connect {addr}: {e}"))?;
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .map_err(|e| format!("HTTP handshake with {addr}: {e}"))?;
@@ -184,8 +189,12 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
+        let part = s.to_string();
+        // Layered errors often repeat their source's text; say each part once.
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
         source = s.source();
     }
     text
@@ -248,7 +257,12 @@ impl ReadinessGate {
         }
     }
 
-    fn failure(&self, endpoint: Option<String>, predicate: Predicate, last_error: String) -> ReadinessFailure {
+    fn failure(
+        &self,
+        endpoint: Option<String>,
+        predicate: Predicate,
+        last_error: String,
+    ) -> ReadinessFailure {
         ReadinessFailure {
             service: self.service.clone(),
             endpoint,
@@ -273,7 +287,11 @@ impl ReadinessGate {
         }
         for requirement in &self.endpoints {
             if let Err(e) = requirement.probe.run(probe_timeout).await {
-                return Err(self.failure(requirement.endpoint.clone(), requirement.probe.predicate(), e));
+                return Err(self.failure(
+                    requirement.endpoint.clone(),
+                    requirement.probe.predicate(),
+                    e,
+                ));
             }
         }
         // A process that died during the probes is not ready, whatever the probes saw.
@@ -345,9 +363,17 @@ mod tests {
     async fn a_service_without_endpoints_is_ready_while_alive_and_after_a_clean_exit() {
         let (tx, gate) = gate_with(vec![]);
         gate.check_once(Duration::from_secs(1)).await.unwrap();
-        tx.send(Some(ExitInfo { code: Some(0), signal: None })).unwrap();
+        tx.send(Some(ExitInfo {
+            code: Some(0),
+            signal: None,
+        }))
+        .unwrap();
         gate.check_once(Duration::from_secs(1)).await.unwrap();
-        tx.send(Some(ExitInfo { code: Some(2), signal: None })).unwrap();
+        tx.send(Some(ExitInfo {
+            code: Some(2),
+            signal: None,
+        }))
+        .unwrap();
         let f = gate.check_once(Duration::from_secs(1)).await.unwrap_err();
         assert_eq!(f.predicate, Predicate::Runner);
         assert!(f.last_error.contains("status 2"), "{f}");
@@ -379,7 +405,12 @@ mod tests {
             .unwrap_err();
         assert_eq!(failure.predicate, Predicate::TcpConnect);
         assert_eq!(failure.endpoint.as_deref(), Some("api"));
-        assert!(failure.to_string().starts_with("svc/api: tcp-connect failed: connect"), "{failure}");
+        assert!(
+            failure
+                .to_string()
+                .starts_with("svc/api: tcp-connect failed: connect"),
+            "{failure}"
+        );
         // 0, .15, .45, 1.05, 2.25, 4.65, then clamped to the deadline at 6: seven rounds.
         assert_eq!(rounds, 7);
         assert!(Instant::now() >= start + Duration::from_secs(6));

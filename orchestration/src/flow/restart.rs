@@ -146,11 +146,17 @@ mod tests {
     use super::*;
 
     fn failure() -> ExitInfo {
-        ExitInfo { code: Some(1), signal: None }
+        ExitInfo {
+            code: Some(1),
+            signal: None,
+        }
     }
 
     fn success() -> ExitInfo {
-        ExitInfo { code: Some(0), signal: None }
+        ExitInfo {
+            code: Some(0),
+            signal: None,
+        }
     }
 
     fn spec(policy: RestartPolicy) -> RestartSpec {
@@ -166,21 +172,36 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn policy_no_never_restarts_and_tells_success_from_failure() {
         let mut t = RestartTracker::new(spec(RestartPolicy::No));
-        assert_eq!(t.decide(&failure(), Instant::now()), RestartDecision::Forbidden);
-        assert_eq!(t.decide(&success(), Instant::now()), RestartDecision::Finished);
+        assert_eq!(
+            t.decide(&failure(), Instant::now()),
+            RestartDecision::Forbidden
+        );
+        assert_eq!(
+            t.decide(&success(), Instant::now()),
+            RestartDecision::Finished
+        );
     }
 
     #[tokio::test(start_paused = true)]
     async fn on_failure_restarts_failures_only() {
         let mut t = RestartTracker::new(spec(RestartPolicy::OnFailure));
-        assert_eq!(t.decide(&success(), Instant::now()), RestartDecision::Finished);
-        assert!(matches!(t.decide(&failure(), Instant::now()), RestartDecision::Restart { .. }));
+        assert_eq!(
+            t.decide(&success(), Instant::now()),
+            RestartDecision::Finished
+        );
+        assert!(matches!(
+            t.decide(&failure(), Instant::now()),
+            RestartDecision::Restart { .. }
+        ));
     }
 
     #[tokio::test(start_paused = true)]
     async fn always_restarts_a_clean_exit_too() {
         let mut t = RestartTracker::new(spec(RestartPolicy::Always));
-        assert!(matches!(t.decide(&success(), Instant::now()), RestartDecision::Restart { .. }));
+        assert!(matches!(
+            t.decide(&success(), Instant::now()),
+            RestartDecision::Restart { .. }
+        ));
     }
 
     #[tokio::test(start_paused = true)]
@@ -188,17 +209,26 @@ mod tests {
         let mut t = RestartTracker::new(spec(RestartPolicy::OnFailure));
         assert_eq!(
             t.decide(&failure(), Instant::now()),
-            RestartDecision::Restart { delay: Duration::from_millis(100), attempt: 1 }
+            RestartDecision::Restart {
+                delay: Duration::from_millis(100),
+                attempt: 1
+            }
         );
         tokio::time::advance(Duration::from_secs(1)).await;
         assert_eq!(
             t.decide(&failure(), Instant::now()),
-            RestartDecision::Restart { delay: Duration::from_millis(150), attempt: 2 }
+            RestartDecision::Restart {
+                delay: Duration::from_millis(150),
+                attempt: 2
+            }
         );
         tokio::time::advance(Duration::from_secs(1)).await;
         assert_eq!(
             t.decide(&failure(), Instant::now()),
-            RestartDecision::BudgetExhausted { restarts: 2, window: Duration::from_secs(10) }
+            RestartDecision::BudgetExhausted {
+                restarts: 2,
+                window: Duration::from_secs(10)
+            }
         );
         assert_eq!(t.total(), 2);
     }
@@ -206,12 +236,21 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn restarts_older_than_the_window_no_longer_count() {
         let mut t = RestartTracker::new(spec(RestartPolicy::OnFailure));
-        assert!(matches!(t.decide(&failure(), Instant::now()), RestartDecision::Restart { .. }));
-        assert!(matches!(t.decide(&failure(), Instant::now()), RestartDecision::Restart { .. }));
+        assert!(matches!(
+            t.decide(&failure(), Instant::now()),
+            RestartDecision::Restart { .. }
+        ));
+        assert!(matches!(
+            t.decide(&failure(), Instant::now()),
+            RestartDecision::Restart { .. }
+        ));
         tokio::time::advance(Duration::from_secs(10)).await;
         assert_eq!(
             t.decide(&failure(), Instant::now()),
-            RestartDecision::Restart { delay: Duration::from_millis(100), attempt: 1 }
+            RestartDecision::Restart {
+                delay: Duration::from_millis(100),
+                attempt: 1
+            }
         );
     }
 

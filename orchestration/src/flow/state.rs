@@ -101,7 +101,10 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     fs::rename(&tmp, path)
 }
 
-fn read_json<T: serde::de::DeserializeOwned>(paths: &StatePaths, path: &Path) -> Result<Option<T>, FlowError> {
+fn read_json<T: serde::de::DeserializeOwned>(
+    paths: &StatePaths,
+    path: &Path,
+) -> Result<Option<T>, FlowError> {
     match fs::read(path) {
         Ok(bytes) => serde_json::from_slice(&bytes)
             .map(Some)
@@ -140,7 +143,8 @@ pub fn remove_state(paths: &StatePaths) -> Result<(), FlowError> {
 
 pub fn write_receipts(paths: &StatePaths, report: &TeardownReport) -> Result<(), FlowError> {
     fs::create_dir_all(&paths.dir).map_err(|e| paths.error(&paths.dir, e))?;
-    let bytes = serde_json::to_vec_pretty(report).map_err(|e| paths.error(&paths.receipts_file, e))?;
+    let bytes =
+        serde_json::to_vec_pretty(report).map_err(|e| paths.error(&paths.receipts_file, e))?;
     write_atomic(&paths.receipts_file, &bytes).map_err(|e| paths.error(&paths.receipts_file, e))
 }
 

@@ -39,7 +39,9 @@ pub fn status(root: &Path) -> Result<Option<FlowStatus>, FlowError> {
     let Some(recorded) = state::read_state(&paths)? else {
         return Ok(None);
     };
-    let proven = |identity: &procfs::StartIdentity| matches!(procfs::prove(identity), Ok(Ownership::Proven { .. }));
+    let proven = |identity: &procfs::StartIdentity| {
+        matches!(procfs::prove(identity), Ok(Ownership::Proven { .. }))
+    };
     let supervisor_alive = proven(&recorded.supervisor);
     let services = recorded
         .services
@@ -49,9 +51,21 @@ pub fn status(root: &Path) -> Result<Option<FlowStatus>, FlowError> {
             let running_state = matches!(s.state.as_str(), "starting" | "running" | "stopping");
             RecordedService {
                 name: s.name.clone(),
-                state: if running_state && !alive { "gone".into() } else { s.state.clone() },
-                pid: if alive { s.process.as_ref().map(|p| p.pid) } else { None },
-                endpoints: s.endpoints.iter().map(|e| (e.name.clone(), e.address.clone())).collect(),
+                state: if running_state && !alive {
+                    "gone".into()
+                } else {
+                    s.state.clone()
+                },
+                pid: if alive {
+                    s.process.as_ref().map(|p| p.pid)
+                } else {
+                    None
+                },
+                endpoints: s
+                    .endpoints
+                    .iter()
+                    .map(|e| (e.name.clone(), e.address.clone()))
+                    .collect(),
                 restarts: s.restarts,
                 detail: s.detail.clone(),
             }

@@ -65,7 +65,9 @@ impl TeardownReport {
 
     /// Whether every service stopped cleanly.
     pub fn all_stopped(&self) -> bool {
-        self.receipts.iter().all(|r| r.outcome == StopOutcome::Stopped)
+        self.receipts
+            .iter()
+            .all(|r| r.outcome == StopOutcome::Stopped)
     }
 }
 
@@ -108,7 +110,12 @@ pub async fn teardown(
     };
     for (index, layer) in layers.into_iter().enumerate() {
         let deadline = Instant::now() + budget.per_layer;
-        let receipts = join_all(layer.iter().map(|t| stop_one(t.as_ref(), index, deadline, budget))).await;
+        let receipts = join_all(
+            layer
+                .iter()
+                .map(|t| stop_one(t.as_ref(), index, deadline, budget)),
+        )
+        .await;
         for r in receipts {
             on_receipt(&r);
             report.receipts.push(r);
@@ -117,7 +124,12 @@ pub async fn teardown(
     report
 }
 
-async fn stop_one(target: &dyn StopTarget, layer: usize, deadline: Instant, budget: TeardownBudget) -> Receipt {
+async fn stop_one(
+    target: &dyn StopTarget,
+    layer: usize,
+    deadline: Instant,
+    budget: TeardownBudget,
+) -> Receipt {
     let started = Instant::now();
     let receipt = |outcome: StopOutcome, detail: String| Receipt {
         service: target.name().to_owned(),
@@ -131,7 +143,10 @@ async fn stop_one(target: &dyn StopTarget, layer: usize, deadline: Instant, budg
         Ok(Signalled::NothingLeft(why)) => return receipt(StopOutcome::Stopped, why),
         Ok(Signalled::Sent) => {}
     }
-    if tokio::time::timeout_at(deadline, target.gone()).await.is_ok() {
+    if tokio::time::timeout_at(deadline, target.gone())
+        .await
+        .is_ok()
+    {
         return receipt(StopOutcome::Stopped, "exited after SIGTERM".into());
     }
     let budget_text = humantime::format_duration(budget.per_layer);
@@ -145,7 +160,10 @@ async fn stop_one(target: &dyn StopTarget, layer: usize, deadline: Instant, budg
             format!("outlived the {budget_text} budget, exited just before SIGKILL"),
         ),
         Ok(Signalled::Sent) => {
-            if tokio::time::timeout(budget.kill_grace, target.gone()).await.is_ok() {
+            if tokio::time::timeout(budget.kill_grace, target.gone())
+                .await
+                .is_ok()
+            {
                 receipt(
                     StopOutcome::TimedOut,
                     format!("still running {budget_text} after SIGTERM; killed with SIGKILL"),
@@ -178,7 +196,11 @@ mod tests {
     }
 
     impl Fake {
-        fn new(name: &str, exit_after: Option<Duration>, log: &Arc<Mutex<Vec<String>>>) -> Arc<dyn StopTarget> {
+        fn target(
+            name: &str,
+            exit_after: Option<Duration>,
+            log: &Arc<Mutex<Vec<String>>>,
+        ) -> Arc<dyn StopTarget> {
             Arc::new(Fake {
                 name: name.into(),
                 exit_after,
@@ -193,7 +215,10 @@ mod tests {
             &self.name
         }
         fn signal(&self, signal: Signal) -> Result<Signalled, String> {
-            self.log.lock().unwrap().push(format!("{} {}", signal.as_str(), self.name));
+            self.log
+                .lock()
+                .unwrap()
+                .push(format!("{} {}", signal.as_str(), self.name));
             let mut gone = self.gone_at.lock().unwrap();
             match signal {
                 Signal::SIGTERM => *gone = self.exit_after.map(|d| Instant::now() + d),
@@ -231,10 +256,10 @@ mod tests {
         let log = Arc::new(Mutex::new(Vec::new()));
         let layers = vec![
             vec![
-                Fake::new("web", Some(Duration::from_secs(1)), &log),
-                Fake::new("worker", Some(Duration::from_secs(3)), &log),
+                Fake::target("web", Some(Duration::from_secs(1)), &log),
+                Fake::target("worker", Some(Duration::from_secs(3)), &log),
             ],
-            vec![Fake::new("db", Some(Duration::from_millis(10)), &log)],
+            vec![Fake::target("db", Some(Duration::from_millis(10)), &log)],
         ];
         let start = Instant::now();
         let report = teardown(layers, budget(), |_| {}).await;
@@ -253,8 +278,8 @@ mod tests {
     async fn the_budget_is_per_layer_and_a_survivor_is_killed_and_receipted_timed_out() {
         let log = Arc::new(Mutex::new(Vec::new()));
         let layers = vec![
-            vec![Fake::new("stubborn", None, &log)],
-            vec![Fake::new("db", Some(Duration::from_secs(14)), &log)],
+            vec![Fake::target("stubborn", None, &log)],
+            vec![Fake::target("db", Some(Duration::from_secs(14)), &log)],
         ];
         let report = teardown(layers, budget(), |_| {}).await;
         let stubborn = report.receipt("stubborn").unwrap();
@@ -283,7 +308,12 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_target_that_refuses_to_be_signalled_is_receipted_failed_without_waiting() {
-        let report = teardown(vec![vec![Arc::new(Refusing) as Arc<dyn StopTarget>]], budget(), |_| {}).await;
+        let report = teardown(
+            vec![vec![Arc::new(Refusing) as Arc<dyn StopTarget>]],
+            budget(),
+            |_| {},
+        )
+        .await;
         let r = report.receipt("foreign").unwrap();
         assert_eq!(r.outcome, StopOutcome::Failed);
         assert_eq!(r.duration_ms, 0);
