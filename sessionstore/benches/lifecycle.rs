@@ -1,1 +1,247 @@
-fn main() {}
+//! `cargo bench -p sessionstore --bench lifecycle`
+//!
+//! For each backend, in one run: the raw single-row durable commit rate (one connection, one
+//! INSERT per transaction, the same durability settings the store uses), then the full command
+//! lifecycle rate through the store (admit → claim → begin attempt → journal application →
+//! settle → cursor) for 1 and for 64 concurrent sessions, printed as commands/s and as a ratio
+//! to the raw rate. PostgreSQL runs when `HOST_TEST_DATABASE_URL` is set.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sessionstore::*;
+use uuid::Uuid;
+
+const RAW_COMMITS: usize = 400;
+const ONE_SESSION_COMMANDS: usize = 200;
+const MANY_SESSIONS: usize = 64;
+const PER_SESSION_COMMANDS: usize = 20;
+
+fn raw_sqlite_rate(dir: &std::path::Path) -> f64 {
+    let conn = rusqlite::Connection::open(dir.join("raw.db")).expect("raw sqlite");
+    conn.query_row("PRAGMA journal_mode=WAL", [], |_| Ok(()))
+        .expect("wal");
+    conn.pragma_update(None, "synchronous", "FULL")
+        .expect("sync");
+    conn.execute_batch("CREATE TABLE raw (id INTEGER PRIMARY KEY, v BLOB NOT NULL)")
+        .expect("table");
+    let mut stmt = conn
+        .prepare("INSERT INTO raw (v) VALUES (?1)")
+        .expect("stmt");
+    let start = Instant::now();
+    for i in 0..RAW_COMMITS {
+        stmt.execute([format!("row-{i}").into_bytes()])
+            .expect("insert");
+    }
+    RAW_COMMITS as f64 / start.elapsed().as_secs_f64()
+}
+
+async fn raw_postgres_rate(url: &str, schema: &str) -> f64 {
+    use sqlx::{Connection, Executor};
+    let mut conn = sqlx::PgConnection::connect(url).await.expect("raw pg");
+    conn.execute(sqlx::AssertSqlSafe(format!(
+        "CREATE SCHEMA IF NOT EXISTS {schema}"
+    )))
+    .await
+    .expect("schema");
+    conn.execute(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE {schema}.raw (id BIGSERIAL PRIMARY KEY, v BYTEA NOT NULL)"
+    )))
+    .await
+    .expect("table");
+    let sql = format!("INSERT INTO {schema}.raw (v) VALUES ($1)");
+    let start = Instant::now();
+    for i in 0..RAW_COMMITS {
+        sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
+            .bind(format!("row-{i}").into_bytes())
+            .execute(&mut conn)
+            .await
+            .expect("insert");
+    }
+    let rate = RAW_COMMITS as f64 / start.elapsed().as_secs_f64();
+    let _ = conn.close().await;
+    rate
+}
+
+async fn new_session(store: &Store, name: &str) -> SessionRecord {
+    store
+        .create_session(NewSession {
+            tenant: TenantId::new("bench").unwrap(),
+            session: SessionId::new(name).unwrap(),
+            agent: AgentId::new("assistant").unwrap(),
+            compatibility: CompatibilityId::new("build").unwrap(),
+            binding: SessionBinding {
+                runtime_session_id: RuntimeSessionId::mint(),
+                storage_binding_id: local_binding(),
+                binding_version: 1,
+            },
+        })
+        .await
+        .expect("session")
+}
+
+/// Runs `n` full command lifecycles on one session, as a Host and its runtime would.
+async fn lifecycle(store: Store, s: SessionRecord, n: usize) {
+    let epoch = ResidencyEpoch(1);
+    let mut lease = store
+        .journal_acquire(
+            &s.tenant,
+            s.binding.runtime_session_id,
+            "bench-runtime",
+            Duration::from_secs(600),
+        )
+        .await
+        .expect("journal lease");
+    for i in 0..n {
+        let rec = store
+            .admit(NewCommand {
+                tenant: s.tenant.clone(),
+                session: s.session.clone(),
+                command: CommandId::new(format!("c{i}")).unwrap(),
+                kind: CommandKind::Input,
+                body: CommandBody::Inline(b"{\"text\":\"hello\"}".to_vec()),
+                principal: None,
+                metadata: None,
+                apply_within: Duration::from_secs(3600),
+            })
+            .await
+            .expect("admit");
+        let token = Uuid::now_v7();
+        let claimed = store
+            .claim(ClaimRequest {
+                tenant: s.tenant.clone(),
+                session: s.session.clone(),
+                command: rec.command.clone(),
+                epoch,
+                token,
+                ttl: Duration::from_secs(60),
+                expected_revision: rec.revision,
+            })
+            .await
+            .expect("claim");
+        let attempt = AttemptId::mint();
+        let applying = store
+            .begin_attempt(AttemptRequest {
+                tenant: s.tenant.clone(),
+                session: s.session.clone(),
+                command: rec.command.clone(),
+                epoch,
+                claim_token: token,
+                attempt,
+                journal_epoch: lease.epoch,
+                expected_revision: claimed.revision,
+            })
+            .await
+            .expect("attempt");
+        lease.tip = store
+            .journal_append(
+                &lease,
+                vec![JournalEntry::Application {
+                    identity: CommandIdentity {
+                        command: rec.command.clone(),
+                        runtime_command: rec.runtime_command,
+                        kind: rec.kind,
+                    },
+                    attempt,
+                    attempt_epoch: lease.epoch,
+                    outcome: ApplicationOutcome::Applied,
+                    detail: None,
+                }],
+            )
+            .await
+            .expect("application");
+        store
+            .settle(SettleRequest {
+                tenant: s.tenant.clone(),
+                session: s.session.clone(),
+                command: rec.command.clone(),
+                epoch,
+                expected_revision: applying.revision,
+            })
+            .await
+            .expect("settle");
+        store
+            .save_cursor(&s.tenant, &s.session, rec.accepted_order, epoch)
+            .await
+            .expect("cursor");
+    }
+}
+
+async fn lifecycle_rate(store: &Store, sessions: usize, per_session: usize, tag: &str) -> f64 {
+    let mut all = Vec::new();
+    for i in 0..sessions {
+        all.push(new_session(store, &format!("{tag}-{i}")).await);
+    }
+    let start = Instant::now();
+    let tasks: Vec<_> = all
+        .into_iter()
+        .map(|s| tokio::spawn(lifecycle(store.clone(), s, per_session)))
+        .collect();
+    for t in tasks {
+        t.await.expect("lifecycle task");
+    }
+    (sessions * per_session) as f64 / start.elapsed().as_secs_f64()
+}
+
+fn report(backend: &str, raw: f64, one: f64, many: f64) {
+    println!("{backend}: raw single-row durable commits: {raw:>9.0} commits/s");
+    println!(
+        "{backend}: lifecycle, 1 session:            {one:>9.0} commands/s  ({:.2}x raw)",
+        one / raw
+    );
+    println!(
+        "{backend}: lifecycle, {MANY_SESSIONS} sessions:          {many:>9.0} commands/s  ({:.2}x raw)",
+        many / raw
+    );
+}
+
+async fn bench_sqlite() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let raw = raw_sqlite_rate(dir.path());
+    let store = Store::open(StoreOptions::new(format!(
+        "sqlite://{}",
+        dir.path().join("store.db").display()
+    )))
+    .await
+    .expect("store");
+    let one = lifecycle_rate(&store, 1, ONE_SESSION_COMMANDS, "one").await;
+    let many = lifecycle_rate(&store, MANY_SESSIONS, PER_SESSION_COMMANDS, "many").await;
+    store.close().await;
+    report("sqlite", raw, one, many);
+}
+
+async fn bench_postgres(url: String) {
+    let schema = format!("bench_{}", std::process::id());
+    let raw = raw_postgres_rate(&url, &format!("{schema}_raw")).await;
+    let mut options = StoreOptions::new(url.clone());
+    options.pg_schema = Some(schema.clone());
+    options.pg_max_connections = 32;
+    let store = Store::open(options).await.expect("store");
+    let one = lifecycle_rate(&store, 1, ONE_SESSION_COMMANDS, "one").await;
+    let many = lifecycle_rate(&store, MANY_SESSIONS, PER_SESSION_COMMANDS, "many").await;
+    store.close().await;
+    report("postgres", raw, one, many);
+    use sqlx::{Connection, Executor};
+    if let Ok(mut c) = sqlx::PgConnection::connect(&url).await {
+        let _ = c
+            .execute(sqlx::AssertSqlSafe(format!(
+                "DROP SCHEMA IF EXISTS {schema} CASCADE; DROP SCHEMA IF EXISTS {schema}_raw CASCADE"
+            )))
+            .await;
+    }
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; a filter argument is accepted and ignored.
+    let rt = Arc::new(
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .expect("runtime"),
+    );
+    rt.block_on(bench_sqlite());
+    match std::env::var("HOST_TEST_DATABASE_URL") {
+        Ok(url) if !url.is_empty() => rt.block_on(bench_postgres(url)),
+        _ => println!("postgres: skipped (HOST_TEST_DATABASE_URL is unset)"),
+    }
+}

@@ -122,7 +122,10 @@ pub enum StoreError {
 
     /// Stored data failed verification (corrupt row, digest mismatch, undecodable record).
     #[error("integrity: {entity}: {reason}")]
-    Integrity { entity: &'static str, reason: String },
+    Integrity {
+        entity: &'static str,
+        reason: String,
+    },
 
     /// The store cannot be reached or is closed.
     #[error("unavailable: {reason}")]

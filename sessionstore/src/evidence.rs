@@ -23,6 +23,12 @@ pub trait EvidenceReader: Send + Sync {
         runtime_session: RuntimeSessionId,
         runtime_command: RuntimeCommandId,
     ) -> StoreResult<Vec<DispositionFrame>>;
+
+    /// True when this reader is the settling store's own journal, so settlement can read the
+    /// evidence inside its own write transaction.
+    fn is_own_journal(&self) -> bool {
+        false
+    }
 }
 
 /// Routes a (tenant, storage binding) to the reader of that binding's journal store.

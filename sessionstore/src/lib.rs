@@ -28,4 +28,6 @@ pub use evidence::{EvidenceReader, EvidenceRouter, FixedEvidenceRouter};
 pub use ids::*;
 pub use journal::*;
 pub use model::*;
-pub use store::{BackendKind, LOCAL_STORAGE_BINDING, Store, StoreOptions, Synchronous, local_binding};
+pub use store::{
+    BackendKind, LOCAL_STORAGE_BINDING, Store, StoreOptions, Synchronous, local_binding,
+};

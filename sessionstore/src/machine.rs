@@ -231,9 +231,7 @@ pub fn verify_evidence(rec: &CommandRecord, frame: &DispositionFrame) -> StoreRe
         ));
     };
     if frame.identity.runtime_command != rec.runtime_command {
-        return Err(StoreError::evidence(
-            "frame names another runtime command",
-        ));
+        return Err(StoreError::evidence("frame names another runtime command"));
     }
     if frame.identity.command != rec.command || frame.identity.kind != rec.kind {
         return Err(StoreError::evidence(
@@ -326,7 +324,11 @@ pub fn body_digest(body: &CommandBody) -> (String, u64) {
 }
 
 /// Cursor save: lower epoch refused with the mark; a lower order is a regression.
-pub fn save_cursor(current: Option<Cursor>, order: u64, epoch: ResidencyEpoch) -> StoreResult<Cursor> {
+pub fn save_cursor(
+    current: Option<Cursor>,
+    order: u64,
+    epoch: ResidencyEpoch,
+) -> StoreResult<Cursor> {
     let Some(cur) = current else {
         return Ok(Cursor {
             consumed_order: order,
@@ -393,7 +395,11 @@ pub fn acquire_residency(
 }
 
 /// Residency renewal: only the live holder of exactly this epoch may renew.
-pub fn renew_residency(lease: &ResidencyLease, grant: &ResidencyGrant, now: Millis) -> StoreResult<()> {
+pub fn renew_residency(
+    lease: &ResidencyLease,
+    grant: &ResidencyGrant,
+    now: Millis,
+) -> StoreResult<()> {
     if lease.epoch != grant.epoch {
         return Err(StoreError::Epoch {
             field: "residency.epoch",

@@ -54,14 +54,23 @@ pub(crate) trait Tx {
     async fn lease(&mut self, t: &TenantId, s: &SessionId) -> StoreResult<Option<ResidencyLease>>;
     async fn put_lease(&mut self, lease: &ResidencyLease) -> StoreResult<()>;
 
-    async fn registration(&mut self, t: &TenantId, s: &SessionId) -> StoreResult<Option<HostRegistration>>;
+    async fn registration(
+        &mut self,
+        t: &TenantId,
+        s: &SessionId,
+    ) -> StoreResult<Option<HostRegistration>>;
     async fn put_registration(&mut self, reg: &HostRegistration) -> StoreResult<()>;
 
     async fn target(&mut self, host: &HostId) -> StoreResult<Option<HostTarget>>;
     async fn put_target(&mut self, target: &HostTarget) -> StoreResult<()>;
     async fn targets(&mut self) -> StoreResult<Vec<HostTarget>>;
 
-    async fn command(&mut self, t: &TenantId, s: &SessionId, c: &CommandId) -> StoreResult<Option<CommandRecord>>;
+    async fn command(
+        &mut self,
+        t: &TenantId,
+        s: &SessionId,
+        c: &CommandId,
+    ) -> StoreResult<Option<CommandRecord>>;
     async fn command_by_runtime_id(
         &mut self,
         t: &TenantId,
@@ -70,7 +79,8 @@ pub(crate) trait Tx {
     ) -> StoreResult<Option<CommandRecord>>;
     async fn insert_command(&mut self, rec: &CommandRecord) -> StoreResult<()>;
     /// Writes `rec` where the stored revision is `old_revision`; false when no row matched.
-    async fn update_command(&mut self, old_revision: u64, rec: &CommandRecord) -> StoreResult<bool>;
+    async fn update_command(&mut self, old_revision: u64, rec: &CommandRecord)
+    -> StoreResult<bool>;
     async fn commands_after(
         &mut self,
         t: &TenantId,
@@ -82,19 +92,37 @@ pub(crate) trait Tx {
     async fn cursor(&mut self, t: &TenantId, s: &SessionId) -> StoreResult<Option<Cursor>>;
     async fn put_cursor(&mut self, t: &TenantId, s: &SessionId, c: Cursor) -> StoreResult<()>;
 
-    async fn gate(&mut self, t: &TenantId, s: &SessionId, g: &GateId) -> StoreResult<Option<GateRecord>>;
+    async fn gate(
+        &mut self,
+        t: &TenantId,
+        s: &SessionId,
+        g: &GateId,
+    ) -> StoreResult<Option<GateRecord>>;
     async fn count_open_gates(&mut self, t: &TenantId, s: &SessionId) -> StoreResult<usize>;
     async fn put_gate(&mut self, g: &GateRecord) -> StoreResult<()>;
-    async fn gates(&mut self, t: &TenantId, s: &SessionId, open_only: bool) -> StoreResult<Vec<GateRecord>>;
+    async fn gates(
+        &mut self,
+        t: &TenantId,
+        s: &SessionId,
+        open_only: bool,
+    ) -> StoreResult<Vec<GateRecord>>;
 
     async fn insert_object(&mut self, o: &StoredObject, now: Millis) -> StoreResult<()>;
     async fn object(&mut self, id: &ObjectId) -> StoreResult<Option<StoredObject>>;
 
-    async fn journal_lease(&mut self, rs: RuntimeSessionId) -> StoreResult<Option<JournalLeaseState>>;
+    async fn journal_lease(
+        &mut self,
+        rs: RuntimeSessionId,
+    ) -> StoreResult<Option<JournalLeaseState>>;
     async fn put_journal_lease(&mut self, l: &JournalLeaseState) -> StoreResult<()>;
     async fn insert_journal_row(&mut self, row: &JournalRow) -> StoreResult<()>;
-    async fn has_disposition(&mut self, rs: RuntimeSessionId, rc: RuntimeCommandId) -> StoreResult<bool>;
-    async fn has_effect(&mut self, rs: RuntimeSessionId, rc: RuntimeCommandId) -> StoreResult<bool>;
+    async fn has_disposition(
+        &mut self,
+        rs: RuntimeSessionId,
+        rc: RuntimeCommandId,
+    ) -> StoreResult<bool>;
+    async fn has_effect(&mut self, rs: RuntimeSessionId, rc: RuntimeCommandId)
+    -> StoreResult<bool>;
     async fn journal_rows(
         &mut self,
         rs: RuntimeSessionId,
@@ -103,14 +131,22 @@ pub(crate) trait Tx {
         limit: usize,
         events_only: bool,
     ) -> StoreResult<Vec<JournalRow>>;
-    async fn journal_dispositions(&mut self, rs: RuntimeSessionId, rc: RuntimeCommandId) -> StoreResult<Vec<JournalRow>>;
+    async fn journal_dispositions(
+        &mut self,
+        rs: RuntimeSessionId,
+        rc: RuntimeCommandId,
+    ) -> StoreResult<Vec<JournalRow>>;
 }
 
 fn session_key(t: &TenantId, s: &SessionId) -> String {
     format!("{t}/{s}")
 }
 
-async fn require_session<T: Tx>(tx: &mut T, t: &TenantId, s: &SessionId) -> StoreResult<SessionRecord> {
+async fn require_session<T: Tx>(
+    tx: &mut T,
+    t: &TenantId,
+    s: &SessionId,
+) -> StoreResult<SessionRecord> {
     tx.session(t, s)
         .await?
         .ok_or_else(|| StoreError::not_found("session", session_key(t, s)))
@@ -118,7 +154,11 @@ async fn require_session<T: Tx>(tx: &mut T, t: &TenantId, s: &SessionId) -> Stor
 
 // ---- sessions -------------------------------------------------------------------------------
 
-pub(crate) async fn create_session<T: Tx>(tx: &mut T, new: &NewSession, now: Millis) -> StoreResult<SessionRecord> {
+pub(crate) async fn create_session<T: Tx>(
+    tx: &mut T,
+    new: &NewSession,
+    now: Millis,
+) -> StoreResult<SessionRecord> {
     if let Some(existing) = tx.session(&new.tenant, &new.session).await? {
         if existing.agent != new.agent {
             return Err(StoreError::CommandMismatch { field: "agent_id" });
@@ -219,7 +259,9 @@ pub(crate) async fn renew_residency<T: Tx>(
     let mut lease = tx
         .lease(&grant.tenant, &grant.session)
         .await?
-        .ok_or_else(|| StoreError::not_found("residency", session_key(&grant.tenant, &grant.session)))?;
+        .ok_or_else(|| {
+            StoreError::not_found("residency", session_key(&grant.tenant, &grant.session))
+        })?;
     machine::renew_residency(&lease, grant, now)?;
     let expires = now.saturating_add(ttl_ms);
     lease.expires_at_ms = Some(expires);
@@ -230,7 +272,10 @@ pub(crate) async fn renew_residency<T: Tx>(
     })
 }
 
-pub(crate) async fn release_residency<T: Tx>(tx: &mut T, grant: &ResidencyGrant) -> StoreResult<()> {
+pub(crate) async fn release_residency<T: Tx>(
+    tx: &mut T,
+    grant: &ResidencyGrant,
+) -> StoreResult<()> {
     let Some(mut lease) = tx.lease(&grant.tenant, &grant.session).await? else {
         return Err(StoreError::not_found(
             "residency",
@@ -370,13 +415,22 @@ pub(crate) async fn admit<T: Tx>(
     Ok((rec, true))
 }
 
-async fn require_command<T: Tx>(tx: &mut T, t: &TenantId, s: &SessionId, c: &CommandId) -> StoreResult<CommandRecord> {
+async fn require_command<T: Tx>(
+    tx: &mut T,
+    t: &TenantId,
+    s: &SessionId,
+    c: &CommandId,
+) -> StoreResult<CommandRecord> {
     tx.command(t, s, c)
         .await?
         .ok_or_else(|| StoreError::not_found("command", format!("{t}/{s}/{c}")))
 }
 
-async fn apply<T: Tx>(tx: &mut T, before: &CommandRecord, t: Transition) -> StoreResult<CommandRecord> {
+async fn apply<T: Tx>(
+    tx: &mut T,
+    before: &CommandRecord,
+    t: Transition,
+) -> StoreResult<CommandRecord> {
     match t {
         Transition::Unchanged(r) => Ok(r),
         Transition::Changed(r) => {
@@ -393,7 +447,11 @@ async fn apply<T: Tx>(tx: &mut T, before: &CommandRecord, t: Transition) -> Stor
     }
 }
 
-pub(crate) async fn claim<T: Tx>(tx: &mut T, req: &ClaimRequest, now: Millis) -> StoreResult<CommandRecord> {
+pub(crate) async fn claim<T: Tx>(
+    tx: &mut T,
+    req: &ClaimRequest,
+    now: Millis,
+) -> StoreResult<CommandRecord> {
     let rec = require_command(tx, &req.tenant, &req.session, &req.command).await?;
     let t = machine::claim(&rec, req, now)?;
     apply(tx, &rec, t).await
@@ -405,7 +463,11 @@ pub(crate) async fn reject<T: Tx>(tx: &mut T, req: &RejectRequest) -> StoreResul
     apply(tx, &rec, t).await
 }
 
-pub(crate) async fn begin_attempt<T: Tx>(tx: &mut T, req: &AttemptRequest, now: Millis) -> StoreResult<CommandRecord> {
+pub(crate) async fn begin_attempt<T: Tx>(
+    tx: &mut T,
+    req: &AttemptRequest,
+    now: Millis,
+) -> StoreResult<CommandRecord> {
     let rec = require_command(tx, &req.tenant, &req.session, &req.command).await?;
     let t = machine::begin_attempt(&rec, req, now)?;
     apply(tx, &rec, t).await
@@ -419,6 +481,63 @@ pub(crate) async fn write_settlement<T: Tx>(
 ) -> StoreResult<CommandRecord> {
     let rec = require_command(tx, &req.tenant, &req.session, &req.command).await?;
     let t = machine::settle(&rec, req, frame, now)?;
+    apply(tx, &rec, t).await
+}
+
+/// Picks the one disposition frame for a command, or says why there is none.
+pub(crate) fn single_frame(
+    frames: &[DispositionFrame],
+    rec: &CommandRecord,
+) -> StoreResult<DispositionFrame> {
+    match frames {
+        [] => Err(StoreError::evidence(format!(
+            "the journal holds no disposition for attempt {}",
+            rec.attempt
+                .as_ref()
+                .map_or_else(|| "-".to_owned(), |a| a.id.to_string())
+        ))),
+        [one] => Ok(one.clone()),
+        _ => Err(StoreError::evidence(format!(
+            "the journal holds {} dispositions for one command",
+            frames.len()
+        ))),
+    }
+}
+
+/// Settlement when the evidence is in this store's own journal: the command row, the
+/// binding and the journal are read in the same transaction that writes the outcome.
+pub(crate) async fn settle_from_own_journal<T: Tx>(
+    tx: &mut T,
+    req: &SettleRequest,
+    now: Millis,
+) -> StoreResult<CommandRecord> {
+    let rec = require_command(tx, &req.tenant, &req.session, &req.command).await?;
+    if rec.attempt.is_none() {
+        if rec.state.is_terminal() {
+            return Err(StoreError::Terminal {
+                state: rec.state.as_str().to_owned(),
+            });
+        }
+        return Err(StoreError::state(
+            "command",
+            rec.state.as_str(),
+            "no attempt to settle",
+        ));
+    }
+    let session = require_session(tx, &req.tenant, &req.session).await?;
+    let records = journal_dispositions(
+        tx,
+        &req.tenant,
+        session.binding.runtime_session_id,
+        rec.runtime_command,
+    )
+    .await?;
+    let frames: Vec<DispositionFrame> = records
+        .iter()
+        .filter_map(JournalRecord::disposition_frame)
+        .collect();
+    let frame = single_frame(&frames, &rec)?;
+    let t = machine::settle(&rec, req, &frame, now)?;
     apply(tx, &rec, t).await
 }
 
@@ -508,7 +627,11 @@ fn journal_key(rs: RuntimeSessionId) -> String {
     format!("runtime session {rs}")
 }
 
-async fn own_journal<T: Tx>(tx: &mut T, t: &TenantId, rs: RuntimeSessionId) -> StoreResult<Option<JournalLeaseState>> {
+async fn own_journal<T: Tx>(
+    tx: &mut T,
+    t: &TenantId,
+    rs: RuntimeSessionId,
+) -> StoreResult<Option<JournalLeaseState>> {
     match tx.journal_lease(rs).await? {
         // Never reveal another tenant's journal: it reads as absent.
         Some(l) if &l.tenant != t => Ok(None),
@@ -608,7 +731,10 @@ pub(crate) async fn journal_renew<T: Tx>(
 
 pub(crate) async fn journal_release<T: Tx>(tx: &mut T, lease: &JournalLease) -> StoreResult<()> {
     let Some(mut state) = own_journal(tx, &lease.tenant, lease.runtime_session).await? else {
-        return Err(StoreError::not_found("journal", journal_key(lease.runtime_session)));
+        return Err(StoreError::not_found(
+            "journal",
+            journal_key(lease.runtime_session),
+        ));
     };
     if state.epoch != lease.epoch || state.holder.as_deref() != Some(lease.holder.as_str()) {
         return Ok(());
@@ -618,7 +744,12 @@ pub(crate) async fn journal_release<T: Tx>(tx: &mut T, lease: &JournalLease) -> 
     tx.put_journal_lease(&state).await
 }
 
-fn body_slot(rs: RuntimeSessionId, seq: u64, which: &str, bytes: &[u8]) -> StoreResult<(BodySlot, Option<StoredObject>)> {
+fn body_slot(
+    rs: RuntimeSessionId,
+    seq: u64,
+    which: &str,
+    bytes: &[u8],
+) -> StoreResult<(BodySlot, Option<StoredObject>)> {
     if bytes.len() <= MAX_INLINE_BODY_BYTES {
         return Ok((BodySlot::Inline(bytes.to_vec()), None));
     }
@@ -729,10 +860,7 @@ pub(crate) async fn journal_append<T: Tx>(
                     return Err(StoreError::state(
                         "journal",
                         "disposed",
-                        format!(
-                            "command {} already has a disposition",
-                            identity.command
-                        ),
+                        format!("command {} already has a disposition", identity.command),
                     ));
                 }
                 row.identity = Some(identity.clone());
@@ -757,10 +885,7 @@ pub(crate) async fn journal_append<T: Tx>(
                     return Err(StoreError::state(
                         "journal",
                         "disposed",
-                        format!(
-                            "command {} already has a disposition",
-                            identity.command
-                        ),
+                        format!("command {} already has a disposition", identity.command),
                     ));
                 }
                 if tx.has_effect(rs, identity.runtime_command).await? {
@@ -791,11 +916,12 @@ async fn resolve_slot<T: Tx>(tx: &mut T, slot: Option<BodySlot>) -> StoreResult<
         None => Ok(None),
         Some(BodySlot::Inline(b)) => Ok(Some(b)),
         Some(BodySlot::Object(id)) => {
-            let obj = tx
-                .object(&id)
-                .await?
-                .ok_or_else(|| StoreError::integrity("journal", format!("offloaded body {id} is missing")))?;
-            if obj.bytes.len() as u64 != obj.reference.size || sha256_hex(&obj.bytes) != obj.reference.sha256 {
+            let obj = tx.object(&id).await?.ok_or_else(|| {
+                StoreError::integrity("journal", format!("offloaded body {id} is missing"))
+            })?;
+            if obj.bytes.len() as u64 != obj.reference.size
+                || sha256_hex(&obj.bytes) != obj.reference.sha256
+            {
                 return Err(StoreError::integrity(
                     "journal",
                     format!("offloaded body {id} fails its digest"),
@@ -806,7 +932,10 @@ async fn resolve_slot<T: Tx>(tx: &mut T, slot: Option<BodySlot>) -> StoreResult<
     }
 }
 
-pub(crate) async fn row_to_record<T: Tx>(tx: &mut T, row: JournalRow) -> StoreResult<JournalRecord> {
+pub(crate) async fn row_to_record<T: Tx>(
+    tx: &mut T,
+    row: JournalRow,
+) -> StoreResult<JournalRecord> {
     let bad = |what: &str| StoreError::integrity("journal", format!("record {}: {what}", row.seq));
     let kind = match row.kind {
         "fence" => RecordKind::Fence,
@@ -830,7 +959,10 @@ pub(crate) async fn row_to_record<T: Tx>(tx: &mut T, row: JournalRow) -> StoreRe
             cause: row.cause,
         },
         "application" | "closure" => {
-            let identity = row.identity.clone().ok_or_else(|| bad("no command identity"))?;
+            let identity = row
+                .identity
+                .clone()
+                .ok_or_else(|| bad("no command identity"))?;
             let attempt = row.attempt.ok_or_else(|| bad("no attempt"))?;
             let attempt_epoch = row.attempt_epoch.ok_or_else(|| bad("no attempt epoch"))?;
             let outcome = row.outcome.ok_or_else(|| bad("no outcome"))?;
@@ -914,7 +1046,11 @@ pub(crate) async fn journal_lease_state<T: Tx>(
     own_journal(tx, t, rs).await
 }
 
-pub(crate) async fn get_object<T: Tx>(tx: &mut T, t: &TenantId, id: &ObjectId) -> StoreResult<StoredObject> {
+pub(crate) async fn get_object<T: Tx>(
+    tx: &mut T,
+    t: &TenantId,
+    id: &ObjectId,
+) -> StoreResult<StoredObject> {
     match tx.object(id).await? {
         Some(o) if &o.tenant == t => Ok(o),
         _ => Err(StoreError::not_found("payload_object", id.to_string())),

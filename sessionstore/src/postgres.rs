@@ -11,7 +11,10 @@ use std::time::Duration;
 
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgRow};
-use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection, Postgres, Row as _, Transaction, TypeInfo, ValueRef};
+use sqlx::{
+    AssertSqlSafe, Connection, Executor, PgConnection, Postgres, Row as _, Transaction, TypeInfo,
+    ValueRef,
+};
 use tokio::sync::broadcast;
 
 use crate::backend::Admission;
@@ -65,7 +68,9 @@ impl PgConn {
 
 fn is_retryable(e: &sqlx::Error) -> bool {
     match e {
-        sqlx::Error::Database(db) => matches!(db.code().as_deref(), Some("40001" | "40P01" | "23505")),
+        sqlx::Error::Database(db) => {
+            matches!(db.code().as_deref(), Some("40001" | "40P01" | "23505"))
+        }
         _ => false,
     }
 }
@@ -87,9 +92,9 @@ pub(crate) fn map_err(e: sqlx::Error) -> StoreError {
                 _ => StoreError::unavailable(format!("postgres: {}", db.message())),
             }
         }
-        sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_) | sqlx::Error::TypeNotFound { .. } => {
-            StoreError::integrity("row", e.to_string())
-        }
+        sqlx::Error::ColumnDecode { .. }
+        | sqlx::Error::Decode(_)
+        | sqlx::Error::TypeNotFound { .. } => StoreError::integrity("row", e.to_string()),
         sqlx::Error::PoolClosed => StoreError::unavailable("the store is closed"),
         _ => StoreError::unavailable(format!("postgres: {e}")),
     }
@@ -124,7 +129,9 @@ fn decode_row(row: &PgRow, entity: &'static str) -> StoreResult<Row> {
             "INT4" => Value::Int(i64::from(row.try_get::<i32, _>(i).map_err(map_err)?)),
             "INT2" => Value::Int(i64::from(row.try_get::<i16, _>(i).map_err(map_err)?)),
             "BOOL" => Value::Int(i64::from(row.try_get::<bool, _>(i).map_err(map_err)?)),
-            "TEXT" | "VARCHAR" | "NAME" | "BPCHAR" => Value::Text(row.try_get::<String, _>(i).map_err(map_err)?),
+            "TEXT" | "VARCHAR" | "NAME" | "BPCHAR" => {
+                Value::Text(row.try_get::<String, _>(i).map_err(map_err)?)
+            }
             "BYTEA" => Value::Blob(row.try_get::<Vec<u8>, _>(i).map_err(map_err)?),
             other => {
                 return Err(StoreError::integrity(
@@ -147,7 +154,12 @@ impl Conn for PgConn {
         self.locking
     }
 
-    async fn query(&mut self, sql: &str, params: Vec<Param>, entity: &'static str) -> StoreResult<Vec<Row>> {
+    async fn query(
+        &mut self,
+        sql: &str,
+        params: Vec<Param>,
+        entity: &'static str,
+    ) -> StoreResult<Vec<Row>> {
         let q = bind(sqlx::query(AssertSqlSafe(sql.to_owned())), params);
         let rows = match q.fetch_all(self.exec()).await {
             Ok(rows) => rows,
@@ -189,10 +201,11 @@ async fn migrate(pool: &PgPool) -> StoreResult<()> {
     )
     .await
     .map_err(map_err)?;
-    let current: i64 = sqlx::query_scalar("SELECT coalesce(max(version), 0)::bigint FROM schema_migrations")
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(map_err)?;
+    let current: i64 =
+        sqlx::query_scalar("SELECT coalesce(max(version), 0)::bigint FROM schema_migrations")
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(map_err)?;
     let latest = MIGRATIONS.last().map_or(0, |m| m.0);
     if current > latest {
         return Err(StoreError::state(
@@ -224,10 +237,15 @@ impl PgEngine {
             .parse()
             .map_err(|e| StoreError::invalid("url", format!("is not a PostgreSQL URL: {e}")))?;
         if let Some(schema) = &options.pg_schema {
-            let mut c = PgConnection::connect_with(&connect).await.map_err(map_err)?;
-            c.execute(AssertSqlSafe(format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(schema))))
+            let mut c = PgConnection::connect_with(&connect)
                 .await
                 .map_err(map_err)?;
+            c.execute(AssertSqlSafe(format!(
+                "CREATE SCHEMA IF NOT EXISTS {}",
+                quote_ident(schema)
+            )))
+            .await
+            .map_err(map_err)?;
             let _ = c.close().await;
         }
         let search_path = options.pg_schema.clone();
@@ -238,8 +256,11 @@ impl PgEngine {
                 let search_path = search_path.clone();
                 Box::pin(async move {
                     if let Some(schema) = search_path {
-                        conn.execute(AssertSqlSafe(format!("SET search_path TO {}", quote_ident(&schema))))
-                            .await?;
+                        conn.execute(AssertSqlSafe(format!(
+                            "SET search_path TO {}",
+                            quote_ident(&schema)
+                        )))
+                        .await?;
                     }
                     Ok(())
                 })
@@ -312,27 +333,26 @@ impl PgEngine {
             },
             Err(e) => {
                 let _ = tx.rollback().await;
-                if retry { WriteEnd::Retry(e) } else { WriteEnd::Done(Err(e)) }
+                if retry {
+                    WriteEnd::Retry(e)
+                } else {
+                    WriteEnd::Done(Err(e))
+                }
             }
         }
     }
 
-    /// A pooled connection outside any transaction (no row locks), with the database's `now`.
-    pub(crate) async fn begin_read(&self) -> StoreResult<(PgTx, Millis)> {
+    /// A pooled connection outside any transaction (no row locks).
+    pub(crate) async fn begin_read(&self) -> StoreResult<PgTx> {
         self.check_open()?;
         let conn = self.pool.acquire().await.map_err(map_err)?;
-        let mut stx = SqlTx {
+        Ok(SqlTx {
             conn: PgConn {
                 handle: Handle::Plain(conn),
                 locking: false,
                 retry: false,
             },
-        };
-        let now: i64 = sqlx::query_scalar(NOW_SQL)
-            .fetch_one(stx.conn.exec())
-            .await
-            .map_err(map_err)?;
-        Ok((stx, now))
+        })
     }
 
     pub(crate) async fn now_ms(&self) -> StoreResult<Millis> {
@@ -349,7 +369,9 @@ impl PgEngine {
 
     /// Announces an admission to every process listening (after the commit).
     pub(crate) async fn announce(&self, a: Admission) {
-        let payload = serde_json::json!([a.tenant.as_str(), a.session.as_str(), a.command.as_str()]).to_string();
+        let payload =
+            serde_json::json!([a.tenant.as_str(), a.session.as_str(), a.command.as_str()])
+                .to_string();
         // A lost notification only delays a consumer until its next reconcile pass.
         if let Err(e) = sqlx::query("SELECT pg_notify($1, $2)")
             .bind(&self.channel)
@@ -392,7 +414,8 @@ async fn spawn_listener(
         loop {
             match listener.recv().await {
                 Ok(n) => {
-                    let parsed: Option<(String, String, String)> = serde_json::from_str(n.payload()).ok();
+                    let parsed: Option<(String, String, String)> =
+                        serde_json::from_str(n.payload()).ok();
                     let Some((t, s, c)) = parsed else { continue };
                     let (Ok(tenant), Ok(session), Ok(command)) =
                         (TenantId::new(t), SessionId::new(s), CommandId::new(c))

@@ -49,7 +49,12 @@ pub(crate) trait Conn {
     fn dialect(&self) -> Dialect;
     /// True when loads should lock rows (PostgreSQL write transactions).
     fn locking(&self) -> bool;
-    async fn query(&mut self, sql: &str, params: Vec<Param>, entity: &'static str) -> StoreResult<Vec<Row>>;
+    async fn query(
+        &mut self,
+        sql: &str,
+        params: Vec<Param>,
+        entity: &'static str,
+    ) -> StoreResult<Vec<Row>>;
     async fn execute(&mut self, sql: &str, params: Vec<Param>) -> StoreResult<u64>;
 }
 
@@ -88,7 +93,8 @@ impl Row {
     }
 
     pub fn i64(&self, i: usize) -> StoreResult<i64> {
-        self.opt_i64(i)?.ok_or_else(|| self.bad(i, "unexpected NULL"))
+        self.opt_i64(i)?
+            .ok_or_else(|| self.bad(i, "unexpected NULL"))
     }
 
     pub fn opt_u64(&self, i: usize) -> StoreResult<Option<u64>> {
@@ -101,7 +107,8 @@ impl Row {
     }
 
     pub fn u64(&self, i: usize) -> StoreResult<u64> {
-        self.opt_u64(i)?.ok_or_else(|| self.bad(i, "unexpected NULL"))
+        self.opt_u64(i)?
+            .ok_or_else(|| self.bad(i, "unexpected NULL"))
     }
 
     pub fn opt_text(&self, i: usize) -> StoreResult<Option<String>> {
@@ -116,7 +123,8 @@ impl Row {
     }
 
     pub fn text(&self, i: usize) -> StoreResult<String> {
-        self.opt_text(i)?.ok_or_else(|| self.bad(i, "unexpected NULL"))
+        self.opt_text(i)?
+            .ok_or_else(|| self.bad(i, "unexpected NULL"))
     }
 
     pub fn opt_blob(&self, i: usize) -> StoreResult<Option<Vec<u8>>> {
@@ -141,7 +149,11 @@ impl Row {
         parse(text).map_err(|e| self.bad(i, &format!("invalid id: {e}")))
     }
 
-    fn opt_id<T>(&self, i: usize, parse: impl Fn(String) -> StoreResult<T>) -> StoreResult<Option<T>> {
+    fn opt_id<T>(
+        &self,
+        i: usize,
+        parse: impl Fn(String) -> StoreResult<T>,
+    ) -> StoreResult<Option<T>> {
         match self.opt_text(i)? {
             None => Ok(None),
             Some(text) => parse(text)
@@ -204,7 +216,8 @@ fn decode_session(r: &Row) -> StoreResult<SessionRecord> {
     })
 }
 
-const LEASE_COLS: &str = "tenant_id, session_id, epoch, holder, host_id, host_generation, expires_at";
+const LEASE_COLS: &str =
+    "tenant_id, session_id, epoch, holder, host_id, host_generation, expires_at";
 
 fn decode_lease(r: &Row) -> StoreResult<ResidencyLease> {
     Ok(ResidencyLease {
@@ -288,7 +301,12 @@ fn decode_command(r: &Row) -> StoreResult<CommandRecord> {
         }),
         _ => return Err(StoreError::integrity("command", "partial claim")),
     };
-    let attempt = match (r.opt_id(20, |t: String| AttemptId::parse(&t))?, r.opt_u64(21)?, r.opt_u64(22)?, r.opt_i64(23)?) {
+    let attempt = match (
+        r.opt_id(20, |t: String| AttemptId::parse(&t))?,
+        r.opt_u64(21)?,
+        r.opt_u64(22)?,
+        r.opt_i64(23)?,
+    ) {
         (None, None, None, None) => None,
         (Some(id), Some(je), Some(re), Some(at)) => Some(Attempt {
             id,
@@ -334,8 +352,12 @@ fn decode_command(r: &Row) -> StoreResult<CommandRecord> {
 /// catches rows written by anything else).
 fn check_command_shape(rec: &CommandRecord) -> StoreResult<()> {
     let ok = match rec.state {
-        CommandState::Pending => rec.claim.is_none() && rec.attempt.is_none() && rec.outcome.is_none(),
-        CommandState::Claimed => rec.claim.is_some() && rec.attempt.is_none() && rec.outcome.is_none(),
+        CommandState::Pending => {
+            rec.claim.is_none() && rec.attempt.is_none() && rec.outcome.is_none()
+        }
+        CommandState::Claimed => {
+            rec.claim.is_some() && rec.attempt.is_none() && rec.outcome.is_none()
+        }
         CommandState::Applying => rec.attempt.is_some() && rec.outcome.is_none(),
         CommandState::Applied => {
             rec.attempt.is_some()
@@ -357,7 +379,10 @@ fn check_command_shape(rec: &CommandRecord) -> StoreResult<()> {
         ));
     }
     if rec.revision == 0 || rec.accepted_order == 0 {
-        return Err(StoreError::integrity("command", "revision and order start at 1"));
+        return Err(StoreError::integrity(
+            "command",
+            "revision and order start at 1",
+        ));
     }
     if let CommandBody::Inline(b) = &rec.body
         && (b.len() as u64 != rec.body_size || sha256_hex(b) != rec.body_digest)
@@ -426,7 +451,10 @@ fn decode_gate(r: &Row) -> StoreResult<GateRecord> {
         resolved_at_ms: r.opt_i64(11)?,
     };
     if (rec.state == GateState::Resolved) != rec.resolved_seq.is_some() {
-        return Err(StoreError::integrity("gate", "resolved state and sequence disagree"));
+        return Err(StoreError::integrity(
+            "gate",
+            "resolved state and sequence disagree",
+        ));
     }
     Ok(rec)
 }
@@ -469,10 +497,15 @@ fn decode_slot(r: &Row, body: usize, object: usize) -> StoreResult<Option<BodySl
     match (r.opt_blob(body)?, r.opt_text(object)?) {
         (None, None) => Ok(None),
         (Some(b), None) => Ok(Some(BodySlot::Inline(b))),
-        (None, Some(o)) => Ok(Some(BodySlot::Object(
-            ObjectId::new(o).map_err(|_| StoreError::integrity("journal", "invalid object id"))?,
-        ))),
-        _ => Err(StoreError::integrity("journal", "both inline and offloaded body")),
+        (None, Some(o)) => {
+            Ok(Some(BodySlot::Object(ObjectId::new(o).map_err(|_| {
+                StoreError::integrity("journal", "invalid object id")
+            })?)))
+        }
+        _ => Err(StoreError::integrity(
+            "journal",
+            "both inline and offloaded body",
+        )),
     }
 }
 
@@ -490,7 +523,11 @@ fn decode_journal_row(r: &Row) -> StoreResult<JournalRow> {
             ));
         }
     };
-    let identity = match (r.opt_id(11, CommandId::new)?, r.opt_id(12, |t: String| RuntimeCommandId::parse(&t))?, r.opt_text(13)?) {
+    let identity = match (
+        r.opt_id(11, CommandId::new)?,
+        r.opt_id(12, |t: String| RuntimeCommandId::parse(&t))?,
+        r.opt_text(13)?,
+    ) {
         (Some(command), Some(runtime_command), Some(k)) => Some(CommandIdentity {
             command,
             runtime_command,
@@ -535,7 +572,12 @@ pub(crate) struct SqlTx<C: Conn> {
 }
 
 impl<C: Conn> SqlTx<C> {
-    async fn rows(&mut self, template: &str, params: Vec<Param>, entity: &'static str) -> StoreResult<Vec<Row>> {
+    async fn rows(
+        &mut self,
+        template: &str,
+        params: Vec<Param>,
+        entity: &'static str,
+    ) -> StoreResult<Vec<Row>> {
         let sql = render(template, self.conn.dialect(), self.conn.locking());
         self.conn.query(&sql, params, entity).await
     }
@@ -577,7 +619,9 @@ fn ts(t: &TenantId, s: &SessionId) -> Vec<Param> {
 
 impl<C: Conn> Tx for SqlTx<C> {
     async fn session(&mut self, t: &TenantId, s: &SessionId) -> StoreResult<Option<SessionRecord>> {
-        let q = format!("SELECT {SESSION_COLS} FROM sessions WHERE tenant_id = $1 AND session_id = $2 FOR_UPDATE");
+        let q = format!(
+            "SELECT {SESSION_COLS} FROM sessions WHERE tenant_id = $1 AND session_id = $2 FOR_UPDATE"
+        );
         self.one(&q, ts(t, s), "session", decode_session).await
     }
 
@@ -627,26 +671,19 @@ impl<C: Conn> Tx for SqlTx<C> {
     }
 
     async fn take_order(&mut self, t: &TenantId, s: &SessionId, now: Millis) -> StoreResult<u64> {
+        let mut p = ts(t, s);
+        p.push(ms(now));
         let rows = self
             .rows(
-                "SELECT next_order FROM sessions WHERE tenant_id = $1 AND session_id = $2 FOR_UPDATE",
-                ts(t, s),
+                "UPDATE sessions SET next_order = next_order + 1, last_active_at = $3 \
+                 WHERE tenant_id = $1 AND session_id = $2 RETURNING next_order - 1",
+                p,
                 "session",
             )
             .await?;
-        let order = rows
-            .first()
+        rows.first()
             .ok_or_else(|| StoreError::not_found("session", format!("{t}/{s}")))?
-            .u64(0)?;
-        let mut p = ts(t, s);
-        p.push(int(order + 1));
-        p.push(ms(now));
-        self.exec(
-            "UPDATE sessions SET next_order = $3, last_active_at = $4 WHERE tenant_id = $1 AND session_id = $2",
-            p,
-        )
-        .await?;
-        Ok(order)
+            .u64(0)
     }
 
     async fn list_sessions(
@@ -672,8 +709,11 @@ impl<C: Conn> Tx for SqlTx<C> {
     }
 
     async fn lease(&mut self, t: &TenantId, s: &SessionId) -> StoreResult<Option<ResidencyLease>> {
-        let q = format!("SELECT {LEASE_COLS} FROM residency_leases WHERE tenant_id = $1 AND session_id = $2 FOR_UPDATE");
-        self.one(&q, ts(t, s), "residency_lease", decode_lease).await
+        let q = format!(
+            "SELECT {LEASE_COLS} FROM residency_leases WHERE tenant_id = $1 AND session_id = $2 FOR_UPDATE"
+        );
+        self.one(&q, ts(t, s), "residency_lease", decode_lease)
+            .await
     }
 
     async fn put_lease(&mut self, l: &ResidencyLease) -> StoreResult<()> {
@@ -699,9 +739,16 @@ impl<C: Conn> Tx for SqlTx<C> {
         Ok(())
     }
 
-    async fn registration(&mut self, t: &TenantId, s: &SessionId) -> StoreResult<Option<HostRegistration>> {
-        let q = format!("SELECT {REG_COLS} FROM host_registrations WHERE tenant_id = $1 AND session_id = $2 FOR_UPDATE");
-        self.one(&q, ts(t, s), "host_registration", decode_registration).await
+    async fn registration(
+        &mut self,
+        t: &TenantId,
+        s: &SessionId,
+    ) -> StoreResult<Option<HostRegistration>> {
+        let q = format!(
+            "SELECT {REG_COLS} FROM host_registrations WHERE tenant_id = $1 AND session_id = $2 FOR_UPDATE"
+        );
+        self.one(&q, ts(t, s), "host_registration", decode_registration)
+            .await
     }
 
     async fn put_registration(&mut self, r: &HostRegistration) -> StoreResult<()> {
@@ -734,7 +781,8 @@ impl<C: Conn> Tx for SqlTx<C> {
 
     async fn target(&mut self, host: &HostId) -> StoreResult<Option<HostTarget>> {
         let q = format!("SELECT {TARGET_COLS} FROM host_targets WHERE host_id = $1 FOR_UPDATE");
-        self.one(&q, vec![text(host.as_str())], "host_target", decode_target).await
+        self.one(&q, vec![text(host.as_str())], "host_target", decode_target)
+            .await
     }
 
     async fn put_target(&mut self, h: &HostTarget) -> StoreResult<()> {
@@ -769,7 +817,12 @@ impl<C: Conn> Tx for SqlTx<C> {
         self.many(&q, vec![], "host_target", decode_target).await
     }
 
-    async fn command(&mut self, t: &TenantId, s: &SessionId, c: &CommandId) -> StoreResult<Option<CommandRecord>> {
+    async fn command(
+        &mut self,
+        t: &TenantId,
+        s: &SessionId,
+        c: &CommandId,
+    ) -> StoreResult<Option<CommandRecord>> {
         let q = format!(
             "SELECT {COMMAND_COLS} FROM commands WHERE tenant_id = $1 AND session_id = $2 AND command_id = $3 FOR_UPDATE"
         );
@@ -801,7 +854,11 @@ impl<C: Conn> Tx for SqlTx<C> {
         Ok(())
     }
 
-    async fn update_command(&mut self, old_revision: u64, rec: &CommandRecord) -> StoreResult<bool> {
+    async fn update_command(
+        &mut self,
+        old_revision: u64,
+        rec: &CommandRecord,
+    ) -> StoreResult<bool> {
         // Identity columns never change; only the state-machine columns (14..28) are written.
         let all = command_params(rec);
         let mut p: Vec<Param> = all[..3].to_vec();
@@ -866,7 +923,12 @@ impl<C: Conn> Tx for SqlTx<C> {
         Ok(())
     }
 
-    async fn gate(&mut self, t: &TenantId, s: &SessionId, g: &GateId) -> StoreResult<Option<GateRecord>> {
+    async fn gate(
+        &mut self,
+        t: &TenantId,
+        s: &SessionId,
+        g: &GateId,
+    ) -> StoreResult<Option<GateRecord>> {
         let q = format!(
             "SELECT {GATE_COLS} FROM gates WHERE tenant_id = $1 AND session_id = $2 AND gate_id = $3 FOR_UPDATE"
         );
@@ -917,20 +979,29 @@ impl<C: Conn> Tx for SqlTx<C> {
         Ok(())
     }
 
-    async fn gates(&mut self, t: &TenantId, s: &SessionId, open_only: bool) -> StoreResult<Vec<GateRecord>> {
+    async fn gates(
+        &mut self,
+        t: &TenantId,
+        s: &SessionId,
+        open_only: bool,
+    ) -> StoreResult<Vec<GateRecord>> {
         let q = if open_only {
             format!(
                 "SELECT {GATE_COLS} FROM gates WHERE tenant_id = $1 AND session_id = $2 AND state = 'open' \
                  ORDER BY opened_seq, gate_id"
             )
         } else {
-            format!("SELECT {GATE_COLS} FROM gates WHERE tenant_id = $1 AND session_id = $2 ORDER BY opened_seq, gate_id")
+            format!(
+                "SELECT {GATE_COLS} FROM gates WHERE tenant_id = $1 AND session_id = $2 ORDER BY opened_seq, gate_id"
+            )
         };
         self.many(&q, ts(t, s), "gate", decode_gate).await
     }
 
     async fn insert_object(&mut self, o: &StoredObject, now: Millis) -> StoreResult<()> {
-        let q = format!("INSERT INTO payload_objects ({OBJECT_COLS}, created_at) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)");
+        let q = format!(
+            "INSERT INTO payload_objects ({OBJECT_COLS}, created_at) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)"
+        );
         self.exec(
             &q,
             vec![
@@ -951,12 +1022,24 @@ impl<C: Conn> Tx for SqlTx<C> {
 
     async fn object(&mut self, id: &ObjectId) -> StoreResult<Option<StoredObject>> {
         let q = format!("SELECT {OBJECT_COLS} FROM payload_objects WHERE object_id = $1");
-        self.one(&q, vec![text(id.as_str())], "payload_object", decode_object).await
+        self.one(&q, vec![text(id.as_str())], "payload_object", decode_object)
+            .await
     }
 
-    async fn journal_lease(&mut self, rs: RuntimeSessionId) -> StoreResult<Option<JournalLeaseState>> {
-        let q = format!("SELECT {JLEASE_COLS} FROM journal_leases WHERE runtime_session_id = $1 FOR_UPDATE");
-        self.one(&q, vec![text(rs.to_text())], "journal_lease", decode_journal_lease).await
+    async fn journal_lease(
+        &mut self,
+        rs: RuntimeSessionId,
+    ) -> StoreResult<Option<JournalLeaseState>> {
+        let q = format!(
+            "SELECT {JLEASE_COLS} FROM journal_leases WHERE runtime_session_id = $1 FOR_UPDATE"
+        );
+        self.one(
+            &q,
+            vec![text(rs.to_text())],
+            "journal_lease",
+            decode_journal_lease,
+        )
+        .await
     }
 
     async fn put_journal_lease(&mut self, l: &JournalLeaseState) -> StoreResult<()> {
@@ -1013,7 +1096,11 @@ impl<C: Conn> Tx for SqlTx<C> {
         Ok(())
     }
 
-    async fn has_disposition(&mut self, rs: RuntimeSessionId, rc: RuntimeCommandId) -> StoreResult<bool> {
+    async fn has_disposition(
+        &mut self,
+        rs: RuntimeSessionId,
+        rc: RuntimeCommandId,
+    ) -> StoreResult<bool> {
         let rows = self
             .rows(
                 "SELECT 1 FROM journal_records WHERE runtime_session_id = $1 AND runtime_command_id = $2 \
@@ -1025,7 +1112,11 @@ impl<C: Conn> Tx for SqlTx<C> {
         Ok(!rows.is_empty())
     }
 
-    async fn has_effect(&mut self, rs: RuntimeSessionId, rc: RuntimeCommandId) -> StoreResult<bool> {
+    async fn has_effect(
+        &mut self,
+        rs: RuntimeSessionId,
+        rc: RuntimeCommandId,
+    ) -> StoreResult<bool> {
         let rows = self
             .rows(
                 "SELECT 1 FROM journal_records WHERE runtime_session_id = $1 AND cause_runtime_command = $2 LIMIT 1",
@@ -1044,7 +1135,11 @@ impl<C: Conn> Tx for SqlTx<C> {
         limit: usize,
         events_only: bool,
     ) -> StoreResult<Vec<JournalRow>> {
-        let filter = if events_only { " AND kind = 'event'" } else { "" };
+        let filter = if events_only {
+            " AND kind = 'event'"
+        } else {
+            ""
+        };
         let q = format!(
             "SELECT {JOURNAL_COLS} FROM journal_records WHERE runtime_session_id = $1 AND seq > $2 AND seq <= $3{filter} \
              ORDER BY seq LIMIT $4"
@@ -1059,7 +1154,11 @@ impl<C: Conn> Tx for SqlTx<C> {
         .await
     }
 
-    async fn journal_dispositions(&mut self, rs: RuntimeSessionId, rc: RuntimeCommandId) -> StoreResult<Vec<JournalRow>> {
+    async fn journal_dispositions(
+        &mut self,
+        rs: RuntimeSessionId,
+        rc: RuntimeCommandId,
+    ) -> StoreResult<Vec<JournalRow>> {
         let q = format!(
             "SELECT {JOURNAL_COLS} FROM journal_records WHERE runtime_session_id = $1 AND runtime_command_id = $2 \
              AND kind IN ('application','closure') ORDER BY seq"

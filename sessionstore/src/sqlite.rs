@@ -62,7 +62,10 @@ pub(crate) fn map_err(e: rusqlite::Error) -> StoreError {
             )),
             C::ConstraintViolation => StoreError::integrity(
                 "database",
-                format!("constraint refused the write: {}", msg.as_deref().unwrap_or("")),
+                format!(
+                    "constraint refused the write: {}",
+                    msg.as_deref().unwrap_or("")
+                ),
             ),
             C::DatabaseCorrupt | C::NotADatabase => {
                 StoreError::integrity("database", format!("the database file is damaged: {e}"))
@@ -86,7 +89,12 @@ impl Conn for SqliteConn<'_> {
         false
     }
 
-    async fn query(&mut self, sql: &str, params: Vec<Param>, entity: &'static str) -> StoreResult<Vec<Row>> {
+    async fn query(
+        &mut self,
+        sql: &str,
+        params: Vec<Param>,
+        entity: &'static str,
+    ) -> StoreResult<Vec<Row>> {
         let mut stmt = self.conn.prepare_cached(sql).map_err(map_err)?;
         let n = stmt.column_count();
         let mut rows = stmt
@@ -185,12 +193,14 @@ fn parse_path(url: &str) -> StoreResult<PathBuf> {
 
 fn configure(conn: &Connection, options: &StoreOptions, writer: bool) -> StoreResult<()> {
     conn.busy_timeout(options.busy_timeout).map_err(map_err)?;
-    conn.pragma_update(None, "foreign_keys", "ON").map_err(map_err)?;
+    conn.pragma_update(None, "foreign_keys", "ON")
+        .map_err(map_err)?;
     let sync = match options.synchronous {
         Synchronous::Full => "FULL",
         Synchronous::Normal => "NORMAL",
     };
-    conn.pragma_update(None, "synchronous", sync).map_err(map_err)?;
+    conn.pragma_update(None, "synchronous", sync)
+        .map_err(map_err)?;
     if writer {
         let mode: String = conn
             .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
@@ -201,7 +211,8 @@ fn configure(conn: &Connection, options: &StoreOptions, writer: bool) -> StoreRe
             )));
         }
     } else {
-        conn.pragma_update(None, "query_only", "ON").map_err(map_err)?;
+        conn.pragma_update(None, "query_only", "ON")
+            .map_err(map_err)?;
     }
     conn.set_prepared_statement_cache_capacity(64);
     Ok(())
@@ -215,7 +226,11 @@ fn migrate(conn: &Connection, now: Millis) -> StoreResult<()> {
         )
         .map_err(map_err)?;
         let current: i64 = conn
-            .query_row("SELECT coalesce(max(version), 0) FROM schema_migrations", [], |r| r.get(0))
+            .query_row(
+                "SELECT coalesce(max(version), 0) FROM schema_migrations",
+                [],
+                |r| r.get(0),
+            )
             .map_err(map_err)?;
         let latest = MIGRATIONS.last().map_or(0, |m| m.0);
         if current > latest {
@@ -398,7 +413,7 @@ impl SqliteEngine {
     pub(crate) async fn read<T, F>(&self, op: F) -> StoreResult<T>
     where
         T: Send + 'static,
-        F: for<'a> FnOnce(&mut SqliteTx<'a>, Millis) -> StoreResult<T> + Send + 'static,
+        F: for<'a> FnOnce(&mut SqliteTx<'a>) -> StoreResult<T> + Send + 'static,
     {
         self.check_open()?;
         let permit = self
@@ -408,7 +423,6 @@ impl SqliteEngine {
             .await
             .map_err(|_| StoreError::unavailable("the store is closed"))?;
         let pool = self.readers.clone();
-        let now = self.clock.now_ms();
         let result = tokio::task::spawn_blocking(move || {
             let conn = pool
                 .conns
@@ -420,7 +434,7 @@ impl SqliteEngine {
                 let mut tx = SqlTx {
                     conn: SqliteConn { conn: &conn },
                 };
-                op(&mut tx, now)
+                op(&mut tx)
             };
             if let Ok(mut conns) = pool.conns.lock() {
                 conns.push(conn);

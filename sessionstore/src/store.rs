@@ -8,9 +8,6 @@ use std::time::Duration;
 use tokio::sync::broadcast;
 
 use crate::backend::Admission;
-use crate::ops;
-use crate::postgres::{MAX_TX_ATTEMPTS, PgEngine, WriteEnd};
-use crate::sqlite::SqliteEngine;
 use crate::clock::{Millis, SharedClock, SystemClock};
 use crate::error::{StoreError, StoreResult};
 use crate::evidence::{EvidenceReader, EvidenceRouter, FixedEvidenceRouter};
@@ -18,6 +15,9 @@ use crate::ids::*;
 use crate::journal::*;
 use crate::limits::*;
 use crate::model::*;
+use crate::ops;
+use crate::postgres::{MAX_TX_ATTEMPTS, PgEngine, WriteEnd};
+use crate::sqlite::SqliteEngine;
 
 /// SQLite's `synchronous` setting.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
@@ -83,16 +83,28 @@ impl StoreOptions {
             ));
         }
         if self.sqlite_readers == 0 || self.sqlite_readers > 64 {
-            return Err(StoreError::invalid("sqlite_readers", "must be between 1 and 64"));
+            return Err(StoreError::invalid(
+                "sqlite_readers",
+                "must be between 1 and 64",
+            ));
         }
         if self.max_write_batch == 0 || self.max_write_batch > 4096 {
-            return Err(StoreError::invalid("max_write_batch", "must be between 1 and 4096"));
+            return Err(StoreError::invalid(
+                "max_write_batch",
+                "must be between 1 and 4096",
+            ));
         }
         if self.pg_max_connections == 0 || self.pg_max_connections > 512 {
-            return Err(StoreError::invalid("pg_max_connections", "must be between 1 and 512"));
+            return Err(StoreError::invalid(
+                "pg_max_connections",
+                "must be between 1 and 512",
+            ));
         }
         if self.busy_timeout > Duration::from_secs(600) {
-            return Err(StoreError::invalid("busy_timeout", "must be at most 10 minutes"));
+            return Err(StoreError::invalid(
+                "busy_timeout",
+                "must be at most 10 minutes",
+            ));
         }
         if let Some(schema) = &self.pg_schema
             && (schema.is_empty()
@@ -164,14 +176,11 @@ macro_rules! write_op {
 
 /// Runs one read-only operation.
 macro_rules! read_op {
-    ($store:expr, |$tx:ident, $now:ident| $body:expr) => {{
+    ($store:expr, |$tx:ident| $body:expr) => {{
         match &$store.inner.engine {
-            Engine::Sqlite(e) => {
-                e.read(move |$tx, $now| futures::executor::block_on($body))
-                    .await
-            }
+            Engine::Sqlite(e) => e.read(move |$tx| futures::executor::block_on($body)).await,
             Engine::Postgres(e) => {
-                let (mut guard, $now) = e.begin_read().await?;
+                let mut guard = e.begin_read().await?;
                 let $tx = &mut guard;
                 $body.await
             }
@@ -219,7 +228,7 @@ impl EvidenceReader for OwnJournalEvidence {
             .ok_or_else(|| StoreError::unavailable("the store is closed"))?;
         let store = Store { inner };
         let t = tenant.clone();
-        let records = read_op!(store, |tx, _now| ops::journal_dispositions(
+        let records = read_op!(store, |tx| ops::journal_dispositions(
             tx,
             &t,
             runtime_session,
@@ -230,25 +239,28 @@ impl EvidenceReader for OwnJournalEvidence {
             .filter_map(JournalRecord::disposition_frame)
             .collect())
     }
+
+    fn is_own_journal(&self) -> bool {
+        true
+    }
 }
 
 impl Store {
     /// Opens (and migrates) the store named by `options.url`.
     pub async fn open(options: StoreOptions) -> StoreResult<Store> {
         options.validate()?;
-        let (engine, kind) = if options.url.starts_with("postgres://")
-            || options.url.starts_with("postgresql://")
-        {
-            (
-                Engine::Postgres(PgEngine::open(&options).await?),
-                BackendKind::Postgres,
-            )
-        } else {
-            (
-                Engine::Sqlite(SqliteEngine::open(&options).await?),
-                BackendKind::Sqlite,
-            )
-        };
+        let (engine, kind) =
+            if options.url.starts_with("postgres://") || options.url.starts_with("postgresql://") {
+                (
+                    Engine::Postgres(PgEngine::open(&options).await?),
+                    BackendKind::Postgres,
+                )
+            } else {
+                (
+                    Engine::Sqlite(SqliteEngine::open(&options).await?),
+                    BackendKind::Sqlite,
+                )
+            };
         let bindings = options.local_storage_bindings.clone();
         let inner = Arc::new_cyclic(|weak: &std::sync::Weak<Inner>| {
             let reader: Arc<dyn EvidenceReader> = Arc::new(OwnJournalEvidence {
@@ -339,7 +351,7 @@ impl Store {
     /// Reads a catalog row.
     pub async fn session(&self, t: &TenantId, s: &SessionId) -> StoreResult<SessionRecord> {
         let (t, s) = (t.clone(), s.clone());
-        read_op!(self, |tx, _now| async {
+        read_op!(self, |tx| async {
             use ops::Tx as _;
             tx.session(&t, &s)
                 .await?
@@ -356,7 +368,7 @@ impl Store {
     ) -> StoreResult<Vec<SessionRecord>> {
         let (t, after) = (t.clone(), after.cloned());
         let limit = limit.clamp(1, MAX_PAGE);
-        read_op!(self, |tx, _now| async {
+        read_op!(self, |tx| async {
             use ops::Tx as _;
             tx.list_sessions(&t, after.as_ref(), limit).await
         })
@@ -429,7 +441,7 @@ impl Store {
         s: &SessionId,
     ) -> StoreResult<Option<ResidencyLease>> {
         let (t, s) = (t.clone(), s.clone());
-        read_op!(self, |tx, _now| async {
+        read_op!(self, |tx| async {
             use ops::Tx as _;
             tx.lease(&t, &s).await
         })
@@ -467,7 +479,7 @@ impl Store {
         s: &SessionId,
     ) -> StoreResult<Option<HostRegistration>> {
         let (t, s) = (t.clone(), s.clone());
-        read_op!(self, |tx, _now| async {
+        read_op!(self, |tx| async {
             use ops::Tx as _;
             tx.registration(&t, &s).await
         })
@@ -485,7 +497,7 @@ impl Store {
     /// Reads a Host's advertisement.
     pub async fn target(&self, host: &HostId) -> StoreResult<Option<HostTarget>> {
         let host = host.clone();
-        read_op!(self, |tx, _now| async {
+        read_op!(self, |tx| async {
             use ops::Tx as _;
             tx.target(&host).await
         })
@@ -493,7 +505,8 @@ impl Store {
 
     /// Lists advertisements (only unexpired ones, by the store's clock, when `live_only`).
     pub async fn targets(&self, live_only: bool) -> StoreResult<Vec<HostTarget>> {
-        read_op!(self, |tx, now| async move {
+        let now = self.now_ms().await?;
+        read_op!(self, |tx| async move {
             use ops::Tx as _;
             let all = tx.targets().await?;
             Ok(all
@@ -589,7 +602,7 @@ impl Store {
         c: &CommandId,
     ) -> StoreResult<CommandRecord> {
         let (t, s, c) = (t.clone(), s.clone(), c.clone());
-        read_op!(self, |tx, _now| async {
+        read_op!(self, |tx| async {
             use ops::Tx as _;
             tx.command(&t, &s, &c)
                 .await?
@@ -605,7 +618,7 @@ impl Store {
         rc: RuntimeCommandId,
     ) -> StoreResult<Option<CommandRecord>> {
         let (t, s) = (t.clone(), s.clone());
-        read_op!(self, |tx, _now| async {
+        read_op!(self, |tx| async {
             use ops::Tx as _;
             tx.command_by_runtime_id(&t, &s, rc).await
         })
@@ -621,7 +634,7 @@ impl Store {
     ) -> StoreResult<Vec<CommandRecord>> {
         let (t, s) = (t.clone(), s.clone());
         let limit = limit.clamp(1, MAX_PAGE);
-        read_op!(self, |tx, _now| async {
+        read_op!(self, |tx| async {
             use ops::Tx as _;
             tx.commands_after(&t, &s, after_order, limit).await
         })
@@ -652,19 +665,6 @@ impl Store {
     /// (`unroutable`); neither writes anything.
     pub async fn settle(&self, req: SettleRequest) -> StoreResult<CommandRecord> {
         check_epoch("epoch", req.epoch.0)?;
-        let rec = self.command(&req.tenant, &req.session, &req.command).await?;
-        if rec.state.is_terminal() && rec.attempt.is_none() {
-            return Err(StoreError::Terminal {
-                state: rec.state.as_str().to_owned(),
-            });
-        }
-        let Some(attempt) = rec.attempt.clone() else {
-            return Err(StoreError::state(
-                "command",
-                rec.state.as_str(),
-                "no attempt to settle",
-            ));
-        };
         let session = self.session(&req.tenant, &req.session).await?;
         let reader = self
             .router()
@@ -672,6 +672,24 @@ impl Store {
             .ok_or_else(|| StoreError::Unroutable {
                 storage_binding: session.binding.storage_binding_id.to_string(),
             })?;
+        if reader.is_own_journal() {
+            return write_op!(self, |tx, now| ops::settle_from_own_journal(tx, &req, now));
+        }
+        let rec = self
+            .command(&req.tenant, &req.session, &req.command)
+            .await?;
+        if rec.attempt.is_none() {
+            if rec.state.is_terminal() {
+                return Err(StoreError::Terminal {
+                    state: rec.state.as_str().to_owned(),
+                });
+            }
+            return Err(StoreError::state(
+                "command",
+                rec.state.as_str(),
+                "no attempt to settle",
+            ));
+        }
         let frames = reader
             .dispositions(
                 &req.tenant,
@@ -679,21 +697,7 @@ impl Store {
                 rec.runtime_command,
             )
             .await?;
-        let frame = match frames.as_slice() {
-            [] => {
-                return Err(StoreError::evidence(format!(
-                    "the journal holds no disposition for attempt {}",
-                    attempt.id
-                )));
-            }
-            [one] => one.clone(),
-            _ => {
-                return Err(StoreError::evidence(format!(
-                    "the journal holds {} dispositions for one command",
-                    frames.len()
-                )));
-            }
-        };
+        let frame = ops::single_frame(&frames, &rec)?;
         write_op!(self, |tx, now| ops::write_settlement(tx, &req, &frame, now))
     }
 
@@ -702,7 +706,7 @@ impl Store {
     /// Reads the consumption cursor.
     pub async fn cursor(&self, t: &TenantId, s: &SessionId) -> StoreResult<Option<Cursor>> {
         let (t, s) = (t.clone(), s.clone());
-        read_op!(self, |tx, _now| async {
+        read_op!(self, |tx| async {
             use ops::Tx as _;
             tx.cursor(&t, &s).await
         })
@@ -740,7 +744,9 @@ impl Store {
             return Err(StoreError::invalid("kind", "must not be empty"));
         }
         let (t, s) = (t.clone(), s.clone());
-        write_op!(self, |tx, now| ops::open_gate(tx, &t, &s, epoch, &gate, now))
+        write_op!(self, |tx, now| ops::open_gate(
+            tx, &t, &s, epoch, &gate, now
+        ))
     }
 
     /// Marks a projected gate resolved, fenced by the gate mark.
@@ -774,7 +780,7 @@ impl Store {
         open_only: bool,
     ) -> StoreResult<Vec<GateRecord>> {
         let (t, s) = (t.clone(), s.clone());
-        read_op!(self, |tx, _now| async {
+        read_op!(self, |tx| async {
             use ops::Tx as _;
             tx.gates(&t, &s, open_only).await
         })
@@ -809,10 +815,14 @@ impl Store {
 
     /// Reads a payload object and verifies it against `expected` (size and SHA-256) and
     /// against its own stored digest; a mismatch is `integrity`.
-    pub async fn get_object(&self, t: &TenantId, expected: &ObjectRef) -> StoreResult<StoredObject> {
+    pub async fn get_object(
+        &self,
+        t: &TenantId,
+        expected: &ObjectRef,
+    ) -> StoreResult<StoredObject> {
         check_sha256_hex("sha256", &expected.sha256)?;
         let (t, id) = (t.clone(), expected.object_id.clone());
-        let obj = read_op!(self, |tx, _now| ops::get_object(tx, &t, &id))?;
+        let obj = read_op!(self, |tx| ops::get_object(tx, &t, &id))?;
         verify_object(&obj, expected)?;
         Ok(obj)
     }
@@ -839,7 +849,11 @@ impl Store {
     }
 
     /// Renews a journal lease this writer still holds.
-    pub async fn journal_renew(&self, lease: &JournalLease, ttl: Duration) -> StoreResult<JournalLease> {
+    pub async fn journal_renew(
+        &self,
+        lease: &JournalLease,
+        ttl: Duration,
+    ) -> StoreResult<JournalLease> {
         let ttl = ttl_ms("journal_lease_ttl", ttl, MAX_LEASE_TTL)?;
         let lease = lease.clone();
         write_op!(self, |tx, now| ops::journal_renew(tx, &lease, ttl, now))
@@ -887,7 +901,9 @@ impl Store {
             }
         }
         let lease = lease.clone();
-        write_op!(self, |tx, now| ops::journal_append(tx, &lease, &entries, now))
+        write_op!(self, |tx, now| ops::journal_append(
+            tx, &lease, &entries, now
+        ))
     }
 
     /// Reads the journal lease row of a runtime session (absent for another tenant).
@@ -897,7 +913,7 @@ impl Store {
         rs: RuntimeSessionId,
     ) -> StoreResult<Option<JournalLeaseState>> {
         let t = t.clone();
-        read_op!(self, |tx, _now| ops::journal_lease_state(tx, &t, rs))
+        read_op!(self, |tx| ops::journal_lease_state(tx, &t, rs))
     }
 
     /// The journal tip (0 when the journal does not exist).
@@ -915,7 +931,7 @@ impl Store {
     ) -> StoreResult<Vec<JournalRecord>> {
         let t = t.clone();
         let limit = limit.clamp(1, MAX_PAGE);
-        read_op!(self, |tx, _now| ops::journal_read(
+        read_op!(self, |tx| ops::journal_read(
             tx,
             &t,
             rs,
@@ -950,7 +966,7 @@ impl Store {
             });
         }
         let t = t.clone();
-        let records = read_op!(self, |tx, _now| ops::journal_read(
+        let records = read_op!(self, |tx| ops::journal_read(
             tx, &t, rs, after, tip, limit, true
         ))?;
         let mut events = Vec::with_capacity(records.len());

@@ -101,9 +101,9 @@ impl TestStore {
                 options.pg_schema = Some(schema.clone());
                 options.pg_max_connections = 8;
                 adjust(&mut options);
-                let store = Store::open(options.clone())
-                    .await
-                    .expect("the PostgreSQL test store opens (is HOST_TEST_DATABASE_URL reachable?)");
+                let store = Store::open(options.clone()).await.expect(
+                    "the PostgreSQL test store opens (is HOST_TEST_DATABASE_URL reachable?)",
+                );
                 Some(TestStore {
                     store,
                     backend,
@@ -146,7 +146,8 @@ impl TestStore {
                 tokio::task::spawn_blocking(move || {
                     let path = url.trim_start_matches("sqlite://");
                     let conn = rusqlite::Connection::open(path).expect("raw connection");
-                    conn.busy_timeout(Duration::from_secs(5)).expect("busy timeout");
+                    conn.busy_timeout(Duration::from_secs(5))
+                        .expect("busy timeout");
                     conn.execute_batch(&sql).expect("raw SQL runs");
                 })
                 .await
@@ -155,11 +156,15 @@ impl TestStore {
             TestBackend::Postgres => {
                 use sqlx::{Connection, Executor};
                 let url = self.pg_url.clone().unwrap_or_default();
-                let mut conn = sqlx::PgConnection::connect(&url).await.expect("raw connection");
-                let schema = self.schema.clone().unwrap_or_default();
-                conn.execute(sqlx::AssertSqlSafe(format!("SET search_path TO \"{schema}\"")))
+                let mut conn = sqlx::PgConnection::connect(&url)
                     .await
-                    .expect("search path");
+                    .expect("raw connection");
+                let schema = self.schema.clone().unwrap_or_default();
+                conn.execute(sqlx::AssertSqlSafe(format!(
+                    "SET search_path TO \"{schema}\""
+                )))
+                .await
+                .expect("search path");
                 sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
                     .execute(&mut conn)
                     .await
@@ -177,14 +182,19 @@ impl Drop for TestStore {
         };
         // Drop the schema from a separate thread with its own runtime: Drop cannot await.
         let _ = std::thread::spawn(move || {
-            let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
                 return;
             };
             rt.block_on(async move {
                 use sqlx::{Connection, Executor};
                 if let Ok(mut conn) = sqlx::PgConnection::connect(&url).await {
                     let _ = conn
-                        .execute(sqlx::AssertSqlSafe(format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE")))
+                        .execute(sqlx::AssertSqlSafe(format!(
+                            "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
+                        )))
                         .await;
                     let _ = conn.close().await;
                 }

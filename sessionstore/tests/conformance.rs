@@ -62,7 +62,12 @@ mod cases {
         }
     }
 
-    fn attempt_req(rec: &CommandRecord, epoch: u64, token: Uuid, journal: JournalEpoch) -> AttemptRequest {
+    fn attempt_req(
+        rec: &CommandRecord,
+        epoch: u64,
+        token: Uuid,
+        journal: JournalEpoch,
+    ) -> AttemptRequest {
         AttemptRequest {
             tenant: rec.tenant.clone(),
             session: rec.session.clone(),
@@ -100,14 +105,23 @@ mod cases {
             .unwrap()
     }
 
-    async fn append(ts: &TestStore, lease: &mut JournalLease, entries: Vec<JournalEntry>) -> StoreResult<u64> {
+    async fn append(
+        ts: &TestStore,
+        lease: &mut JournalLease,
+        entries: Vec<JournalEntry>,
+    ) -> StoreResult<u64> {
         let tip = ts.store.journal_append(lease, entries).await?;
         lease.tip = tip;
         Ok(tip)
     }
 
     /// Claims and begins an attempt under residency `epoch` and the given journal lease.
-    async fn to_applying(ts: &TestStore, rec: &CommandRecord, epoch: u64, lease: &JournalLease) -> CommandRecord {
+    async fn to_applying(
+        ts: &TestStore,
+        rec: &CommandRecord,
+        epoch: u64,
+        lease: &JournalLease,
+    ) -> CommandRecord {
         let token = Uuid::now_v7();
         let claimed = ts.store.claim(claim_req(rec, epoch, token)).await.unwrap();
         ts.store
@@ -116,7 +130,12 @@ mod cases {
             .unwrap()
     }
 
-    async fn apply_in_journal(ts: &TestStore, lease: &mut JournalLease, rec: &CommandRecord, outcome: ApplicationOutcome) -> u64 {
+    async fn apply_in_journal(
+        ts: &TestStore,
+        lease: &mut JournalLease,
+        rec: &CommandRecord,
+        outcome: ApplicationOutcome,
+    ) -> u64 {
         let attempt = rec.attempt.clone().unwrap();
         append(
             ts,
@@ -167,15 +186,38 @@ mod cases {
             .await
             .unwrap_err();
         assert_eq!(err, StoreError::CommandMismatch { field: "binding" });
-        assert_eq!(ts.store.session(&s.tenant, &s.session).await.unwrap().binding, s.binding);
+        assert_eq!(
+            ts.store
+                .session(&s.tenant, &s.session)
+                .await
+                .unwrap()
+                .binding,
+            s.binding
+        );
     }
 
     pub async fn another_tenant_never_sees_a_session(ts: &TestStore) {
         let s = new_session(ts, "s1").await;
         let other = TenantId::new("globex").unwrap();
-        assert_eq!(code(ts.store.session(&other, &s.session).await), "not_found");
-        assert!(ts.store.list_sessions(&other, None, 10).await.unwrap().is_empty());
-        assert_eq!(ts.store.list_sessions(&s.tenant, None, 10).await.unwrap().len(), 1);
+        assert_eq!(
+            code(ts.store.session(&other, &s.session).await),
+            "not_found"
+        );
+        assert!(
+            ts.store
+                .list_sessions(&other, None, 10)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(
+            ts.store
+                .list_sessions(&s.tenant, None, 10)
+                .await
+                .unwrap()
+                .len(),
+            1
+        );
         let mut c = new_command(&s, "c1", CommandKind::Input, b"{}");
         c.tenant = other;
         assert_eq!(code(ts.store.admit(c).await), "not_found");
@@ -204,10 +246,26 @@ mod cases {
 
     pub async fn an_admission_retry_that_differs_is_a_command_mismatch(ts: &TestStore) {
         let s = new_session(ts, "s1").await;
-        ts.store.admit(new_command(&s, "c1", CommandKind::Input, b"a")).await.unwrap();
-        let err = ts.store.admit(new_command(&s, "c1", CommandKind::Input, b"b")).await.unwrap_err();
-        assert_eq!(err, StoreError::CommandMismatch { field: "body_digest" });
-        let err = ts.store.admit(new_command(&s, "c1", CommandKind::Interrupt, b"a")).await.unwrap_err();
+        ts.store
+            .admit(new_command(&s, "c1", CommandKind::Input, b"a"))
+            .await
+            .unwrap();
+        let err = ts
+            .store
+            .admit(new_command(&s, "c1", CommandKind::Input, b"b"))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err,
+            StoreError::CommandMismatch {
+                field: "body_digest"
+            }
+        );
+        let err = ts
+            .store
+            .admit(new_command(&s, "c1", CommandKind::Interrupt, b"a"))
+            .await
+            .unwrap_err();
         assert_eq!(err, StoreError::CommandMismatch { field: "kind" });
     }
 
@@ -218,9 +276,16 @@ mod cases {
         let b = admit(ts, &s1, "b").await;
         let x = admit(ts, &s2, "x").await;
         let c = admit(ts, &s1, "c").await;
-        assert_eq!((a.accepted_order, b.accepted_order, c.accepted_order), (1, 2, 3));
+        assert_eq!(
+            (a.accepted_order, b.accepted_order, c.accepted_order),
+            (1, 2, 3)
+        );
         assert_eq!(x.accepted_order, 1);
-        let page = ts.store.list_commands(&s1.tenant, &s1.session, 1, 10).await.unwrap();
+        let page = ts
+            .store
+            .list_commands(&s1.tenant, &s1.session, 1, 10)
+            .await
+            .unwrap();
         let ids: Vec<_> = page.iter().map(|r| r.command.as_str().to_owned()).collect();
         assert_eq!(ids, ["b", "c"]);
     }
@@ -306,8 +371,16 @@ mod cases {
     pub async fn a_live_claim_of_the_same_epoch_with_another_token_is_claim_held(ts: &TestStore) {
         let s = new_session(ts, "s1").await;
         let rec = admit(ts, &s, "c1").await;
-        let claimed = ts.store.claim(claim_req(&rec, 1, Uuid::now_v7())).await.unwrap();
-        let err = ts.store.claim(claim_req(&claimed, 1, Uuid::now_v7())).await.unwrap_err();
+        let claimed = ts
+            .store
+            .claim(claim_req(&rec, 1, Uuid::now_v7()))
+            .await
+            .unwrap();
+        let err = ts
+            .store
+            .claim(claim_req(&claimed, 1, Uuid::now_v7()))
+            .await
+            .unwrap_err();
         assert_eq!(err.code(), ErrorCode::ClaimHeld);
         assert_eq!(err.mark(), Some(1));
     }
@@ -315,8 +388,16 @@ mod cases {
     pub async fn a_strictly_higher_epoch_takes_over_a_live_claim(ts: &TestStore) {
         let s = new_session(ts, "s1").await;
         let rec = admit(ts, &s, "c1").await;
-        let claimed = ts.store.claim(claim_req(&rec, 1, Uuid::now_v7())).await.unwrap();
-        let taken = ts.store.claim(claim_req(&claimed, 2, Uuid::now_v7())).await.unwrap();
+        let claimed = ts
+            .store
+            .claim(claim_req(&rec, 1, Uuid::now_v7()))
+            .await
+            .unwrap();
+        let taken = ts
+            .store
+            .claim(claim_req(&claimed, 2, Uuid::now_v7()))
+            .await
+            .unwrap();
         assert_eq!(taken.claim.as_ref().unwrap().epoch, ResidencyEpoch(2));
         assert_eq!(taken.epoch_mark, ResidencyEpoch(2));
     }
@@ -324,8 +405,16 @@ mod cases {
     pub async fn a_lower_epoch_is_refused_and_told_the_mark(ts: &TestStore) {
         let s = new_session(ts, "s1").await;
         let rec = admit(ts, &s, "c1").await;
-        let claimed = ts.store.claim(claim_req(&rec, 3, Uuid::now_v7())).await.unwrap();
-        let err = ts.store.claim(claim_req(&claimed, 2, Uuid::now_v7())).await.unwrap_err();
+        let claimed = ts
+            .store
+            .claim(claim_req(&rec, 3, Uuid::now_v7()))
+            .await
+            .unwrap();
+        let err = ts
+            .store
+            .claim(claim_req(&claimed, 2, Uuid::now_v7()))
+            .await
+            .unwrap_err();
         assert_eq!(
             err,
             StoreError::Epoch {
@@ -343,7 +432,11 @@ mod cases {
         req.ttl = Duration::from_millis(300);
         let claimed = ts.store.claim(req).await.unwrap();
         ts.advance(Duration::from_millis(450)).await;
-        let retaken = ts.store.claim(claim_req(&claimed, 1, Uuid::now_v7())).await.unwrap();
+        let retaken = ts
+            .store
+            .claim(claim_req(&claimed, 1, Uuid::now_v7()))
+            .await
+            .unwrap();
         assert_eq!(retaken.claim.unwrap().epoch, ResidencyEpoch(1));
     }
 
@@ -353,13 +446,20 @@ mod cases {
         c.apply_within = Duration::from_millis(300);
         let rec = ts.store.admit(c).await.unwrap();
         ts.advance(Duration::from_millis(450)).await;
-        assert_eq!(code(ts.store.claim(claim_req(&rec, 1, Uuid::now_v7())).await), "deadline");
+        assert_eq!(
+            code(ts.store.claim(claim_req(&rec, 1, Uuid::now_v7())).await),
+            "deadline"
+        );
     }
 
     pub async fn a_stale_revision_is_a_conflict_carrying_the_current_one(ts: &TestStore) {
         let s = new_session(ts, "s1").await;
         let rec = admit(ts, &s, "c1").await;
-        let claimed = ts.store.claim(claim_req(&rec, 1, Uuid::now_v7())).await.unwrap();
+        let claimed = ts
+            .store
+            .claim(claim_req(&rec, 1, Uuid::now_v7()))
+            .await
+            .unwrap();
         let mut req = claim_req(&claimed, 2, Uuid::now_v7());
         req.expected_revision = 1;
         let err = ts.store.claim(req).await.unwrap_err();
@@ -388,16 +488,28 @@ mod cases {
         let s = new_session(ts, "s1").await;
         let mut rec = admit(ts, &s, "c1").await;
         rec.command = CommandId::new("ghost").unwrap();
-        assert_eq!(code(ts.store.claim(claim_req(&rec, 1, Uuid::now_v7())).await), "not_found");
-        assert_eq!(code(ts.store.command(&s.tenant, &s.session, &rec.command).await), "not_found");
+        assert_eq!(
+            code(ts.store.claim(claim_req(&rec, 1, Uuid::now_v7())).await),
+            "not_found"
+        );
+        assert_eq!(
+            code(ts.store.command(&s.tenant, &s.session, &rec.command).await),
+            "not_found"
+        );
     }
 
     // ---- reject -----------------------------------------------------------------------------
 
-    pub async fn a_command_is_rejected_before_any_attempt_and_the_retry_is_idempotent(ts: &TestStore) {
+    pub async fn a_command_is_rejected_before_any_attempt_and_the_retry_is_idempotent(
+        ts: &TestStore,
+    ) {
         let s = new_session(ts, "s1").await;
         let rec = admit(ts, &s, "c1").await;
-        let claimed = ts.store.claim(claim_req(&rec, 1, Uuid::now_v7())).await.unwrap();
+        let claimed = ts
+            .store
+            .claim(claim_req(&rec, 1, Uuid::now_v7()))
+            .await
+            .unwrap();
         let req = RejectRequest {
             tenant: s.tenant.clone(),
             session: s.session.clone(),
@@ -412,14 +524,28 @@ mod cases {
         assert_eq!(rejected.reason.as_deref(), Some("malformed_body"));
         assert_eq!(ts.store.reject(req).await.unwrap(), rejected);
         // Terminal: nothing else moves it.
-        assert_eq!(code(ts.store.claim(claim_req(&rejected, 2, Uuid::now_v7())).await), "terminal");
-        assert_eq!(code(ts.store.settle(settle_req(&rejected, 2)).await), "terminal");
+        assert_eq!(
+            code(
+                ts.store
+                    .claim(claim_req(&rejected, 2, Uuid::now_v7()))
+                    .await
+            ),
+            "terminal"
+        );
+        assert_eq!(
+            code(ts.store.settle(settle_req(&rejected, 2)).await),
+            "terminal"
+        );
     }
 
     pub async fn a_pending_command_is_rejected_only_at_or_above_its_mark(ts: &TestStore) {
         let s = new_session(ts, "s1").await;
         let rec = admit(ts, &s, "c1").await;
-        let claimed = ts.store.claim(claim_req(&rec, 5, Uuid::now_v7())).await.unwrap();
+        let claimed = ts
+            .store
+            .claim(claim_req(&rec, 5, Uuid::now_v7()))
+            .await
+            .unwrap();
         let req = RejectRequest {
             tenant: s.tenant.clone(),
             session: s.session.clone(),
@@ -446,7 +572,14 @@ mod cases {
             expected_revision: applying.revision,
         };
         assert_eq!(code(ts.store.reject(req).await), "state");
-        assert_eq!(code(ts.store.claim(claim_req(&applying, 2, Uuid::now_v7())).await), "state");
+        assert_eq!(
+            code(
+                ts.store
+                    .claim(claim_req(&applying, 2, Uuid::now_v7()))
+                    .await
+            ),
+            "state"
+        );
     }
 
     // ---- attempt ----------------------------------------------------------------------------
@@ -456,7 +589,11 @@ mod cases {
         let rec = admit(ts, &s, "c1").await;
         // Pending: no claim.
         assert_eq!(
-            code(ts.store.begin_attempt(attempt_req(&rec, 1, Uuid::now_v7(), JournalEpoch(1))).await),
+            code(
+                ts.store
+                    .begin_attempt(attempt_req(&rec, 1, Uuid::now_v7(), JournalEpoch(1)))
+                    .await
+            ),
             "state"
         );
         // Another token of the same epoch: the claim is not ours.
@@ -465,17 +602,29 @@ mod cases {
         short.ttl = Duration::from_millis(300);
         let claimed = ts.store.claim(short).await.unwrap();
         assert_eq!(
-            code(ts.store.begin_attempt(attempt_req(&claimed, 1, Uuid::now_v7(), JournalEpoch(1))).await),
+            code(
+                ts.store
+                    .begin_attempt(attempt_req(&claimed, 1, Uuid::now_v7(), JournalEpoch(1)))
+                    .await
+            ),
             "claim_lost"
         );
         // Lapsed: the claim expired.
         ts.advance(Duration::from_millis(450)).await;
         assert_eq!(
-            code(ts.store.begin_attempt(attempt_req(&claimed, 1, token, JournalEpoch(1))).await),
+            code(
+                ts.store
+                    .begin_attempt(attempt_req(&claimed, 1, token, JournalEpoch(1)))
+                    .await
+            ),
             "claim_lost"
         );
         // Taken over by a successor: the predecessor's attempt fails.
-        let taken = ts.store.claim(claim_req(&claimed, 2, Uuid::now_v7())).await.unwrap();
+        let taken = ts
+            .store
+            .claim(claim_req(&claimed, 2, Uuid::now_v7()))
+            .await
+            .unwrap();
         let err = ts
             .store
             .begin_attempt(attempt_req(&taken, 1, token, JournalEpoch(1)))
@@ -505,8 +654,15 @@ mod cases {
         let lease = journal(ts, &s, "runtime-a").await;
         let rec = admit(ts, &s, "c1").await;
         let applying = to_applying(ts, &rec, 1, &lease).await;
-        assert_eq!(code(ts.store.settle(settle_req(&applying, 1)).await), "evidence");
-        let after = ts.store.command(&s.tenant, &s.session, &rec.command).await.unwrap();
+        assert_eq!(
+            code(ts.store.settle(settle_req(&applying, 1)).await),
+            "evidence"
+        );
+        let after = ts
+            .store
+            .command(&s.tenant, &s.session, &rec.command)
+            .await
+            .unwrap();
         assert_eq!(after, applying);
     }
 
@@ -514,9 +670,24 @@ mod cases {
         let s = new_session(ts, "s1").await;
         let mut lease = journal(ts, &s, "runtime-a").await;
         for (id, outcome, state, out) in [
-            ("a", ApplicationOutcome::Applied, CommandState::Applied, Outcome::Applied),
-            ("b", ApplicationOutcome::NoOp, CommandState::Applied, Outcome::NoOp),
-            ("c", ApplicationOutcome::Refused, CommandState::Rejected, Outcome::Refused),
+            (
+                "a",
+                ApplicationOutcome::Applied,
+                CommandState::Applied,
+                Outcome::Applied,
+            ),
+            (
+                "b",
+                ApplicationOutcome::NoOp,
+                CommandState::Applied,
+                Outcome::NoOp,
+            ),
+            (
+                "c",
+                ApplicationOutcome::Refused,
+                CommandState::Rejected,
+                Outcome::Refused,
+            ),
         ] {
             let rec = admit(ts, &s, id).await;
             let applying = to_applying(ts, &rec, 1, &lease).await;
@@ -526,7 +697,10 @@ mod cases {
             assert_eq!(settled.outcome, Some(out));
             assert_eq!(settled.evidence_seq, Some(seq));
             // Idempotent retry.
-            assert_eq!(ts.store.settle(settle_req(&applying, 1)).await.unwrap(), settled);
+            assert_eq!(
+                ts.store.settle(settle_req(&applying, 1)).await.unwrap(),
+                settled
+            );
         }
     }
 
@@ -584,14 +758,22 @@ mod cases {
                 storage_binding: "elsewhere".into()
             }
         );
-        let after = ts.store.command(&s.tenant, &s.session, &rec.command).await.unwrap();
+        let after = ts
+            .store
+            .command(&s.tenant, &s.session, &rec.command)
+            .await
+            .unwrap();
         assert_eq!(after.state, CommandState::Applying);
         // Routing the binding to this store's journal makes the same settle find evidence.
-        ts.store.set_evidence_router(std::sync::Arc::new(FixedEvidenceRouter::new(
-            [StorageBindingId::new("elsewhere").unwrap()],
-            ts.store.own_evidence_reader(),
-        )));
-        assert_eq!(code(ts.store.settle(settle_req(&applying, 1)).await), "evidence");
+        ts.store
+            .set_evidence_router(std::sync::Arc::new(FixedEvidenceRouter::new(
+                [StorageBindingId::new("elsewhere").unwrap()],
+                ts.store.own_evidence_reader(),
+            )));
+        assert_eq!(
+            code(ts.store.settle(settle_req(&applying, 1)).await),
+            "evidence"
+        );
     }
 
     pub async fn evidence_for_another_attempt_or_epoch_is_refused(ts: &TestStore) {
@@ -613,9 +795,16 @@ mod cases {
         )
         .await
         .unwrap();
-        assert_eq!(code(ts.store.settle(settle_req(&applying, 1)).await), "evidence");
         assert_eq!(
-            ts.store.command(&s.tenant, &s.session, &rec.command).await.unwrap().state,
+            code(ts.store.settle(settle_req(&applying, 1)).await),
+            "evidence"
+        );
+        assert_eq!(
+            ts.store
+                .command(&s.tenant, &s.session, &rec.command)
+                .await
+                .unwrap()
+                .state,
             CommandState::Applying
         );
     }
@@ -626,7 +815,14 @@ mod cases {
         let rec = admit(ts, &s, "c1").await;
         let applying = to_applying(ts, &rec, 3, &lease).await;
         apply_in_journal(ts, &mut lease, &applying, ApplicationOutcome::Applied).await;
-        assert_eq!(ts.store.settle(settle_req(&applying, 2)).await.unwrap_err().mark(), Some(3));
+        assert_eq!(
+            ts.store
+                .settle(settle_req(&applying, 2))
+                .await
+                .unwrap_err()
+                .mark(),
+            Some(3)
+        );
     }
 
     // ---- cursor -----------------------------------------------------------------------------
@@ -634,12 +830,34 @@ mod cases {
     pub async fn the_cursor_is_fenced_and_never_regresses(ts: &TestStore) {
         let s = new_session(ts, "s1").await;
         assert_eq!(ts.store.cursor(&s.tenant, &s.session).await.unwrap(), None);
-        ts.store.save_cursor(&s.tenant, &s.session, 2, ResidencyEpoch(1)).await.unwrap();
-        assert_eq!(code(ts.store.save_cursor(&s.tenant, &s.session, 1, ResidencyEpoch(1)).await), "state");
-        ts.store.save_cursor(&s.tenant, &s.session, 3, ResidencyEpoch(2)).await.unwrap();
-        let err = ts.store.save_cursor(&s.tenant, &s.session, 9, ResidencyEpoch(1)).await.unwrap_err();
+        ts.store
+            .save_cursor(&s.tenant, &s.session, 2, ResidencyEpoch(1))
+            .await
+            .unwrap();
+        assert_eq!(
+            code(
+                ts.store
+                    .save_cursor(&s.tenant, &s.session, 1, ResidencyEpoch(1))
+                    .await
+            ),
+            "state"
+        );
+        ts.store
+            .save_cursor(&s.tenant, &s.session, 3, ResidencyEpoch(2))
+            .await
+            .unwrap();
+        let err = ts
+            .store
+            .save_cursor(&s.tenant, &s.session, 9, ResidencyEpoch(1))
+            .await
+            .unwrap_err();
         assert_eq!(err.mark(), Some(2));
-        let c = ts.store.cursor(&s.tenant, &s.session).await.unwrap().unwrap();
+        let c = ts
+            .store
+            .cursor(&s.tenant, &s.session)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!((c.consumed_order, c.epoch), (3, ResidencyEpoch(2)));
     }
 
@@ -658,60 +876,150 @@ mod cases {
 
     pub async fn residency_epochs_strictly_increase_and_survive_release(ts: &TestStore) {
         let s = new_session(ts, "s1").await;
-        let g1 = ts.store.acquire_residency(residency(&s, "h1")).await.unwrap();
+        let g1 = ts
+            .store
+            .acquire_residency(residency(&s, "h1"))
+            .await
+            .unwrap();
         assert_eq!(g1.epoch, ResidencyEpoch(1));
-        assert_eq!(ts.store.acquire_residency(residency(&s, "h1")).await.unwrap().epoch, g1.epoch);
+        assert_eq!(
+            ts.store
+                .acquire_residency(residency(&s, "h1"))
+                .await
+                .unwrap()
+                .epoch,
+            g1.epoch
+        );
         ts.store.release_residency(&g1).await.unwrap();
-        let row = ts.store.residency(&s.tenant, &s.session).await.unwrap().unwrap();
+        let row = ts
+            .store
+            .residency(&s.tenant, &s.session)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!((row.epoch, row.holder), (ResidencyEpoch(1), None));
-        let g2 = ts.store.acquire_residency(residency(&s, "h2")).await.unwrap();
+        let g2 = ts
+            .store
+            .acquire_residency(residency(&s, "h2"))
+            .await
+            .unwrap();
         assert_eq!(g2.epoch, ResidencyEpoch(2));
         // Releasing a superseded grant changes nothing.
         ts.store.release_residency(&g1).await.unwrap();
         assert_eq!(
-            ts.store.residency(&s.tenant, &s.session).await.unwrap().unwrap().holder.as_deref(),
+            ts.store
+                .residency(&s.tenant, &s.session)
+                .await
+                .unwrap()
+                .unwrap()
+                .holder
+                .as_deref(),
             Some("h2")
         );
     }
 
     pub async fn a_live_residency_held_elsewhere_is_refused_with_its_epoch(ts: &TestStore) {
         let s = new_session(ts, "s1").await;
-        let g1 = ts.store.acquire_residency(residency(&s, "h1")).await.unwrap();
-        let err = ts.store.acquire_residency(residency(&s, "h2")).await.unwrap_err();
+        let g1 = ts
+            .store
+            .acquire_residency(residency(&s, "h1"))
+            .await
+            .unwrap();
+        let err = ts
+            .store
+            .acquire_residency(residency(&s, "h2"))
+            .await
+            .unwrap_err();
         assert_eq!(err.code(), ErrorCode::ClaimHeld);
         assert_eq!(err.mark(), Some(g1.epoch.0));
     }
 
-    pub async fn an_expired_residency_is_taken_over_and_the_old_holder_cannot_renew(ts: &TestStore) {
+    pub async fn an_expired_residency_is_taken_over_and_the_old_holder_cannot_renew(
+        ts: &TestStore,
+    ) {
         let s = new_session(ts, "s1").await;
         let mut req = residency(&s, "h1");
         req.ttl = Duration::from_millis(300);
         let g1 = ts.store.acquire_residency(req).await.unwrap();
-        let renewed = ts.store.renew_residency(&g1, Duration::from_millis(300)).await.unwrap();
+        let renewed = ts
+            .store
+            .renew_residency(&g1, Duration::from_millis(300))
+            .await
+            .unwrap();
         assert!(renewed.expires_at_ms >= g1.expires_at_ms);
         ts.advance(Duration::from_millis(450)).await;
         assert_eq!(code(ts.store.renew_residency(&g1, TTL).await), "claim_lost");
-        let g2 = ts.store.acquire_residency(residency(&s, "h2")).await.unwrap();
+        let g2 = ts
+            .store
+            .acquire_residency(residency(&s, "h2"))
+            .await
+            .unwrap();
         assert_eq!(g2.epoch, ResidencyEpoch(2));
-        assert_eq!(ts.store.renew_residency(&g1, TTL).await.unwrap_err().mark(), Some(2));
+        assert_eq!(
+            ts.store.renew_residency(&g1, TTL).await.unwrap_err().mark(),
+            Some(2)
+        );
     }
 
     // ---- gate mark and projection -------------------------------------------------------------
 
     pub async fn the_gate_mark_refuses_lower_admits_equal_and_raises_on_higher(ts: &TestStore) {
         let s = new_session(ts, "s1").await;
-        assert_eq!(ts.store.fence_gate_mark(&s.tenant, &s.session, ResidencyEpoch(2)).await.unwrap(), ResidencyEpoch(2));
-        assert_eq!(ts.store.fence_gate_mark(&s.tenant, &s.session, ResidencyEpoch(2)).await.unwrap(), ResidencyEpoch(2));
-        assert_eq!(ts.store.fence_gate_mark(&s.tenant, &s.session, ResidencyEpoch(1)).await.unwrap_err().mark(), Some(2));
-        assert_eq!(ts.store.fence_gate_mark(&s.tenant, &s.session, ResidencyEpoch(3)).await.unwrap(), ResidencyEpoch(3));
-        assert_eq!(ts.store.session(&s.tenant, &s.session).await.unwrap().gate_mark, ResidencyEpoch(3));
+        assert_eq!(
+            ts.store
+                .fence_gate_mark(&s.tenant, &s.session, ResidencyEpoch(2))
+                .await
+                .unwrap(),
+            ResidencyEpoch(2)
+        );
+        assert_eq!(
+            ts.store
+                .fence_gate_mark(&s.tenant, &s.session, ResidencyEpoch(2))
+                .await
+                .unwrap(),
+            ResidencyEpoch(2)
+        );
+        assert_eq!(
+            ts.store
+                .fence_gate_mark(&s.tenant, &s.session, ResidencyEpoch(1))
+                .await
+                .unwrap_err()
+                .mark(),
+            Some(2)
+        );
+        assert_eq!(
+            ts.store
+                .fence_gate_mark(&s.tenant, &s.session, ResidencyEpoch(3))
+                .await
+                .unwrap(),
+            ResidencyEpoch(3)
+        );
+        assert_eq!(
+            ts.store
+                .session(&s.tenant, &s.session)
+                .await
+                .unwrap()
+                .gate_mark,
+            ResidencyEpoch(3)
+        );
         let proj = SessionProjection {
             residency_state: ResidencyState::Resident,
             last_journal_seq: 4,
             checkpoint_seq: 2,
         };
-        assert_eq!(code(ts.store.update_projection(&s.tenant, &s.session, ResidencyEpoch(2), proj.clone()).await), "epoch");
-        let rec = ts.store.update_projection(&s.tenant, &s.session, ResidencyEpoch(3), proj).await.unwrap();
+        assert_eq!(
+            code(
+                ts.store
+                    .update_projection(&s.tenant, &s.session, ResidencyEpoch(2), proj.clone())
+                    .await
+            ),
+            "epoch"
+        );
+        let rec = ts
+            .store
+            .update_projection(&s.tenant, &s.session, ResidencyEpoch(3), proj)
+            .await
+            .unwrap();
         assert_eq!(rec.residency_state, ResidencyState::Resident);
     }
 
@@ -730,31 +1038,87 @@ mod cases {
         let s = new_session(ts, "s1").await;
         let e = ResidencyEpoch(1);
         for n in 1..=16 {
-            ts.store.open_gate(&s.tenant, &s.session, e, gate(n)).await.unwrap();
+            ts.store
+                .open_gate(&s.tenant, &s.session, e, gate(n))
+                .await
+                .unwrap();
         }
         // Re-opening a projected gate returns it unchanged.
-        let again = ts.store.open_gate(&s.tenant, &s.session, e, gate(3)).await.unwrap();
+        let again = ts
+            .store
+            .open_gate(&s.tenant, &s.session, e, gate(3))
+            .await
+            .unwrap();
         assert_eq!(again.state, GateState::Open);
-        assert_eq!(code(ts.store.open_gate(&s.tenant, &s.session, e, gate(17)).await), "state");
-        let resolved = ts.store.resolve_gate(&s.tenant, &s.session, e, &gate(1).gate, 40).await.unwrap();
+        assert_eq!(
+            code(ts.store.open_gate(&s.tenant, &s.session, e, gate(17)).await),
+            "state"
+        );
+        let resolved = ts
+            .store
+            .resolve_gate(&s.tenant, &s.session, e, &gate(1).gate, 40)
+            .await
+            .unwrap();
         assert_eq!(resolved.resolved_seq, Some(40));
-        ts.store.open_gate(&s.tenant, &s.session, e, gate(17)).await.unwrap();
+        ts.store
+            .open_gate(&s.tenant, &s.session, e, gate(17))
+            .await
+            .unwrap();
         // A resolved gate is never reopened.
-        let stays = ts.store.open_gate(&s.tenant, &s.session, e, gate(1)).await.unwrap();
+        let stays = ts
+            .store
+            .open_gate(&s.tenant, &s.session, e, gate(1))
+            .await
+            .unwrap();
         assert_eq!(stays.state, GateState::Resolved);
-        assert_eq!(ts.store.gates(&s.tenant, &s.session, true).await.unwrap().len(), 16);
-        assert_eq!(ts.store.gates(&s.tenant, &s.session, false).await.unwrap().len(), 17);
-        assert_eq!(code(ts.store.resolve_gate(&s.tenant, &s.session, e, &GateId::new("nope").unwrap(), 41).await), "not_found");
+        assert_eq!(
+            ts.store
+                .gates(&s.tenant, &s.session, true)
+                .await
+                .unwrap()
+                .len(),
+            16
+        );
+        assert_eq!(
+            ts.store
+                .gates(&s.tenant, &s.session, false)
+                .await
+                .unwrap()
+                .len(),
+            17
+        );
+        assert_eq!(
+            code(
+                ts.store
+                    .resolve_gate(&s.tenant, &s.session, e, &GateId::new("nope").unwrap(), 41)
+                    .await
+            ),
+            "not_found"
+        );
     }
 
     pub async fn gate_writes_are_fenced_by_the_gate_mark(ts: &TestStore) {
         let s = new_session(ts, "s1").await;
-        ts.store.fence_gate_mark(&s.tenant, &s.session, ResidencyEpoch(2)).await.unwrap();
-        let err = ts.store.open_gate(&s.tenant, &s.session, ResidencyEpoch(1), gate(1)).await.unwrap_err();
+        ts.store
+            .fence_gate_mark(&s.tenant, &s.session, ResidencyEpoch(2))
+            .await
+            .unwrap();
+        let err = ts
+            .store
+            .open_gate(&s.tenant, &s.session, ResidencyEpoch(1), gate(1))
+            .await
+            .unwrap_err();
         assert_eq!(err.mark(), Some(2));
-        ts.store.open_gate(&s.tenant, &s.session, ResidencyEpoch(2), gate(1)).await.unwrap();
+        ts.store
+            .open_gate(&s.tenant, &s.session, ResidencyEpoch(2), gate(1))
+            .await
+            .unwrap();
         assert_eq!(
-            ts.store.resolve_gate(&s.tenant, &s.session, ResidencyEpoch(1), &gate(1).gate, 5).await.unwrap_err().mark(),
+            ts.store
+                .resolve_gate(&s.tenant, &s.session, ResidencyEpoch(1), &gate(1).gate, 5)
+                .await
+                .unwrap_err()
+                .mark(),
             Some(2)
         );
     }
@@ -777,15 +1141,41 @@ mod cases {
 
     pub async fn a_registration_is_fenced_and_its_tombstone_keeps_the_epoch(ts: &TestStore) {
         let s = new_session(ts, "s1").await;
-        ts.store.put_registration(registration(&s, 2)).await.unwrap();
-        assert_eq!(ts.store.put_registration(registration(&s, 1)).await.unwrap_err().mark(), Some(2));
-        let tomb = ts.store.tombstone_registration(&s.tenant, &s.session, ResidencyEpoch(2)).await.unwrap();
+        ts.store
+            .put_registration(registration(&s, 2))
+            .await
+            .unwrap();
+        assert_eq!(
+            ts.store
+                .put_registration(registration(&s, 1))
+                .await
+                .unwrap_err()
+                .mark(),
+            Some(2)
+        );
+        let tomb = ts
+            .store
+            .tombstone_registration(&s.tenant, &s.session, ResidencyEpoch(2))
+            .await
+            .unwrap();
         assert_eq!(tomb.residency, ResidencyState::Released);
         assert!(!tomb.accepting);
         assert_eq!(tomb.lease_epoch, ResidencyEpoch(2));
-        let read = ts.store.registration(&s.tenant, &s.session).await.unwrap().unwrap();
+        let read = ts
+            .store
+            .registration(&s.tenant, &s.session)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(read, tomb);
-        assert_eq!(code(ts.store.tombstone_registration(&s.tenant, &s.session, ResidencyEpoch(1)).await), "epoch");
+        assert_eq!(
+            code(
+                ts.store
+                    .tombstone_registration(&s.tenant, &s.session, ResidencyEpoch(1))
+                    .await
+            ),
+            "epoch"
+        );
         let mut bad = registration(&s, 3);
         bad.ttl = Duration::from_secs(7200);
         assert_eq!(code(ts.store.put_registration(bad).await), "invalid");
@@ -805,10 +1195,21 @@ mod cases {
     }
 
     pub async fn an_advertisement_expires_and_a_lower_generation_is_refused(ts: &TestStore) {
-        let t = ts.store.advertise(advertisement(2, Duration::from_millis(300))).await.unwrap();
+        let t = ts
+            .store
+            .advertise(advertisement(2, Duration::from_millis(300)))
+            .await
+            .unwrap();
         assert_eq!(t.capacity, 8);
         assert_eq!(ts.store.targets(true).await.unwrap().len(), 1);
-        assert_eq!(ts.store.advertise(advertisement(1, TTL)).await.unwrap_err().mark(), Some(2));
+        assert_eq!(
+            ts.store
+                .advertise(advertisement(1, TTL))
+                .await
+                .unwrap_err()
+                .mark(),
+            Some(2)
+        );
         ts.advance(Duration::from_millis(450)).await;
         assert!(ts.store.targets(true).await.unwrap().is_empty());
         assert_eq!(ts.store.targets(false).await.unwrap().len(), 1);
@@ -834,7 +1235,10 @@ mod cases {
     pub async fn a_corrupted_payload_object_is_detected(ts: &TestStore) {
         let s = new_session(ts, "s1").await;
         let r = object(ts, &s, b"the original bytes").await;
-        assert_eq!(ts.store.get_object(&s.tenant, &r).await.unwrap().bytes, b"the original bytes");
+        assert_eq!(
+            ts.store.get_object(&s.tenant, &r).await.unwrap().bytes,
+            b"the original bytes"
+        );
         ts.exec_raw(&format!(
             "UPDATE payload_objects SET bytes = {} WHERE object_id = '{}'",
             match ts.backend {
@@ -852,15 +1256,24 @@ mod cases {
         let r = object(ts, &s, b"bytes").await;
         let mut wrong = r.clone();
         wrong.size = 4;
-        assert_eq!(code(ts.store.get_object(&s.tenant, &wrong).await), "integrity");
+        assert_eq!(
+            code(ts.store.get_object(&s.tenant, &wrong).await),
+            "integrity"
+        );
         let mut wrong = r.clone();
         wrong.sha256 = "0".repeat(64);
-        assert_eq!(code(ts.store.get_object(&s.tenant, &wrong).await), "integrity");
+        assert_eq!(
+            code(ts.store.get_object(&s.tenant, &wrong).await),
+            "integrity"
+        );
         let other = TenantId::new("globex").unwrap();
         assert_eq!(code(ts.store.get_object(&other, &r).await), "not_found");
         let mut missing = r;
         missing.object_id = ObjectId::new("nope").unwrap();
-        assert_eq!(code(ts.store.get_object(&s.tenant, &missing).await), "not_found");
+        assert_eq!(
+            code(ts.store.get_object(&s.tenant, &missing).await),
+            "not_found"
+        );
     }
 
     // ---- journal ----------------------------------------------------------------------------
@@ -882,7 +1295,11 @@ mod cases {
         assert_eq!((l1.epoch, l1.tip), (JournalEpoch(1), 1));
         let l2 = journal(ts, &s, "runtime-b").await;
         assert_eq!((l2.epoch, l2.tip), (JournalEpoch(2), 2));
-        let page = ts.store.journal_runtime_page(&s.tenant, rs, 0, 10).await.unwrap();
+        let page = ts
+            .store
+            .journal_runtime_page(&s.tenant, rs, 0, 10)
+            .await
+            .unwrap();
         assert_eq!(page.len(), 2);
         assert!(page.iter().all(|r| r.kind == RecordKind::Fence));
         assert_eq!(page[1].epoch, JournalEpoch(2));
@@ -893,7 +1310,9 @@ mod cases {
         let mut old = journal(ts, &s, "runtime-a").await;
         append(ts, &mut old, vec![event(1, None)]).await.unwrap();
         let mut new = journal(ts, &s, "runtime-b").await;
-        let err = append(ts, &mut old, vec![event(2, None)]).await.unwrap_err();
+        let err = append(ts, &mut old, vec![event(2, None)])
+            .await
+            .unwrap_err();
         assert_eq!(err.code(), ErrorCode::Epoch);
         assert_eq!(err.mark(), Some(new.epoch.0));
         append(ts, &mut new, vec![event(3, None)]).await.unwrap();
@@ -901,7 +1320,12 @@ mod cases {
         // The stale lease can neither renew nor release the successor's.
         assert_eq!(code(ts.store.journal_renew(&old, TTL).await), "epoch");
         ts.store.journal_release(&old).await.unwrap();
-        let state = ts.store.journal_lease_state(&s.tenant, s.binding.runtime_session_id).await.unwrap().unwrap();
+        let state = ts
+            .store
+            .journal_lease_state(&s.tenant, s.binding.runtime_session_id)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(state.holder.as_deref(), Some("runtime-b"));
     }
 
@@ -909,8 +1333,14 @@ mod cases {
         let s = new_session(ts, "s1").await;
         let mut lease = journal(ts, &s, "runtime-a").await;
         let stale = lease.clone();
-        append(ts, &mut lease, vec![event(1, None), event(2, None)]).await.unwrap();
-        let err = ts.store.journal_append(&stale, vec![event(3, None)]).await.unwrap_err();
+        append(ts, &mut lease, vec![event(1, None), event(2, None)])
+            .await
+            .unwrap();
+        let err = ts
+            .store
+            .journal_append(&stale, vec![event(3, None)])
+            .await
+            .unwrap_err();
         assert_eq!(
             err,
             StoreError::Conflict {
@@ -969,9 +1399,18 @@ mod cases {
             attempt_epoch: attempt.journal_epoch,
         };
         // Same epoch as the attempt: a runtime never closes its own attempt.
-        assert_eq!(code(append(ts, &mut lease, vec![closure.clone()]).await), "epoch");
+        assert_eq!(
+            code(append(ts, &mut lease, vec![closure.clone()]).await),
+            "epoch"
+        );
         // An effect caused by the command exists: it cannot be closed not_applied.
-        append(ts, &mut lease, vec![event(1, Some(applying.runtime_command))]).await.unwrap();
+        append(
+            ts,
+            &mut lease,
+            vec![event(1, Some(applying.runtime_command))],
+        )
+        .await
+        .unwrap();
         let mut next = journal(ts, &s, "runtime-b").await;
         assert_eq!(code(append(ts, &mut next, vec![closure]).await), "state");
         // And the application epoch must be the writer's own.
@@ -1012,7 +1451,11 @@ mod cases {
         )
         .await
         .unwrap();
-        let first = ts.store.journal_public_page(&s.tenant, rs, 0, None, 2).await.unwrap();
+        let first = ts
+            .store
+            .journal_public_page(&s.tenant, rs, 0, None, 2)
+            .await
+            .unwrap();
         assert_eq!(first.events.len(), 2);
         assert_eq!(first.events[0].body, b"{\"n\":1}");
         assert!(!first.is_complete());
@@ -1022,13 +1465,33 @@ mod cases {
             .journal_public_page(&s.tenant, rs, first.next_after, Some(first.tip), 2)
             .await
             .unwrap();
-        let ids: Vec<_> = second.events.iter().map(|e| e.event.as_str().to_owned()).collect();
+        let ids: Vec<_> = second
+            .events
+            .iter()
+            .map(|e| e.event.as_str().to_owned())
+            .collect();
         assert_eq!(ids, ["ev3"]);
         assert!(second.is_complete());
         let other = TenantId::new("globex").unwrap();
-        assert!(ts.store.journal_public_page(&other, rs, 0, None, 10).await.unwrap().events.is_empty());
-        assert!(ts.store.journal_runtime_page(&other, rs, 0, 10).await.unwrap().is_empty());
-        assert_eq!(code(ts.store.journal_acquire(&other, rs, "x", TTL).await), "not_found");
+        assert!(
+            ts.store
+                .journal_public_page(&other, rs, 0, None, 10)
+                .await
+                .unwrap()
+                .events
+                .is_empty()
+        );
+        assert!(
+            ts.store
+                .journal_runtime_page(&other, rs, 0, 10)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(
+            code(ts.store.journal_acquire(&other, rs, "x", TTL).await),
+            "not_found"
+        );
     }
 
     pub async fn event_bodies_over_64_kib_are_offloaded_and_verified_on_read(ts: &TestStore) {
@@ -1048,14 +1511,25 @@ mod cases {
         )
         .await
         .unwrap();
-        let page = ts.store.journal_public_page(&s.tenant, rs, 0, None, 10).await.unwrap();
+        let page = ts
+            .store
+            .journal_public_page(&s.tenant, rs, 0, None, 10)
+            .await
+            .unwrap();
         assert_eq!(page.events[0].body, big);
         ts.exec_raw(&format!(
             "UPDATE payload_objects SET sha256 = '{}' WHERE object_id LIKE 'journal-%'",
             "1".repeat(64)
         ))
         .await;
-        assert_eq!(code(ts.store.journal_public_page(&s.tenant, rs, 0, None, 10).await), "integrity");
+        assert_eq!(
+            code(
+                ts.store
+                    .journal_public_page(&s.tenant, rs, 0, None, 10)
+                    .await
+            ),
+            "integrity"
+        );
     }
 
     // ---- bad input and damage ---------------------------------------------------------------
@@ -1068,25 +1542,47 @@ mod cases {
             rec.command
         ))
         .await;
-        assert_eq!(code(ts.store.command(&s.tenant, &s.session, &rec.command).await), "integrity");
-        assert_eq!(code(ts.store.claim(claim_req(&rec, 1, Uuid::now_v7())).await), "integrity");
-        assert_eq!(code(ts.store.list_commands(&s.tenant, &s.session, 0, 10).await), "integrity");
+        assert_eq!(
+            code(ts.store.command(&s.tenant, &s.session, &rec.command).await),
+            "integrity"
+        );
+        assert_eq!(
+            code(ts.store.claim(claim_req(&rec, 1, Uuid::now_v7())).await),
+            "integrity"
+        );
+        assert_eq!(
+            code(ts.store.list_commands(&s.tenant, &s.session, 0, 10).await),
+            "integrity"
+        );
     }
 
     pub async fn a_corrupt_journal_record_fails_the_page_closed(ts: &TestStore) {
         let s = new_session(ts, "s1").await;
         let rs = s.binding.runtime_session_id;
         let mut lease = journal(ts, &s, "runtime-a").await;
-        append(ts, &mut lease, vec![event(1, None), event(2, None)]).await.unwrap();
-        ts.exec_raw("UPDATE journal_records SET event_id = '' WHERE seq = 3").await;
-        assert_eq!(code(ts.store.journal_public_page(&s.tenant, rs, 0, None, 10).await), "integrity");
+        append(ts, &mut lease, vec![event(1, None), event(2, None)])
+            .await
+            .unwrap();
+        ts.exec_raw("UPDATE journal_records SET event_id = '' WHERE seq = 3")
+            .await;
+        assert_eq!(
+            code(
+                ts.store
+                    .journal_public_page(&s.tenant, rs, 0, None, 10)
+                    .await
+            ),
+            "integrity"
+        );
     }
 
     pub async fn a_closed_store_answers_unavailable(ts: &TestStore) {
         let s = new_session(ts, "s1").await;
         let second = ts.reopen().await.unwrap();
         second.close().await;
-        assert_eq!(code(second.session(&s.tenant, &s.session).await), "unavailable");
+        assert_eq!(
+            code(second.session(&s.tenant, &s.session).await),
+            "unavailable"
+        );
         let err = second
             .admit(new_command(&s, "c1", CommandKind::Input, b"{}"))
             .await
@@ -1097,7 +1593,8 @@ mod cases {
     }
 
     pub async fn a_database_written_by_a_newer_build_is_refused(ts: &TestStore) {
-        ts.exec_raw("INSERT INTO schema_migrations (version, applied_at) VALUES (999, 0)").await;
+        ts.exec_raw("INSERT INTO schema_migrations (version, applied_at) VALUES (999, 0)")
+            .await;
         let err = ts.reopen().await.unwrap_err();
         assert_eq!(err.code(), ErrorCode::State);
         assert!(err.to_string().contains("newer build"), "{err}");
@@ -1109,7 +1606,11 @@ mod cases {
         let other = ts.reopen().await.unwrap();
         let mut tasks = Vec::new();
         for i in 0..8 {
-            let store = if i % 2 == 0 { ts.store.clone() } else { other.clone() };
+            let store = if i % 2 == 0 {
+                ts.store.clone()
+            } else {
+                other.clone()
+            };
             let req = claim_req(&rec, 1, Uuid::now_v7());
             tasks.push(tokio::spawn(async move { store.claim(req).await }));
         }
@@ -1127,16 +1628,24 @@ mod cases {
         other.close().await;
     }
 
-    pub async fn a_successor_with_a_higher_epoch_takes_over_a_live_claim_from_another_connection(ts: &TestStore) {
+    pub async fn a_successor_with_a_higher_epoch_takes_over_a_live_claim_from_another_connection(
+        ts: &TestStore,
+    ) {
         let s = new_session(ts, "s1").await;
         let lease = journal(ts, &s, "runtime-a").await;
         let rec = admit(ts, &s, "c1").await;
         let token = Uuid::now_v7();
         let claimed = ts.store.claim(claim_req(&rec, 1, token)).await.unwrap();
         let successor = ts.reopen().await.unwrap();
-        let taken = successor.claim(claim_req(&claimed, 2, Uuid::now_v7())).await.unwrap();
+        let taken = successor
+            .claim(claim_req(&claimed, 2, Uuid::now_v7()))
+            .await
+            .unwrap();
         assert_eq!(taken.claim.as_ref().unwrap().epoch, ResidencyEpoch(2));
-        let late = ts.store.begin_attempt(attempt_req(&claimed, 1, token, lease.epoch)).await;
+        let late = ts
+            .store
+            .begin_attempt(attempt_req(&claimed, 1, token, lease.epoch))
+            .await;
         assert_eq!(code(late), "epoch");
         successor.close().await;
     }
@@ -1158,7 +1667,11 @@ mod cases {
             t.await.unwrap().unwrap();
         }
         for s in &sessions {
-            let page = ts.store.list_commands(&s.tenant, &s.session, 0, 100).await.unwrap();
+            let page = ts
+                .store
+                .list_commands(&s.tenant, &s.session, 0, 100)
+                .await
+                .unwrap();
             let orders: Vec<u64> = page.iter().map(|r| r.accepted_order).collect();
             assert_eq!(orders, (1..=10).collect::<Vec<_>>());
         }
