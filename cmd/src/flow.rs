@@ -257,14 +257,15 @@ impl Progress {
 
     fn clear(&mut self) {
         if self.drawn {
-            eprint!("\r\x1b[2K");
+            let _ = write!(std::io::stderr(), "\r\x1b[2K");
             self.drawn = false;
         }
     }
 
+    /// Writes never panic: a closed pipe (`hostd flow up | head`) must not stop the flow.
     fn flow_line(&mut self, text: String) {
         self.clear();
-        eprintln!("[flow] {text}");
+        let _ = writeln!(std::io::stderr(), "[flow] {text}");
     }
 
     fn redraw(&mut self) {
@@ -286,8 +287,9 @@ impl Progress {
             FRAMES[self.spinner], self.waiting[first]
         );
         line.truncate(160);
-        eprint!("\r\x1b[2K{line}");
-        let _ = std::io::stderr().flush();
+        let mut err = std::io::stderr();
+        let _ = write!(err, "\r\x1b[2K{line}");
+        let _ = err.flush();
         self.drawn = true;
     }
 
@@ -304,7 +306,11 @@ impl Progress {
                 } else {
                     "|"
                 };
-                println!("{service:>w$} {mark} {line}", w = self.width);
+                let _ = writeln!(
+                    std::io::stdout(),
+                    "{service:>w$} {mark} {line}",
+                    w = self.width
+                );
             }
             FlowEvent::Step {
                 service,
