@@ -242,6 +242,14 @@ fn down_from_a_second_invocation_stops_what_up_started_and_up_exits_cleanly() {
         "{}",
         text(&logs.stdout)
     );
+    let merged = text(&hostd(dir.path(), &["logs"]).stdout);
+    let first_store = merged
+        .find("store * started pid")
+        .expect("store's start in the merged log");
+    let first_web = merged
+        .find("  web * started pid")
+        .expect("web's start in the merged log");
+    assert!(first_store < first_web, "merged in time order:\n{merged}");
 
     let down = hostd(dir.path(), &["down"]);
     let said = text(&down.stdout);
