@@ -692,3 +692,39 @@ async fn a_second_up_in_the_same_workspace_is_refused_while_the_first_runs() {
     up.shutdown().await;
     assert_no_orphans(&rec.spawned());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_that_cannot_be_started_fails_the_lifecycle_predicate_and_its_producers_are_stopped()
+ {
+    let ws = TempWorkspace::new(&[(
+        "flow.yaml",
+        "services:
+  - name: db
+    command: {fixture}
+    args: [tcp]
+    endpoints: [{name: pg, api: tcp}]
+  - name: api
+    command: ./no-such-program
+    dependencies: [{name: db, kind: runtime}]
+",
+    )]);
+    let flow = Flow::load(ws.root(), fast_options()).unwrap();
+    let (rec, sink) = Recorder::start();
+    let failure = flow
+        .up(Selection::default(), sink, CancellationToken::new())
+        .await
+        .expect_err("the program does not exist");
+    assert_eq!(failure.error.code(), "flow.spawn");
+    let text = failure.error.to_string();
+    assert!(
+        text.starts_with("api: lifecycle failed: cannot start"),
+        "{text}"
+    );
+    assert!(text.contains("no-such-program"), "{text}");
+    assert_eq!(
+        failure.teardown.receipt("db").unwrap().outcome,
+        StopOutcome::Stopped
+    );
+    assert_eq!(rec.spawned().len(), 1, "only db was spawned");
+    assert_no_orphans(&rec.spawned());
+}

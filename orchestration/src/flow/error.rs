@@ -157,7 +157,7 @@ pub enum FlowError {
         endpoint: String,
         reason: String,
     },
-    #[error("cannot start `{service}` ({command}): {reason}")]
+    #[error("{service}: lifecycle failed: cannot start {command}: {reason}")]
     Spawn {
         service: String,
         command: String,
