@@ -20,6 +20,7 @@ mod sqlite;
 mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod wire;
 
 pub use backend::Admission;
 pub use clock::{Clock, ManualClock, Millis, SharedClock, SystemClock};

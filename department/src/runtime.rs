@@ -1,0 +1,222 @@
+//! The runtime capabilities a Host consumes, each a small separate trait, and the [`Runtime`]
+//! bundle a launch returns. A runtime owns its journal and its journal lease; the Host never
+//! writes the journal and reads evidence only from the store.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sessionstore::wire::CommandBodyV1;
+use sessionstore::{
+    ApplicationOutcome, AttemptId, CommandIdentity, Disposition, EventId, JournalEpoch,
+    RuntimeSessionId, SessionId, StoreError, TenantId,
+};
+use tokio::sync::{broadcast, watch};
+
+/// A command dispatched to a runtime under one attempt identity. The body is already decoded
+/// and verified (a referenced body was dereferenced and checked by the Host).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RuntimeCommand {
+    pub tenant: TenantId,
+    pub session: SessionId,
+    pub identity: CommandIdentity,
+    pub attempt: AttemptId,
+    /// The journal epoch the Host read from this runtime when it began the attempt.
+    pub journal_epoch: JournalEpoch,
+    pub body: CommandBodyV1,
+    /// Who asked (a recorded assertion, not authorization evidence).
+    pub principal: Option<String>,
+    /// Controller metadata (JSON object text), kept byte for byte.
+    pub metadata: Option<String>,
+}
+
+/// A disposition the runtime durably recorded, and where.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Recorded {
+    pub disposition: Disposition,
+    /// The journal sequence of the record carrying it.
+    pub seq: u64,
+}
+
+impl Recorded {
+    /// An application outcome recorded at `seq`.
+    pub fn applied(outcome: ApplicationOutcome, seq: u64) -> Recorded {
+        Recorded {
+            disposition: outcome.disposition(),
+            seq,
+        }
+    }
+}
+
+/// A persistence fault: the runtime could not write its journal and refuses everything now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PersistenceFault {
+    pub reason: String,
+}
+
+/// Why a runtime could not do what it was asked (nothing durable was written for it).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RuntimeError {
+    /// A persistence fault is latched: every command is refused from now on.
+    #[error("persistence_fault: {0}")]
+    Faulted(String),
+    /// The runtime was released or abandoned.
+    #[error("stopped: the runtime is no longer running")]
+    Stopped,
+    /// The journal lease was taken by a successor.
+    #[error("lease_lost: the journal lease was taken over")]
+    LeaseLost,
+    /// The attempt's journal epoch is not this runtime's.
+    #[error("epoch: the attempt names journal epoch {attempt}, this runtime holds {held}")]
+    Epoch { attempt: u64, held: u64 },
+    /// A graceful release was asked of a session that is not whole-session idle.
+    #[error("not_idle: the session has a turn, a gate or queued work")]
+    NotIdle,
+    /// A closure was refused (the journal holds an effect of that command).
+    #[error("closure_refused: {0}")]
+    ClosureRefused(String),
+    /// The store failed.
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+}
+
+impl RuntimeError {
+    /// A stable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            RuntimeError::Faulted(_) => "persistence_fault",
+            RuntimeError::Stopped => "stopped",
+            RuntimeError::LeaseLost => "lease_lost",
+            RuntimeError::Epoch { .. } => "epoch",
+            RuntimeError::NotIdle => "not_idle",
+            RuntimeError::ClosureRefused(_) => "closure_refused",
+            RuntimeError::Store(_) => "store",
+        }
+    }
+}
+
+/// Applies a command under its attempt identity and returns the disposition it durably
+/// recorded (one journal append carrying the application prefix and the disposition). A
+/// duplicate delivery returns the recorded disposition and does nothing else.
+#[async_trait::async_trait]
+pub trait CommandApplier: Send + Sync {
+    async fn apply(&self, command: RuntimeCommand) -> Result<Recorded, RuntimeError>;
+}
+
+/// Closes a predecessor's attempt `not_applied` under this runtime's strictly later journal
+/// epoch. When the journal already holds that command's disposition, returns it instead.
+#[async_trait::async_trait]
+pub trait AttemptCloser: Send + Sync {
+    async fn close_attempt(
+        &self,
+        identity: CommandIdentity,
+        attempt: AttemptId,
+        attempt_epoch: JournalEpoch,
+    ) -> Result<Recorded, RuntimeError>;
+}
+
+/// Reports the journal epoch this runtime writes under.
+pub trait JournalEpochReporter: Send + Sync {
+    fn journal_epoch(&self) -> JournalEpoch;
+}
+
+/// Persistence-fault reporting and crash-equivalent abandonment.
+#[async_trait::async_trait]
+pub trait PersistenceFaults: Send + Sync {
+    /// `Some` once a fault has latched.
+    fn faults(&self) -> watch::Receiver<Option<PersistenceFault>>;
+    /// Stops the runtime as a crash would: writes nothing to the journal (no interruption,
+    /// no gate resolution), then releases the journal lease so a successor restores sooner.
+    async fn abandon(&self) -> Result<(), RuntimeError>;
+}
+
+/// Whole-session idle: no turn in flight, no open gate, nothing queued.
+pub trait IdleWatch: Send + Sync {
+    fn idle(&self) -> watch::Receiver<bool>;
+}
+
+/// Waits until `watch` reads idle, up to `bound`. True when idle was reached.
+pub async fn wait_idle(watch: &dyn IdleWatch, bound: Duration) -> bool {
+    let mut rx = watch.idle();
+    tokio::time::timeout(bound, async {
+        loop {
+            if *rx.borrow_and_update() {
+                return true;
+            }
+            if rx.changed().await.is_err() {
+                return *rx.borrow();
+            }
+        }
+    })
+    .await
+    .unwrap_or(false)
+}
+
+/// Liveness: true while the runtime runs; false once it stopped for any reason.
+pub trait Liveness: Send + Sync {
+    fn alive(&self) -> watch::Receiver<bool>;
+}
+
+/// Graceful release: only a whole-session idle runtime releases (else `NotIdle`).
+#[async_trait::async_trait]
+pub trait GracefulRelease: Send + Sync {
+    async fn release(&self) -> Result<(), RuntimeError>;
+}
+
+/// A committed (durable) public event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CommittedEvent {
+    pub seq: u64,
+    pub event: EventId,
+    /// The public body, as journaled.
+    pub body: Arc<[u8]>,
+}
+
+/// A live, non-durable text preview of a turn in flight.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Preview {
+    /// The turn's own id (a runtime content identity, not a private session id).
+    pub turn: String,
+    pub delta: String,
+}
+
+/// Committed events (durable; hints for publishers) and previews (ephemeral).
+pub trait EventSource: Send + Sync {
+    fn committed(&self) -> broadcast::Receiver<CommittedEvent>;
+    fn previews(&self) -> broadcast::Receiver<Preview>;
+}
+
+/// A launched runtime: the capabilities a Host consumes. The two recovery capabilities are
+/// optional in the type and required by the durable profile.
+#[derive(Clone)]
+pub struct Runtime {
+    /// The runtime session id it actually runs under.
+    pub runtime_session: RuntimeSessionId,
+    pub applier: Arc<dyn CommandApplier>,
+    pub epoch: Arc<dyn JournalEpochReporter>,
+    pub idle: Arc<dyn IdleWatch>,
+    pub liveness: Arc<dyn Liveness>,
+    pub release: Arc<dyn GracefulRelease>,
+    pub events: Arc<dyn EventSource>,
+    pub closer: Option<Arc<dyn AttemptCloser>>,
+    pub faults: Option<Arc<dyn PersistenceFaults>>,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("runtime_session", &self.runtime_session)
+            .field("closer", &self.closer.is_some())
+            .field("faults", &self.faults.is_some())
+            .finish()
+    }
+}
+
+impl Runtime {
+    /// Stops the runtime: crash-equivalently when it can be abandoned, else gracefully.
+    pub async fn stop(&self) -> Result<(), RuntimeError> {
+        match &self.faults {
+            Some(f) => f.abandon().await,
+            None => self.release.release().await,
+        }
+    }
+}

@@ -1,0 +1,19 @@
+#![forbid(unsafe_code)]
+//! harness: our own agent runtime. A session runtime per runtime session id is driven by one
+//! task that owns its state and its journal lease; commands are applied with one journal
+//! append each (application prefix and disposition together), turns stream a model's reply and
+//! run its tools, gates ask a human, and a restore replays the journal. [`HarnessTarget`] makes
+//! a harness agent a department launch target with full recovery declared.
+
+pub mod agent;
+pub mod events;
+pub mod model;
+mod session;
+mod state;
+mod target;
+pub mod tool;
+mod turn;
+
+pub use agent::{AgentConfig, AgentConfigError};
+pub use session::SessionHandle;
+pub use target::{HarnessTarget, runtime_of};

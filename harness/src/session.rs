@@ -1,0 +1,906 @@
+//! The session runtime: one task (the actor) per runtime session id owns its state and its
+//! journal lease, and is the only writer of its journal. Commands, closures, turn steps, gate
+//! timeouts, release and abandonment are all messages to it, handled one at a time. Each
+//! accepted command is one journal append carrying the application (prefix and disposition)
+//! together with its effects. A failed append latches a persistence fault: nothing is written
+//! after it, and every later command is refused.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use department::{
+    CommittedEvent, LaunchError, LaunchMode, LaunchRequest, PersistenceFault, Preview, Recorded,
+    RuntimeCommand, RuntimeError,
+};
+use sessionstore::wire::CommandBodyV1;
+use sessionstore::{
+    ApplicationOutcome, AttemptId, Clock, CommandIdentity, ErrorCode, EventId, JournalEntry,
+    JournalEpoch, JournalLease, RuntimeCommandId, RuntimeSessionId, SessionId, Store, StoreError,
+    SystemClock, TenantId,
+};
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::agent::AgentConfig;
+use crate::events::{Cause, GateKind, HarnessEvent};
+use crate::state::{Resolution, SessionState};
+use crate::turn::{self, TurnPlan};
+
+/// Why a turn was stopped from outside.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum StopReason {
+    /// An interrupt command: the turn ends `turn_interrupted`, caused by it.
+    Interrupt(Cause, RuntimeCommandId),
+    /// Abandonment or a fault: the turn writes nothing more.
+    Silent,
+}
+
+/// A turn's handle, held by the actor.
+struct TurnHandle {
+    turn_id: String,
+    cancel: CancellationToken,
+    reason: Arc<std::sync::Mutex<Option<StopReason>>>,
+}
+
+/// What a turn asks the actor for.
+pub(crate) enum TurnMsg {
+    /// Append events (each with its causing runtime command, if any).
+    Append {
+        turn_id: String,
+        events: Vec<(HarnessEvent, Option<RuntimeCommandId>)>,
+        reply: oneshot::Sender<Result<(), ()>>,
+    },
+    /// Append a `gate_opened` and register the turn as its waiter.
+    OpenGate {
+        turn_id: String,
+        event: HarnessEvent,
+        reply: oneshot::Sender<Result<oneshot::Receiver<Resolution>, ()>>,
+    },
+    /// Become the waiter of a gate restored open.
+    AwaitGate {
+        gate: Uuid,
+        reply: oneshot::Sender<Option<oneshot::Receiver<Resolution>>>,
+    },
+    /// A gate's timeout elapsed: resolve it `timeout` if it is still open.
+    GateTimeout { gate: Uuid },
+    /// The conversation so far, for the next model step.
+    Conversation {
+        reply: oneshot::Sender<Vec<crate::model::ChatMessage>>,
+    },
+    /// The turn task ended (after writing its terminal event, or silently).
+    Finished { turn_id: String },
+}
+
+pub(crate) enum Msg {
+    Apply(
+        RuntimeCommand,
+        oneshot::Sender<Result<Recorded, RuntimeError>>,
+    ),
+    Close {
+        identity: CommandIdentity,
+        attempt: AttemptId,
+        attempt_epoch: JournalEpoch,
+        reply: oneshot::Sender<Result<Recorded, RuntimeError>>,
+    },
+    Release(oneshot::Sender<Result<(), RuntimeError>>),
+    Abandon(oneshot::Sender<Result<(), RuntimeError>>),
+    Turn(TurnMsg),
+}
+
+/// Channels shared by the actor, its turns and the handle.
+pub(crate) struct Shared {
+    pub committed: broadcast::Sender<CommittedEvent>,
+    pub previews: broadcast::Sender<Preview>,
+    pub idle: watch::Sender<bool>,
+    pub faults: watch::Sender<Option<PersistenceFault>>,
+    pub alive: watch::Sender<bool>,
+    pub epoch: AtomicU64,
+}
+
+/// The handle the Host's traits are implemented on. Cheap to clone.
+#[derive(Clone)]
+pub struct SessionHandle {
+    tx: mpsc::Sender<Msg>,
+    pub(crate) shared: Arc<Shared>,
+    runtime_session: RuntimeSessionId,
+}
+
+impl std::fmt::Debug for SessionHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionHandle")
+            .field("runtime_session", &self.runtime_session)
+            .finish()
+    }
+}
+
+/// How deep the actor's inbox is.
+const INBOX: usize = 64;
+/// How many committed events and previews a slow subscriber may fall behind.
+const EVENT_BUFFER: usize = 64;
+/// The size of a journal page read at restore.
+const RESTORE_PAGE: usize = 1000;
+
+struct Actor {
+    store: Store,
+    agent: Arc<AgentConfig>,
+    tenant: TenantId,
+    session: SessionId,
+    lease: JournalLease,
+    state: SessionState,
+    shared: Arc<Shared>,
+    turn: Option<TurnHandle>,
+    fault: Option<PersistenceFault>,
+    rx: mpsc::Receiver<Msg>,
+    turn_tx: mpsc::Sender<Msg>,
+    clock: SystemClock,
+}
+
+impl SessionHandle {
+    /// The runtime session id this runtime runs under.
+    pub fn runtime_session(&self) -> RuntimeSessionId {
+        self.runtime_session
+    }
+
+    /// The journal epoch it writes under.
+    pub fn journal_epoch(&self) -> JournalEpoch {
+        JournalEpoch(self.shared.epoch.load(Ordering::SeqCst))
+    }
+
+    async fn ask<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<T, RuntimeError>>) -> Msg,
+    ) -> Result<T, RuntimeError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(make(tx))
+            .await
+            .map_err(|_| RuntimeError::Stopped)?;
+        rx.await.map_err(|_| RuntimeError::Stopped)?
+    }
+
+    /// Applies a command (see [`department::CommandApplier`]).
+    pub async fn apply(&self, command: RuntimeCommand) -> Result<Recorded, RuntimeError> {
+        self.ask(|r| Msg::Apply(command, r)).await
+    }
+
+    /// Closes a predecessor's attempt (see [`department::AttemptCloser`]).
+    pub async fn close_attempt(
+        &self,
+        identity: CommandIdentity,
+        attempt: AttemptId,
+        attempt_epoch: JournalEpoch,
+    ) -> Result<Recorded, RuntimeError> {
+        self.ask(|reply| Msg::Close {
+            identity,
+            attempt,
+            attempt_epoch,
+            reply,
+        })
+        .await
+    }
+
+    /// Releases gracefully (idle only).
+    pub async fn release(&self) -> Result<(), RuntimeError> {
+        self.ask(Msg::Release).await
+    }
+
+    /// Abandons crash-equivalently: writes nothing, releases the journal lease.
+    pub async fn abandon(&self) -> Result<(), RuntimeError> {
+        match self.ask(Msg::Abandon).await {
+            Err(RuntimeError::Stopped) => Ok(()),
+            other => other,
+        }
+    }
+
+    /// Idle, as a watch.
+    pub fn idle(&self) -> watch::Receiver<bool> {
+        self.shared.idle.subscribe()
+    }
+
+    /// Faults, as a watch.
+    pub fn faults(&self) -> watch::Receiver<Option<PersistenceFault>> {
+        self.shared.faults.subscribe()
+    }
+
+    /// Liveness, as a watch.
+    pub fn alive(&self) -> watch::Receiver<bool> {
+        self.shared.alive.subscribe()
+    }
+
+    /// Committed events.
+    pub fn committed(&self) -> broadcast::Receiver<CommittedEvent> {
+        self.shared.committed.subscribe()
+    }
+
+    /// Live previews.
+    pub fn previews(&self) -> broadcast::Receiver<Preview> {
+        self.shared.previews.subscribe()
+    }
+}
+
+fn store_err(e: StoreError) -> LaunchError {
+    LaunchError::Store(e)
+}
+
+/// Launches a session runtime: creates a conversation under the binding's runtime session id
+/// (refused when the journal already holds one) or restores one by replaying its journal.
+pub(crate) async fn launch(
+    store: Store,
+    agent: Arc<AgentConfig>,
+    compatibility: String,
+    request: LaunchRequest,
+) -> Result<SessionHandle, LaunchError> {
+    let rs = request.binding.runtime_session_id;
+    let tenant = request.tenant.clone();
+    if request.mode == LaunchMode::Create {
+        // Refuse before writing anything: creating over a conversation must be impossible.
+        let existing = read_state(&store, &tenant, rs).await?;
+        if existing.started {
+            return Err(LaunchError::ConversationExists);
+        }
+    }
+    let lease = store
+        .journal_acquire(&tenant, rs, &request.holder, agent.lease_ttl)
+        .await
+        .map_err(store_err)?;
+    let mut lease = lease;
+    let state = match read_state(&store, &tenant, rs).await {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = store.journal_release(&lease).await;
+            return Err(e);
+        }
+    };
+    let refuse = |e: LaunchError| e;
+    match request.mode {
+        LaunchMode::Create if state.started => {
+            // A concurrent creator won between the check and the fence.
+            let _ = store.journal_release(&lease).await;
+            return Err(refuse(LaunchError::ConversationExists));
+        }
+        LaunchMode::Restore if !state.started => {
+            let _ = store.journal_release(&lease).await;
+            return Err(refuse(LaunchError::NoConversation));
+        }
+        LaunchMode::Restore => {
+            if state.compatibility.as_deref() != Some(compatibility.as_str()) {
+                let _ = store.journal_release(&lease).await;
+                return Err(LaunchError::Runtime(RuntimeError::Store(
+                    StoreError::Invalid {
+                        field: "runtime_compatibility_id",
+                        reason: format!(
+                            "the journal was created under {:?}, this runtime is {compatibility:?}",
+                            state.compatibility
+                        ),
+                    },
+                )));
+            }
+        }
+        LaunchMode::Create => {}
+    }
+    let (committed, _) = broadcast::channel(EVENT_BUFFER);
+    let (previews, _) = broadcast::channel(EVENT_BUFFER);
+    let (idle, _) = watch::channel(false);
+    let (faults, _) = watch::channel(None);
+    let (alive, _) = watch::channel(true);
+    let shared = Arc::new(Shared {
+        committed,
+        previews,
+        idle,
+        faults,
+        alive,
+        epoch: AtomicU64::new(lease.epoch.0),
+    });
+    let mut state = state;
+    if request.mode == LaunchMode::Create {
+        let ev = HarnessEvent::SessionStarted {
+            session_id: request.session.to_string(),
+            agent_id: request.agent.to_string(),
+            runtime_compatibility_id: compatibility.clone(),
+        };
+        let event_id = new_event_id();
+        let entry = JournalEntry::Event {
+            event: event_id.clone(),
+            public_body: ev.encode(),
+            private_body: None,
+            cause: None,
+        };
+        match store.journal_append(&lease, vec![entry]).await {
+            Ok(tip) => {
+                lease.tip = tip;
+                let now = SystemClock.now_ms();
+                let _ = state.fold_event(event_id.as_str(), ev, now, tip);
+            }
+            Err(e) => {
+                let _ = store.journal_release(&lease).await;
+                return Err(store_err(e));
+            }
+        }
+    }
+    let (tx, rx) = mpsc::channel(INBOX);
+    let handle = SessionHandle {
+        tx: tx.clone(),
+        shared: shared.clone(),
+        runtime_session: rs,
+    };
+    let actor = Actor {
+        store,
+        agent,
+        tenant,
+        session: request.session.clone(),
+        lease,
+        state,
+        shared,
+        turn: None,
+        fault: None,
+        rx,
+        turn_tx: tx,
+        clock: SystemClock,
+    };
+    let span = tracing::info_span!(
+        "harness_session",
+        tenant = %actor.tenant,
+        session = %actor.session,
+        journal_epoch = actor.lease.epoch.0
+    );
+    tokio::spawn(tracing::Instrument::instrument(actor.run(), span));
+    Ok(handle)
+}
+
+async fn read_state(
+    store: &Store,
+    tenant: &TenantId,
+    rs: RuntimeSessionId,
+) -> Result<SessionState, LaunchError> {
+    let mut state = SessionState::default();
+    let mut after = 0;
+    loop {
+        let page = store
+            .journal_runtime_page(tenant, rs, after, RESTORE_PAGE)
+            .await
+            .map_err(store_err)?;
+        let n = page.len();
+        for r in &page {
+            state.fold(r).map_err(|e| {
+                LaunchError::Store(StoreError::Integrity {
+                    entity: "journal",
+                    reason: e,
+                })
+            })?;
+            after = r.seq;
+        }
+        if n < RESTORE_PAGE {
+            break;
+        }
+    }
+    Ok(state)
+}
+
+fn new_event_id() -> EventId {
+    // A UUID's text always satisfies the id rule.
+    EventId::new(Uuid::now_v7().to_string()).unwrap_or_else(|_| new_event_id())
+}
+
+impl Actor {
+    async fn run(mut self) {
+        // Gates restored open and pending work restart where the journal left them.
+        self.resume_after_restore();
+        self.publish_idle();
+        let renew_every = (self.agent.lease_ttl / 3).max(Duration::from_millis(50));
+        let mut renew = tokio::time::interval(renew_every);
+        renew.tick().await;
+        loop {
+            tokio::select! {
+                msg = self.rx.recv() => {
+                    let Some(msg) = msg else { break };
+                    if !self.handle(msg).await {
+                        break;
+                    }
+                }
+                _ = renew.tick() => self.renew().await,
+            }
+        }
+        self.shared.alive.send_replace(false);
+    }
+
+    fn publish_idle(&self) {
+        let idle = self.fault.is_none() && self.state.is_idle(self.turn.is_some());
+        self.shared.idle.send_if_modified(|v| {
+            let changed = *v != idle;
+            *v = idle;
+            changed
+        });
+    }
+
+    async fn renew(&mut self) {
+        if self.fault.is_some() {
+            return;
+        }
+        match self
+            .store
+            .journal_renew(&self.lease, self.agent.lease_ttl)
+            .await
+        {
+            Ok(l) => self.lease.expires_at_ms = l.expires_at_ms,
+            Err(e) if matches!(e.code(), ErrorCode::Epoch | ErrorCode::ClaimLost) => {
+                self.latch(format!("the journal lease was lost: {e}"));
+            }
+            // A transient renew failure is retried at the next tick; appends are fenced anyway.
+            Err(e) => tracing::warn!(error = %e, "journal lease renewal failed"),
+        }
+    }
+
+    /// Handles one message; false when the actor must stop.
+    async fn handle(&mut self, msg: Msg) -> bool {
+        match msg {
+            Msg::Apply(cmd, reply) => {
+                let r = self.apply(cmd).await;
+                // Whatever the command set in motion is visible before the caller hears back:
+                // a caller that then waits for idle never sees the idle of before.
+                self.start_next_turn();
+                self.publish_idle();
+                let _ = reply.send(r);
+            }
+            Msg::Close {
+                identity,
+                attempt,
+                attempt_epoch,
+                reply,
+            } => {
+                let r = self.close(identity, attempt, attempt_epoch).await;
+                let _ = reply.send(r);
+            }
+            Msg::Release(reply) => {
+                if self.fault.is_none() && !self.state.is_idle(self.turn.is_some()) {
+                    let _ = reply.send(Err(RuntimeError::NotIdle));
+                    return true;
+                }
+                let r = self
+                    .store
+                    .journal_release(&self.lease)
+                    .await
+                    .map_err(RuntimeError::Store);
+                let _ = reply.send(r);
+                return false;
+            }
+            Msg::Abandon(reply) => {
+                self.stop_turn(StopReason::Silent);
+                let r = self
+                    .store
+                    .journal_release(&self.lease)
+                    .await
+                    .map_err(RuntimeError::Store);
+                let _ = reply.send(r);
+                return false;
+            }
+            Msg::Turn(t) => self.turn_msg(t).await,
+        }
+        self.start_next_turn();
+        self.publish_idle();
+        true
+    }
+
+    fn stop_turn(&mut self, reason: StopReason) {
+        if let Some(t) = &self.turn {
+            if let Ok(mut r) = t.reason.lock() {
+                // An interrupt never downgrades a silent stop.
+                if r.as_ref() != Some(&StopReason::Silent) {
+                    *r = Some(reason);
+                }
+            }
+            t.cancel.cancel();
+        }
+    }
+
+    fn latch(&mut self, reason: String) {
+        if self.fault.is_some() {
+            return;
+        }
+        tracing::error!(reason = %reason, "persistence fault latched; the session refuses every command from now on");
+        self.fault = Some(PersistenceFault { reason });
+        self.shared.faults.send_replace(self.fault.clone());
+        self.stop_turn(StopReason::Silent);
+    }
+
+    /// Appends entries as one compare-and-set; folds and publishes them on success. A failure
+    /// latches the fault.
+    async fn append(&mut self, entries: Vec<JournalEntry>) -> Result<u64, RuntimeError> {
+        if let Some(f) = &self.fault {
+            return Err(RuntimeError::Faulted(f.reason.clone()));
+        }
+        let first = self.lease.tip + 1;
+        match self
+            .store
+            .journal_append(&self.lease, entries.clone())
+            .await
+        {
+            Ok(tip) => {
+                self.lease.tip = tip;
+                let now = self.clock.now_ms();
+                for (i, e) in entries.into_iter().enumerate() {
+                    let seq = first + i as u64;
+                    self.fold_written(e, seq, now);
+                }
+                Ok(tip)
+            }
+            Err(e) => {
+                let lost = e.code() == ErrorCode::Epoch;
+                self.latch(format!("a journal write failed: {e}"));
+                Err(if lost {
+                    RuntimeError::LeaseLost
+                } else {
+                    RuntimeError::Faulted(e.to_string())
+                })
+            }
+        }
+    }
+
+    fn fold_written(&mut self, entry: JournalEntry, seq: u64, now: sessionstore::Millis) {
+        let record = sessionstore::JournalRecord {
+            seq,
+            epoch: self.lease.epoch,
+            written_at_ms: now,
+            kind: match entry {
+                JournalEntry::Event {
+                    event,
+                    public_body,
+                    private_body,
+                    cause,
+                } => sessionstore::RecordKind::Event {
+                    event,
+                    public_body,
+                    private_body,
+                    cause,
+                },
+                JournalEntry::Control { body, cause } => {
+                    sessionstore::RecordKind::Control { body, cause }
+                }
+                JournalEntry::Application {
+                    identity,
+                    attempt,
+                    attempt_epoch,
+                    outcome,
+                    detail,
+                } => sessionstore::RecordKind::Application {
+                    identity,
+                    attempt,
+                    attempt_epoch,
+                    outcome,
+                    detail,
+                },
+                JournalEntry::Closure {
+                    identity,
+                    attempt,
+                    attempt_epoch,
+                } => sessionstore::RecordKind::Closure {
+                    identity,
+                    attempt,
+                    attempt_epoch,
+                },
+            },
+        };
+        if let sessionstore::RecordKind::Event {
+            event, public_body, ..
+        } = &record.kind
+        {
+            let _ = self.shared.committed.send(CommittedEvent {
+                seq,
+                event: event.clone(),
+                body: Arc::from(public_body.as_slice()),
+            });
+        }
+        if let Err(e) = self.state.fold(&record) {
+            // Our own writes always decode; if one does not, stop writing rather than diverge.
+            self.latch(format!("the session could not fold its own record: {e}"));
+        }
+    }
+
+    fn event(ev: &HarnessEvent, cause: Option<RuntimeCommandId>) -> JournalEntry {
+        JournalEntry::Event {
+            event: new_event_id(),
+            public_body: ev.encode(),
+            private_body: None,
+            cause,
+        }
+    }
+
+    async fn apply(&mut self, cmd: RuntimeCommand) -> Result<Recorded, RuntimeError> {
+        let span = tracing::debug_span!(
+            "apply",
+            command = %cmd.identity.command,
+            kind = %cmd.identity.kind,
+            attempt = %cmd.attempt
+        );
+        tracing::Instrument::instrument(self.apply_inner(cmd), span).await
+    }
+
+    async fn apply_inner(&mut self, cmd: RuntimeCommand) -> Result<Recorded, RuntimeError> {
+        let rc = cmd.identity.runtime_command;
+        if let Some(r) = self.state.dispositions.get(&rc) {
+            // A duplicate delivery: the recorded disposition, and nothing else.
+            return Ok(*r);
+        }
+        if let Some(f) = &self.fault {
+            return Err(RuntimeError::Faulted(f.reason.clone()));
+        }
+        if cmd.journal_epoch != self.lease.epoch {
+            return Err(RuntimeError::Epoch {
+                attempt: cmd.journal_epoch.0,
+                held: self.lease.epoch.0,
+            });
+        }
+        let cause = Cause {
+            command_id: cmd.identity.command.to_string(),
+        };
+        let mut effects: Vec<JournalEntry> = Vec::new();
+        let mut resolution: Option<(Uuid, Resolution)> = None;
+        let mut interrupt = false;
+        let outcome = match &cmd.body {
+            CommandBodyV1::Create { text } => {
+                if let Some(t) = text.as_ref().filter(|t| !t.is_empty()) {
+                    effects.push(Self::event(
+                        &HarnessEvent::UserMessage {
+                            text: t.clone(),
+                            cause: cause.clone(),
+                        },
+                        Some(rc),
+                    ));
+                }
+                ApplicationOutcome::Applied
+            }
+            CommandBodyV1::Restore => ApplicationOutcome::Applied,
+            CommandBodyV1::Input { text } => {
+                if text.is_empty() {
+                    ApplicationOutcome::Refused
+                } else {
+                    effects.push(Self::event(
+                        &HarnessEvent::UserMessage {
+                            text: text.clone(),
+                            cause: cause.clone(),
+                        },
+                        Some(rc),
+                    ));
+                    ApplicationOutcome::Applied
+                }
+            }
+            CommandBodyV1::Interrupt => {
+                if self.turn.is_some() {
+                    interrupt = true;
+                    ApplicationOutcome::Applied
+                } else {
+                    ApplicationOutcome::NoOp
+                }
+            }
+            CommandBodyV1::GateResponse(answer) => match self.state.open_gates.get(&answer.gate_id)
+            {
+                None => ApplicationOutcome::NoOp,
+                Some(gate) => {
+                    let offered = gate.kind.actions().contains(&answer.action.as_str());
+                    let text_ok = gate.kind != GateKind::AskUser
+                        || answer.text.as_ref().is_some_and(|t| !t.is_empty());
+                    if !offered || !text_ok {
+                        ApplicationOutcome::Refused
+                    } else {
+                        let res = Resolution {
+                            action: answer.action.clone(),
+                            text: answer.text.clone(),
+                        };
+                        effects.push(Self::event(
+                            &HarnessEvent::GateResolved {
+                                gate_id: answer.gate_id.to_string(),
+                                action: res.action.clone(),
+                                text: res.text.clone(),
+                                cause: Some(cause.clone()),
+                            },
+                            Some(rc),
+                        ));
+                        resolution = Some((answer.gate_id, res));
+                        ApplicationOutcome::Applied
+                    }
+                }
+            },
+        };
+        // The waiter must be taken before the fold removes the gate.
+        let waiter = resolution.as_ref().and_then(|(g, _)| {
+            self.state
+                .open_gates
+                .get_mut(g)
+                .and_then(|o| o.waiter.take())
+        });
+        let mut entries = vec![JournalEntry::Application {
+            identity: cmd.identity.clone(),
+            attempt: cmd.attempt,
+            attempt_epoch: cmd.journal_epoch,
+            outcome,
+            detail: None,
+        }];
+        entries.extend(effects);
+        let first = self.lease.tip + 1;
+        self.append(entries).await?;
+        if let (Some(w), Some((_, res))) = (waiter, resolution) {
+            let _ = w.send(res);
+        }
+        if interrupt {
+            self.stop_turn(StopReason::Interrupt(cause, rc));
+        }
+        Ok(Recorded::applied(outcome, first))
+    }
+
+    async fn close(
+        &mut self,
+        identity: CommandIdentity,
+        attempt: AttemptId,
+        attempt_epoch: JournalEpoch,
+    ) -> Result<Recorded, RuntimeError> {
+        if let Some(r) = self.state.dispositions.get(&identity.runtime_command) {
+            return Ok(*r);
+        }
+        if let Some(f) = &self.fault {
+            return Err(RuntimeError::Faulted(f.reason.clone()));
+        }
+        if attempt_epoch >= self.lease.epoch {
+            // Never close an attempt of our own epoch: only a strictly later writer may.
+            return Err(RuntimeError::Epoch {
+                attempt: attempt_epoch.0,
+                held: self.lease.epoch.0,
+            });
+        }
+        if self.state.effects.contains(&identity.runtime_command) {
+            return Err(RuntimeError::ClosureRefused(format!(
+                "the journal holds an effect of command {}",
+                identity.command
+            )));
+        }
+        let first = self.lease.tip + 1;
+        self.append(vec![JournalEntry::Closure {
+            identity,
+            attempt,
+            attempt_epoch,
+        }])
+        .await?;
+        Ok(Recorded {
+            disposition: sessionstore::Disposition::NotApplied,
+            seq: first,
+        })
+    }
+
+    async fn turn_msg(&mut self, msg: TurnMsg) {
+        match msg {
+            TurnMsg::Append {
+                turn_id,
+                events,
+                reply,
+            } => {
+                let current = self.turn.as_ref().is_some_and(|t| t.turn_id == turn_id);
+                if !current || self.fault.is_some() {
+                    let _ = reply.send(Err(()));
+                    return;
+                }
+                let entries = events.iter().map(|(e, c)| Self::event(e, *c)).collect();
+                let r = self.append(entries).await.map(|_| ()).map_err(|_| ());
+                let _ = reply.send(r);
+            }
+            TurnMsg::OpenGate {
+                turn_id,
+                event,
+                reply,
+            } => {
+                let current = self.turn.as_ref().is_some_and(|t| t.turn_id == turn_id);
+                let gate = match &event {
+                    HarnessEvent::GateOpened { gate_id, .. } => Uuid::try_parse(gate_id).ok(),
+                    _ => None,
+                };
+                let (Some(gate), true) = (gate, current) else {
+                    let _ = reply.send(Err(()));
+                    return;
+                };
+                if self.append(vec![Self::event(&event, None)]).await.is_err() {
+                    let _ = reply.send(Err(()));
+                    return;
+                }
+                let (tx, rx) = oneshot::channel();
+                if let Some(g) = self.state.open_gates.get_mut(&gate) {
+                    g.waiter = Some(tx);
+                }
+                let _ = reply.send(Ok(rx));
+            }
+            TurnMsg::AwaitGate { gate, reply } => {
+                let rx = self.state.open_gates.get_mut(&gate).map(|g| {
+                    let (tx, rx) = oneshot::channel();
+                    g.waiter = Some(tx);
+                    rx
+                });
+                let _ = reply.send(rx);
+            }
+            TurnMsg::GateTimeout { gate } => {
+                let Some(open) = self.state.open_gates.get_mut(&gate) else {
+                    return;
+                };
+                let waiter = open.waiter.take();
+                let ev = HarnessEvent::GateResolved {
+                    gate_id: gate.to_string(),
+                    action: "timeout".into(),
+                    text: None,
+                    cause: None,
+                };
+                if self.append(vec![Self::event(&ev, None)]).await.is_ok()
+                    && let Some(w) = waiter
+                {
+                    let _ = w.send(Resolution {
+                        action: "timeout".into(),
+                        text: None,
+                    });
+                }
+            }
+            TurnMsg::Conversation { reply } => {
+                let _ = reply.send(self.state.conversation(self.agent.system_prompt.as_deref()));
+            }
+            TurnMsg::Finished { turn_id } => {
+                if self.turn.as_ref().is_some_and(|t| t.turn_id == turn_id) {
+                    self.turn = None;
+                }
+            }
+        }
+    }
+
+    fn spawn_turn(&mut self, turn_id: String, plan: TurnPlan) {
+        let cancel = CancellationToken::new();
+        let reason = Arc::new(std::sync::Mutex::new(None));
+        self.turn = Some(TurnHandle {
+            turn_id: turn_id.clone(),
+            cancel: cancel.clone(),
+            reason: reason.clone(),
+        });
+        let ctx = turn::TurnCtx {
+            turn_id,
+            agent: self.agent.clone(),
+            tx: self.turn_tx.clone(),
+            shared: self.shared.clone(),
+            cancel,
+            reason,
+        };
+        tokio::spawn(turn::run(ctx, plan));
+    }
+
+    /// Starts the next queued input's turn when no turn is running.
+    fn start_next_turn(&mut self) {
+        if self.turn.is_some() || self.fault.is_some() || self.state.open_turn.is_some() {
+            return;
+        }
+        let Some(input) = self.state.inputs.front().cloned() else {
+            return;
+        };
+        let turn_id = Uuid::now_v7().to_string();
+        self.spawn_turn(
+            turn_id,
+            TurnPlan::Fresh {
+                input_event: input.event_id,
+                cause: input.cause,
+            },
+        );
+    }
+
+    /// After a restore: resume a turn the journal holds in flight (parked at a gate, or
+    /// between steps), or start the turn of an accepted input that never got one.
+    fn resume_after_restore(&mut self) {
+        let Some(open) = self.state.open_turn.clone() else {
+            self.start_next_turn();
+            return;
+        };
+        let point = turn::resume_point(
+            &open,
+            &self.state.open_gates,
+            &self.agent,
+            self.clock.now_ms(),
+        );
+        self.spawn_turn(
+            open.turn_id.clone(),
+            TurnPlan::Resume {
+                steps: open.steps,
+                point,
+            },
+        );
+    }
+}

@@ -1,0 +1,272 @@
+//! A session's in-memory state, and the fold that rebuilds it from the journal. Owned by the
+//! session actor alone; the fold is the only way state is derived from durable records, on
+//! restore and after every append, so a restored session and a live one agree.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+
+use department::Recorded;
+use sessionstore::{JournalRecord, Millis, RecordKind, RuntimeCommandId};
+use tokio::sync::oneshot;
+use uuid::Uuid;
+
+use crate::events::{Cause, GateKind, HarnessEvent};
+use crate::model::{ChatMessage, ToolCall};
+
+/// How a gate was resolved.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Resolution {
+    pub action: String,
+    pub text: Option<String>,
+}
+
+/// A gate the journal holds open.
+#[derive(Debug)]
+pub(crate) struct OpenGate {
+    pub kind: GateKind,
+    pub turn_id: String,
+    pub opened_at_ms: Millis,
+    pub timeout_ms: u64,
+    pub waiter: Option<oneshot::Sender<Resolution>>,
+}
+
+/// A user message waiting for its turn.
+#[derive(Clone, Debug)]
+pub(crate) struct PendingInput {
+    pub event_id: String,
+    pub text: String,
+    pub cause: Option<Cause>,
+}
+
+/// One turn's part of the conversation.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct TurnTranscript {
+    pub user: String,
+    pub messages: Vec<ChatMessage>,
+}
+
+/// What the journal says about a turn that has started and not ended.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct OpenTurn {
+    pub turn_id: String,
+    pub steps: u32,
+    /// The tool calls of the last assistant step.
+    pub last_calls: Vec<ToolCall>,
+    /// Calls of the last step that have a result.
+    pub results: HashSet<String>,
+    /// Gates opened in this turn, by call id → gate id.
+    pub gates: HashMap<String, Uuid>,
+    /// Gates resolved in this turn, by gate id.
+    pub resolutions: HashMap<Uuid, Resolution>,
+}
+
+/// Everything a session knows, derived from its journal.
+#[derive(Debug, Default)]
+pub(crate) struct SessionState {
+    pub started: bool,
+    pub compatibility: Option<String>,
+    pub turns: Vec<TurnTranscript>,
+    pub dispositions: HashMap<RuntimeCommandId, Recorded>,
+    /// Commands whose effects the journal holds (a closure of them is refused).
+    pub effects: HashSet<RuntimeCommandId>,
+    pub open_gates: BTreeMap<Uuid, OpenGate>,
+    pub inputs: VecDeque<PendingInput>,
+    /// The turn in flight according to the journal.
+    pub open_turn: Option<OpenTurn>,
+}
+
+impl SessionState {
+    /// Folds one journal record in.
+    pub fn fold(&mut self, record: &JournalRecord) -> Result<(), String> {
+        match &record.kind {
+            RecordKind::Fence | RecordKind::Control { .. } => {}
+            RecordKind::Application {
+                identity, outcome, ..
+            } => {
+                self.dispositions.insert(
+                    identity.runtime_command,
+                    Recorded::applied(*outcome, record.seq),
+                );
+            }
+            RecordKind::Closure { identity, .. } => {
+                self.dispositions.insert(
+                    identity.runtime_command,
+                    Recorded {
+                        disposition: sessionstore::Disposition::NotApplied,
+                        seq: record.seq,
+                    },
+                );
+            }
+            RecordKind::Event {
+                event,
+                public_body,
+                cause,
+                ..
+            } => {
+                if let Some(c) = cause {
+                    self.effects.insert(*c);
+                }
+                let ev = HarnessEvent::decode(public_body)
+                    .map_err(|e| format!("record {}: {e}", record.seq))?;
+                self.fold_event(event.as_str(), ev, record.written_at_ms, record.seq)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Folds one decoded event.
+    pub fn fold_event(
+        &mut self,
+        event_id: &str,
+        ev: HarnessEvent,
+        written_at_ms: Millis,
+        seq: u64,
+    ) -> Result<(), String> {
+        match ev {
+            HarnessEvent::SessionStarted {
+                runtime_compatibility_id,
+                ..
+            } => {
+                self.started = true;
+                self.compatibility = Some(runtime_compatibility_id);
+            }
+            HarnessEvent::UserMessage { text, cause } => self.inputs.push_back(PendingInput {
+                event_id: event_id.to_owned(),
+                text,
+                cause: Some(cause),
+            }),
+            HarnessEvent::TurnStarted {
+                turn_id,
+                input_event,
+                ..
+            } => {
+                let pos = self
+                    .inputs
+                    .iter()
+                    .position(|i| i.event_id == input_event)
+                    .ok_or_else(|| {
+                        format!("record {seq}: turn {turn_id} answers unknown input {input_event}")
+                    })?;
+                let input = self.inputs.remove(pos).unwrap_or_else(|| PendingInput {
+                    event_id: input_event.clone(),
+                    text: String::new(),
+                    cause: None,
+                });
+                self.turns.push(TurnTranscript {
+                    user: input.text,
+                    messages: Vec::new(),
+                });
+                self.open_turn = Some(OpenTurn {
+                    turn_id,
+                    ..OpenTurn::default()
+                });
+            }
+            HarnessEvent::AssistantMessage {
+                turn_id,
+                step,
+                text,
+                tool_calls,
+            } => {
+                let turn = self.current(&turn_id, seq)?;
+                turn.steps = step;
+                turn.last_calls = tool_calls.clone();
+                turn.results.clear();
+                self.push_message(ChatMessage::Assistant { text, tool_calls });
+            }
+            HarnessEvent::ToolResult {
+                turn_id,
+                call_id,
+                name,
+                content,
+                ..
+            } => {
+                self.current(&turn_id, seq)?.results.insert(call_id.clone());
+                self.push_message(ChatMessage::Tool {
+                    call_id,
+                    name,
+                    content,
+                });
+            }
+            HarnessEvent::GateOpened {
+                turn_id,
+                gate_id,
+                kind,
+                call_id,
+                timeout_ms,
+                ..
+            } => {
+                let gate = Uuid::try_parse(&gate_id)
+                    .map_err(|_| format!("record {seq}: gate id {gate_id} is not a UUID"))?;
+                self.current(&turn_id, seq)?.gates.insert(call_id, gate);
+                self.open_gates.insert(
+                    gate,
+                    OpenGate {
+                        kind,
+                        turn_id,
+                        opened_at_ms: written_at_ms,
+                        timeout_ms,
+                        waiter: None,
+                    },
+                );
+            }
+            HarnessEvent::GateResolved {
+                gate_id,
+                action,
+                text,
+                ..
+            } => {
+                let gate = Uuid::try_parse(&gate_id)
+                    .map_err(|_| format!("record {seq}: gate id {gate_id} is not a UUID"))?;
+                if let Some(open) = self.open_gates.remove(&gate)
+                    && let Some(turn) = self.open_turn.as_mut()
+                    && turn.turn_id == open.turn_id
+                {
+                    turn.resolutions.insert(gate, Resolution { action, text });
+                }
+            }
+            HarnessEvent::TurnDone { .. }
+            | HarnessEvent::TurnFailed { .. }
+            | HarnessEvent::TurnInterrupted { .. } => {
+                self.open_turn = None;
+            }
+        }
+        Ok(())
+    }
+
+    fn current(&mut self, turn_id: &str, seq: u64) -> Result<&mut OpenTurn, String> {
+        match self.open_turn.as_mut() {
+            Some(t) if t.turn_id == turn_id => Ok(t),
+            _ => Err(format!(
+                "record {seq}: event of turn {turn_id}, which is not in flight"
+            )),
+        }
+    }
+
+    fn push_message(&mut self, m: ChatMessage) {
+        if let Some(t) = self.turns.last_mut() {
+            t.messages.push(m);
+        }
+    }
+
+    /// The conversation as a model sees it.
+    pub fn conversation(&self, system: Option<&str>) -> Vec<ChatMessage> {
+        let mut out = Vec::new();
+        if let Some(s) = system {
+            out.push(ChatMessage::System { text: s.to_owned() });
+        }
+        for t in &self.turns {
+            out.push(ChatMessage::User {
+                text: t.user.clone(),
+            });
+            out.extend(t.messages.iter().cloned());
+        }
+        out
+    }
+
+    /// Whole-session idle: no turn, no open gate, nothing queued.
+    pub fn is_idle(&self, turn_running: bool) -> bool {
+        !turn_running
+            && self.open_turn.is_none()
+            && self.open_gates.is_empty()
+            && self.inputs.is_empty()
+    }
+}

@@ -1,0 +1,590 @@
+//! A turn: the model streams a step (text deltas go out as live previews; the committed step is
+//! journaled), the tools it asks for run (a permission gate first for a tool that needs
+//! approval; `ask_user` is a gate whose answer is the result), and the loop repeats until the
+//! model stops. Every turn ends with exactly one terminal event: done, failed or interrupted.
+//! A turn never writes the journal itself: it asks the session actor, which refuses once the
+//! session is abandoned or faulted, so a stopped turn writes nothing more.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use department::Preview;
+use futures::StreamExt;
+use sessionstore::{Millis, RuntimeCommandId};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::agent::AgentConfig;
+use crate::events::{Cause, GateKind, HarnessEvent, TurnError, summarize_arguments};
+use crate::model::{FinishReason, ModelEvent, ModelRequest, ToolCall};
+use crate::session::{Msg, Shared, StopReason, TurnMsg};
+use crate::state::{OpenGate, OpenTurn, Resolution};
+use crate::tool::ASK_USER;
+
+/// What a turn starts with.
+pub(crate) enum TurnPlan {
+    /// A new turn answering a queued input.
+    Fresh {
+        input_event: String,
+        cause: Option<Cause>,
+    },
+    /// A turn the journal holds in flight, resumed after a restore.
+    Resume { steps: u32, point: ResumePoint },
+}
+
+/// Where a restored turn picks up.
+#[derive(Debug)]
+pub(crate) enum ResumePoint {
+    /// Ask the model for the next step.
+    Model,
+    /// The last step asked for nothing more: write `turn_done`.
+    Finish,
+    /// The last step's calls from `start` on still need results; the first is in `entry`.
+    Calls {
+        calls: Vec<ToolCall>,
+        start: usize,
+        entry: CallEntry,
+    },
+    /// A call's outcome cannot be known and it is not safe to run again: end the turn
+    /// interrupted rather than guess.
+    Interrupt,
+}
+
+/// How a call is entered.
+#[derive(Debug, Clone)]
+pub(crate) enum CallEntry {
+    /// From the start (open a gate if the tool needs one, then run).
+    Fresh,
+    /// Parked at a gate restored open: wait for its answer (at most `remaining_ms`).
+    AwaitGate { gate: Uuid, remaining_ms: u64 },
+    /// The gate was resolved before the restore; act on the resolution.
+    Resolved(Resolution),
+}
+
+/// What a turn task holds.
+pub(crate) struct TurnCtx {
+    pub turn_id: String,
+    pub agent: Arc<AgentConfig>,
+    pub tx: mpsc::Sender<Msg>,
+    pub shared: Arc<Shared>,
+    pub cancel: CancellationToken,
+    pub reason: Arc<std::sync::Mutex<Option<StopReason>>>,
+}
+
+enum Stop {
+    /// Cancelled from outside (interrupt or abandonment).
+    Cancelled,
+    /// The actor refused a write (fault, abandonment): write nothing more.
+    Refused,
+}
+
+struct Run<'a> {
+    ctx: &'a TurnCtx,
+    /// A gate of this turn that is open right now.
+    open_gate: Option<Uuid>,
+}
+
+/// Decides where a turn the journal holds in flight resumes.
+pub(crate) fn resume_point(
+    open: &OpenTurn,
+    gates: &BTreeMap<Uuid, OpenGate>,
+    agent: &AgentConfig,
+    now: Millis,
+) -> ResumePoint {
+    if open.last_calls.is_empty() {
+        return if open.steps == 0 {
+            ResumePoint::Model
+        } else {
+            ResumePoint::Finish
+        };
+    }
+    let Some(start) = open
+        .last_calls
+        .iter()
+        .position(|c| !open.results.contains(&c.id))
+    else {
+        return ResumePoint::Model;
+    };
+    let call = &open.last_calls[start];
+    let entry = match open.gates.get(&call.id) {
+        Some(gate) => match open.resolutions.get(gate) {
+            None => {
+                let remaining_ms = gates.get(gate).map_or(0, |g| {
+                    let elapsed = u64::try_from(now.saturating_sub(g.opened_at_ms)).unwrap_or(0);
+                    g.timeout_ms.saturating_sub(elapsed)
+                });
+                CallEntry::AwaitGate {
+                    gate: *gate,
+                    remaining_ms,
+                }
+            }
+            Some(res) => {
+                // The answer is durable; whether the tool ran after it is not known. An
+                // answer to ask_user is itself the result; a denial runs nothing; an approval
+                // re-runs only a replay-safe tool.
+                let approved_effect = call.name != ASK_USER
+                    && res.action == "approve"
+                    && !agent.tools.get(&call.name).is_some_and(|t| t.replay_safe());
+                if approved_effect {
+                    return ResumePoint::Interrupt;
+                }
+                CallEntry::Resolved(res.clone())
+            }
+        },
+        None => {
+            let gated = call.name == ASK_USER
+                || agent
+                    .tools
+                    .get(&call.name)
+                    .is_some_and(|t| t.needs_approval());
+            let safe = agent.tools.get(&call.name).is_none_or(|t| t.replay_safe());
+            if gated || safe {
+                // A gated call whose gate never opened never ran; a replay-safe one may run again.
+                CallEntry::Fresh
+            } else {
+                return ResumePoint::Interrupt;
+            }
+        }
+    };
+    ResumePoint::Calls {
+        calls: open.last_calls.clone(),
+        start,
+        entry,
+    }
+}
+
+/// Runs a turn to its terminal event (or silently stops), then tells the actor.
+pub(crate) async fn run(ctx: TurnCtx, plan: TurnPlan) {
+    let mut run = Run {
+        ctx: &ctx,
+        open_gate: None,
+    };
+    let result = run.drive(plan).await;
+    if let Err(Stop::Cancelled) = result {
+        let reason = ctx.reason.lock().ok().and_then(|r| r.clone());
+        if let Some(StopReason::Interrupt(cause, rc)) = reason {
+            run.write_interrupted(Some(cause), Some(rc), "interrupt")
+                .await;
+        }
+    }
+    let _ = ctx
+        .tx
+        .send(Msg::Turn(TurnMsg::Finished {
+            turn_id: ctx.turn_id.clone(),
+        }))
+        .await;
+}
+
+impl Run<'_> {
+    async fn drive(&mut self, plan: TurnPlan) -> Result<(), Stop> {
+        let mut step = match plan {
+            TurnPlan::Fresh { input_event, cause } => {
+                self.append(vec![(
+                    HarnessEvent::TurnStarted {
+                        turn_id: self.ctx.turn_id.clone(),
+                        input_event,
+                        cause,
+                    },
+                    None,
+                )])
+                .await?;
+                0
+            }
+            TurnPlan::Resume { steps, point } => match point {
+                ResumePoint::Model => steps,
+                ResumePoint::Finish => {
+                    return self.finish().await;
+                }
+                ResumePoint::Interrupt => {
+                    self.write_interrupted(None, None, "restore").await;
+                    return Ok(());
+                }
+                ResumePoint::Calls {
+                    calls,
+                    start,
+                    entry,
+                } => {
+                    let mut entry = Some(entry);
+                    for call in &calls[start..] {
+                        let e = entry.take().unwrap_or(CallEntry::Fresh);
+                        self.run_call(call, e).await?;
+                    }
+                    steps
+                }
+            },
+        };
+        loop {
+            if step >= self.ctx.agent.max_steps {
+                return self
+                    .fail(
+                        "step_limit",
+                        format!(
+                            "the turn took more than {} model steps",
+                            self.ctx.agent.max_steps
+                        ),
+                    )
+                    .await;
+            }
+            step += 1;
+            let (text, calls) = match self.model_step().await? {
+                Ok(v) => v,
+                Err(e) => return self.fail(e.code(), e.to_string()).await,
+            };
+            let done = calls.is_empty();
+            self.append(vec![(
+                HarnessEvent::AssistantMessage {
+                    turn_id: self.ctx.turn_id.clone(),
+                    step,
+                    text,
+                    tool_calls: calls.clone(),
+                },
+                None,
+            )])
+            .await?;
+            if done {
+                return self.finish().await;
+            }
+            for call in &calls {
+                self.run_call(call, CallEntry::Fresh).await?;
+            }
+        }
+    }
+
+    async fn finish(&mut self) -> Result<(), Stop> {
+        self.append(vec![(
+            HarnessEvent::TurnDone {
+                turn_id: self.ctx.turn_id.clone(),
+            },
+            None,
+        )])
+        .await
+    }
+
+    async fn fail(&mut self, code: &str, message: String) -> Result<(), Stop> {
+        self.append(vec![(
+            HarnessEvent::TurnFailed {
+                turn_id: self.ctx.turn_id.clone(),
+                error: TurnError {
+                    code: code.to_owned(),
+                    message,
+                },
+            },
+            None,
+        )])
+        .await
+    }
+
+    /// Writes the gate cancellation (if one is open) and `turn_interrupted`, best effort: a
+    /// refused write means the session stopped and nothing may be written.
+    async fn write_interrupted(
+        &mut self,
+        cause: Option<Cause>,
+        rc: Option<RuntimeCommandId>,
+        reason: &str,
+    ) {
+        let mut events = Vec::new();
+        if let Some(gate) = self.open_gate.take() {
+            events.push((
+                HarnessEvent::GateResolved {
+                    gate_id: gate.to_string(),
+                    action: "cancelled".into(),
+                    text: None,
+                    cause: cause.clone(),
+                },
+                rc,
+            ));
+        }
+        events.push((
+            HarnessEvent::TurnInterrupted {
+                turn_id: self.ctx.turn_id.clone(),
+                reason: reason.to_owned(),
+                cause,
+            },
+            rc,
+        ));
+        let _ = self.append_unchecked(events).await;
+    }
+
+    async fn append_unchecked(
+        &self,
+        events: Vec<(HarnessEvent, Option<RuntimeCommandId>)>,
+    ) -> Result<(), Stop> {
+        let (reply, rx) = oneshot::channel();
+        self.ctx
+            .tx
+            .send(Msg::Turn(TurnMsg::Append {
+                turn_id: self.ctx.turn_id.clone(),
+                events,
+                reply,
+            }))
+            .await
+            .map_err(|_| Stop::Refused)?;
+        match rx.await {
+            Ok(Ok(())) => Ok(()),
+            _ => Err(Stop::Refused),
+        }
+    }
+
+    async fn append(
+        &self,
+        events: Vec<(HarnessEvent, Option<RuntimeCommandId>)>,
+    ) -> Result<(), Stop> {
+        if self.ctx.cancel.is_cancelled() {
+            return Err(Stop::Cancelled);
+        }
+        self.append_unchecked(events).await
+    }
+
+    async fn conversation(&self) -> Result<Vec<crate::model::ChatMessage>, Stop> {
+        let (reply, rx) = oneshot::channel();
+        self.ctx
+            .tx
+            .send(Msg::Turn(TurnMsg::Conversation { reply }))
+            .await
+            .map_err(|_| Stop::Refused)?;
+        rx.await.map_err(|_| Stop::Refused)
+    }
+
+    /// One model step: streams deltas as previews, collects text and tool calls.
+    async fn model_step(
+        &self,
+    ) -> Result<Result<(String, Vec<ToolCall>), crate::model::ModelError>, Stop> {
+        let request = ModelRequest {
+            messages: self.conversation().await?,
+            tools: self.ctx.agent.tools.specs(),
+        };
+        let cancel = &self.ctx.cancel;
+        let started = tokio::select! {
+            r = self.ctx.agent.model.stream(request) => r,
+            _ = cancel.cancelled() => return Err(Stop::Cancelled),
+        };
+        let mut stream = match started {
+            Ok(s) => s,
+            Err(e) => return Ok(Err(e)),
+        };
+        let mut text = String::new();
+        let mut calls = Vec::new();
+        loop {
+            let next = tokio::select! {
+                n = stream.next() => n,
+                _ = cancel.cancelled() => return Err(Stop::Cancelled),
+            };
+            match next {
+                Some(Ok(ModelEvent::TextDelta(d))) => {
+                    let _ = self.ctx.shared.previews.send(Preview {
+                        turn: self.ctx.turn_id.clone(),
+                        delta: d.clone(),
+                    });
+                    text.push_str(&d);
+                }
+                Some(Ok(ModelEvent::ToolCall(c))) => calls.push(c),
+                Some(Ok(ModelEvent::Finished(reason))) => {
+                    if reason == FinishReason::Length && calls.is_empty() && text.is_empty() {
+                        return Ok(Err(crate::model::ModelError::Protocol(
+                            "the model stopped at its length limit without output".into(),
+                        )));
+                    }
+                    return Ok(Ok((text, calls)));
+                }
+                Some(Err(e)) => return Ok(Err(e)),
+                None => {
+                    return Ok(Err(crate::model::ModelError::Protocol(
+                        "the model stream ended without finishing".into(),
+                    )));
+                }
+            }
+        }
+    }
+
+    async fn result(&self, call: &ToolCall, content: String, is_error: bool) -> Result<(), Stop> {
+        self.append(vec![(
+            HarnessEvent::ToolResult {
+                turn_id: self.ctx.turn_id.clone(),
+                call_id: call.id.clone(),
+                name: call.name.clone(),
+                content,
+                is_error,
+            },
+            None,
+        )])
+        .await
+    }
+
+    async fn run_call(&mut self, call: &ToolCall, entry: CallEntry) -> Result<(), Stop> {
+        let agent = self.ctx.agent.clone();
+        let is_ask = call.name == ASK_USER;
+        let tool = agent.tools.get(&call.name);
+        if !is_ask && tool.is_none() {
+            return self
+                .result(call, format!("unknown tool {:?}", call.name), true)
+                .await;
+        }
+        let gated = is_ask || tool.as_ref().is_some_and(|t| t.needs_approval());
+        let resolution = if gated {
+            Some(match entry {
+                CallEntry::Resolved(r) => r,
+                CallEntry::AwaitGate { gate, remaining_ms } => {
+                    self.await_restored_gate(gate, remaining_ms).await?
+                }
+                CallEntry::Fresh => self.open_and_await_gate(call, is_ask).await?,
+            })
+        } else {
+            None
+        };
+        if is_ask {
+            let res = resolution.unwrap_or(Resolution {
+                action: "timeout".into(),
+                text: None,
+            });
+            return match (res.action.as_str(), res.text) {
+                ("answer", Some(text)) => self.result(call, text, false).await,
+                ("timeout", _) => {
+                    self.result(call, "The user did not answer in time.".into(), true)
+                        .await
+                }
+                (other, _) => {
+                    self.result(call, format!("The question was closed ({other})."), true)
+                        .await
+                }
+            };
+        }
+        if let Some(res) = resolution
+            && res.action != "approve"
+        {
+            let why = if res.action == "timeout" {
+                "The request for approval timed out; the tool did not run."
+            } else {
+                "The user denied the tool call; it did not run."
+            };
+            return self.result(call, why.into(), true).await;
+        }
+        let Some(tool) = tool else {
+            return Ok(());
+        };
+        let cancel = &self.ctx.cancel;
+        let outcome = tokio::select! {
+            r = tool.call(call.arguments.clone()) => r,
+            _ = cancel.cancelled() => return Err(Stop::Cancelled),
+        };
+        match outcome {
+            Ok(content) => self.result(call, content, false).await,
+            Err(e) => self.result(call, e.0, true).await,
+        }
+    }
+
+    async fn open_and_await_gate(
+        &mut self,
+        call: &ToolCall,
+        is_ask: bool,
+    ) -> Result<Resolution, Stop> {
+        let (kind, timeout, prompt) = if is_ask {
+            let question = call
+                .arguments
+                .get("question")
+                .and_then(|q| q.as_str())
+                .unwrap_or("(the agent asked a question without text)")
+                .to_owned();
+            (GateKind::AskUser, self.ctx.agent.ask_user_timeout, question)
+        } else {
+            (
+                GateKind::Permission,
+                self.ctx.agent.permission_timeout,
+                format!(
+                    "Allow {} with {}?",
+                    call.name,
+                    summarize_arguments(&call.arguments)
+                ),
+            )
+        };
+        let gate = Uuid::now_v7();
+        let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        let event = HarnessEvent::GateOpened {
+            turn_id: self.ctx.turn_id.clone(),
+            gate_id: gate.to_string(),
+            kind,
+            call_id: call.id.clone(),
+            prompt,
+            actions: kind.actions().iter().map(|a| (*a).to_owned()).collect(),
+            timeout_ms,
+        };
+        if self.ctx.cancel.is_cancelled() {
+            return Err(Stop::Cancelled);
+        }
+        let (reply, rx) = oneshot::channel();
+        self.ctx
+            .tx
+            .send(Msg::Turn(TurnMsg::OpenGate {
+                turn_id: self.ctx.turn_id.clone(),
+                event,
+                reply,
+            }))
+            .await
+            .map_err(|_| Stop::Refused)?;
+        let waiter = match rx.await {
+            Ok(Ok(w)) => w,
+            _ => return Err(Stop::Refused),
+        };
+        self.open_gate = Some(gate);
+        let r = self.wait_gate(gate, waiter, timeout).await;
+        if r.is_ok() {
+            self.open_gate = None;
+        }
+        r
+    }
+
+    async fn await_restored_gate(
+        &mut self,
+        gate: Uuid,
+        remaining_ms: u64,
+    ) -> Result<Resolution, Stop> {
+        let (reply, rx) = oneshot::channel();
+        self.ctx
+            .tx
+            .send(Msg::Turn(TurnMsg::AwaitGate { gate, reply }))
+            .await
+            .map_err(|_| Stop::Refused)?;
+        let Some(waiter) = rx.await.map_err(|_| Stop::Refused)? else {
+            // Resolved meanwhile by a timeout or an answer the fold already took: treat as
+            // closed without an answer.
+            return Ok(Resolution {
+                action: "cancelled".into(),
+                text: None,
+            });
+        };
+        self.open_gate = Some(gate);
+        let r = self
+            .wait_gate(gate, waiter, Duration::from_millis(remaining_ms))
+            .await;
+        if r.is_ok() {
+            self.open_gate = None;
+        }
+        r
+    }
+
+    /// Waits for an answer; at the timeout asks the actor to resolve the gate `timeout` (an
+    /// answer that lands first wins) and takes whatever resolution comes.
+    async fn wait_gate(
+        &self,
+        gate: Uuid,
+        mut waiter: oneshot::Receiver<Resolution>,
+        timeout: Duration,
+    ) -> Result<Resolution, Stop> {
+        let cancel = &self.ctx.cancel;
+        tokio::select! {
+            r = &mut waiter => return r.map_err(|_| Stop::Refused),
+            _ = tokio::time::sleep(timeout) => {}
+            _ = cancel.cancelled() => return Err(Stop::Cancelled),
+        }
+        self.ctx
+            .tx
+            .send(Msg::Turn(TurnMsg::GateTimeout { gate }))
+            .await
+            .map_err(|_| Stop::Refused)?;
+        tokio::select! {
+            r = waiter => r.map_err(|_| Stop::Refused),
+            _ = cancel.cancelled() => Err(Stop::Cancelled),
+        }
+    }
+}

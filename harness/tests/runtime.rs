@@ -1,0 +1,1062 @@
+//! The harness over a real store, every case on SQLite and PostgreSQL.
+
+pub mod support {
+    use std::sync::Arc;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use department::{LaunchMode, LaunchRequest, Recorded, RuntimeCommand, RuntimeError};
+    use harness::events::HarnessEvent;
+    use harness::model::{Model, ModelError, ModelRequest, ModelStream, ScriptedModel};
+    use harness::tool::{EchoTool, Tool, ToolError, ToolRegistry};
+    use harness::{AgentConfig, HarnessTarget, SessionHandle};
+    use serde_json::{Value, json};
+    use sessionstore::testing::TestStore;
+    use sessionstore::wire::{CommandBodyV1, GateAnswer, encode_command_body};
+    use sessionstore::*;
+    use uuid::Uuid;
+
+    pub const WAIT: Duration = Duration::from_secs(15);
+
+    /// A tool with an effect: counts its runs and needs approval.
+    #[derive(Default)]
+    pub struct CountingTool {
+        pub runs: AtomicUsize,
+    }
+
+    #[async_trait::async_trait]
+    impl Tool for CountingTool {
+        fn spec(&self) -> harness::model::ToolSpec {
+            harness::model::ToolSpec {
+                name: "launch_rocket".into(),
+                description: "Has an effect; asks first.".into(),
+                parameters: json!({"type": "object"}),
+            }
+        }
+        fn needs_approval(&self) -> bool {
+            true
+        }
+        async fn call(&self, _arguments: Value) -> Result<String, ToolError> {
+            let n = self.runs.fetch_add(1, Ordering::SeqCst) + 1;
+            Ok(format!("launched (run {n})"))
+        }
+    }
+
+    /// The scripted model, recording every request it is asked.
+    pub struct RecordingModel {
+        inner: ScriptedModel,
+        pub requests: Mutex<Vec<ModelRequest>>,
+    }
+
+    #[async_trait::async_trait]
+    impl Model for RecordingModel {
+        fn name(&self) -> &str {
+            "recording-scripted"
+        }
+        async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ModelError> {
+            if let Ok(mut r) = self.requests.lock() {
+                r.push(request.clone());
+            }
+            self.inner.stream(request).await
+        }
+    }
+
+    pub struct Fx {
+        pub store: Store,
+        pub target: HarnessTarget,
+        pub session: SessionRecord,
+        pub counter: Arc<CountingTool>,
+        pub model: Arc<RecordingModel>,
+        pub residency: ResidencyEpoch,
+        pub next: AtomicUsize,
+    }
+
+    pub fn agent(counter: Arc<CountingTool>, model: Arc<RecordingModel>) -> AgentConfig {
+        let tools = ToolRegistry::new(vec![
+            Arc::new(EchoTool::new("echo", false)),
+            Arc::new(EchoTool::new("approve_echo", true)),
+            counter,
+        ])
+        .unwrap();
+        let mut a = AgentConfig::new(model, tools);
+        a.permission_timeout = Duration::from_secs(600);
+        a
+    }
+
+    pub fn recording_model() -> Arc<RecordingModel> {
+        Arc::new(RecordingModel {
+            inner: ScriptedModel::new(),
+            requests: Mutex::new(Vec::new()),
+        })
+    }
+
+    impl Fx {
+        pub async fn new(ts: &TestStore) -> Fx {
+            Self::with_store(ts.store.clone(), ts, |_| {}).await
+        }
+
+        pub async fn with_store(
+            store: Store,
+            ts: &TestStore,
+            adjust: impl FnOnce(&mut AgentConfig),
+        ) -> Fx {
+            let counter = Arc::new(CountingTool::default());
+            let model = recording_model();
+            let mut a = agent(counter.clone(), model.clone());
+            adjust(&mut a);
+            let target = HarnessTarget::new(
+                store.clone(),
+                a,
+                CompatibilityId::new("harness-test-1").unwrap(),
+            )
+            .unwrap();
+            let session = ts
+                .store
+                .create_session(NewSession {
+                    tenant: TenantId::new("acme").unwrap(),
+                    session: SessionId::new(format!("s-{}", Uuid::now_v7())).unwrap(),
+                    agent: AgentId::new("assistant").unwrap(),
+                    compatibility: CompatibilityId::new("harness-test-1").unwrap(),
+                    binding: SessionBinding {
+                        runtime_session_id: RuntimeSessionId::mint(),
+                        storage_binding_id: local_binding(),
+                        binding_version: 1,
+                    },
+                })
+                .await
+                .unwrap();
+            Fx {
+                store: ts.store.clone(),
+                target,
+                session,
+                counter,
+                model,
+                residency: ResidencyEpoch(1),
+                next: AtomicUsize::new(0),
+            }
+        }
+
+        pub fn request(&self, mode: LaunchMode, holder: &str) -> LaunchRequest {
+            LaunchRequest {
+                tenant: self.session.tenant.clone(),
+                session: self.session.session.clone(),
+                agent: self.session.agent.clone(),
+                binding: self.session.binding.clone(),
+                mode,
+                holder: holder.into(),
+            }
+        }
+
+        pub async fn launch(&self, mode: LaunchMode) -> SessionHandle {
+            self.target
+                .launch_session(self.request(mode, &format!("holder-{}", Uuid::now_v7())))
+                .await
+                .unwrap()
+        }
+
+        pub fn rs(&self) -> RuntimeSessionId {
+            self.session.binding.runtime_session_id
+        }
+
+        pub async fn admit(&self, body: CommandBodyV1) -> CommandRecord {
+            let n = self.next.fetch_add(1, Ordering::SeqCst);
+            self.store
+                .admit(NewCommand {
+                    tenant: self.session.tenant.clone(),
+                    session: self.session.session.clone(),
+                    command: CommandId::new(format!("cmd-{n}")).unwrap(),
+                    kind: body.kind(),
+                    body: CommandBody::Inline(encode_command_body(&body)),
+                    principal: None,
+                    metadata: None,
+                    apply_within: Duration::from_secs(600),
+                })
+                .await
+                .unwrap()
+        }
+
+        /// Claims and begins an attempt under the runtime's epoch.
+        pub async fn attempt(
+            &self,
+            rec: &CommandRecord,
+            epoch: JournalEpoch,
+        ) -> (CommandRecord, AttemptId) {
+            let token = Uuid::now_v7();
+            let claimed = self
+                .store
+                .claim(ClaimRequest {
+                    tenant: rec.tenant.clone(),
+                    session: rec.session.clone(),
+                    command: rec.command.clone(),
+                    epoch: self.residency,
+                    token,
+                    ttl: Duration::from_secs(60),
+                    expected_revision: rec.revision,
+                })
+                .await
+                .unwrap();
+            let attempt = AttemptId::mint();
+            let applying = self
+                .store
+                .begin_attempt(AttemptRequest {
+                    tenant: rec.tenant.clone(),
+                    session: rec.session.clone(),
+                    command: rec.command.clone(),
+                    epoch: self.residency,
+                    claim_token: token,
+                    attempt,
+                    journal_epoch: epoch,
+                    expected_revision: claimed.revision,
+                })
+                .await
+                .unwrap();
+            (applying, attempt)
+        }
+
+        pub fn command(
+            &self,
+            rec: &CommandRecord,
+            attempt: AttemptId,
+            epoch: JournalEpoch,
+            body: CommandBodyV1,
+        ) -> RuntimeCommand {
+            RuntimeCommand {
+                tenant: rec.tenant.clone(),
+                session: rec.session.clone(),
+                identity: CommandIdentity {
+                    command: rec.command.clone(),
+                    runtime_command: rec.runtime_command,
+                    kind: rec.kind,
+                },
+                attempt,
+                journal_epoch: epoch,
+                body,
+                principal: None,
+                metadata: None,
+            }
+        }
+
+        /// Admit → claim → attempt → apply → settle. Returns the settled record.
+        pub async fn send(
+            &self,
+            h: &SessionHandle,
+            body: CommandBodyV1,
+        ) -> (CommandRecord, Result<Recorded, RuntimeError>) {
+            let rec = self.admit(body.clone()).await;
+            let epoch = h.journal_epoch();
+            let (applying, attempt) = self.attempt(&rec, epoch).await;
+            let r = h.apply(self.command(&applying, attempt, epoch, body)).await;
+            let settled = match &r {
+                Ok(_) => self
+                    .store
+                    .settle(SettleRequest {
+                        tenant: rec.tenant.clone(),
+                        session: rec.session.clone(),
+                        command: rec.command.clone(),
+                        epoch: self.residency,
+                        expected_revision: applying.revision,
+                    })
+                    .await
+                    .unwrap(),
+                Err(_) => applying,
+            };
+            (settled, r)
+        }
+
+        /// As `send`, asserting the runtime recorded a disposition.
+        pub async fn ok(&self, h: &SessionHandle, body: CommandBodyV1) -> CommandRecord {
+            let (rec, r) = self.send(h, body).await;
+            r.expect("the runtime records a disposition");
+            rec
+        }
+
+        pub async fn events(&self) -> Vec<HarnessEvent> {
+            let page = self
+                .store
+                .journal_public_page(&self.session.tenant, self.rs(), 0, None, 1000)
+                .await
+                .unwrap();
+            page.events
+                .iter()
+                .map(|e| HarnessEvent::decode(&e.body).unwrap())
+                .collect()
+        }
+
+        pub async fn tip(&self) -> u64 {
+            self.store
+                .journal_tip(&self.session.tenant, self.rs())
+                .await
+                .unwrap()
+        }
+
+        pub async fn wait_for(
+            &self,
+            what: &str,
+            pred: impl Fn(&[HarnessEvent]) -> bool,
+        ) -> Vec<HarnessEvent> {
+            let deadline = tokio::time::Instant::now() + WAIT;
+            loop {
+                let evs = self.events().await;
+                if pred(&evs) {
+                    return evs;
+                }
+                if tokio::time::Instant::now() > deadline {
+                    panic!("timed out waiting for {what}; events: {evs:#?}");
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+
+        pub async fn open_gate(&self) -> Uuid {
+            let evs = self
+                .wait_for("a gate to open", |e| {
+                    e.iter()
+                        .any(|e| matches!(e, HarnessEvent::GateOpened { .. }))
+                })
+                .await;
+            let mut open = Vec::new();
+            for e in &evs {
+                match e {
+                    HarnessEvent::GateOpened { gate_id, .. } => open.push(gate_id.clone()),
+                    HarnessEvent::GateResolved { gate_id, .. } => open.retain(|g| g != gate_id),
+                    _ => {}
+                }
+            }
+            Uuid::parse_str(open.last().expect("an open gate")).unwrap()
+        }
+    }
+
+    pub async fn idle(h: &SessionHandle) {
+        assert!(
+            department::wait_idle(h, WAIT).await,
+            "the session did not become idle"
+        );
+    }
+
+    pub fn answer(gate: Uuid, action: &str, text: Option<&str>) -> CommandBodyV1 {
+        CommandBodyV1::GateResponse(GateAnswer {
+            gate_id: gate,
+            action: action.into(),
+            text: text.map(str::to_owned),
+            expected_gate_seq: None,
+        })
+    }
+
+    pub fn input(text: &str) -> CommandBodyV1 {
+        CommandBodyV1::Input { text: text.into() }
+    }
+
+    pub fn count(evs: &[HarnessEvent], ty: &str) -> usize {
+        evs.iter().filter(|e| e.type_name() == ty).count()
+    }
+
+    pub fn turns_done(evs: &[HarnessEvent]) -> usize {
+        evs.iter().filter(|e| e.is_turn_terminal()).count()
+    }
+
+    pub fn replies(evs: &[HarnessEvent]) -> Vec<String> {
+        evs.iter()
+            .filter_map(|e| match e {
+                HarnessEvent::AssistantMessage { text, .. } if !text.is_empty() => {
+                    Some(text.clone())
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    pub fn mode(m: LaunchMode) -> LaunchMode {
+        m
+    }
+}
+
+mod cases {
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+
+    use department::{Capabilities, LaunchError, LaunchMode, LaunchTarget, Recovery, Runtime};
+    use harness::events::HarnessEvent;
+    use sessionstore::testing::TestStore;
+    use sessionstore::wire::CommandBodyV1;
+    use sessionstore::*;
+
+    use super::support::*;
+
+    pub async fn create_with_a_first_message_is_applied_and_the_reply_is_journaled(ts: &TestStore) {
+        let fx = Fx::new(ts).await;
+        let h = fx.launch(LaunchMode::Create).await;
+        let (rec, r) = fx
+            .send(
+                &h,
+                CommandBodyV1::Create {
+                    text: Some("hello".into()),
+                },
+            )
+            .await;
+        assert_eq!(r.unwrap().disposition, Disposition::Applied);
+        assert_eq!(rec.state, CommandState::Applied);
+        idle(&h).await;
+        let evs = fx.events().await;
+        let types: Vec<_> = evs.iter().map(|e| e.type_name()).collect();
+        assert_eq!(
+            types,
+            [
+                "session_started",
+                "user_message",
+                "turn_started",
+                "assistant_message",
+                "turn_done"
+            ]
+        );
+        assert_eq!(replies(&evs), ["You said: hello"]);
+    }
+
+    pub async fn every_command_kind_settles_from_the_runtimes_disposition(ts: &TestStore) {
+        let fx = Fx::new(ts).await;
+        let h = fx.launch(LaunchMode::Create).await;
+        let (r1, _) = fx.send(&h, CommandBodyV1::Create { text: None }).await;
+        assert_eq!(r1.outcome, Some(Outcome::Applied));
+        let (r2, _) = fx.send(&h, CommandBodyV1::Restore).await;
+        assert_eq!(r2.outcome, Some(Outcome::Applied));
+        let (r3, _) = fx.send(&h, input("")).await;
+        assert_eq!(r3.outcome, Some(Outcome::Refused));
+        let (r4, _) = fx.send(&h, CommandBodyV1::Interrupt).await;
+        assert_eq!(r4.outcome, Some(Outcome::NoOp), "nothing to interrupt");
+        let (r5, _) = fx
+            .send(&h, answer(uuid::Uuid::now_v7(), "approve", None))
+            .await;
+        assert_eq!(r5.outcome, Some(Outcome::NoOp), "no such gate");
+        let (r6, _) = fx.send(&h, input("two")).await;
+        assert_eq!(r6.outcome, Some(Outcome::Applied));
+        idle(&h).await;
+        assert_eq!(replies(&fx.events().await), ["You said: two"]);
+    }
+
+    pub async fn a_duplicate_delivery_returns_the_recorded_disposition_and_writes_nothing(
+        ts: &TestStore,
+    ) {
+        let fx = Fx::new(ts).await;
+        let h = fx.launch(LaunchMode::Create).await;
+        let rec = fx.admit(input("once")).await;
+        let epoch = h.journal_epoch();
+        let (applying, attempt) = fx.attempt(&rec, epoch).await;
+        let cmd = fx.command(&applying, attempt, epoch, input("once"));
+        let first = h.apply(cmd.clone()).await.unwrap();
+        idle(&h).await;
+        let tip = fx.tip().await;
+        let again = h.apply(cmd).await.unwrap();
+        assert_eq!(again, first);
+        assert_eq!(fx.tip().await, tip);
+        assert_eq!(count(&fx.events().await, "user_message"), 1);
+    }
+
+    pub async fn an_interrupt_cancels_the_turn_in_flight(ts: &TestStore) {
+        let fx = Fx::new(ts).await;
+        let h = fx.launch(LaunchMode::Create).await;
+        let words = vec!["word"; 200].join(" ");
+        fx.ok(&h, input(&format!("/slow 50 {words}"))).await;
+        fx.wait_for("the turn to start", |e| count(e, "turn_started") == 1)
+            .await;
+        let (rec, r) = fx.send(&h, CommandBodyV1::Interrupt).await;
+        assert_eq!(r.unwrap().disposition, Disposition::Applied);
+        assert_eq!(rec.state, CommandState::Applied);
+        idle(&h).await;
+        let evs = fx.events().await;
+        let interrupted: Vec<_> = evs
+            .iter()
+            .filter_map(|e| match e {
+                HarnessEvent::TurnInterrupted { reason, cause, .. } => {
+                    Some((reason.clone(), cause.clone()))
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(interrupted.len(), 1);
+        assert_eq!(interrupted[0].0, "interrupt");
+        assert_eq!(
+            interrupted[0].1.as_ref().unwrap().command_id,
+            rec.command.as_str()
+        );
+        assert_eq!(turns_done(&evs), 1, "exactly one terminal event");
+        assert_eq!(
+            count(&evs, "assistant_message"),
+            0,
+            "the step never completed"
+        );
+    }
+
+    pub async fn a_permission_gate_is_approved_and_the_tool_runs_once(ts: &TestStore) {
+        let fx = Fx::new(ts).await;
+        let h = fx.launch(LaunchMode::Create).await;
+        fx.ok(&h, input("/tool launch_rocket {}")).await;
+        let gate = fx.open_gate().await;
+        assert!(!*h.idle().borrow(), "a session at a gate is not idle");
+        assert_eq!(
+            fx.counter.runs.load(Ordering::SeqCst),
+            0,
+            "nothing runs before approval"
+        );
+        let (rec, _) = fx.send(&h, answer(gate, "approve", None)).await;
+        assert_eq!(rec.outcome, Some(Outcome::Applied));
+        idle(&h).await;
+        assert_eq!(fx.counter.runs.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            replies(&fx.events().await),
+            ["Tool launch_rocket returned: launched (run 1)"]
+        );
+        // The gate is closed now: a second answer settles no_op.
+        let (again, _) = fx.send(&h, answer(gate, "approve", None)).await;
+        assert_eq!(again.outcome, Some(Outcome::NoOp));
+        assert_eq!(fx.counter.runs.load(Ordering::SeqCst), 1);
+    }
+
+    pub async fn a_denied_permission_runs_nothing(ts: &TestStore) {
+        let fx = Fx::new(ts).await;
+        let h = fx.launch(LaunchMode::Create).await;
+        fx.ok(&h, input("/tool launch_rocket {}")).await;
+        let gate = fx.open_gate().await;
+        let (bad, _) = fx.send(&h, answer(gate, "answer", Some("x"))).await;
+        assert_eq!(
+            bad.outcome,
+            Some(Outcome::Refused),
+            "an action the gate does not offer"
+        );
+        let (rec, _) = fx.send(&h, answer(gate, "deny", None)).await;
+        assert_eq!(rec.outcome, Some(Outcome::Applied));
+        idle(&h).await;
+        assert_eq!(fx.counter.runs.load(Ordering::SeqCst), 0);
+        let evs = fx.events().await;
+        assert!(
+            evs.iter()
+                .any(|e| matches!(e, HarnessEvent::ToolResult { is_error: true, .. }))
+        );
+    }
+
+    pub async fn an_unanswered_permission_gate_times_out_denying(ts: &TestStore) {
+        let fx = Fx::with_store(ts.store.clone(), ts, |a| {
+            a.permission_timeout = Duration::from_millis(300)
+        })
+        .await;
+        let h = fx.launch(LaunchMode::Create).await;
+        fx.ok(&h, input("/tool launch_rocket {}")).await;
+        fx.open_gate().await;
+        idle(&h).await;
+        assert_eq!(fx.counter.runs.load(Ordering::SeqCst), 0);
+        let evs = fx.events().await;
+        assert!(evs.iter().any(
+            |e| matches!(e, HarnessEvent::GateResolved { action, .. } if action == "timeout")
+        ));
+        assert_eq!(
+            harness::agent::DEFAULT_PERMISSION_TIMEOUT,
+            Duration::from_secs(300)
+        );
+    }
+
+    pub async fn an_ask_user_answer_is_the_tools_result(ts: &TestStore) {
+        let fx = Fx::new(ts).await;
+        let h = fx.launch(LaunchMode::Create).await;
+        fx.ok(&h, input("/ask What colour?")).await;
+        let gate = fx.open_gate().await;
+        let (missing, _) = fx.send(&h, answer(gate, "answer", None)).await;
+        assert_eq!(
+            missing.outcome,
+            Some(Outcome::Refused),
+            "an answer needs text"
+        );
+        let (rec, _) = fx.send(&h, answer(gate, "answer", Some("blue"))).await;
+        assert_eq!(rec.outcome, Some(Outcome::Applied));
+        idle(&h).await;
+        assert_eq!(
+            replies(&fx.events().await),
+            ["Tool ask_user returned: blue"]
+        );
+    }
+
+    pub async fn a_restore_resumes_a_turn_dropped_mid_stream(ts: &TestStore) {
+        let fx = Fx::new(ts).await;
+        // The first "process": its own runtime and store connection, dropped without cleanup.
+        let crashed = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let store2 = ts.reopen().await.unwrap();
+        let fx2 = Fx::with_store(store2, ts, |_| {}).await;
+        let fx2 = Fx {
+            session: fx.session.clone(),
+            ..fx2
+        };
+        let target = fx2.target.clone();
+        let request = fx2.request(LaunchMode::Create, "doomed");
+        let words = vec!["w"; 100].join(" ");
+        let h = crashed
+            .spawn(async move { target.launch_session(request).await.unwrap() })
+            .await
+            .unwrap();
+        let body = input(&format!("/slow 30 {words}"));
+        let rec = fx.admit(body.clone()).await;
+        let epoch = h.journal_epoch();
+        let (applying, attempt) = fx.attempt(&rec, epoch).await;
+        let cmd = fx.command(&applying, attempt, epoch, body);
+        let h2 = h.clone();
+        crashed
+            .spawn(async move { h2.apply(cmd).await })
+            .await
+            .unwrap()
+            .unwrap();
+        fx.wait_for("the turn to start", |e| count(e, "turn_started") == 1)
+            .await;
+        crashed.shutdown_background();
+        // The successor restores and finishes the turn exactly once.
+        let restored = fx.launch(LaunchMode::Restore).await;
+        idle(&restored).await;
+        let evs = fx.events().await;
+        assert_eq!(count(&evs, "turn_started"), 1);
+        assert_eq!(turns_done(&evs), 1);
+        assert_eq!(count(&evs, "turn_done"), 1);
+        assert_eq!(replies(&evs), [words]);
+    }
+
+    pub async fn an_accepted_input_whose_turn_never_started_runs_once_on_restore(ts: &TestStore) {
+        let fx = Fx::new(ts).await;
+        // A runtime that accepted an input and died before its turn: written as it would have.
+        let h = fx.launch(LaunchMode::Create).await;
+        h.abandon().await.unwrap();
+        let mut lease = fx
+            .store
+            .journal_acquire(
+                &fx.session.tenant,
+                fx.rs(),
+                "old-runtime",
+                Duration::from_secs(60),
+            )
+            .await
+            .unwrap();
+        let rec = fx.admit(input("remember me")).await;
+        let (applying, attempt) = fx.attempt(&rec, lease.epoch).await;
+        let user = HarnessEvent::UserMessage {
+            text: "remember me".into(),
+            cause: harness::events::Cause {
+                command_id: rec.command.to_string(),
+            },
+        };
+        lease.tip = fx
+            .store
+            .journal_append(
+                &lease,
+                vec![
+                    JournalEntry::Application {
+                        identity: CommandIdentity {
+                            command: rec.command.clone(),
+                            runtime_command: rec.runtime_command,
+                            kind: rec.kind,
+                        },
+                        attempt,
+                        attempt_epoch: lease.epoch,
+                        outcome: ApplicationOutcome::Applied,
+                        detail: None,
+                    },
+                    JournalEntry::Event {
+                        event: EventId::new("ev-user").unwrap(),
+                        public_body: user.encode(),
+                        private_body: None,
+                        cause: Some(rec.runtime_command),
+                    },
+                ],
+            )
+            .await
+            .unwrap();
+        let restored = fx.launch(LaunchMode::Restore).await;
+        idle(&restored).await;
+        let evs = fx.events().await;
+        assert_eq!(replies(&evs), ["You said: remember me"]);
+        assert_eq!(count(&evs, "turn_started"), 1);
+        // The store settles the command from the old runtime's evidence.
+        let settled = fx
+            .store
+            .settle(SettleRequest {
+                tenant: rec.tenant.clone(),
+                session: rec.session.clone(),
+                command: rec.command.clone(),
+                epoch: fx.residency,
+                expected_revision: applying.revision,
+            })
+            .await
+            .unwrap();
+        assert_eq!(settled.outcome, Some(Outcome::Applied));
+    }
+
+    pub async fn a_permission_gate_restored_open_resumes_and_the_approved_tool_runs_once(
+        ts: &TestStore,
+    ) {
+        let fx = Fx::new(ts).await;
+        let h = fx.launch(LaunchMode::Create).await;
+        fx.ok(&h, input("/tool launch_rocket {}")).await;
+        let gate = fx.open_gate().await;
+        // A crash-equivalent stop: nothing written, the gate stays open.
+        let tip = fx.tip().await;
+        h.abandon().await.unwrap();
+        assert_eq!(fx.tip().await, tip);
+        let restored = fx.launch(LaunchMode::Restore).await;
+        assert!(
+            !*restored.idle().borrow(),
+            "a restored gated session is not idle"
+        );
+        let (rec, _) = fx.send(&restored, answer(gate, "approve", None)).await;
+        assert_eq!(rec.outcome, Some(Outcome::Applied));
+        idle(&restored).await;
+        assert_eq!(fx.counter.runs.load(Ordering::SeqCst), 1);
+        let evs = fx.events().await;
+        assert_eq!(count(&evs, "turn_started"), 1);
+        assert_eq!(count(&evs, "turn_done"), 1);
+        assert_eq!(
+            replies(&evs),
+            ["Tool launch_rocket returned: launched (run 1)"]
+        );
+    }
+
+    pub async fn an_ask_user_gate_restored_open_delivers_its_answer_to_the_tool(ts: &TestStore) {
+        let fx = Fx::new(ts).await;
+        let h = fx.launch(LaunchMode::Create).await;
+        fx.ok(&h, input("/ask Which city?")).await;
+        let gate = fx.open_gate().await;
+        h.abandon().await.unwrap();
+        let restored = fx.launch(LaunchMode::Restore).await;
+        fx.ok(&restored, answer(gate, "answer", Some("Lyon"))).await;
+        idle(&restored).await;
+        assert_eq!(
+            replies(&fx.events().await),
+            ["Tool ask_user returned: Lyon"]
+        );
+    }
+
+    pub async fn a_restore_replays_the_conversation_for_the_next_turn(ts: &TestStore) {
+        let fx = Fx::new(ts).await;
+        let h = fx.launch(LaunchMode::Create).await;
+        fx.ok(&h, input("first")).await;
+        idle(&h).await;
+        h.release().await.unwrap();
+        let restored = fx.launch(LaunchMode::Restore).await;
+        fx.ok(&restored, input("second")).await;
+        idle(&restored).await;
+        let requests = fx.model.requests.lock().unwrap().clone();
+        let last = requests.last().unwrap();
+        let texts: Vec<String> = last.messages.iter().map(|m| format!("{m:?}")).collect();
+        assert!(texts[0].contains("first"), "{texts:?}");
+        assert!(texts[1].contains("You said: first"), "{texts:?}");
+        assert!(texts[2].contains("second"), "{texts:?}");
+    }
+
+    pub async fn create_refuses_an_existing_conversation_and_restore_an_absent_one(ts: &TestStore) {
+        let fx = Fx::new(ts).await;
+        let err = fx
+            .target
+            .launch_session(fx.request(LaunchMode::Restore, "r"))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, LaunchError::NoConversation), "{err}");
+        let h = fx.launch(LaunchMode::Create).await;
+        h.release().await.unwrap();
+        let tip = fx.tip().await;
+        let err = fx
+            .target
+            .launch_session(fx.request(LaunchMode::Create, "c"))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, LaunchError::ConversationExists), "{err}");
+        assert_eq!(fx.tip().await, tip, "a refused create writes nothing");
+    }
+
+    pub async fn a_closure_needs_a_later_epoch_and_no_effect(ts: &TestStore) {
+        let fx = Fx::new(ts).await;
+        let h = fx.launch(LaunchMode::Create).await;
+        let e1 = h.journal_epoch();
+        // A stranded attempt (begun, never dispatched) and an applied one.
+        let stranded = fx.admit(input("lost")).await;
+        let (stranded, sa) = fx.attempt(&stranded, e1).await;
+        let ident = CommandIdentity {
+            command: stranded.command.clone(),
+            runtime_command: stranded.runtime_command,
+            kind: stranded.kind,
+        };
+        let own = h.close_attempt(ident.clone(), sa, e1).await.unwrap_err();
+        assert_eq!(
+            own.code(),
+            "epoch",
+            "a runtime never closes its own epoch's attempt"
+        );
+        let (applied, _) = fx.send(&h, input("kept")).await;
+        idle(&h).await;
+        h.abandon().await.unwrap();
+        let restored = fx.launch(LaunchMode::Restore).await;
+        assert!(restored.journal_epoch() > e1);
+        let closed = restored.close_attempt(ident, sa, e1).await.unwrap();
+        assert_eq!(closed.disposition, Disposition::NotApplied);
+        // The applied command's disposition is returned, not closed over.
+        let a = applied.attempt.clone().unwrap();
+        let back = restored
+            .close_attempt(
+                CommandIdentity {
+                    command: applied.command.clone(),
+                    runtime_command: applied.runtime_command,
+                    kind: applied.kind,
+                },
+                a.id,
+                a.journal_epoch,
+            )
+            .await
+            .unwrap();
+        assert_eq!(back.disposition, Disposition::Applied);
+    }
+
+    pub async fn a_closure_is_refused_when_the_journal_holds_an_effect_of_the_command(
+        ts: &TestStore,
+    ) {
+        let fx = Fx::new(ts).await;
+        let h = fx.launch(LaunchMode::Create).await;
+        h.abandon().await.unwrap();
+        // A predecessor wrote an effect of the command but (somehow) no disposition.
+        let lease = fx
+            .store
+            .journal_acquire(&fx.session.tenant, fx.rs(), "odd", Duration::from_secs(60))
+            .await
+            .unwrap();
+        let rec = fx.admit(input("x")).await;
+        let (_, attempt) = fx.attempt(&rec, lease.epoch).await;
+        fx.store
+            .journal_append(
+                &lease,
+                vec![JournalEntry::Event {
+                    event: EventId::new("ev-effect").unwrap(),
+                    public_body: HarnessEvent::UserMessage {
+                        text: "x".into(),
+                        cause: harness::events::Cause {
+                            command_id: rec.command.to_string(),
+                        },
+                    }
+                    .encode(),
+                    private_body: None,
+                    cause: Some(rec.runtime_command),
+                }],
+            )
+            .await
+            .unwrap();
+        let restored = fx.launch(LaunchMode::Restore).await;
+        let err = restored
+            .close_attempt(
+                CommandIdentity {
+                    command: rec.command.clone(),
+                    runtime_command: rec.runtime_command,
+                    kind: rec.kind,
+                },
+                attempt,
+                lease.epoch,
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), "closure_refused");
+    }
+
+    pub async fn a_journal_write_failure_latches_a_persistence_fault(ts: &TestStore) {
+        let own = ts.reopen().await.unwrap();
+        let fx = Fx::with_store(own.clone(), ts, |_| {}).await;
+        let h = fx.launch(LaunchMode::Create).await;
+        let mut faults = h.faults();
+        assert!(faults.borrow().is_none());
+        own.close().await; // the runtime's store goes away under it
+        let (_, r) = fx.send(&h, input("lost")).await;
+        assert_eq!(r.unwrap_err().code(), "persistence_fault");
+        tokio::time::timeout(WAIT, faults.wait_for(|f| f.is_some()))
+            .await
+            .unwrap()
+            .unwrap();
+        let (_, r) = fx.send(&h, input("later")).await;
+        assert_eq!(
+            r.unwrap_err().code(),
+            "persistence_fault",
+            "the fault stays latched"
+        );
+    }
+
+    pub async fn losing_the_journal_lease_stops_all_writes(ts: &TestStore) {
+        let fx = Fx::new(ts).await;
+        let h = fx.launch(LaunchMode::Create).await;
+        // A successor takes the journal over.
+        fx.store
+            .journal_acquire(
+                &fx.session.tenant,
+                fx.rs(),
+                "successor",
+                Duration::from_secs(60),
+            )
+            .await
+            .unwrap();
+        let tip = fx.tip().await;
+        let (_, r) = fx.send(&h, input("stale")).await;
+        assert!(matches!(r.unwrap_err().code(), "lease_lost" | "epoch"));
+        assert_eq!(fx.tip().await, tip, "nothing written under a lost lease");
+        tokio::time::timeout(WAIT, h.faults().wait_for(|f| f.is_some()))
+            .await
+            .unwrap()
+            .unwrap();
+    }
+
+    pub async fn abandonment_writes_nothing_and_releases_the_journal_lease(ts: &TestStore) {
+        let fx = Fx::new(ts).await;
+        let h = fx.launch(LaunchMode::Create).await;
+        let words = vec!["w"; 200].join(" ");
+        fx.ok(&h, input(&format!("/slow 30 {words}"))).await;
+        fx.wait_for("the turn to start", |e| count(e, "turn_started") == 1)
+            .await;
+        department::PersistenceFaults::abandon(&h).await.unwrap();
+        assert!(!*h.alive().borrow());
+        let tip = fx.tip().await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(fx.tip().await, tip);
+        let evs = fx.events().await;
+        assert_eq!(turns_done(&evs), 0, "no interruption was journaled");
+        let lease = fx
+            .store
+            .journal_lease_state(&fx.session.tenant, fx.rs())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(lease.holder, None);
+    }
+
+    pub async fn release_is_refused_while_the_session_is_not_idle(ts: &TestStore) {
+        let fx = Fx::new(ts).await;
+        let h = fx.launch(LaunchMode::Create).await;
+        fx.ok(&h, input("/tool launch_rocket {}")).await;
+        let gate = fx.open_gate().await;
+        assert_eq!(h.release().await.unwrap_err().code(), "not_idle");
+        fx.ok(&h, answer(gate, "deny", None)).await;
+        idle(&h).await;
+        h.release().await.unwrap();
+        let lease = fx
+            .store
+            .journal_lease_state(&fx.session.tenant, fx.rs())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(lease.holder, None);
+    }
+
+    pub async fn no_private_id_appears_in_a_public_event_body(ts: &TestStore) {
+        let fx = Fx::new(ts).await;
+        let h = fx.launch(LaunchMode::Create).await;
+        let (c1, _) = fx
+            .send(
+                &h,
+                CommandBodyV1::Create {
+                    text: Some("hi".into()),
+                },
+            )
+            .await;
+        let (c2, _) = fx.send(&h, input("/ask ok?")).await;
+        let gate = fx.open_gate().await;
+        let (c3, _) = fx.send(&h, answer(gate, "answer", Some("yes"))).await;
+        idle(&h).await;
+        let page = fx
+            .store
+            .journal_public_page(&fx.session.tenant, fx.rs(), 0, None, 1000)
+            .await
+            .unwrap();
+        let private: Vec<String> = [fx.rs().to_string()]
+            .into_iter()
+            .chain(
+                [&c1, &c2, &c3]
+                    .iter()
+                    .map(|c| c.runtime_command.to_string()),
+            )
+            .collect();
+        for e in &page.events {
+            let body = String::from_utf8(e.body.clone()).unwrap();
+            for p in &private {
+                assert!(!body.contains(p.as_str()), "private id {p} in {body}");
+            }
+        }
+        assert!(
+            page.events
+                .iter()
+                .any(|e| String::from_utf8_lossy(&e.body).contains(c3.command.as_str()))
+        );
+    }
+
+    pub async fn the_harness_target_passes_the_runtime_conformance_kit(ts: &TestStore) {
+        let fx = Fx::new(ts).await;
+        let report = department::conformance::run_runtime_conformance(
+            Arc::new(fx.target.clone()),
+            &ts.store,
+        )
+        .await
+        .unwrap();
+        assert!(report.restored_epoch > report.first_epoch);
+    }
+
+    /// A real harness runtime with a capability stripped, as a broken adapter would hand it over.
+    struct Stripping(harness::HarnessTarget);
+
+    #[async_trait::async_trait]
+    impl LaunchTarget for Stripping {
+        fn capabilities(&self) -> Capabilities {
+            Capabilities {
+                recovery: Recovery::full(),
+                ..Capabilities::default()
+            }
+        }
+        fn compatibility(&self) -> CompatibilityId {
+            self.0.compatibility()
+        }
+        async fn launch(&self, request: department::LaunchRequest) -> Result<Runtime, LaunchError> {
+            let mut r = self.0.launch(request).await?;
+            r.closer = None;
+            Ok(r)
+        }
+    }
+
+    pub async fn a_runtime_missing_a_declared_capability_is_refused_and_released(ts: &TestStore) {
+        let fx = Fx::new(ts).await;
+        let target = Stripping(fx.target.clone());
+        let err = department::launch_verified(&target, fx.request(mode(LaunchMode::Create), "x"))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), "incapable");
+        assert!(err.to_string().contains("attempt_closer"), "{err}");
+        let lease = fx
+            .store
+            .journal_lease_state(&fx.session.tenant, fx.rs())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(lease.holder, None, "the refused runtime was released");
+    }
+}
+
+sessionstore::both_backends!(cases =>
+    create_with_a_first_message_is_applied_and_the_reply_is_journaled,
+    every_command_kind_settles_from_the_runtimes_disposition,
+    a_duplicate_delivery_returns_the_recorded_disposition_and_writes_nothing,
+    an_interrupt_cancels_the_turn_in_flight,
+    a_permission_gate_is_approved_and_the_tool_runs_once,
+    a_denied_permission_runs_nothing,
+    an_unanswered_permission_gate_times_out_denying,
+    an_ask_user_answer_is_the_tools_result,
+    a_restore_resumes_a_turn_dropped_mid_stream,
+    an_accepted_input_whose_turn_never_started_runs_once_on_restore,
+    a_permission_gate_restored_open_resumes_and_the_approved_tool_runs_once,
+    an_ask_user_gate_restored_open_delivers_its_answer_to_the_tool,
+    a_restore_replays_the_conversation_for_the_next_turn,
+    create_refuses_an_existing_conversation_and_restore_an_absent_one,
+    a_closure_needs_a_later_epoch_and_no_effect,
+    a_closure_is_refused_when_the_journal_holds_an_effect_of_the_command,
+    a_journal_write_failure_latches_a_persistence_fault,
+    losing_the_journal_lease_stops_all_writes,
+    abandonment_writes_nothing_and_releases_the_journal_lease,
+    release_is_refused_while_the_session_is_not_idle,
+    no_private_id_appears_in_a_public_event_body,
+    the_harness_target_passes_the_runtime_conformance_kit,
+    a_runtime_missing_a_declared_capability_is_refused_and_released,
+);

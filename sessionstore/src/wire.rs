@@ -1,0 +1,482 @@
+//! Wire vocabulary: the command bodies a controller admits, and the strict JSON object reader
+//! every decoder of untrusted records uses. Owns the rule that separates a body no Host could
+//! ever apply (`Malformed`: reject it) from one only a newer Host could (`UnknownField`,
+//! `UnsupportedVersion`: block it). Never performs I/O.
+//!
+//! Bodies are JSON objects with `"version": 1`:
+//!
+//! | kind | members |
+//! |---|---|
+//! | `create` | `version`, `text`? (the optional first message) |
+//! | `restore` | `version` |
+//! | `input` | `version`, `text` |
+//! | `interrupt` | `version` |
+//! | `gate_response` | `version`, `gate_id` (a UUID), `action`, `text`?, `expected_gate_seq`? |
+//!
+//! Every kind also accepts `session_id` and `command_id`; when present they must name the
+//! command's own session and command (a body naming another is rejected).
+
+use std::fmt;
+
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::ids::{CommandId, SessionId};
+use crate::model::CommandKind;
+
+/// The one body version this build reads.
+pub const BODY_VERSION: u64 = 1;
+
+/// Why a record could not be decoded.
+#[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
+pub enum DecodeError {
+    /// No reader of any version could use it: reject.
+    #[error("malformed: {0}")]
+    Malformed(String),
+    /// A member this build does not know (a newer writer's): block, do not reject.
+    #[error("unknown_field: {0}")]
+    UnknownField(String),
+    /// A version this build does not read: block, do not reject.
+    #[error("unsupported_version: {0}")]
+    UnsupportedVersion(u64),
+}
+
+impl DecodeError {
+    /// True when only a newer reader could use the record (block rather than reject).
+    pub fn is_from_the_future(&self) -> bool {
+        matches!(
+            self,
+            DecodeError::UnknownField(_) | DecodeError::UnsupportedVersion(_)
+        )
+    }
+
+    /// A stable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            DecodeError::Malformed(_) => "malformed",
+            DecodeError::UnknownField(_) => "unknown_field",
+            DecodeError::UnsupportedVersion(_) => "unsupported_version",
+        }
+    }
+}
+
+/// A JSON object read strictly: duplicate members refused, members kept in order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StrictObject {
+    members: Vec<(String, Value)>,
+}
+
+struct StrictVisitor;
+
+impl<'de> Visitor<'de> for StrictVisitor {
+    type Value = StrictObject;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<StrictObject, A::Error> {
+        let mut members: Vec<(String, Value)> = Vec::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if members.iter().any(|(k, _)| *k == key) {
+                return Err(de::Error::custom(format!("duplicate member {key:?}")));
+            }
+            let value: Value = map.next_value()?;
+            members.push((key, value));
+        }
+        Ok(StrictObject { members })
+    }
+}
+
+impl<'de> Deserialize<'de> for StrictObject {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(StrictVisitor)
+    }
+}
+
+impl StrictObject {
+    /// Parses `bytes` as exactly one JSON object (no trailing data, no duplicate members).
+    pub fn parse(bytes: &[u8]) -> Result<StrictObject, DecodeError> {
+        let mut de = serde_json::Deserializer::from_slice(bytes);
+        let obj = StrictObject::deserialize(&mut de)
+            .map_err(|e| DecodeError::Malformed(format!("not a single JSON object: {e}")))?;
+        de.end()
+            .map_err(|_| DecodeError::Malformed("trailing data after the object".into()))?;
+        Ok(obj)
+    }
+
+    /// Builds from an already-parsed value (duplicates were lost by the parser; prefer
+    /// [`StrictObject::parse`] for untrusted bytes).
+    pub fn from_value(v: Value) -> Result<StrictObject, DecodeError> {
+        match v {
+            Value::Object(map) => Ok(StrictObject {
+                members: map.into_iter().collect(),
+            }),
+            _ => Err(DecodeError::Malformed("expected a JSON object".into())),
+        }
+    }
+
+    /// The members, in order.
+    pub fn members(&self) -> &[(String, Value)] {
+        &self.members
+    }
+
+    /// Refuses any member not in `known` (as `UnknownField`: a newer writer may send it).
+    pub fn only(&self, known: &[&str]) -> Result<(), DecodeError> {
+        for (k, _) in &self.members {
+            if !known.contains(&k.as_str()) {
+                return Err(DecodeError::UnknownField(k.clone()));
+            }
+        }
+        Ok(())
+    }
+
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.members.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
+
+    /// The `version` member: required, a positive integer, and one this build reads.
+    pub fn version(&self, supported: u64) -> Result<u64, DecodeError> {
+        let v = self
+            .get("version")
+            .ok_or_else(|| DecodeError::Malformed("missing version".into()))?;
+        let n = v
+            .as_u64()
+            .ok_or_else(|| DecodeError::Malformed("version must be a positive integer".into()))?;
+        if n == 0 {
+            return Err(DecodeError::Malformed("version must be at least 1".into()));
+        }
+        if n > supported {
+            return Err(DecodeError::UnsupportedVersion(n));
+        }
+        Ok(n)
+    }
+
+    /// A required string member.
+    pub fn string(&self, key: &str) -> Result<String, DecodeError> {
+        self.opt_string(key)?
+            .ok_or_else(|| DecodeError::Malformed(format!("missing {key}")))
+    }
+
+    /// An optional string member (`null` is refused: omit the member instead).
+    pub fn opt_string(&self, key: &str) -> Result<Option<String>, DecodeError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err(DecodeError::Malformed(format!("{key} must be a string"))),
+        }
+    }
+
+    /// A required positive integer member.
+    pub fn positive(&self, key: &str) -> Result<u64, DecodeError> {
+        self.opt_positive(key)?
+            .ok_or_else(|| DecodeError::Malformed(format!("missing {key}")))
+    }
+
+    /// An optional positive integer member (`null` and 0 refused).
+    pub fn opt_positive(&self, key: &str) -> Result<Option<u64>, DecodeError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => match v.as_u64() {
+                Some(n) if n > 0 => Ok(Some(n)),
+                _ => Err(DecodeError::Malformed(format!(
+                    "{key} must be a positive integer"
+                ))),
+            },
+        }
+    }
+
+    /// An optional boolean member.
+    pub fn opt_bool(&self, key: &str) -> Result<Option<bool>, DecodeError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(_) => Err(DecodeError::Malformed(format!("{key} must be a boolean"))),
+        }
+    }
+
+    /// A member of any JSON type (`null` refused).
+    pub fn opt_value(&self, key: &str) -> Result<Option<Value>, DecodeError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Null) => Err(DecodeError::Malformed(format!("{key} must not be null"))),
+            Some(v) => Ok(Some(v.clone())),
+        }
+    }
+}
+
+/// A gate answer's action.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct GateAnswer {
+    /// The gate (harness gate ids are UUIDs).
+    pub gate_id: Uuid,
+    /// The action chosen (`approve`, `deny`, `answer`, ...). Whether the gate offers it is the
+    /// runtime's decision.
+    pub action: String,
+    /// Free text (the answer of an `ask_user` gate).
+    pub text: Option<String>,
+    /// The journal sequence of the gate's opening the answerer saw, if it says.
+    pub expected_gate_seq: Option<u64>,
+}
+
+/// A decoded command body.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum CommandBodyV1 {
+    Create { text: Option<String> },
+    Restore,
+    Input { text: String },
+    Interrupt,
+    GateResponse(GateAnswer),
+}
+
+/// The largest text a body may carry (a message or an answer).
+pub const MAX_BODY_TEXT_BYTES: usize = 8 * 1024 * 1024;
+
+fn check_text(key: &str, text: &str) -> Result<(), DecodeError> {
+    if text.len() > MAX_BODY_TEXT_BYTES {
+        return Err(DecodeError::Malformed(format!("{key} is too large")));
+    }
+    Ok(())
+}
+
+/// Decodes a command body strictly, for the command `command` of session `session`.
+pub fn decode_command_body(
+    kind: CommandKind,
+    bytes: &[u8],
+    session: &SessionId,
+    command: &CommandId,
+) -> Result<CommandBodyV1, DecodeError> {
+    let obj = StrictObject::parse(bytes)?;
+    obj.version(BODY_VERSION)?;
+    let common = ["version", "session_id", "command_id"];
+    let known: Vec<&str> = match kind {
+        CommandKind::Create => [&common[..], &["text"]].concat(),
+        CommandKind::Input => [&common[..], &["text"]].concat(),
+        CommandKind::Restore | CommandKind::Interrupt => common.to_vec(),
+        CommandKind::GateResponse => [
+            &common[..],
+            &["gate_id", "action", "text", "expected_gate_seq"],
+        ]
+        .concat(),
+    };
+    // Type errors in known members are malformed; an unknown member only blocks. Known
+    // members are checked first so a body that is both broken and extended is rejected.
+    if let Some(s) = obj.opt_string("session_id")?
+        && s != session.as_str()
+    {
+        return Err(DecodeError::Malformed(
+            "the body names another session".into(),
+        ));
+    }
+    if let Some(c) = obj.opt_string("command_id")?
+        && c != command.as_str()
+    {
+        return Err(DecodeError::Malformed(
+            "the body names another command".into(),
+        ));
+    }
+    let body = match kind {
+        CommandKind::Create => {
+            let text = obj.opt_string("text")?;
+            if let Some(t) = &text {
+                check_text("text", t)?;
+            }
+            CommandBodyV1::Create { text }
+        }
+        CommandKind::Restore => CommandBodyV1::Restore,
+        CommandKind::Input => {
+            let text = obj.string("text")?;
+            check_text("text", &text)?;
+            CommandBodyV1::Input { text }
+        }
+        CommandKind::Interrupt => CommandBodyV1::Interrupt,
+        CommandKind::GateResponse => {
+            let gate = obj.string("gate_id")?;
+            let gate_id = Uuid::try_parse(&gate)
+                .ok()
+                .filter(|u| !u.is_nil())
+                .ok_or_else(|| DecodeError::Malformed("gate_id must be a non-nil UUID".into()))?;
+            let action = obj.string("action")?;
+            if action.is_empty() || action.len() > 64 {
+                return Err(DecodeError::Malformed("action must be 1-64 bytes".into()));
+            }
+            let text = obj.opt_string("text")?;
+            if let Some(t) = &text {
+                check_text("text", t)?;
+            }
+            CommandBodyV1::GateResponse(GateAnswer {
+                gate_id,
+                action,
+                text,
+                expected_gate_seq: obj.opt_positive("expected_gate_seq")?,
+            })
+        }
+    };
+    obj.only(&known)?;
+    Ok(body)
+}
+
+/// Encodes a body (what a controller admits).
+pub fn encode_command_body(body: &CommandBodyV1) -> Vec<u8> {
+    let mut map = serde_json::Map::new();
+    map.insert("version".into(), Value::from(BODY_VERSION));
+    match body {
+        CommandBodyV1::Create { text } => {
+            if let Some(t) = text {
+                map.insert("text".into(), Value::from(t.clone()));
+            }
+        }
+        CommandBodyV1::Restore | CommandBodyV1::Interrupt => {}
+        CommandBodyV1::Input { text } => {
+            map.insert("text".into(), Value::from(text.clone()));
+        }
+        CommandBodyV1::GateResponse(a) => {
+            map.insert(
+                "gate_id".into(),
+                Value::from(a.gate_id.hyphenated().to_string()),
+            );
+            map.insert("action".into(), Value::from(a.action.clone()));
+            if let Some(t) = &a.text {
+                map.insert("text".into(), Value::from(t.clone()));
+            }
+            if let Some(s) = a.expected_gate_seq {
+                map.insert("expected_gate_seq".into(), Value::from(s));
+            }
+        }
+    }
+    serde_json::to_vec(&Value::Object(map)).unwrap_or_default()
+}
+
+impl CommandBodyV1 {
+    /// The kind this body belongs to.
+    pub fn kind(&self) -> CommandKind {
+        match self {
+            CommandBodyV1::Create { .. } => CommandKind::Create,
+            CommandBodyV1::Restore => CommandKind::Restore,
+            CommandBodyV1::Input { .. } => CommandKind::Input,
+            CommandBodyV1::Interrupt => CommandKind::Interrupt,
+            CommandBodyV1::GateResponse(_) => CommandKind::GateResponse,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s() -> SessionId {
+        SessionId::new("s1").unwrap()
+    }
+    fn c() -> CommandId {
+        CommandId::new("c1").unwrap()
+    }
+
+    #[test]
+    fn every_kind_round_trips() {
+        for body in [
+            CommandBodyV1::Create { text: None },
+            CommandBodyV1::Create {
+                text: Some("hi".into()),
+            },
+            CommandBodyV1::Restore,
+            CommandBodyV1::Input { text: "hi".into() },
+            CommandBodyV1::Interrupt,
+            CommandBodyV1::GateResponse(GateAnswer {
+                gate_id: Uuid::now_v7(),
+                action: "approve".into(),
+                text: None,
+                expected_gate_seq: Some(4),
+            }),
+        ] {
+            let bytes = encode_command_body(&body);
+            assert_eq!(
+                decode_command_body(body.kind(), &bytes, &s(), &c()).unwrap(),
+                body
+            );
+        }
+    }
+
+    #[test]
+    fn an_unknown_member_blocks_but_a_broken_one_rejects() {
+        let e = decode_command_body(
+            CommandKind::Input,
+            br#"{"version":1,"text":"a","extra":1}"#,
+            &s(),
+            &c(),
+        )
+        .unwrap_err();
+        assert!(e.is_from_the_future());
+        let e = decode_command_body(
+            CommandKind::Input,
+            br#"{"version":1,"text":5,"extra":1}"#,
+            &s(),
+            &c(),
+        )
+        .unwrap_err();
+        assert_eq!(e.code(), "malformed");
+    }
+
+    #[test]
+    fn a_newer_version_blocks_and_a_zero_version_rejects() {
+        let e = decode_command_body(CommandKind::Interrupt, br#"{"version":2}"#, &s(), &c())
+            .unwrap_err();
+        assert_eq!(e, DecodeError::UnsupportedVersion(2));
+        let e = decode_command_body(CommandKind::Interrupt, br#"{"version":0}"#, &s(), &c())
+            .unwrap_err();
+        assert_eq!(e.code(), "malformed");
+    }
+
+    #[test]
+    fn duplicates_trailing_data_and_nulls_are_malformed() {
+        for bad in [
+            &br#"{"version":1,"version":1}"#[..],
+            br#"{"version":1} {}"#,
+            br#"{"version":1,"text":null}"#,
+            br#"[1]"#,
+            b"\xff\xfe",
+            b"",
+        ] {
+            let e = decode_command_body(CommandKind::Create, bad, &s(), &c()).unwrap_err();
+            assert_eq!(e.code(), "malformed", "{:?}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn a_body_naming_another_session_or_command_is_malformed() {
+        let e = decode_command_body(
+            CommandKind::Interrupt,
+            br#"{"version":1,"session_id":"other"}"#,
+            &s(),
+            &c(),
+        )
+        .unwrap_err();
+        assert_eq!(e.code(), "malformed");
+        let e = decode_command_body(
+            CommandKind::Interrupt,
+            br#"{"version":1,"command_id":"c2"}"#,
+            &s(),
+            &c(),
+        )
+        .unwrap_err();
+        assert_eq!(e.code(), "malformed");
+        decode_command_body(
+            CommandKind::Interrupt,
+            br#"{"version":1,"session_id":"s1","command_id":"c1"}"#,
+            &s(),
+            &c(),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn a_gate_id_that_is_not_a_uuid_is_malformed() {
+        for gate in ["nope", "00000000-0000-0000-0000-000000000000"] {
+            let body = format!(r#"{{"version":1,"gate_id":"{gate}","action":"approve"}}"#);
+            let e = decode_command_body(CommandKind::GateResponse, body.as_bytes(), &s(), &c())
+                .unwrap_err();
+            assert_eq!(e.code(), "malformed");
+        }
+    }
+}
