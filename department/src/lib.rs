@@ -10,6 +10,7 @@ mod capabilities;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 mod department;
+pub mod gates;
 mod launch;
 mod runtime;
 

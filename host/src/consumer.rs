@@ -1,0 +1,547 @@
+//! The command consumer: one task per resident session that applies its commands in
+//! acceptance order, exactly once — claim → strict body check (reject what no Host could apply;
+//! block what only this Host cannot do now) → payload dereference → begin attempt → dispatch
+//! with the attempt identity → settle from the runtime's evidence → save the cursor. It
+//! recovers a predecessor's stranded attempt by closure, never closes its own, never skips a
+//! pending predecessor, and never authors an outcome.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use department::{Recorded, RuntimeCommand};
+use sessionstore::wire::{CommandBodyV1, DecodeError, decode_command_body};
+use sessionstore::{
+    AttemptId, AttemptRequest, ClaimRequest, CommandBody, CommandId, CommandIdentity,
+    CommandRecord, CommandState, ErrorCode, GateId, RejectRequest, SettleRequest, StoreError,
+};
+use tokio::sync::mpsc;
+use tracing::Instrument;
+use uuid::Uuid;
+
+use crate::failpoints::{self, steps};
+use crate::resident::Resident;
+use crate::service::{Core, EndReason};
+
+/// Why a pass stopped early.
+#[derive(Debug)]
+enum Stop {
+    /// Nothing durable can move until something changes; the session's stream waits here.
+    Blocked(String),
+    /// The residency or the runtime can no longer be trusted: end the residency.
+    End(EndReason),
+    /// A transient store fault: retry at the next pass.
+    Retry(String),
+}
+
+/// What the strict body check decided.
+enum Check {
+    Apply(CommandBodyV1),
+    Reject(String),
+    Block(String),
+}
+
+/// Runs the consumer until the residency's tasks are cancelled.
+pub(crate) async fn run(core: Arc<Core>, resident: Arc<Resident>, mut hints: mpsc::Receiver<()>) {
+    let span = tracing::info_span!(
+        "consumer",
+        tenant = %resident.key.tenant,
+        session = %resident.key.session,
+        epoch = resident.epoch.0
+    );
+    let mut c = Consumer {
+        core,
+        resident,
+        tokens: HashMap::new(),
+    };
+    async move {
+        let interval = c.core.config.reconcile_interval;
+        let cancel = c.resident.cancel.clone();
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                h = hints.recv() => {
+                    if h.is_none() { break; }
+                    c.drained_hint();
+                    while hints.try_recv().is_ok() {
+                        c.drained_hint();
+                    }
+                }
+                _ = tokio::time::sleep(interval) => {}
+            }
+            if c.resident.consumer.halted.load(Ordering::SeqCst) {
+                continue;
+            }
+            let control = c.resident.consumer.clone();
+            let _pass = control.pass.lock().await;
+            if control.halted.load(Ordering::SeqCst) || cancel.is_cancelled() {
+                continue;
+            }
+            loop {
+                match c.pass().await {
+                    Ok(true) if !control.halted.load(Ordering::SeqCst) => continue,
+                    Ok(_) => break,
+                    Err(stop) => {
+                        c.stopped(stop);
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    .instrument(span)
+    .await;
+}
+
+struct Consumer {
+    core: Arc<Core>,
+    resident: Arc<Resident>,
+    /// Claim tokens of this residency, by command.
+    tokens: HashMap<CommandId, Uuid>,
+}
+
+fn store_stop(e: StoreError) -> Stop {
+    match e.code() {
+        ErrorCode::Epoch => Stop::End(EndReason::Lost(format!(
+            "a successor holds the session: {e}"
+        ))),
+        ErrorCode::Unavailable => Stop::Retry(e.to_string()),
+        _ => Stop::Blocked(e.to_string()),
+    }
+}
+
+impl Consumer {
+    fn drained_hint(&self) {
+        let q = &self.resident.consumer.queued;
+        if q.load(Ordering::SeqCst) > 0 {
+            q.fetch_sub(1, Ordering::SeqCst);
+            self.core.metrics.queue_depth.dec();
+        }
+    }
+
+    fn set_blocked(&self, blocked: bool) {
+        let was = self
+            .resident
+            .consumer
+            .blocked
+            .swap(blocked, Ordering::SeqCst);
+        if was != blocked {
+            if blocked {
+                self.core.metrics.command_blocked.inc();
+            } else {
+                self.core.metrics.command_blocked.dec();
+            }
+        }
+    }
+
+    fn set_lag(&self, lag: i64) {
+        let old = self.resident.consumer.lag.swap(lag, Ordering::SeqCst);
+        self.core.metrics.command_lag.add(lag - old);
+    }
+
+    fn stopped(&mut self, stop: Stop) {
+        match stop {
+            Stop::Blocked(reason) => {
+                tracing::warn!(reason = %reason, "command stream blocked; it will be retried");
+                self.set_blocked(true);
+            }
+            Stop::Retry(reason) => {
+                tracing::warn!(reason = %reason, "command pass failed on a store fault; retrying");
+            }
+            Stop::End(reason) => {
+                self.core
+                    .clone()
+                    .end_residency_later(self.resident.clone(), reason);
+            }
+        }
+    }
+
+    /// One pass. Ok(true) when the page was full (run again at once).
+    async fn pass(&mut self) -> Result<bool, Stop> {
+        let r = self.resident.clone();
+        let store = self.core.store.clone();
+        let cursor = store
+            .cursor(&r.key.tenant, &r.key.session)
+            .await
+            .map_err(store_stop)?;
+        let mut consumed = cursor.map_or(0, |c| c.consumed_order);
+        let batch = self.core.config.reconcile_batch;
+        let page = store
+            .list_commands(&r.key.tenant, &r.key.session, consumed, batch)
+            .await
+            .map_err(store_stop)?;
+        // Validate the page before applying any of it.
+        let mut expect = consumed;
+        for rec in &page {
+            if rec.tenant != r.key.tenant
+                || rec.session != r.key.session
+                || rec.accepted_order <= expect
+            {
+                return Err(Stop::Blocked(format!(
+                    "the inbox page is not this session's, in order: command {} at {}",
+                    rec.command, rec.accepted_order
+                )));
+            }
+            expect = rec.accepted_order;
+        }
+        let full = page.len() == batch;
+        self.set_lag(page.iter().filter(|c| !c.state.is_terminal()).count() as i64);
+        for listed in page {
+            if r.cancel.is_cancelled() || r.consumer.halted.load(Ordering::SeqCst) {
+                return Ok(false);
+            }
+            if !listed.state.is_terminal() {
+                let started = Instant::now();
+                let kind = listed.kind;
+                let fresh = store
+                    .command(&r.key.tenant, &r.key.session, &listed.command)
+                    .await
+                    .map_err(store_stop)?;
+                self.apply(fresh).await?;
+                self.core
+                    .metrics
+                    .apply_seconds
+                    .with_label_values(&[kind.as_str()])
+                    .observe(started.elapsed().as_secs_f64());
+            }
+            store
+                .save_cursor(
+                    &r.key.tenant,
+                    &r.key.session,
+                    listed.accepted_order,
+                    r.epoch,
+                )
+                .await
+                .map_err(store_stop)?;
+            consumed = listed.accepted_order;
+            self.tokens.remove(&listed.command);
+        }
+        let _ = consumed;
+        self.set_blocked(false);
+        self.set_lag(0);
+        Ok(full)
+    }
+
+    /// Drives one command to a terminal state, or stops the pass.
+    async fn apply(&mut self, rec: CommandRecord) -> Result<(), Stop> {
+        let span = tracing::debug_span!("command", command = %rec.command, kind = %rec.kind, state = %rec.state);
+        async move {
+            match rec.state {
+                CommandState::Applied | CommandState::Rejected => Ok(()),
+                CommandState::Applying => self.settle_or_recover(rec).await,
+                CommandState::Pending | CommandState::Claimed => self.claim_and_apply(rec).await,
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    fn token(&mut self, command: &CommandId) -> Uuid {
+        *self
+            .tokens
+            .entry(command.clone())
+            .or_insert_with(Uuid::now_v7)
+    }
+
+    async fn claim_and_apply(&mut self, rec: CommandRecord) -> Result<(), Stop> {
+        let r = self.resident.clone();
+        let store = self.core.store.clone();
+        let token = self.token(&rec.command);
+        let claimed = match store
+            .claim(ClaimRequest {
+                tenant: rec.tenant.clone(),
+                session: rec.session.clone(),
+                command: rec.command.clone(),
+                epoch: r.epoch,
+                token,
+                ttl: self.core.config.claim_ttl,
+                expected_revision: rec.revision,
+            })
+            .await
+        {
+            Ok(c) => c,
+            Err(StoreError::Deadline { .. }) => {
+                return self.reject(&rec, "apply_deadline_passed").await;
+            }
+            Err(e) if e.code() == ErrorCode::Terminal => return Ok(()),
+            Err(e) if matches!(e.code(), ErrorCode::Conflict | ErrorCode::State) => {
+                // Moved under us (or an attempt appeared): read it again next pass.
+                return Err(Stop::Retry(e.to_string()));
+            }
+            Err(e) if e.code() == ErrorCode::ClaimHeld => {
+                self.tokens.remove(&rec.command);
+                return Err(Stop::Blocked(format!("the claim is held live: {e}")));
+            }
+            Err(e) => return Err(store_stop(e)),
+        };
+        failpoints::hit(self.core.config.host_id.as_str(), steps::AFTER_CLAIM).await;
+        let body = match self.check(&claimed).await? {
+            Check::Apply(b) => b,
+            Check::Reject(reason) => return self.reject(&claimed, &reason).await,
+            Check::Block(reason) => return Err(Stop::Blocked(reason)),
+        };
+        let attempt = AttemptId::mint();
+        let journal_epoch = r.runtime.epoch.journal_epoch();
+        let applying = match store
+            .begin_attempt(AttemptRequest {
+                tenant: claimed.tenant.clone(),
+                session: claimed.session.clone(),
+                command: claimed.command.clone(),
+                epoch: r.epoch,
+                claim_token: token,
+                attempt,
+                journal_epoch,
+                expected_revision: claimed.revision,
+            })
+            .await
+        {
+            Ok(a) => a,
+            Err(e) if e.code() == ErrorCode::ClaimLost => {
+                self.tokens.remove(&claimed.command);
+                return Err(Stop::Retry(e.to_string()));
+            }
+            Err(StoreError::Deadline { .. }) => {
+                return self.reject(&claimed, "apply_deadline_passed").await;
+            }
+            Err(e) => return Err(store_stop(e)),
+        };
+        failpoints::hit(
+            self.core.config.host_id.as_str(),
+            steps::AFTER_BEGIN_ATTEMPT,
+        )
+        .await;
+        self.dispatch_and_settle(&applying, attempt, journal_epoch, body)
+            .await
+    }
+
+    async fn dispatch_and_settle(
+        &mut self,
+        applying: &CommandRecord,
+        attempt: AttemptId,
+        journal_epoch: sessionstore::JournalEpoch,
+        body: CommandBodyV1,
+    ) -> Result<(), Stop> {
+        let r = &self.resident;
+        let command = RuntimeCommand {
+            tenant: applying.tenant.clone(),
+            session: applying.session.clone(),
+            identity: CommandIdentity {
+                command: applying.command.clone(),
+                runtime_command: applying.runtime_command,
+                kind: applying.kind,
+            },
+            attempt,
+            journal_epoch,
+            body,
+            principal: applying.principal.clone(),
+            metadata: applying.metadata.clone(),
+        };
+        let recorded: Recorded = match r.runtime.applier.apply(command).await {
+            Ok(rec) => rec,
+            Err(e) => {
+                // An attempt exists and the runtime recorded nothing: it is unsound.
+                return Err(Stop::End(EndReason::Fault(format!(
+                    "the runtime failed a dispatched attempt: {e}"
+                ))));
+            }
+        };
+        tracing::debug!(disposition = %recorded.disposition, seq = recorded.seq, "runtime disposed the command");
+        failpoints::hit(
+            self.core.config.host_id.as_str(),
+            steps::AFTER_DISPATCH_BEFORE_SETTLE,
+        )
+        .await;
+        self.settle(applying).await?;
+        failpoints::hit(
+            self.core.config.host_id.as_str(),
+            steps::AFTER_SETTLE_BEFORE_CURSOR,
+        )
+        .await;
+        Ok(())
+    }
+
+    async fn settle(&self, rec: &CommandRecord) -> Result<(), Stop> {
+        match self
+            .core
+            .store
+            .settle(SettleRequest {
+                tenant: rec.tenant.clone(),
+                session: rec.session.clone(),
+                command: rec.command.clone(),
+                epoch: self.resident.epoch,
+                expected_revision: rec.revision,
+            })
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.code() == ErrorCode::Evidence => Err(Stop::End(EndReason::Fault(format!(
+                "the runtime reported a disposition the journal does not hold: {e}"
+            )))),
+            Err(e) => Err(store_stop(e)),
+        }
+    }
+
+    /// An `applying` command: settle it from evidence, or recover a predecessor's stranded
+    /// attempt by closure (never our own: our own is re-dispatched under the same identity).
+    async fn settle_or_recover(&mut self, rec: CommandRecord) -> Result<(), Stop> {
+        let r = self.resident.clone();
+        let Some(attempt) = rec.attempt.clone() else {
+            return Err(Stop::Blocked(
+                "an applying command without an attempt".into(),
+            ));
+        };
+        let req = SettleRequest {
+            tenant: rec.tenant.clone(),
+            session: rec.session.clone(),
+            command: rec.command.clone(),
+            epoch: r.epoch,
+            expected_revision: rec.revision,
+        };
+        match self.core.store.settle(req.clone()).await {
+            Ok(_) => return Ok(()),
+            Err(e) if e.code() == ErrorCode::Evidence => {}
+            Err(e) => return Err(store_stop(e)),
+        }
+        let current = r.runtime.epoch.journal_epoch();
+        if attempt.journal_epoch < current {
+            let Some(closer) = r.runtime.closer.clone() else {
+                return Err(Stop::Blocked(
+                    "a predecessor's attempt is stranded and this runtime cannot close attempts"
+                        .into(),
+                ));
+            };
+            let identity = CommandIdentity {
+                command: rec.command.clone(),
+                runtime_command: rec.runtime_command,
+                kind: rec.kind,
+            };
+            match closer
+                .close_attempt(identity, attempt.id, attempt.journal_epoch)
+                .await
+            {
+                Ok(_) => {}
+                Err(e) if e.code() == "closure_refused" => {
+                    return Err(Stop::Blocked(format!(
+                        "the stranded attempt cannot be closed: {e}"
+                    )));
+                }
+                Err(e) => {
+                    return Err(Stop::End(EndReason::Fault(format!(
+                        "the runtime failed to close a stranded attempt: {e}"
+                    ))));
+                }
+            }
+            return self.settle(&rec).await;
+        }
+        if attempt.journal_epoch == current && attempt.residency_epoch == r.epoch {
+            // Our own attempt, dispatched and not disposed (or never dispatched): offer it
+            // again under the same identity; the runtime deduplicates.
+            let body = match self.check(&rec).await? {
+                Check::Apply(b) => b,
+                Check::Reject(reason) | Check::Block(reason) => {
+                    return Err(Stop::Blocked(format!(
+                        "an attempted command's body no longer decodes: {reason}"
+                    )));
+                }
+            };
+            return self
+                .dispatch_and_settle(&rec, attempt.id, current, body)
+                .await;
+        }
+        Err(Stop::Blocked(format!(
+            "attempt {} names journal epoch {} and this runtime holds {}",
+            attempt.id, attempt.journal_epoch, current
+        )))
+    }
+
+    async fn reject(&mut self, rec: &CommandRecord, reason: &str) -> Result<(), Stop> {
+        tracing::info!(command = %rec.command, reason, "rejecting a command no Host could apply");
+        match self
+            .core
+            .store
+            .reject(RejectRequest {
+                tenant: rec.tenant.clone(),
+                session: rec.session.clone(),
+                command: rec.command.clone(),
+                epoch: self.resident.epoch,
+                reason: reason.to_owned(),
+                expected_revision: rec.revision,
+            })
+            .await
+        {
+            Ok(_) => {
+                self.tokens.remove(&rec.command);
+                Ok(())
+            }
+            Err(e) if e.code() == ErrorCode::Conflict => Err(Stop::Retry(e.to_string())),
+            Err(e) => Err(store_stop(e)),
+        }
+    }
+
+    /// The strict body check, after the claim and before any attempt.
+    async fn check(&self, rec: &CommandRecord) -> Result<Check, Stop> {
+        let r = &self.resident;
+        let bytes = match &rec.body {
+            CommandBody::Inline(b) => b.clone(),
+            CommandBody::Object(reference) => {
+                match self.core.store.get_object(&rec.tenant, reference).await {
+                    Ok(obj) if obj.session != rec.session => {
+                        return Ok(Check::Reject(
+                            "payload object belongs to another session".into(),
+                        ));
+                    }
+                    Ok(obj) => obj.bytes,
+                    Err(e) => match e.code() {
+                        ErrorCode::NotFound => {
+                            return Ok(Check::Reject("payload object missing".into()));
+                        }
+                        ErrorCode::Integrity | ErrorCode::Invalid => {
+                            return Ok(Check::Reject(format!("payload object corrupt: {e}")));
+                        }
+                        _ => return Ok(Check::Block(format!("payload object unreadable: {e}"))),
+                    },
+                }
+            }
+        };
+        let body = match decode_command_body(rec.kind, &bytes, &rec.session, &rec.command) {
+            Ok(b) => b,
+            Err(e @ DecodeError::Malformed(_)) => return Ok(Check::Reject(e.to_string())),
+            Err(e) => return Ok(Check::Block(format!("unreadable_command: {e}"))),
+        };
+        if let CommandBodyV1::GateResponse(answer) = &body {
+            let session = match self.core.store.session(&r.key.tenant, &r.key.session).await {
+                Ok(s) => s,
+                Err(e) => return Ok(Check::Block(format!("gate projection unreadable: {e}"))),
+            };
+            if session.gate_mark != r.epoch {
+                return Ok(Check::Block(format!(
+                    "the gate mark is {} and this Host's grant is {}",
+                    session.gate_mark, r.epoch
+                )));
+            }
+            if let Some(expected) = answer.expected_gate_seq {
+                let gates = match self
+                    .core
+                    .store
+                    .gates(&r.key.tenant, &r.key.session, false)
+                    .await
+                {
+                    Ok(g) => g,
+                    Err(e) => return Ok(Check::Block(format!("gate projection unreadable: {e}"))),
+                };
+                let id = GateId::new(answer.gate_id.to_string())
+                    .map_err(|e| Stop::Blocked(e.to_string()))?;
+                if let Some(g) = gates.iter().find(|g| g.gate == id)
+                    && g.opened_seq != expected
+                {
+                    return Ok(Check::Reject(format!(
+                        "expected_gate_seq {expected} contradicts the projected gate opened at {}",
+                        g.opened_seq
+                    )));
+                }
+            }
+        }
+        Ok(Check::Apply(body))
+    }
+}

@@ -1,0 +1,28 @@
+#![forbid(unsafe_code)]
+//! The Host: keeps agent sessions resident, applies the commands a controller admitted for
+//! them exactly once (claim → attempt → settle from the runtime's own evidence), publishes the
+//! gates its agents open, warm-releases idle sessions and drains safely. It knows its runtimes
+//! only through `department`'s traits and its durable state only through `sessionstore`.
+
+mod admission;
+mod consumer;
+pub mod error;
+pub mod failpoints;
+pub mod feed;
+pub mod metrics;
+pub mod options;
+pub mod public_body;
+mod publisher;
+mod release;
+mod resident;
+mod service;
+
+pub use error::HostError;
+pub use feed::SessionFeed;
+pub use options::{Config, IsolationClass, Options, OptionsCode, OptionsError};
+pub use publisher::default_timeout;
+pub use release::{DrainFailure, DrainReport};
+pub use resident::{ResidentState, SessionKey};
+pub use service::{
+    AttachRequest, Attached, Composition, CompositionError, Observation, Registrar, Service,
+};

@@ -1,0 +1,132 @@
+//! A resident session: what the Host holds for one session it applies commands for. Owns the
+//! session's in-memory record (grant, runtime, state, task handles); the residency manager in
+//! `service` owns the table of them. Nothing here is durable: it is rebuilt by the next attach.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use department::Runtime;
+use sessionstore::{
+    AgentId, CompatibilityId, ResidencyEpoch, ResidencyGrant, SessionBinding, SessionId, TenantId,
+};
+use tokio::sync::{Mutex, mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// The key of a session on this Host.
+#[derive(Clone, PartialEq, Eq, Hash, Debug, PartialOrd, Ord)]
+pub struct SessionKey {
+    pub tenant: TenantId,
+    pub session: SessionId,
+}
+
+impl std::fmt::Display for SessionKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.tenant, self.session)
+    }
+}
+
+/// Where a resident session is in its life on this Host.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum ResidentState {
+    /// Applying commands.
+    Resident,
+    /// Being released (warm release, drain, or after a fault): admits nothing new.
+    Releasing,
+    /// Gone from this Host.
+    Ended,
+}
+
+/// The consumer's controls, shared by the consumer task and everyone who halts or wakes it.
+#[derive(Debug)]
+pub(crate) struct ConsumerControl {
+    pub hints: mpsc::Sender<()>,
+    pub halted: AtomicBool,
+    /// Held for the whole of a pass; a halt takes it to wait out the pass in flight.
+    pub pass: Mutex<()>,
+    pub blocked: AtomicBool,
+    pub lag: AtomicI64,
+    pub queued: AtomicUsize,
+}
+
+impl ConsumerControl {
+    /// A wake-up hint; never blocks (a full queue already guarantees a pass).
+    pub fn wake(&self) -> bool {
+        match self.hints.try_send(()) {
+            Ok(()) => {
+                self.queued.fetch_add(1, Ordering::SeqCst);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Stops new passes and waits (at most `bound`) for the pass in flight. True when no pass
+    /// is running any more.
+    pub async fn halt(&self, bound: Duration) -> bool {
+        self.halted.store(true, Ordering::SeqCst);
+        tokio::time::timeout(bound, self.pass.lock()).await.is_ok()
+    }
+
+    /// Lets passes run again and asks for one.
+    pub fn resume(&self) {
+        self.halted.store(false, Ordering::SeqCst);
+        self.wake();
+    }
+}
+
+/// One resident session.
+pub(crate) struct Resident {
+    pub key: SessionKey,
+    pub agent: AgentId,
+    pub compatibility: CompatibilityId,
+    pub binding: SessionBinding,
+    pub grant: std::sync::Mutex<ResidencyGrant>,
+    pub epoch: ResidencyEpoch,
+    /// The attach generation that owns this residency's admission charge.
+    pub generation: u64,
+    pub runtime: Runtime,
+    pub state: watch::Sender<ResidentState>,
+    pub consumer: Arc<ConsumerControl>,
+    /// Cancels every task of this residency.
+    pub cancel: CancellationToken,
+    pub tasks: TaskTracker,
+    pub gates_open: AtomicUsize,
+    /// Guards the single end of this residency (release, drain, fault or loss).
+    pub ending: AtomicBool,
+    /// Projected committed events, relayed to every subscriber of this session.
+    pub relay: tokio::sync::broadcast::Sender<Arc<crate::public_body::PublicEventView>>,
+}
+
+impl std::fmt::Debug for Resident {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Resident")
+            .field("key", &self.key)
+            .field("epoch", &self.epoch)
+            .field("generation", &self.generation)
+            .finish()
+    }
+}
+
+impl Resident {
+    pub fn state(&self) -> ResidentState {
+        *self.state.borrow()
+    }
+
+    pub fn set_state(&self, s: ResidentState) {
+        self.state.send_replace(s);
+    }
+
+    pub fn grant(&self) -> ResidencyGrant {
+        match self.grant.lock() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    /// Claims the right to end this residency; false when another path already ends it.
+    pub fn begin_end(&self) -> bool {
+        !self.ending.swap(true, Ordering::SeqCst)
+    }
+}

@@ -1,0 +1,457 @@
+//! A composed Host with the real harness over a real store, driven as a controller would
+//! (admitting into the store and attaching), every case on SQLite and PostgreSQL.
+
+mod support;
+
+mod cases {
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+
+    use host::HostError;
+    use sessionstore::testing::TestStore;
+    use sessionstore::wire::CommandBodyV1;
+    use sessionstore::*;
+
+    use super::support::*;
+
+    pub async fn create_with_a_first_message_is_applied_and_the_reply_is_journaled(ts: &TestStore) {
+        let (svc, _) = started(ts, options("h-create")).await;
+        let c = Controller::new(ts);
+        let s = c.session().await;
+        let create = c
+            .admit(
+                &s,
+                CommandBodyV1::Create {
+                    text: Some("hello".into()),
+                },
+            )
+            .await;
+        let a = c.attach(&svc, &s).await;
+        assert!(a.attached);
+        assert_eq!(a.launched, department::LaunchMode::Create);
+        assert_eq!(a.observation.lease_epoch, ResidencyEpoch(1));
+        let done = c.terminal(&s, &create).await;
+        assert_eq!(
+            (done.state, done.outcome),
+            (CommandState::Applied, Some(Outcome::Applied))
+        );
+        let evs = c
+            .wait_events(&s, "the reply", |e| count(e, "turn_done") == 1)
+            .await;
+        assert_eq!(replies(&evs), ["You said: hello"]);
+        // Attach is idempotent for a resident session.
+        let again = c.attach(&svc, &s).await;
+        assert!(!again.attached);
+        assert_eq!(again.observation.lease_epoch, ResidencyEpoch(1));
+        svc.stop().await;
+    }
+
+    pub async fn input_interrupt_and_gate_responses_settle_from_the_runtime(ts: &TestStore) {
+        let (svc, rocket) = started(ts, options("h-kinds")).await;
+        let c = Controller::new(ts);
+        let s = c.session().await;
+        c.attach(&svc, &s).await;
+        let i = c.send(&svc, &s, input("hi")).await;
+        assert_eq!(c.terminal(&s, &i).await.outcome, Some(Outcome::Applied));
+        // Interrupt a slow turn.
+        let words = vec!["w"; 200].join(" ");
+        c.send(&svc, &s, input(&format!("/slow 40 {words}"))).await;
+        c.wait_events(&s, "the slow turn", |e| count(e, "turn_started") == 2)
+            .await;
+        let int = c.send(&svc, &s, CommandBodyV1::Interrupt).await;
+        assert_eq!(c.terminal(&s, &int).await.outcome, Some(Outcome::Applied));
+        c.wait_events(&s, "the interruption", |e| {
+            count(e, "turn_interrupted") == 1
+        })
+        .await;
+        // A permission gate: a bad action is refused, approve applies, a second answer is no_op.
+        c.send(&svc, &s, input("/tool launch_rocket {}")).await;
+        let gate = c.open_gate(&s).await;
+        let bad = c.send(&svc, &s, answer(gate, "answer", Some("x"))).await;
+        assert_eq!(c.terminal(&s, &bad).await.outcome, Some(Outcome::Refused));
+        let ok = c.send(&svc, &s, answer(gate, "approve", None)).await;
+        assert_eq!(c.terminal(&s, &ok).await.outcome, Some(Outcome::Applied));
+        let late = c.send(&svc, &s, answer(gate, "approve", None)).await;
+        assert_eq!(c.terminal(&s, &late).await.outcome, Some(Outcome::NoOp));
+        c.wait_events(&s, "the tool result", |e| count(e, "turn_done") == 2)
+            .await;
+        assert_eq!(rocket.runs.load(Ordering::SeqCst), 1);
+        // The projection followed the journal: open, then resolved.
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let open = c.store.gates(&s.tenant, &s.session, true).await.unwrap();
+            if open.is_empty() {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "gate still projected open"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        c.check_exactly_once(&s).await;
+        svc.stop().await;
+    }
+
+    pub async fn a_body_stored_by_reference_is_dereferenced_and_verified(ts: &TestStore) {
+        let (svc, _) = started(ts, options("h-payload")).await;
+        let c = Controller::new(ts);
+        let s = c.session().await;
+        c.attach(&svc, &s).await;
+        let text = "x".repeat(70 * 1024);
+        let body = sessionstore::wire::encode_command_body(&input(&text));
+        let r = c
+            .store
+            .put_object(NewObject {
+                tenant: s.tenant.clone(),
+                session: s.session.clone(),
+                kind: "command_body".into(),
+                media_type: "application/json".into(),
+                bytes: body,
+            })
+            .await
+            .unwrap();
+        let cmd = c
+            .admit_raw(&s, CommandKind::Input, CommandBody::Object(r.clone()))
+            .await;
+        svc.deliver(&s.tenant, &s.session).unwrap();
+        assert_eq!(c.terminal(&s, &cmd).await.outcome, Some(Outcome::Applied));
+        // A reference to bytes that are not there is rejected before any attempt.
+        let mut missing = r.clone();
+        missing.object_id = ObjectId::new("obj-missing").unwrap();
+        let bad = c
+            .admit_raw(&s, CommandKind::Input, CommandBody::Object(missing))
+            .await;
+        svc.deliver(&s.tenant, &s.session).unwrap();
+        let bad = c.terminal(&s, &bad).await;
+        assert_eq!(bad.outcome, Some(Outcome::Rejected));
+        assert!(bad.attempt.is_none());
+        svc.stop().await;
+    }
+
+    pub async fn a_malformed_body_is_rejected_before_any_attempt(ts: &TestStore) {
+        let (svc, _) = started(ts, options("h-malformed")).await;
+        let c = Controller::new(ts);
+        let s = c.session().await;
+        c.attach(&svc, &s).await;
+        let bad = c
+            .admit_raw(
+                &s,
+                CommandKind::Input,
+                CommandBody::Inline(br#"{"version":1,"text":42}"#.to_vec()),
+            )
+            .await;
+        let next = c.send(&svc, &s, input("after")).await;
+        let bad = c.terminal(&s, &bad).await;
+        assert_eq!(
+            (bad.state, bad.outcome),
+            (CommandState::Rejected, Some(Outcome::Rejected))
+        );
+        assert!(bad.attempt.is_none(), "rejected while no attempt existed");
+        assert_eq!(c.terminal(&s, &next).await.outcome, Some(Outcome::Applied));
+        svc.stop().await;
+    }
+
+    pub async fn an_unknown_version_body_blocks_the_stream_visibly(ts: &TestStore) {
+        let (svc, _) = started(ts, options("h-blocked")).await;
+        let c = Controller::new(ts);
+        let s = c.session().await;
+        c.attach(&svc, &s).await;
+        let future = c
+            .admit_raw(
+                &s,
+                CommandKind::Input,
+                CommandBody::Inline(br#"{"version":2,"text":"from the future"}"#.to_vec()),
+            )
+            .await;
+        let behind = c.send(&svc, &s, input("behind it")).await;
+        wait_until("the blocked gauge", || {
+            metric(&svc, "host_sessions_command_blocked") == 1.0
+        })
+        .await;
+        let f = c
+            .store
+            .command(&s.tenant, &s.session, &future.command)
+            .await
+            .unwrap();
+        assert_eq!(
+            f.state,
+            CommandState::Claimed,
+            "blocked: claimed, no attempt, nothing written"
+        );
+        assert!(f.attempt.is_none());
+        let b = c
+            .store
+            .command(&s.tenant, &s.session, &behind.command)
+            .await
+            .unwrap();
+        assert_eq!(
+            b.state,
+            CommandState::Pending,
+            "a pending predecessor is never skipped"
+        );
+        svc.stop().await;
+    }
+
+    pub async fn two_hosts_racing_to_attach_one_session_have_one_winner(ts: &TestStore) {
+        let (a, _) = started(ts, options("h-race-a")).await;
+        let (b, _) = started(ts, options("h-race-b")).await;
+        let c = Controller::new(ts);
+        let s = c.session().await;
+        let (ra, rb) = tokio::join!(
+            a.attach(c.attach_request(&s)),
+            b.attach(c.attach_request(&s))
+        );
+        let (winner, loser, lost) = match (ra, rb) {
+            (Ok(w), Err(e)) => (w, &b, e),
+            (Err(e), Ok(w)) => (w, &a, e),
+            other => panic!("expected exactly one winner: {other:?}"),
+        };
+        assert_eq!(
+            lost,
+            HostError::EpochMismatch {
+                current_lease_epoch: winner.observation.lease_epoch.0
+            }
+        );
+        // The loser wrote nothing: the registration and the lease are the winner's.
+        let reg = c
+            .store
+            .registration(&s.tenant, &s.session)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(reg.host, winner.observation.host);
+        assert!(loser.residents().is_empty());
+        let lease = c
+            .store
+            .residency(&s.tenant, &s.session)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(lease.epoch, winner.observation.lease_epoch);
+        assert_eq!(lease.epoch, ResidencyEpoch(1));
+        a.stop().await;
+        b.stop().await;
+    }
+
+    pub async fn an_idle_session_is_warm_released_and_restored_by_its_next_command(ts: &TestStore) {
+        let mut o = options("h-warm");
+        o.warm_ttl = Duration::from_millis(400);
+        let (svc, _) = started(ts, o).await;
+        let c = Controller::new(ts);
+        let s = c.session().await;
+        c.attach(&svc, &s).await;
+        let first = c.send(&svc, &s, input("one")).await;
+        c.terminal(&s, &first).await;
+        wait_until("the warm release", || svc.residents().is_empty()).await;
+        let reg = c
+            .store
+            .registration(&s.tenant, &s.session)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(reg.residency, ResidencyState::Released);
+        let lease = c
+            .store
+            .residency(&s.tenant, &s.session)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(lease.holder, None, "the lease was given back");
+        assert_eq!(metric(&svc, "host_admission_weight_consumed"), 0.0);
+        // The next command re-places the session: restore, and it applies.
+        let second = c.admit(&s, input("two")).await;
+        let a = c.attach(&svc, &s).await;
+        assert_eq!(a.launched, department::LaunchMode::Restore);
+        assert_eq!(a.observation.lease_epoch, ResidencyEpoch(2));
+        assert_eq!(
+            c.terminal(&s, &second).await.outcome,
+            Some(Outcome::Applied)
+        );
+        c.wait_events(&s, "both replies", |e| count(e, "turn_done") == 2)
+            .await;
+        svc.stop().await;
+    }
+
+    pub async fn a_command_arriving_during_a_warm_release_aborts_it(ts: &TestStore) {
+        let mut o = options("h-warm-abort");
+        o.warm_ttl = Duration::from_millis(300);
+        // Passes are rare, so the admitted command sits in the inbox when the TTL fires.
+        o.reconcile_interval = Duration::from_secs(30);
+        o.claim_ttl = Duration::from_secs(40);
+        let (svc, _) = started(ts, o).await;
+        let c = Controller::new(ts);
+        let s = c.session().await;
+        c.attach(&svc, &s).await;
+        let cmd = c.admit(&s, input("just in time")).await; // no delivery: no hint
+        assert_eq!(c.terminal(&s, &cmd).await.outcome, Some(Outcome::Applied));
+        assert_eq!(
+            svc.residents().len(),
+            1,
+            "the release was aborted; the session stayed"
+        );
+        svc.stop().await;
+    }
+
+    pub async fn drain_releases_idle_sessions_and_abandons_busy_and_gated_ones(ts: &TestStore) {
+        let (svc, _) = started(ts, options("h-drain")).await;
+        let c = Controller::new(ts);
+        let idle = c.session().await;
+        let gated = c.session().await;
+        let busy = c.session().await;
+        for s in [&idle, &gated, &busy] {
+            c.attach(&svc, s).await;
+        }
+        let i = c.send(&svc, &idle, input("quiet")).await;
+        c.terminal(&idle, &i).await;
+        c.send(&svc, &gated, input("/tool launch_rocket {}")).await;
+        let gate = c.open_gate(&gated).await;
+        let words = vec!["w"; 2000].join(" ");
+        c.send(&svc, &busy, input(&format!("/slow 50 {words}")))
+            .await;
+        c.wait_events(&busy, "the busy turn", |e| count(e, "turn_started") == 1)
+            .await;
+        assert!(svc.ready());
+        let report = svc.drain().await;
+        assert!(!svc.ready(), "readyz is false once a drain begins");
+        assert!(svc.live(), "healthz stays true until stop completes");
+        let key = |s: &SessionRecord| host::SessionKey {
+            tenant: s.tenant.clone(),
+            session: s.session.clone(),
+        };
+        assert!(report.released.contains(&key(&idle)), "{report:?}");
+        assert!(report.abandoned.contains(&key(&gated)), "{report:?}");
+        assert!(report.abandoned.contains(&key(&busy)), "{report:?}");
+        assert!(report.parked.is_empty());
+        assert!(svc.residents().is_empty());
+        // The gate stays open and answerable on a successor.
+        let (next, rocket) = started(ts, options("h-drain-successor")).await;
+        let a = c.attach(&next, &gated).await;
+        assert_eq!(a.launched, department::LaunchMode::Restore);
+        let ans = c.send(&next, &gated, answer(gate, "approve", None)).await;
+        assert_eq!(
+            c.terminal(&gated, &ans).await.outcome,
+            Some(Outcome::Applied)
+        );
+        c.wait_events(&gated, "the approved tool", |e| count(e, "turn_done") == 1)
+            .await;
+        assert_eq!(rocket.runs.load(Ordering::SeqCst), 1);
+        svc.stop().await;
+        next.stop().await;
+    }
+
+    pub async fn a_lost_lease_abandons_the_session_and_credits_capacity(ts: &TestStore) {
+        let (svc, _) = started(ts, options("h-lost")).await;
+        let c = Controller::new(ts);
+        let s = c.session().await;
+        c.attach(&svc, &s).await;
+        let i = c.send(&svc, &s, input("before")).await;
+        c.terminal(&s, &i).await;
+        // Another holder takes the lease row.
+        ts.exec_raw(&format!(
+            "UPDATE residency_leases SET epoch = epoch + 1, holder = 'thief' WHERE session_id = '{}'",
+            s.session
+        ))
+        .await;
+        wait_until("the lost residency to end", || svc.residents().is_empty()).await;
+        assert_eq!(metric(&svc, "host_admission_weight_consumed"), 0.0);
+        // Re-attachable once the thief's lease lapses (it never renews).
+        ts.exec_raw(&format!(
+            "UPDATE residency_leases SET holder = NULL, expires_at = NULL WHERE session_id = '{}'",
+            s.session
+        ))
+        .await;
+        let a = c.attach(&svc, &s).await;
+        assert_eq!(a.observation.lease_epoch, ResidencyEpoch(3));
+        let after = c.send(&svc, &s, input("after")).await;
+        assert_eq!(c.terminal(&s, &after).await.outcome, Some(Outcome::Applied));
+        svc.stop().await;
+    }
+
+    pub async fn a_journal_write_failure_abandons_the_session_and_a_successor_restores_it(
+        ts: &TestStore,
+    ) {
+        let (svc, _) = started(ts, options("h-fault")).await;
+        let c = Controller::new(ts);
+        let s = c.session().await;
+        c.attach(&svc, &s).await;
+        let i = c.send(&svc, &s, input("before")).await;
+        c.terminal(&s, &i).await;
+        // Someone takes the journal over: the runtime's next write fails and latches a fault.
+        c.store
+            .journal_acquire(
+                &s.tenant,
+                s.binding.runtime_session_id,
+                "intruder",
+                Duration::from_secs(60),
+            )
+            .await
+            .unwrap();
+        let during = c.send(&svc, &s, input("during")).await;
+        wait_until("the faulted residency to end", || {
+            svc.residents().is_empty()
+        })
+        .await;
+        assert_eq!(metric(&svc, "host_admission_weight_consumed"), 0.0);
+        let reg = c
+            .store
+            .registration(&s.tenant, &s.session)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(reg.residency, ResidencyState::Released, "tombstoned");
+        // The controller re-places it: the command in flight ends honestly, later ones apply.
+        c.attach(&svc, &s).await;
+        let d = c.terminal(&s, &during).await;
+        assert!(
+            matches!(d.outcome, Some(Outcome::Applied | Outcome::NotApplied)),
+            "{d:?}"
+        );
+        let after = c.send(&svc, &s, input("after")).await;
+        assert_eq!(c.terminal(&s, &after).await.outcome, Some(Outcome::Applied));
+        c.check_exactly_once(&s).await;
+        svc.stop().await;
+    }
+
+    pub async fn the_metrics_registry_exports_every_named_series(ts: &TestStore) {
+        let (svc, _) = started(ts, options("h-metrics")).await;
+        let c = Controller::new(ts);
+        let s = c.session().await;
+        c.attach(&svc, &s).await;
+        let i = c.send(&svc, &s, input("m")).await;
+        c.terminal(&s, &i).await;
+        let text = svc.metrics().render();
+        for name in [
+            "host_sessions",
+            "host_sessions_gate_waiting",
+            "host_sessions_command_blocked",
+            "host_admission_weight_consumed",
+            "host_admission_weight_capacity",
+            "host_command_lag",
+            "host_command_queue_depth",
+            "host_release_failures_total",
+            "host_attach_seconds",
+            "host_command_apply_seconds",
+        ] {
+            assert!(text.contains(name), "{name} missing from\n{text}");
+        }
+        assert_eq!(metric(&svc, "host_admission_weight_capacity"), 16.0);
+        assert_eq!(metric(&svc, "host_admission_weight_consumed"), 1.0);
+        svc.stop().await;
+    }
+}
+
+sessionstore::both_backends!(cases =>
+    create_with_a_first_message_is_applied_and_the_reply_is_journaled,
+    input_interrupt_and_gate_responses_settle_from_the_runtime,
+    a_body_stored_by_reference_is_dereferenced_and_verified,
+    a_malformed_body_is_rejected_before_any_attempt,
+    an_unknown_version_body_blocks_the_stream_visibly,
+    two_hosts_racing_to_attach_one_session_have_one_winner,
+    an_idle_session_is_warm_released_and_restored_by_its_next_command,
+    a_command_arriving_during_a_warm_release_aborts_it,
+    drain_releases_idle_sessions_and_abandons_busy_and_gated_ones,
+    a_lost_lease_abandons_the_session_and_credits_capacity,
+    a_journal_write_failure_abandons_the_session_and_a_successor_restores_it,
+    the_metrics_registry_exports_every_named_series,
+);
