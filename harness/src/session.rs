@@ -65,8 +65,10 @@ pub(crate) enum TurnMsg {
     },
     /// A gate's timeout elapsed: resolve it `timeout` if it is still open.
     GateTimeout { gate: Uuid },
-    /// The conversation so far, for the next model step.
+    /// The conversation so far, for the next model step (with the turn's own input when its
+    /// `turn_started` is not journaled yet).
     Conversation {
+        pending_input: Option<String>,
         reply: oneshot::Sender<Vec<crate::model::ChatMessage>>,
     },
     /// The turn task ended (after writing its terminal event, or silently).
@@ -834,8 +836,14 @@ impl Actor {
                     });
                 }
             }
-            TurnMsg::Conversation { reply } => {
-                let _ = reply.send(self.state.conversation(self.agent.system_prompt.as_deref()));
+            TurnMsg::Conversation {
+                pending_input,
+                reply,
+            } => {
+                let _ = reply.send(self.state.conversation_with(
+                    self.agent.system_prompt.as_deref(),
+                    pending_input.as_deref(),
+                ));
             }
             TurnMsg::Finished { turn_id } => {
                 if self.turn.as_ref().is_some_and(|t| t.turn_id == turn_id) {

@@ -247,6 +247,24 @@ impl SessionState {
         }
     }
 
+    /// The conversation as a model sees it; `pending` names a queued input whose turn is
+    /// running but has not been journaled yet (its `turn_started` rides on the first step).
+    pub fn conversation_with(
+        &self,
+        system: Option<&str>,
+        pending: Option<&str>,
+    ) -> Vec<ChatMessage> {
+        let mut out = self.conversation(system);
+        if let Some(event) = pending
+            && let Some(input) = self.inputs.iter().find(|i| i.event_id == event)
+        {
+            out.push(ChatMessage::User {
+                text: input.text.clone(),
+            });
+        }
+        out
+    }
+
     /// The conversation as a model sees it.
     pub fn conversation(&self, system: Option<&str>) -> Vec<ChatMessage> {
         let mut out = Vec::new();

@@ -84,6 +84,9 @@ struct Run<'a> {
     ctx: &'a TurnCtx,
     /// A gate of this turn that is open right now.
     open_gate: Option<Uuid>,
+    /// Events held back to ride on the turn's next append (a fresh turn's `turn_started`
+    /// goes out with its first committed step, so a simple reply is one journal write).
+    prefix: Vec<HarnessEvent>,
 }
 
 /// Decides where a turn the journal holds in flight resumes.
@@ -160,6 +163,7 @@ pub(crate) async fn run(ctx: TurnCtx, plan: TurnPlan) {
     let mut run = Run {
         ctx: &ctx,
         open_gate: None,
+        prefix: Vec::new(),
     };
     let result = run.drive(plan).await;
     if let Err(Stop::Cancelled) = result {
@@ -181,15 +185,11 @@ impl Run<'_> {
     async fn drive(&mut self, plan: TurnPlan) -> Result<(), Stop> {
         let mut step = match plan {
             TurnPlan::Fresh { input_event, cause } => {
-                self.append(vec![(
-                    HarnessEvent::TurnStarted {
-                        turn_id: self.ctx.turn_id.clone(),
-                        input_event,
-                        cause,
-                    },
-                    None,
-                )])
-                .await?;
+                self.prefix.push(HarnessEvent::TurnStarted {
+                    turn_id: self.ctx.turn_id.clone(),
+                    input_event,
+                    cause,
+                });
                 0
             }
             TurnPlan::Resume { steps, point } => match point {
@@ -233,7 +233,7 @@ impl Run<'_> {
                 Err(e) => return self.fail(e.code(), e.to_string()).await,
             };
             let done = calls.is_empty();
-            self.append(vec![(
+            let mut events = vec![(
                 HarnessEvent::AssistantMessage {
                     turn_id: self.ctx.turn_id.clone(),
                     step,
@@ -241,10 +241,19 @@ impl Run<'_> {
                     tool_calls: calls.clone(),
                 },
                 None,
-            )])
-            .await?;
+            )];
             if done {
-                return self.finish().await;
+                // The last step and the turn's end are one append.
+                events.push((
+                    HarnessEvent::TurnDone {
+                        turn_id: self.ctx.turn_id.clone(),
+                    },
+                    None,
+                ));
+            }
+            self.append(events).await?;
+            if done {
+                return Ok(());
             }
             for call in &calls {
                 self.run_call(call, CallEntry::Fresh).await?;
@@ -308,9 +317,14 @@ impl Run<'_> {
     }
 
     async fn append_unchecked(
-        &self,
-        events: Vec<(HarnessEvent, Option<RuntimeCommandId>)>,
+        &mut self,
+        mut events: Vec<(HarnessEvent, Option<RuntimeCommandId>)>,
     ) -> Result<(), Stop> {
+        if !self.prefix.is_empty() {
+            let mut all: Vec<_> = self.prefix.drain(..).map(|e| (e, None)).collect();
+            all.append(&mut events);
+            events = all;
+        }
         let (reply, rx) = oneshot::channel();
         self.ctx
             .tx
@@ -328,7 +342,7 @@ impl Run<'_> {
     }
 
     async fn append(
-        &self,
+        &mut self,
         events: Vec<(HarnessEvent, Option<RuntimeCommandId>)>,
     ) -> Result<(), Stop> {
         if self.ctx.cancel.is_cancelled() {
@@ -341,7 +355,13 @@ impl Run<'_> {
         let (reply, rx) = oneshot::channel();
         self.ctx
             .tx
-            .send(Msg::Turn(TurnMsg::Conversation { reply }))
+            .send(Msg::Turn(TurnMsg::Conversation {
+                pending_input: self.prefix.iter().find_map(|e| match e {
+                    HarnessEvent::TurnStarted { input_event, .. } => Some(input_event.clone()),
+                    _ => None,
+                }),
+                reply,
+            }))
             .await
             .map_err(|_| Stop::Refused)?;
         rx.await.map_err(|_| Stop::Refused)
@@ -398,7 +418,12 @@ impl Run<'_> {
         }
     }
 
-    async fn result(&self, call: &ToolCall, content: String, is_error: bool) -> Result<(), Stop> {
+    async fn result(
+        &mut self,
+        call: &ToolCall,
+        content: String,
+        is_error: bool,
+    ) -> Result<(), Stop> {
         self.append(vec![(
             HarnessEvent::ToolResult {
                 turn_id: self.ctx.turn_id.clone(),

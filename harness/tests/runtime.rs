@@ -334,6 +334,15 @@ pub mod support {
         );
     }
 
+    /// Waits until the session's turn streams a preview (a turn is in flight).
+    pub async fn streaming(h: &SessionHandle) {
+        let mut previews = h.previews();
+        tokio::time::timeout(WAIT, previews.recv())
+            .await
+            .expect("a preview within the wait")
+            .expect("the preview stream is open");
+    }
+
     pub fn answer(gate: Uuid, action: &str, text: Option<&str>) -> CommandBodyV1 {
         CommandBodyV1::GateResponse(GateAnswer {
             gate_id: gate,
@@ -457,8 +466,7 @@ mod cases {
         let h = fx.launch(LaunchMode::Create).await;
         let words = vec!["word"; 200].join(" ");
         fx.ok(&h, input(&format!("/slow 50 {words}"))).await;
-        fx.wait_for("the turn to start", |e| count(e, "turn_started") == 1)
-            .await;
+        streaming(&h).await;
         let (rec, r) = fx.send(&h, CommandBodyV1::Interrupt).await;
         assert_eq!(r.unwrap().disposition, Disposition::Applied);
         assert_eq!(rec.state, CommandState::Applied);
@@ -606,8 +614,7 @@ mod cases {
             .await
             .unwrap()
             .unwrap();
-        fx.wait_for("the turn to start", |e| count(e, "turn_started") == 1)
-            .await;
+        streaming(&h).await;
         crashed.shutdown_background();
         // The successor restores and finishes the turn exactly once.
         let restored = fx.launch(LaunchMode::Restore).await;
@@ -908,8 +915,7 @@ mod cases {
         let h = fx.launch(LaunchMode::Create).await;
         let words = vec!["w"; 200].join(" ");
         fx.ok(&h, input(&format!("/slow 30 {words}"))).await;
-        fx.wait_for("the turn to start", |e| count(e, "turn_started") == 1)
-            .await;
+        streaming(&h).await;
         department::PersistenceFaults::abandon(&h).await.unwrap();
         assert!(!*h.alive().borrow());
         let tip = fx.tip().await;

@@ -187,40 +187,53 @@ impl Consumer {
         }
         let full = page.len() == batch;
         self.set_lag(page.iter().filter(|c| !c.state.is_terminal()).count() as i64);
+        let start = consumed;
+        let mut outcome = Ok(full);
         for listed in page {
             if r.cancel.is_cancelled() || r.consumer.halted.load(Ordering::SeqCst) {
-                return Ok(false);
+                outcome = Ok(false);
+                break;
             }
             if !listed.state.is_terminal() {
                 let started = Instant::now();
                 let kind = listed.kind;
-                let fresh = store
-                    .command(&r.key.tenant, &r.key.session, &listed.command)
-                    .await
-                    .map_err(store_stop)?;
-                self.apply(fresh).await?;
+                // The listed row is fresh enough to try: a transition that lost a race
+                // answers `conflict` and is retried from a re-read.
+                let mut step = self.apply(listed.clone()).await;
+                if matches!(step, Err(Stop::Retry(_))) {
+                    match store
+                        .command(&r.key.tenant, &r.key.session, &listed.command)
+                        .await
+                    {
+                        Ok(fresh) => step = self.apply(fresh).await,
+                        Err(e) => step = Err(store_stop(e)),
+                    }
+                }
+                if let Err(stop) = step {
+                    outcome = Err(stop);
+                    break;
+                }
                 self.core
                     .metrics
                     .apply_seconds
                     .with_label_values(&[kind.as_str()])
                     .observe(started.elapsed().as_secs_f64());
             }
-            store
-                .save_cursor(
-                    &r.key.tenant,
-                    &r.key.session,
-                    listed.accepted_order,
-                    r.epoch,
-                )
-                .await
-                .map_err(store_stop)?;
             consumed = listed.accepted_order;
             self.tokens.remove(&listed.command);
         }
-        let _ = consumed;
-        self.set_blocked(false);
-        self.set_lag(0);
-        Ok(full)
+        // The cursor moves once per pass, through the fence, over what is terminal.
+        if consumed > start {
+            store
+                .save_cursor(&r.key.tenant, &r.key.session, consumed, r.epoch)
+                .await
+                .map_err(store_stop)?;
+        }
+        if outcome.is_ok() {
+            self.set_blocked(false);
+            self.set_lag(0);
+        }
+        outcome
     }
 
     /// Drives one command to a terminal state, or stops the pass.

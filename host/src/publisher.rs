@@ -58,35 +58,41 @@ pub(crate) async fn run(core: Arc<Core>, r: Arc<Resident>) {
             resolved: BTreeMap::new(),
         };
         let mut full_logged = false;
+        let mut tick = tokio::time::interval(core.config.reconcile_interval);
+        let mut due = true;
         loop {
-            match converge(&core, &r, &mut fold, &mut full_logged).await {
-                Ok(changed) => {
-                    if changed && r.consumer.wake() {
-                        core.metrics.queue_depth.inc();
+            if due {
+                match converge(&core, &r, &mut fold, &mut full_logged).await {
+                    Ok(changed) => {
+                        if changed && r.consumer.wake() {
+                            core.metrics.queue_depth.inc();
+                        }
                     }
-                }
-                Err(Stopped::Superseded(reason)) => {
-                    tracing::warn!(reason = %reason, "gate publisher superseded; stopping for good");
-                    core.clone()
-                        .end_residency_later(r.clone(), EndReason::Lost(reason));
-                    return;
-                }
-                Err(Stopped::Retry(reason)) => {
-                    tracing::warn!(reason = %reason, "gate pass failed; retrying");
+                    Err(Stopped::Superseded(reason)) => {
+                        tracing::warn!(reason = %reason, "gate publisher superseded; stopping for good");
+                        core.clone()
+                            .end_residency_later(r.clone(), EndReason::Lost(reason));
+                        return;
+                    }
+                    Err(Stopped::Retry(reason)) => {
+                        tracing::warn!(reason = %reason, "gate pass failed; retrying");
+                    }
                 }
             }
             tokio::select! {
                 _ = r.cancel.cancelled() => return,
-                h = hints.recv() => {
-                    if let Err(broadcast::error::RecvError::Closed) = h {
-                        // No more hints: fall back to the interval.
+                h = hints.recv() => match h {
+                    // Only a gate event can change the projection; the interval covers the rest.
+                    Ok(event) => due = GateEvent::parse(&event.body).is_some(),
+                    Err(broadcast::error::RecvError::Lagged(_)) => due = true,
+                    Err(broadcast::error::RecvError::Closed) => {
                         tokio::select! {
                             _ = r.cancel.cancelled() => return,
-                            _ = tokio::time::sleep(core.config.reconcile_interval) => {}
+                            _ = tick.tick() => due = true,
                         }
                     }
-                }
-                _ = tokio::time::sleep(core.config.reconcile_interval) => {}
+                },
+                _ = tick.tick() => due = true,
             }
         }
     }

@@ -593,19 +593,28 @@ impl Core {
             unreleased: Vec::new(),
         };
         let result: Result<Attached, HostError> = async {
-            // 4. One fencing write before the runtime is launched.
-            store
-                .fence_gate_mark(&key.tenant, &key.session, epoch)
-                .await
-                .map_err(|e| {
-                    if e.code() == ErrorCode::Epoch {
-                        HostError::EpochMismatch {
-                            current_lease_epoch: e.mark().unwrap_or(epoch.0),
-                        }
-                    } else {
-                        e.into()
+            // 4. One fencing write before the runtime is launched; the `attaching`
+            // registration goes out alongside it (concurrent writes share one commit on
+            // SQLite's group-commit writer).
+            let (fenced, registered) = tokio::join!(
+                store.fence_gate_mark(&key.tenant, &key.session, epoch),
+                store.put_registration(self.registration_for(
+                    &key,
+                    epoch,
+                    ResidencyState::Attaching
+                )),
+            );
+            fenced.map_err(|e| {
+                if e.code() == ErrorCode::Epoch {
+                    HostError::EpochMismatch {
+                        current_lease_epoch: e.mark().unwrap_or(epoch.0),
                     }
-                })?;
+                } else {
+                    e.into()
+                }
+            })?;
+            registered?;
+            unwind.registered = true;
             // 5. Hydrate: the binding, and create versus restore from the journal.
             let session = store.session(&key.tenant, &key.session).await?;
             if session.agent != req.agent {
@@ -649,11 +658,7 @@ impl Core {
             .await
             .map_err(|e| HostError::internal(format!("launch ({mode:?}) failed: {e}")))?;
             unwind.runtime = Some(runtime.clone());
-            // 7. Register, then start the session's tasks.
-            store
-                .put_registration(self.registration_for(&key, epoch, ResidencyState::Attaching))
-                .await?;
-            unwind.registered = true;
+            // 7. Register resident, then start the session's tasks.
             let (hints_tx, hints_rx) = mpsc::channel(self.config.command_queue_size);
             let (state, _) = watch::channel(ResidentState::Resident);
             let resident = Arc::new(Resident {
@@ -680,11 +685,9 @@ impl Core {
                 ending: std::sync::atomic::AtomicBool::new(false),
                 relay: broadcast::channel(crate::feed::RELAY_BUFFER).0,
             });
-            let reg = store
-                .put_registration(self.registration(&resident, ResidencyState::Resident))
-                .await?;
-            store
-                .update_projection(
+            let (reg, projected) = tokio::join!(
+                store.put_registration(self.registration(&resident, ResidencyState::Resident)),
+                store.update_projection(
                     &key.tenant,
                     &key.session,
                     epoch,
@@ -693,8 +696,10 @@ impl Core {
                         last_journal_seq: session.last_journal_seq,
                         checkpoint_seq: session.checkpoint_seq,
                     },
-                )
-                .await?;
+                ),
+            );
+            let reg = reg?;
+            projected?;
             lock(&self.residents).insert(key.clone(), resident.clone());
             self.clone().start_tasks(resident.clone(), hints_rx);
             if resident.consumer.wake() {

@@ -55,9 +55,9 @@ mod cases {
         assert_eq!(c.terminal(&s, &i).await.outcome, Some(Outcome::Applied));
         // Interrupt a slow turn.
         let words = vec!["w"; 200].join(" ");
+        let mut feed = svc.feed(&s.tenant, &s.session).unwrap();
         c.send(&svc, &s, input(&format!("/slow 40 {words}"))).await;
-        c.wait_events(&s, "the slow turn", |e| count(e, "turn_started") == 2)
-            .await;
+        streaming(&mut feed).await;
         let int = c.send(&svc, &s, CommandBodyV1::Interrupt).await;
         assert_eq!(c.terminal(&s, &int).await.outcome, Some(Outcome::Applied));
         c.wait_events(&s, "the interruption", |e| {
@@ -307,10 +307,10 @@ mod cases {
         c.send(&svc, &gated, input("/tool launch_rocket {}")).await;
         let gate = c.open_gate(&gated).await;
         let words = vec!["w"; 2000].join(" ");
+        let mut feed = svc.feed(&busy.tenant, &busy.session).unwrap();
         c.send(&svc, &busy, input(&format!("/slow 50 {words}")))
             .await;
-        c.wait_events(&busy, "the busy turn", |e| count(e, "turn_started") == 1)
-            .await;
+        streaming(&mut feed).await;
         assert!(svc.ready());
         let report = svc.drain().await;
         assert!(!svc.ready(), "readyz is false once a drain begins");

@@ -235,3 +235,91 @@ macro_rules! both_backends {
         }
     };
 }
+
+/// The full command lifecycle as a Host and its runtime drive it, straight on the store:
+/// admit → claim → begin attempt → journal application → settle → cursor, `n` times on one
+/// session (which must exist). Benchmarks use it as the store's raw lifecycle rate.
+pub async fn run_lifecycle(
+    store: &Store,
+    session: &crate::SessionRecord,
+    n: usize,
+) -> StoreResult<()> {
+    use crate::*;
+    let epoch = ResidencyEpoch(1);
+    let mut lease = store
+        .journal_acquire(
+            &session.tenant,
+            session.binding.runtime_session_id,
+            "lifecycle-runtime",
+            Duration::from_secs(600),
+        )
+        .await?;
+    for i in 0..n {
+        let rec = store
+            .admit(NewCommand {
+                tenant: session.tenant.clone(),
+                session: session.session.clone(),
+                command: CommandId::new(format!("lifecycle-{i}"))?,
+                kind: CommandKind::Input,
+                body: CommandBody::Inline(b"{\"version\":1,\"text\":\"hello\"}".to_vec()),
+                principal: None,
+                metadata: None,
+                apply_within: Duration::from_secs(3600),
+            })
+            .await?;
+        let token = uuid::Uuid::now_v7();
+        let claimed = store
+            .claim(ClaimRequest {
+                tenant: session.tenant.clone(),
+                session: session.session.clone(),
+                command: rec.command.clone(),
+                epoch,
+                token,
+                ttl: Duration::from_secs(60),
+                expected_revision: rec.revision,
+            })
+            .await?;
+        let attempt = AttemptId::mint();
+        let applying = store
+            .begin_attempt(AttemptRequest {
+                tenant: session.tenant.clone(),
+                session: session.session.clone(),
+                command: rec.command.clone(),
+                epoch,
+                claim_token: token,
+                attempt,
+                journal_epoch: lease.epoch,
+                expected_revision: claimed.revision,
+            })
+            .await?;
+        lease.tip = store
+            .journal_append(
+                &lease,
+                vec![JournalEntry::Application {
+                    identity: CommandIdentity {
+                        command: rec.command.clone(),
+                        runtime_command: rec.runtime_command,
+                        kind: rec.kind,
+                    },
+                    attempt,
+                    attempt_epoch: lease.epoch,
+                    outcome: ApplicationOutcome::Applied,
+                    detail: None,
+                }],
+            )
+            .await?;
+        store
+            .settle(SettleRequest {
+                tenant: session.tenant.clone(),
+                session: session.session.clone(),
+                command: rec.command.clone(),
+                epoch,
+                expected_revision: applying.revision,
+            })
+            .await?;
+        store
+            .save_cursor(&session.tenant, &session.session, rec.accepted_order, epoch)
+            .await?;
+    }
+    Ok(())
+}

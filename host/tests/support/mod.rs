@@ -331,6 +331,14 @@ impl Controller {
     }
 }
 
+/// Waits until a turn of the fed session streams a preview (a turn is in flight).
+pub async fn streaming(feed: &mut host::SessionFeed) {
+    tokio::time::timeout(WAIT, feed.previews.recv())
+        .await
+        .expect("a preview within the wait")
+        .expect("the preview stream is open");
+}
+
 pub fn input(text: &str) -> CommandBodyV1 {
     CommandBodyV1::Input { text: text.into() }
 }
