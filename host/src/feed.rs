@@ -1,88 +1,108 @@
-//! The live tail of a resident session. One relay task per session projects each committed
-//! public event (the same projection as durable journal pages) once and fans it out to every
-//! subscriber; previews are passed through. A relay that falls behind or meets a body it
-//! cannot project drops every route of the session, so viewers repair from the durable
-//! journal instead of seeing a gap.
+//! The live tail of a resident session. One relay task per session merges the runtime's
+//! committed events — each projected once (the same projection as durable journal pages) —
+//! and its previews into one ordered feed, fanned out to every bound link. A relay that falls
+//! behind, or meets a body it cannot project, drops every route of the session so viewers
+//! repair from the durable journal instead of seeing a gap.
 
+use std::num::NonZeroU64;
 use std::sync::Arc;
 
-use department::Preview;
-use sessionstore::Store;
+use serde_json::value::RawValue;
 use tokio::sync::broadcast;
 
-use crate::public_body::{PublicEventView, PublicJournal};
+use crate::hostlink::backend::FeedItem;
+use crate::hostlink::records::{EnduringPublication, EphemeralPublication, PreviewStream};
+use crate::public_body::PublicJournal;
 use crate::resident::Resident;
 use crate::service::Core;
 
-/// How many projected events a slow subscriber may fall behind.
+/// How many feed items a slow link may fall behind before it is disconnected.
 pub const RELAY_BUFFER: usize = 1024;
 
-/// A subscription to a resident session's live events.
-pub struct SessionFeed {
-    pub enduring: broadcast::Receiver<Arc<PublicEventView>>,
-    pub previews: broadcast::Receiver<Preview>,
-}
-
-impl SessionFeed {
-    pub(crate) fn new(_store: Store, r: &Resident) -> SessionFeed {
-        SessionFeed {
-            enduring: r.relay.subscribe(),
-            previews: r.runtime.events.previews(),
-        }
-    }
-}
-
-/// Projects and relays committed events until the residency ends.
+/// Projects and relays committed events and previews until the residency ends.
 pub(crate) async fn relay(core: Arc<Core>, r: Arc<Resident>) {
     let mut committed = r.runtime.events.committed();
+    let mut previews = r.runtime.events.previews();
     let mut journal = PublicJournal::new(
         core.store.clone(),
         r.key.tenant.clone(),
         r.key.session.clone(),
         r.binding.clone(),
     );
+    let invalidate = || {
+        let _ = core
+            .invalidations
+            .send((r.key.tenant.clone(), r.key.session.clone()));
+    };
     loop {
-        let event = tokio::select! {
+        tokio::select! {
+            biased;
             _ = r.cancel.cancelled() => return,
-            e = committed.recv() => e,
-        };
-        let event = match event {
-            Ok(e) => e,
-            Err(broadcast::error::RecvError::Lagged(n)) => {
-                tracing::warn!(
-                    missed = n,
-                    "live tail fell behind; dropping the session's routes"
+            event = committed.recv() => {
+                let event = match event {
+                    Ok(e) => e,
+                    Err(broadcast::error::RecvError::Lagged(n)) => {
+                        tracing::warn!(missed = n, "the live tail fell behind; dropping the session's routes");
+                        invalidate();
+                        continue;
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return,
+                };
+                if r.relay.receiver_count() == 0 {
+                    continue;
+                }
+                if let Err(e) = journal.learn_to(event.seq).await {
+                    tracing::warn!(error = %e, "reading command identities failed; dropping the session's routes");
+                    invalidate();
+                    continue;
+                }
+                let publication = journal
+                    .project(&event.body)
+                    .map_err(|e| e.to_string())
+                    .and_then(|body| String::from_utf8(body).map_err(|e| e.to_string()))
+                    .and_then(|text| RawValue::from_string(text).map_err(|e| e.to_string()))
+                    .and_then(|raw| {
+                        let seq = NonZeroU64::new(event.seq).ok_or_else(|| "sequence 0".to_owned())?;
+                        EnduringPublication::new(
+                            r.key.tenant.clone(),
+                            r.key.session.clone(),
+                            event.event.clone(),
+                            seq,
+                            event.seq,
+                            raw,
+                        )
+                        .map_err(|e| e.to_string())
+                    });
+                match publication {
+                    Ok(p) => {
+                        let _ = r.relay.send(FeedItem::Enduring(Arc::new(p)));
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, seq = event.seq, "a committed body could not be relayed; dropping the session's routes");
+                        invalidate();
+                    }
+                }
+            }
+            preview = previews.recv() => {
+                let preview = match preview {
+                    Ok(p) => p,
+                    // Previews are never retried: a lag just loses text.
+                    Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(broadcast::error::RecvError::Closed) => {
+                        previews = r.runtime.events.previews();
+                        continue;
+                    }
+                };
+                if r.relay.receiver_count() == 0 || preview.delta.is_empty() {
+                    continue;
+                }
+                let p = EphemeralPublication::delta(
+                    r.key.tenant.clone(),
+                    r.key.session.clone(),
+                    PreviewStream::Text,
+                    preview.delta,
                 );
-                let _ = core
-                    .invalidations
-                    .send((r.key.tenant.clone(), r.key.session.clone()));
-                continue;
-            }
-            Err(broadcast::error::RecvError::Closed) => return,
-        };
-        if r.relay.receiver_count() == 0 {
-            continue;
-        }
-        if let Err(e) = journal.learn_to(event.seq).await {
-            tracing::warn!(error = %e, "reading command identities failed; dropping the session's routes");
-            let _ = core
-                .invalidations
-                .send((r.key.tenant.clone(), r.key.session.clone()));
-            continue;
-        }
-        match journal.project(&event.body) {
-            Ok(body) => {
-                let _ = r.relay.send(Arc::new(PublicEventView {
-                    seq: event.seq,
-                    event_id: event.event.to_string(),
-                    body,
-                }));
-            }
-            Err(e) => {
-                tracing::error!(error = %e, seq = event.seq, "a committed body could not be projected; dropping the session's routes");
-                let _ = core
-                    .invalidations
-                    .send((r.key.tenant.clone(), r.key.session.clone()));
+                let _ = r.relay.send(FeedItem::Ephemeral(Arc::new(p)));
             }
         }
     }

@@ -5,20 +5,25 @@
 //! only through `department`'s traits and its durable state only through `sessionstore`.
 
 mod admission;
+pub mod client;
 mod consumer;
+pub mod controller;
 pub mod error;
 pub mod failpoints;
 pub mod feed;
+pub mod hostlink;
+mod link_backend;
 pub mod metrics;
 pub mod options;
 pub mod public_body;
 mod publisher;
 mod release;
 mod resident;
+pub mod server;
 mod service;
 
 pub use error::HostError;
-pub use feed::SessionFeed;
+pub use link_backend::{CAPABILITIES, HostBackend};
 pub use options::{Config, IsolationClass, Options, OptionsCode, OptionsError};
 pub use publisher::default_timeout;
 pub use release::{DrainFailure, DrainReport};

@@ -296,6 +296,8 @@ impl Service {
         core.started.store(true, Ordering::SeqCst);
         let me = self.core.clone();
         core.tasks.spawn(async move { me.advertise_loop().await });
+        let me = self.core.clone();
+        core.tasks.spawn(async move { me.admission_hints().await });
         tracing::info!(host = %core.config.host_id, generation, "host started");
         Ok(())
     }
@@ -343,14 +345,31 @@ impl Service {
         lock(&self.core.residents).keys().cloned().collect()
     }
 
-    /// Live events of a resident session: committed (projected public bodies) and previews.
-    pub fn feed(&self, tenant: &TenantId, session: &SessionId) -> Option<crate::feed::SessionFeed> {
+    /// The live feed of a resident session (projected committed events and previews, in
+    /// order), with its runtime build.
+    pub fn live_feed(
+        &self,
+        tenant: &TenantId,
+        session: &SessionId,
+    ) -> Option<(
+        CompatibilityId,
+        broadcast::Receiver<crate::hostlink::backend::FeedItem>,
+    )> {
         let key = SessionKey {
             tenant: tenant.clone(),
             session: session.clone(),
         };
         let r = self.core.resident(&key)?;
-        Some(crate::feed::SessionFeed::new(self.core.store.clone(), &r))
+        Some((r.compatibility.clone(), r.relay.subscribe()))
+    }
+
+    /// The live feed of a resident session.
+    pub fn subscribe(
+        &self,
+        tenant: &TenantId,
+        session: &SessionId,
+    ) -> Option<broadcast::Receiver<crate::hostlink::backend::FeedItem>> {
+        self.live_feed(tenant, session).map(|(_, rx)| rx)
     }
 }
 
@@ -389,6 +408,43 @@ impl Core {
             let accepting = !self.draining.load(Ordering::SeqCst);
             if let Err(e) = self.store.advertise(self.advertisement(accepting)).await {
                 tracing::warn!(error = %e, "advertisement heartbeat failed");
+            }
+        }
+    }
+
+    /// Wakes a resident session's consumer when the store announces an admission for it
+    /// (PostgreSQL `LISTEN/NOTIFY`, SQLite's in-process notifier). A hint only: the
+    /// reconcile interval covers a lost one.
+    async fn admission_hints(self: Arc<Self>) {
+        let mut admissions = self.store.admissions();
+        loop {
+            let a = tokio::select! {
+                _ = self.shutdown.cancelled() => return,
+                a = admissions.recv() => a,
+            };
+            match a {
+                Ok(a) => {
+                    let key = SessionKey {
+                        tenant: a.tenant,
+                        session: a.session,
+                    };
+                    if let Some(r) = self.resident(&key)
+                        && r.state() == ResidentState::Resident
+                        && r.consumer.wake()
+                    {
+                        self.metrics.queue_depth.inc();
+                    }
+                }
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    // Hints were lost: wake everyone once.
+                    let all: Vec<_> = lock(&self.residents).values().cloned().collect();
+                    for r in all {
+                        if r.consumer.wake() {
+                            self.metrics.queue_depth.inc();
+                        }
+                    }
+                }
+                Err(broadcast::error::RecvError::Closed) => return,
             }
         }
     }

@@ -55,7 +55,7 @@ mod cases {
         assert_eq!(c.terminal(&s, &i).await.outcome, Some(Outcome::Applied));
         // Interrupt a slow turn.
         let words = vec!["w"; 200].join(" ");
-        let mut feed = svc.feed(&s.tenant, &s.session).unwrap();
+        let mut feed = svc.subscribe(&s.tenant, &s.session).unwrap();
         c.send(&svc, &s, input(&format!("/slow 40 {words}"))).await;
         streaming(&mut feed).await;
         let int = c.send(&svc, &s, CommandBodyV1::Interrupt).await;
@@ -307,7 +307,7 @@ mod cases {
         c.send(&svc, &gated, input("/tool launch_rocket {}")).await;
         let gate = c.open_gate(&gated).await;
         let words = vec!["w"; 2000].join(" ");
-        let mut feed = svc.feed(&busy.tenant, &busy.session).unwrap();
+        let mut feed = svc.subscribe(&busy.tenant, &busy.session).unwrap();
         c.send(&svc, &busy, input(&format!("/slow 50 {words}")))
             .await;
         streaming(&mut feed).await;

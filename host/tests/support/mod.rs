@@ -332,11 +332,18 @@ impl Controller {
 }
 
 /// Waits until a turn of the fed session streams a preview (a turn is in flight).
-pub async fn streaming(feed: &mut host::SessionFeed) {
-    tokio::time::timeout(WAIT, feed.previews.recv())
-        .await
-        .expect("a preview within the wait")
-        .expect("the preview stream is open");
+pub async fn streaming(feed: &mut tokio::sync::broadcast::Receiver<host::hostlink::FeedItem>) {
+    tokio::time::timeout(WAIT, async {
+        loop {
+            match feed.recv().await {
+                Ok(host::hostlink::FeedItem::Ephemeral(_)) => return,
+                Ok(_) => continue,
+                Err(e) => panic!("the live feed ended: {e}"),
+            }
+        }
+    })
+    .await
+    .expect("a preview within the wait");
 }
 
 pub fn input(text: &str) -> CommandBodyV1 {

@@ -1,0 +1,708 @@
+//! Centrifuge client protocol v2, JSON encoding: framing. Owns decoding one inbound WebSocket
+//! text frame into commands and encoding replies, pushes, the server ping and batches. Never
+//! interprets a command's `data` (the records do) and never decides what a command means
+//! (the link does).
+//!
+//! Inbound: one JSON object per line (`\n`-separated batching, as the SDKs send it; one
+//! trailing newline tolerated), at most [`MAX_COMMANDS_PER_FRAME`] lines and the link's
+//! maximum frame bytes. A line is `{"id":N,"<method>":{...}}` with exactly one method member
+//! whose value is an object, `id` a `u32` of at least 1 (`send` alone may omit it), or `{}`,
+//! the client's pong. Inside a method's request the members of Centrifuge's protocol schema
+//! are accepted (what the official SDKs send: connect `token`, `data`, `name`, `version`,
+//! `subs`, `headers`, `flag`; subscribe `channel`, `token`, `data`, `recover`, `offset`,
+//! `epoch`, `positioned`, `recoverable`, `join_leave`, `delta`, `tf`, `flag`, ...) and type
+//! checked; any other member, a duplicate, a `null` (except as `data`, which is the
+//! application's to judge), or trailing data makes the whole frame undecodable. Decoding is all or nothing: a frame with one bad line yields no command.
+//!
+//! Outbound: every message is one line (raw JSON handed in is put on one line by turning
+//! its insignificant line breaks into spaces), so batches split cleanly. Replies (`{"id":N,"<method>":{...}}` or `{"id":N,"error":{...}}`), pushes
+//! (`{"push":{"channel":"...","pub":{"data":...}}}`), the server ping `{}`. On a WebSocket,
+//! protocol v2 sends a disconnect as the close frame's code and reason, never as a push (as
+//! Centrifuge's Go server does), so there is no disconnect encoder here.
+
+use serde_json::value::RawValue;
+
+use super::codes::ReplyError;
+use super::json::{ObjectWriter, RawObject, is_null, one_line, push_json_string};
+
+/// The default largest inbound frame (Centrifuge's default read limit).
+pub const DEFAULT_MAX_FRAME_BYTES: usize = 64 * 1024;
+/// The largest value `max_frame_bytes` may be configured to.
+pub const MAX_FRAME_BYTES_CEILING: usize = 16 * 1024 * 1024;
+/// The most commands one inbound frame may carry.
+pub const MAX_COMMANDS_PER_FRAME: usize = 128;
+/// The most bytes the link joins into one outbound frame.
+pub const MAX_OUTBOUND_BATCH_BYTES: usize = 64 * 1024;
+/// The most messages the link joins into one outbound frame.
+pub const MAX_OUTBOUND_BATCH_MESSAGES: usize = 64;
+
+/// Why a frame is not decodable (every variant is Centrifuge's bad request, or a size limit).
+#[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
+pub enum FrameError {
+    #[error("the frame is {0} bytes; more than the limit")]
+    TooLarge(usize),
+    #[error("the frame carries more than {MAX_COMMANDS_PER_FRAME} commands")]
+    TooManyCommands,
+    #[error("the frame is empty")]
+    Empty,
+    #[error("the frame is not UTF-8 text")]
+    NotText,
+    #[error("line {line}: {reason}")]
+    Line { line: usize, reason: String },
+}
+
+/// One decoded inbound line.
+#[derive(Debug)]
+pub enum Inbound {
+    /// `{}`: the answer to a server ping.
+    Pong,
+    /// A command.
+    Command(Command),
+}
+
+/// A command: its id (0 only for `send`) and request.
+#[derive(Debug)]
+pub struct Command {
+    pub id: u32,
+    pub request: Request,
+}
+
+/// The request a command carries. Members HostLink never uses are checked and dropped.
+#[derive(Debug)]
+pub enum Request {
+    Connect(ConnectRequest),
+    Rpc(RpcRequest),
+    Subscribe(SubscribeRequest),
+    Unsubscribe { channel: String },
+    Publish(PublishRequest),
+    Refresh,
+    SubRefresh { channel: String },
+    Presence { channel: String },
+    PresenceStats { channel: String },
+    History { channel: String },
+    Send,
+}
+
+impl Request {
+    /// The method name (the command's member name).
+    pub fn method(&self) -> &'static str {
+        match self {
+            Request::Connect(_) => "connect",
+            Request::Rpc(_) => "rpc",
+            Request::Subscribe(_) => "subscribe",
+            Request::Unsubscribe { .. } => "unsubscribe",
+            Request::Publish(_) => "publish",
+            Request::Refresh => "refresh",
+            Request::SubRefresh { .. } => "sub_refresh",
+            Request::Presence { .. } => "presence",
+            Request::PresenceStats { .. } => "presence_stats",
+            Request::History { .. } => "history",
+            Request::Send => "send",
+        }
+    }
+}
+
+/// A connect request. The token is the tenant credential: never log it.
+pub struct ConnectRequest {
+    pub token: Option<String>,
+    pub data: Option<Box<RawValue>>,
+    pub name: Option<String>,
+    pub version: Option<String>,
+}
+
+impl std::fmt::Debug for ConnectRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectRequest")
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("data", &self.data)
+            .field("name", &self.name)
+            .field("version", &self.version)
+            .finish()
+    }
+}
+
+/// An RPC request.
+#[derive(Debug)]
+pub struct RpcRequest {
+    pub method: String,
+    pub data: Option<Box<RawValue>>,
+}
+
+/// A subscribe request.
+#[derive(Debug)]
+pub struct SubscribeRequest {
+    pub channel: String,
+    pub data: Option<Box<RawValue>>,
+}
+
+/// A publish request.
+#[derive(Debug)]
+pub struct PublishRequest {
+    pub channel: String,
+    pub data: Option<Box<RawValue>>,
+}
+
+const METHODS: [&str; 12] = [
+    "connect",
+    "subscribe",
+    "unsubscribe",
+    "publish",
+    "presence",
+    "presence_stats",
+    "history",
+    "ping",
+    "send",
+    "rpc",
+    "refresh",
+    "sub_refresh",
+];
+
+/// How a request member must look.
+#[derive(Clone, Copy)]
+enum Kind {
+    Str,
+    Bool,
+    Unsigned,
+    Int,
+    Object,
+    Array,
+    /// Any JSON (Centrifuge's `bytes` members carry raw JSON); it belongs to the application,
+    /// so a `null` there is the record decoder's to refuse (107), not the frame's.
+    Json,
+}
+
+const CONNECT_MEMBERS: &[(&str, Kind)] = &[
+    ("token", Kind::Str),
+    ("data", Kind::Json),
+    ("subs", Kind::Object),
+    ("name", Kind::Str),
+    ("version", Kind::Str),
+    ("headers", Kind::Object),
+    ("flag", Kind::Int),
+];
+const SUBSCRIBE_MEMBERS: &[(&str, Kind)] = &[
+    ("channel", Kind::Str),
+    ("token", Kind::Str),
+    ("recover", Kind::Bool),
+    ("epoch", Kind::Str),
+    ("offset", Kind::Unsigned),
+    ("data", Kind::Json),
+    ("positioned", Kind::Bool),
+    ("recoverable", Kind::Bool),
+    ("join_leave", Kind::Bool),
+    ("delta", Kind::Str),
+    ("tf", Kind::Object),
+    ("flag", Kind::Int),
+    ("type", Kind::Int),
+    ("phase", Kind::Int),
+    ("cursor", Kind::Str),
+    ("limit", Kind::Int),
+    ("asc", Kind::Bool),
+];
+const PUBLISH_MEMBERS: &[(&str, Kind)] = &[
+    ("channel", Kind::Str),
+    ("data", Kind::Json),
+    ("type", Kind::Int),
+    ("key", Kind::Str),
+    ("removed", Kind::Bool),
+];
+const RPC_MEMBERS: &[(&str, Kind)] = &[("method", Kind::Str), ("data", Kind::Json)];
+const CHANNEL_MEMBERS: &[(&str, Kind)] = &[("channel", Kind::Str)];
+const REFRESH_MEMBERS: &[(&str, Kind)] = &[("token", Kind::Str)];
+const SUB_REFRESH_MEMBERS: &[(&str, Kind)] = &[
+    ("channel", Kind::Str),
+    ("token", Kind::Str),
+    ("items", Kind::Array),
+    ("untrack_keys", Kind::Array),
+    ("type", Kind::Int),
+    ("signature", Kind::Str),
+];
+const HISTORY_MEMBERS: &[(&str, Kind)] = &[
+    ("channel", Kind::Str),
+    ("limit", Kind::Int),
+    ("since", Kind::Object),
+    ("reverse", Kind::Bool),
+];
+const SEND_MEMBERS: &[(&str, Kind)] = &[("data", Kind::Json)];
+const NO_MEMBERS: &[(&str, Kind)] = &[];
+
+/// A method's request object, checked against its schema.
+struct Checked {
+    obj: RawObject,
+}
+
+impl Checked {
+    fn new(raw: &RawValue, schema: &[(&str, Kind)]) -> Result<Checked, String> {
+        let obj = RawObject::from_raw(raw).map_err(|e| e.0)?;
+        for (key, value) in obj.members() {
+            let kind = schema
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, kind)| *kind)
+                .ok_or_else(|| format!("unknown member {key:?}"))?;
+            check_kind(key, value, kind)?;
+        }
+        Ok(Checked { obj })
+    }
+
+    fn string(&self, key: &str) -> Result<Option<String>, String> {
+        match self.obj.get(key) {
+            None => Ok(None),
+            Some(raw) => serde_json::from_str::<String>(raw.get())
+                .map(Some)
+                .map_err(|_| format!("{key} must be a string")),
+        }
+    }
+
+    fn required_string(&self, key: &str) -> Result<String, String> {
+        self.string(key)?.ok_or_else(|| format!("missing {key}"))
+    }
+
+    fn take(&mut self, key: &str) -> Option<Box<RawValue>> {
+        self.obj.take(key)
+    }
+}
+
+fn check_kind(key: &str, raw: &RawValue, kind: Kind) -> Result<(), String> {
+    let text = raw.get();
+    if is_null(raw) && !matches!(kind, Kind::Json) {
+        return Err(format!("{key} must not be null"));
+    }
+    let first = text.as_bytes().first().copied().unwrap_or(b' ');
+    let ok = match kind {
+        Kind::Str => first == b'"',
+        Kind::Bool => text == "true" || text == "false",
+        Kind::Unsigned => serde_json::from_str::<u64>(text).is_ok(),
+        Kind::Int => serde_json::from_str::<i64>(text).is_ok(),
+        Kind::Object => first == b'{',
+        Kind::Array => first == b'[',
+        Kind::Json => true,
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("{key} has the wrong type"))
+    }
+}
+
+fn decode_line(line: &[u8]) -> Result<Inbound, String> {
+    let mut envelope = RawObject::parse(line).map_err(|e| e.0)?;
+    if envelope.is_empty() {
+        return Ok(Inbound::Pong);
+    }
+    let id = match envelope.take("id") {
+        None => 0,
+        Some(raw) => serde_json::from_str::<u32>(raw.get())
+            .map_err(|_| "id must be an unsigned 32-bit integer".to_owned())?,
+    };
+    let mut methods = envelope.members().iter().map(|(k, _)| k.as_str());
+    let method = match (methods.next(), methods.next()) {
+        (Some(m), None) => m.to_owned(),
+        (None, _) => return Err("a command names no method".into()),
+        (Some(_), Some(_)) => return Err("a command names more than one method".into()),
+    };
+    if !METHODS.contains(&method.as_str()) {
+        return Err(format!("unknown method {method:?}"));
+    }
+    if id == 0 && method != "send" {
+        return Err("a command other than send needs an id of at least 1".into());
+    }
+    let raw = envelope
+        .take(&method)
+        .ok_or_else(|| "a command names no method".to_owned())?;
+    if !raw.get().starts_with('{') {
+        return Err(format!("{method} must be an object"));
+    }
+    let request = match method.as_str() {
+        "connect" => {
+            let mut c = Checked::new(&raw, CONNECT_MEMBERS)?;
+            Request::Connect(ConnectRequest {
+                token: c.string("token")?,
+                name: c.string("name")?,
+                version: c.string("version")?,
+                data: c.take("data"),
+            })
+        }
+        "rpc" => {
+            let mut c = Checked::new(&raw, RPC_MEMBERS)?;
+            Request::Rpc(RpcRequest {
+                method: c.required_string("method")?,
+                data: c.take("data"),
+            })
+        }
+        "subscribe" => {
+            let mut c = Checked::new(&raw, SUBSCRIBE_MEMBERS)?;
+            Request::Subscribe(SubscribeRequest {
+                channel: c.required_string("channel")?,
+                data: c.take("data"),
+            })
+        }
+        "publish" => {
+            let mut c = Checked::new(&raw, PUBLISH_MEMBERS)?;
+            Request::Publish(PublishRequest {
+                channel: c.required_string("channel")?,
+                data: c.take("data"),
+            })
+        }
+        "unsubscribe" => Request::Unsubscribe {
+            channel: Checked::new(&raw, CHANNEL_MEMBERS)?.required_string("channel")?,
+        },
+        "presence" => Request::Presence {
+            channel: Checked::new(&raw, CHANNEL_MEMBERS)?.required_string("channel")?,
+        },
+        "presence_stats" => Request::PresenceStats {
+            channel: Checked::new(&raw, CHANNEL_MEMBERS)?.required_string("channel")?,
+        },
+        "history" => Request::History {
+            channel: Checked::new(&raw, HISTORY_MEMBERS)?.required_string("channel")?,
+        },
+        "sub_refresh" => Request::SubRefresh {
+            channel: Checked::new(&raw, SUB_REFRESH_MEMBERS)?.required_string("channel")?,
+        },
+        "refresh" => {
+            Checked::new(&raw, REFRESH_MEMBERS)?;
+            Request::Refresh
+        }
+        "send" => {
+            Checked::new(&raw, SEND_MEMBERS)?;
+            Request::Send
+        }
+        // "ping" is protocol v1's; v2 clients answer pings with `{}`.
+        _ => {
+            Checked::new(&raw, NO_MEMBERS)?;
+            return Err("ping is not a protocol v2 command".into());
+        }
+    };
+    Ok(Inbound::Command(Command { id, request }))
+}
+
+/// Decodes one inbound frame, all or nothing.
+pub fn decode_frame(bytes: &[u8], max_frame_bytes: usize) -> Result<Vec<Inbound>, FrameError> {
+    if bytes.len() > max_frame_bytes {
+        return Err(FrameError::TooLarge(bytes.len()));
+    }
+    if std::str::from_utf8(bytes).is_err() {
+        return Err(FrameError::NotText);
+    }
+    let body = bytes.strip_suffix(b"\n").unwrap_or(bytes);
+    if body.is_empty() {
+        return Err(FrameError::Empty);
+    }
+    let mut out = Vec::new();
+    for (index, line) in body.split(|&b| b == b'\n').enumerate() {
+        if index >= MAX_COMMANDS_PER_FRAME {
+            return Err(FrameError::TooManyCommands);
+        }
+        let inbound = decode_line(line).map_err(|reason| FrameError::Line {
+            line: index + 1,
+            reason,
+        })?;
+        out.push(inbound);
+    }
+    Ok(out)
+}
+
+/// The server's application ping.
+pub const PING: &str = "{}";
+
+/// A reply to command `id` whose result is the JSON object `result` under `method`.
+pub fn encode_reply(id: u32, method: &str, result: &str) -> String {
+    ObjectWriter::new()
+        .number("id", u64::from(id))
+        .raw(method, result)
+        .finish()
+}
+
+/// An RPC reply carrying `data` (raw JSON, put on one line: see [`one_line`]).
+pub fn encode_rpc_reply(id: u32, data: &str) -> String {
+    let result = ObjectWriter::new().raw("data", &one_line(data)).finish();
+    encode_reply(id, "rpc", &result)
+}
+
+/// An error reply to command `id`.
+pub fn encode_error(id: u32, error: &ReplyError) -> String {
+    let mut e = ObjectWriter::new();
+    e.number("code", u64::from(error.code))
+        .string("message", error.message);
+    if error.temporary {
+        e.boolean("temporary", true);
+    }
+    let e = e.finish();
+    ObjectWriter::new()
+        .number("id", u64::from(id))
+        .raw("error", &e)
+        .finish()
+}
+
+/// The connect result.
+pub struct ConnectResult<'a> {
+    pub client: &'a str,
+    pub version: &'a str,
+    /// Raw JSON.
+    pub data: &'a str,
+    pub ping_secs: u32,
+    pub pong: bool,
+}
+
+/// The reply to the connect command.
+pub fn encode_connect_reply(id: u32, result: &ConnectResult<'_>) -> String {
+    let body = ObjectWriter::new()
+        .string("client", result.client)
+        .string("version", result.version)
+        .raw("data", result.data)
+        .number("ping", u64::from(result.ping_secs))
+        .boolean("pong", result.pong)
+        .finish();
+    encode_reply(id, "connect", &body)
+}
+
+/// A publication push on `channel` carrying `data` (raw JSON, put on one line: see
+/// [`one_line`]) and, when given, Centrifuge publication tags.
+pub fn encode_publication_push(channel: &str, data: &str, tags: &[(&str, &str)]) -> String {
+    let mut publication = ObjectWriter::new();
+    publication.raw("data", &one_line(data));
+    if !tags.is_empty() {
+        let mut t = ObjectWriter::new();
+        for (k, v) in tags {
+            t.string(k, v);
+        }
+        publication.raw("tags", &t.finish());
+    }
+    let publication = publication.finish();
+    let push = ObjectWriter::new()
+        .string("channel", channel)
+        .raw("pub", &publication)
+        .finish();
+    ObjectWriter::new().raw("push", &push).finish()
+}
+
+/// An unsubscribe push: the server ended the client's subscription to `channel` (Centrifuge
+/// code 2000, "server unsubscribe": the SDKs do not resubscribe by themselves).
+pub fn encode_unsubscribe_push(channel: &str, code: u32, reason: &str) -> String {
+    let mut unsubscribe = ObjectWriter::new();
+    unsubscribe.number("code", u64::from(code));
+    let mut r = String::new();
+    push_json_string(&mut r, reason);
+    unsubscribe.raw("reason", &r);
+    let unsubscribe = unsubscribe.finish();
+    let push = ObjectWriter::new()
+        .string("channel", channel)
+        .raw("unsubscribe", &unsubscribe)
+        .finish();
+    ObjectWriter::new().raw("push", &push).finish()
+}
+
+/// Joins messages into one outbound frame (Centrifuge JSON batching).
+pub fn join_batch<'a>(messages: impl IntoIterator<Item = &'a str>) -> String {
+    let mut out = String::new();
+    for (i, m) in messages.into_iter().enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        out.push_str(m);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic_the_decoder(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = decode_frame(&bytes, DEFAULT_MAX_FRAME_BYTES);
+        }
+
+        #[test]
+        fn generated_batches_decode_to_their_ids_in_order(
+            ids in proptest::collection::vec(1u32..=u32::MAX, 1..20),
+            method in "[a-z._]{1,20}",
+            trailing_newline in any::<bool>(),
+        ) {
+            let mut text = ids
+                .iter()
+                .map(|id| format!(r#"{{"id":{id},"rpc":{{"method":"{method}","data":{{"k":[1,"\n"]}}}}}}"#))
+                .collect::<Vec<_>>()
+                .join("\n");
+            if trailing_newline {
+                text.push('\n');
+            }
+            let decoded = decode_frame(text.as_bytes(), usize::MAX).unwrap();
+            let got: Vec<u32> = decoded
+                .iter()
+                .map(|i| match i {
+                    Inbound::Command(c) => c.id,
+                    Inbound::Pong => 0,
+                })
+                .collect();
+            prop_assert_eq!(got, ids);
+        }
+
+        #[test]
+        fn mutated_commands_never_panic_the_decoder(
+            at in 0usize..120,
+            byte in any::<u8>(),
+            cut in 0usize..120,
+        ) {
+            let good = br#"{"id":7,"subscribe":{"channel":"hostlink.v1.YQ.Yg","data":{"version":1,"ephemeral":true},"flag":1}}"#;
+            let mut bytes = good.to_vec();
+            let at = at % bytes.len();
+            bytes[at] = byte;
+            let _ = decode_frame(&bytes, DEFAULT_MAX_FRAME_BYTES);
+            let _ = decode_frame(&good[..cut.min(good.len())], DEFAULT_MAX_FRAME_BYTES);
+        }
+    }
+
+    fn one(text: &str) -> Result<Inbound, FrameError> {
+        let mut v = decode_frame(text.as_bytes(), DEFAULT_MAX_FRAME_BYTES)?;
+        assert_eq!(v.len(), 1);
+        Ok(v.remove(0))
+    }
+
+    #[test]
+    fn what_the_js_sdk_sends_on_connect_decodes() {
+        let text = r#"{"connect":{"token":"tok","data":{"supported_versions":[1]},"name":"js","version":"1.0","headers":{"a":"b"}},"id":1}"#;
+        match one(text).unwrap() {
+            Inbound::Command(Command {
+                id: 1,
+                request: Request::Connect(c),
+            }) => {
+                assert_eq!(c.token.as_deref(), Some("tok"));
+                assert_eq!(c.data.unwrap().get(), r#"{"supported_versions":[1]}"#);
+                assert_eq!(c.name.as_deref(), Some("js"));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_batch_of_lines_with_a_trailing_newline_decodes_in_order() {
+        let text = "{\"id\":2,\"rpc\":{\"method\":\"m\",\"data\":{\"a\":1}}}\n{}\n{\"id\":3,\"subscribe\":{\"channel\":\"c\",\"flag\":1}}\n";
+        let v = decode_frame(text.as_bytes(), DEFAULT_MAX_FRAME_BYTES).unwrap();
+        assert_eq!(v.len(), 3);
+        assert!(
+            matches!(&v[0], Inbound::Command(Command { id: 2, request: Request::Rpc(r) }) if r.method == "m")
+        );
+        assert!(matches!(v[1], Inbound::Pong));
+        assert!(
+            matches!(&v[2], Inbound::Command(Command { id: 3, request: Request::Subscribe(s) }) if s.channel == "c")
+        );
+    }
+
+    #[test]
+    fn envelope_violations_make_the_frame_undecodable() {
+        for bad in [
+            "",
+            "\n",
+            "\n\n",
+            "{}\n\n{}",
+            r#"{"id":1}"#,
+            r#"{"id":0,"rpc":{"method":"m"}}"#,
+            r#"{"rpc":{"method":"m"}}"#,
+            r#"{"id":-1,"rpc":{"method":"m"}}"#,
+            r#"{"id":4294967296,"rpc":{"method":"m"}}"#,
+            r#"{"id":1.5,"rpc":{"method":"m"}}"#,
+            r#"{"id":"1","rpc":{"method":"m"}}"#,
+            r#"{"id":null,"rpc":{"method":"m"}}"#,
+            r#"{"id":1,"rpc":{"method":"m"},"publish":{"channel":"c"}}"#,
+            r#"{"id":1,"bogus":{}}"#,
+            r#"{"id":1,"rpc":null}"#,
+            r#"{"id":1,"rpc":[]}"#,
+            r#"{"id":1,"rpc":{"method":"m","extra":1}}"#,
+            r#"{"id":1,"rpc":{"method":5}}"#,
+            r#"{"id":1,"rpc":{"method":"m","method":"n"}}"#,
+            r#"{"id":1,"rpc":{"data":{}}}"#,
+            r#"{"id":1,"id":2,"rpc":{"method":"m"}}"#,
+            r#"{"id":1,"subscribe":{"channel":"c","offset":-1}}"#,
+            r#"{"id":1,"ping":{}}"#,
+            r#"{"id":1,"rpc":{"method":"m"}} x"#,
+            r#"{"id":1,"rpc":{"method":"m"}"#,
+            "[1]",
+            "null",
+        ] {
+            assert!(
+                decode_frame(bad.as_bytes(), DEFAULT_MAX_FRAME_BYTES).is_err(),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn frames_over_the_limits_are_refused() {
+        let big = format!(r#"{{"id":1,"rpc":{{"method":"{}"}}}}"#, "m".repeat(100));
+        assert_eq!(
+            decode_frame(big.as_bytes(), 50).unwrap_err(),
+            FrameError::TooLarge(big.len())
+        );
+        let many = vec!["{}"; MAX_COMMANDS_PER_FRAME + 1].join("\n");
+        assert_eq!(
+            decode_frame(many.as_bytes(), usize::MAX).unwrap_err(),
+            FrameError::TooManyCommands
+        );
+        let exactly = vec!["{}"; MAX_COMMANDS_PER_FRAME].join("\n");
+        assert!(decode_frame(exactly.as_bytes(), usize::MAX).is_ok());
+        assert_eq!(
+            decode_frame(b"{\"a\xff\":1}", 100).unwrap_err(),
+            FrameError::NotText
+        );
+    }
+
+    #[test]
+    fn a_send_may_omit_its_id() {
+        assert!(matches!(
+            one(r#"{"send":{"data":{"x":1}}}"#).unwrap(),
+            Inbound::Command(Command {
+                id: 0,
+                request: Request::Send
+            })
+        ));
+    }
+
+    #[test]
+    fn replies_and_pushes_have_the_centrifuge_shape() {
+        assert_eq!(
+            encode_rpc_reply(3, r#"{"a":1}"#),
+            r#"{"id":3,"rpc":{"data":{"a":1}}}"#
+        );
+        assert_eq!(
+            encode_reply(4, "subscribe", "{}"),
+            r#"{"id":4,"subscribe":{}}"#
+        );
+        assert_eq!(
+            encode_error(5, &ReplyError::BAD_REQUEST),
+            r#"{"id":5,"error":{"code":107,"message":"bad request"}}"#
+        );
+        assert_eq!(
+            encode_error(5, &ReplyError::INTERNAL),
+            r#"{"id":5,"error":{"code":100,"message":"internal server error","temporary":true}}"#
+        );
+        assert_eq!(
+            encode_publication_push("ch", r#"{"x":1}"#, &[]),
+            r#"{"push":{"channel":"ch","pub":{"data":{"x":1}}}}"#
+        );
+        assert_eq!(
+            encode_publication_push("ch", "{}", &[("record", "r")]),
+            r#"{"push":{"channel":"ch","pub":{"data":{},"tags":{"record":"r"}}}}"#
+        );
+        assert_eq!(
+            encode_unsubscribe_push("ch", 2000, "binding dropped"),
+            r#"{"push":{"channel":"ch","unsubscribe":{"code":2000,"reason":"binding dropped"}}}"#
+        );
+        assert_eq!(
+            encode_connect_reply(
+                1,
+                &ConnectResult {
+                    client: "c",
+                    version: "v",
+                    data: "{}",
+                    ping_secs: 25,
+                    pong: true
+                }
+            ),
+            r#"{"id":1,"connect":{"client":"c","version":"v","data":{},"ping":25,"pong":true}}"#
+        );
+        assert_eq!(join_batch(["a", "b"]), "a\nb");
+    }
+}

@@ -1,0 +1,332 @@
+//! The Host behind HostLink: the [`LinkBackend`] implementation on a [`Service`]. Owns the
+//! checks that need the Host's state — host id and generation (before any lease is taken),
+//! residency and epoch for bind, the drain scope rules of a dedicated Host — and the mapping of
+//! Host refusals to HostLink error records. The link layer has already authenticated the
+//! tenant, decoded the records strictly and refused foreign tenants.
+
+use std::num::NonZeroU64;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use department::LaunchMode;
+use sessionstore::{CommandId, CompatibilityId, Placement, SessionId, TenantId};
+use tokio::sync::broadcast;
+
+use crate::error::HostError;
+use crate::hostlink::auth::AuthVerifier;
+use crate::hostlink::backend::{LinkBackend, LinkCtx, LinkId, Refusal, SessionFeed};
+use crate::hostlink::records::{
+    AttachMode, AttachRequest, BindRequest, DrainObservation, DrainRequest, DrainState,
+    HostLinkError, RegistryObservation, SessionScope, UnbindRequest,
+};
+use crate::hostlink::timestamp::Timestamp;
+use crate::resident::ResidentState;
+use crate::service::{AttachRequest as HostAttach, Observation, Service};
+
+/// The capability tokens this Host advertises after the reserved methods.
+pub const CAPABILITIES: [&str; 3] = [
+    "hostlink.command.gate_response",
+    "hostlink.attribution.principal",
+    "hostlink.payload.reference",
+];
+
+struct LinkDrain {
+    link: LinkId,
+    tenant: TenantId,
+    session: SessionId,
+    generation: u64,
+    done: bool,
+}
+
+/// A Service as HostLink sees it.
+pub struct HostBackend {
+    service: Service,
+    auth: Box<dyn AuthVerifier>,
+    drain: std::sync::Arc<Mutex<Option<LinkDrain>>>,
+    drains: AtomicU64,
+}
+
+impl HostBackend {
+    /// The backend of `service`, verifying tenants with `auth`.
+    pub fn new(service: Service, auth: Box<dyn AuthVerifier>) -> HostBackend {
+        HostBackend {
+            service,
+            auth,
+            drain: std::sync::Arc::default(),
+            drains: AtomicU64::new(0),
+        }
+    }
+
+    fn generation(&self) -> Option<NonZeroU64> {
+        NonZeroU64::new(self.service.generation())
+    }
+
+    /// Host id and generation must name this Host's current incarnation.
+    fn check_host(
+        &self,
+        host: &sessionstore::HostId,
+        generation: NonZeroU64,
+    ) -> Result<(), Refusal> {
+        if host != &self.service.config().host_id || Some(generation) != self.generation() {
+            return Err(HostLinkError::NotAdmitting.into());
+        }
+        Ok(())
+    }
+
+    fn observation(&self, o: &Observation) -> Result<RegistryObservation, Refusal> {
+        let nz = |v: u64| {
+            NonZeroU64::new(v)
+                .ok_or_else(|| Refusal::Internal(format!("zero in an observation: {v}")))
+        };
+        Ok(RegistryObservation {
+            tenant_id: o.tenant.clone(),
+            session_id: o.session.clone(),
+            host_id: o.host.clone(),
+            host_generation: nz(o.host_generation)?,
+            agent_id: o.agent.clone(),
+            runtime_compatibility_id: o.compatibility.clone(),
+            placement: o.placement,
+            internal_endpoint: o.internal_endpoint.clone(),
+            residency: o.residency,
+            accepting: o.accepting,
+            lease_epoch: nz(o.lease_epoch.0)?,
+            observed_at: Timestamp::from_unix_millis(o.observed_at_ms)
+                .ok_or_else(|| Refusal::Internal("observed_at out of range".into()))?,
+            expires_at: Timestamp::from_unix_millis(o.expires_at_ms)
+                .ok_or_else(|| Refusal::Internal("expires_at out of range".into()))?,
+        })
+    }
+
+    /// The drain scope rules: a pooled Host answers no HostLink drain; a dedicated Host's
+    /// fixed session only, for the tenant that holds it — refused identically to "nothing
+    /// attached yet" otherwise.
+    fn scoped(&self, link: &LinkCtx, req: &DrainRequest) -> Result<SessionScope, Refusal> {
+        self.check_host(&req.host_id, req.host_generation)?;
+        let unavailable = || Refusal::HostLink(HostLinkError::RuntimeUnavailable);
+        let cfg = self.service.config();
+        if cfg.placement != Placement::Dedicated {
+            return Err(unavailable());
+        }
+        let scope = req.scope.clone().ok_or_else(unavailable)?;
+        if scope.tenant_id != link.tenant || cfg.fixed_session.as_ref() != Some(&scope.session_id) {
+            return Err(unavailable());
+        }
+        Ok(scope)
+    }
+
+    fn drain_observation(&self, d: &LinkDrain) -> Result<DrainObservation, Refusal> {
+        Ok(DrainObservation {
+            host_id: self.service.config().host_id.clone(),
+            host_generation: self
+                .generation()
+                .ok_or_else(|| Refusal::Internal("not started".into()))?,
+            drain_generation: NonZeroU64::new(d.generation)
+                .ok_or_else(|| Refusal::Internal("drain generation 0".into()))?,
+            state: if d.done {
+                DrainState::Drained
+            } else {
+                DrainState::Draining
+            },
+            scope: Some(SessionScope {
+                tenant_id: d.tenant.clone(),
+                session_id: d.session.clone(),
+            }),
+        })
+    }
+
+    fn holds(&self, tenant: &TenantId, session: &SessionId) -> bool {
+        self.service.residency(tenant, session).is_some()
+    }
+}
+
+fn refusal(e: HostError) -> Refusal {
+    match e {
+        HostError::NotAdmitting(_) => HostLinkError::NotAdmitting.into(),
+        HostError::Releasing => HostLinkError::Releasing.into(),
+        HostError::NoCapacity { .. } => HostLinkError::NoCapacity.into(),
+        HostError::EpochMismatch {
+            current_lease_epoch,
+        } => match NonZeroU64::new(current_lease_epoch) {
+            Some(e) => HostLinkError::EpochMismatch {
+                current_lease_epoch: e,
+            }
+            .into(),
+            None => Refusal::Internal("an epoch mismatch without an epoch".into()),
+        },
+        HostError::RuntimeMismatch {
+            runtime_compatibility_id,
+        } => match CompatibilityId::new(runtime_compatibility_id) {
+            Ok(c) => HostLinkError::RuntimeMismatch {
+                runtime_compatibility_id: c,
+            }
+            .into(),
+            Err(e) => Refusal::Internal(e.to_string()),
+        },
+        HostError::RuntimeUnavailable(_) => HostLinkError::RuntimeUnavailable.into(),
+        HostError::Invalid(_) => Refusal::BadRequest,
+        HostError::Internal { reason, unreleased } => {
+            Refusal::Internal(format!("{reason} (unreleased: {unreleased:?})"))
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl LinkBackend for HostBackend {
+    fn server_version(&self) -> String {
+        self.service.version().to_owned()
+    }
+
+    fn capability_tokens(&self) -> Vec<String> {
+        CAPABILITIES.iter().map(|c| (*c).to_owned()).collect()
+    }
+
+    fn accepting_links(&self) -> bool {
+        self.service.live() && self.service.generation() > 0
+    }
+
+    fn auth(&self) -> &dyn AuthVerifier {
+        self.auth.as_ref()
+    }
+
+    async fn attach(
+        &self,
+        link: &LinkCtx,
+        req: AttachRequest,
+    ) -> Result<RegistryObservation, Refusal> {
+        // Host id and generation are checked before any lease is taken.
+        self.check_host(&req.host_id, req.host_generation)?;
+        let attach = HostAttach {
+            tenant: link.tenant.clone(),
+            session: req.session_id,
+            agent: req.agent_id,
+            compatibility: req.runtime_compatibility_id,
+            mode: match req.mode {
+                AttachMode::Create => LaunchMode::Create,
+                AttachMode::Restore => LaunchMode::Restore,
+            },
+            actor: Some(req.actor_id.as_str().to_owned()),
+            trace: req.trace_id.map(|t| t.as_str().to_owned()),
+        };
+        // An attach must finish (or unwind) even if the link goes away: its own task.
+        let service = self.service.clone();
+        let handle = tokio::spawn(async move { service.attach(attach).await });
+        match handle.await {
+            Ok(Ok(a)) => self.observation(&a.observation),
+            Ok(Err(e)) => Err(refusal(e)),
+            Err(e) => Err(Refusal::Internal(format!("attach task: {e}"))),
+        }
+    }
+
+    async fn bind(&self, link: &LinkCtx, req: BindRequest) -> Result<SessionFeed, Refusal> {
+        self.check_host(&req.host_id, req.host_generation)?;
+        let Some((epoch, state)) = self.service.residency(&link.tenant, &req.session_id) else {
+            return Err(HostLinkError::RuntimeUnavailable.into());
+        };
+        if state != ResidentState::Resident {
+            return Err(HostLinkError::Releasing.into());
+        }
+        if epoch.0 != req.lease_epoch.get() {
+            return Err(refusal(HostError::EpochMismatch {
+                current_lease_epoch: epoch.0,
+            }));
+        }
+        let Some((compatibility, feed)) = self.service.live_feed(&link.tenant, &req.session_id)
+        else {
+            return Err(HostLinkError::RuntimeUnavailable.into());
+        };
+        if compatibility != req.runtime_compatibility_id {
+            return Err(HostLinkError::RuntimeMismatch {
+                runtime_compatibility_id: compatibility,
+            }
+            .into());
+        }
+        Ok(SessionFeed::new(feed))
+    }
+
+    async fn unbind(&self, _link: &LinkCtx, _req: UnbindRequest) -> Result<(), Refusal> {
+        // Idempotent, and never releases residency: the link drops its route.
+        Ok(())
+    }
+
+    async fn drain(&self, link: &LinkCtx, req: DrainRequest) -> Result<DrainObservation, Refusal> {
+        let scope = self.scoped(link, &req)?;
+        {
+            let current = self
+                .drain
+                .lock()
+                .map_err(|_| Refusal::Internal("poisoned".into()))?;
+            if let Some(d) = current.as_ref() {
+                // Observing a drain already begun (idempotent for its own caller or holder).
+                if d.link == link.link || self.holds(&link.tenant, &scope.session_id) {
+                    return self.drain_observation(d);
+                }
+                return Err(HostLinkError::RuntimeUnavailable.into());
+            }
+        }
+        if !self.holds(&link.tenant, &scope.session_id) {
+            return Err(HostLinkError::RuntimeUnavailable.into());
+        }
+        let generation = self.drains.fetch_add(1, Ordering::SeqCst) + 1;
+        let d = LinkDrain {
+            link: link.link,
+            tenant: scope.tenant_id.clone(),
+            session: scope.session_id.clone(),
+            generation,
+            done: false,
+        };
+        let observation = self.drain_observation(&d)?;
+        if let Ok(mut slot) = self.drain.lock() {
+            *slot = Some(d);
+        }
+        let service = self.service.clone();
+        let slot = self.drain.clone();
+        tokio::spawn(async move {
+            let report = service.drain().await;
+            tracing::info!(
+                clean = report.is_clean(),
+                "HostLink drain of the fixed session finished"
+            );
+            if let Ok(mut s) = slot.lock()
+                && let Some(d) = s.as_mut()
+            {
+                d.done = true;
+            }
+        });
+        Ok(observation)
+    }
+
+    async fn drain_status(
+        &self,
+        link: &LinkCtx,
+        req: DrainRequest,
+    ) -> Result<DrainObservation, Refusal> {
+        let scope = self.scoped(link, &req)?;
+        let current = self
+            .drain
+            .lock()
+            .map_err(|_| Refusal::Internal("poisoned".into()))?;
+        match current.as_ref() {
+            // The caller that began this very drain may always observe it; otherwise only the
+            // tenant holding the fixed session.
+            Some(d) if d.link == link.link || self.holds(&link.tenant, &scope.session_id) => {
+                self.drain_observation(d)
+            }
+            _ => Err(HostLinkError::RuntimeUnavailable.into()),
+        }
+    }
+
+    async fn deliver(
+        &self,
+        link: &LinkCtx,
+        session: &SessionId,
+        _command: &CommandId,
+    ) -> Result<(), Refusal> {
+        self.service
+            .deliver(&link.tenant, session)
+            .map_err(|_| Refusal::HostLink(HostLinkError::RuntimeUnavailable))
+    }
+
+    fn route_invalidations(&self) -> broadcast::Receiver<(TenantId, SessionId)> {
+        self.service.route_invalidations()
+    }
+}

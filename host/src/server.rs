@@ -1,0 +1,200 @@
+//! The Host's one listener: HostLink (`/hostlink/{tenant}`), `/readyz`, `/healthz` and
+//! `/metrics` on a single axum server with `TCP_NODELAY`. Owns the stop order: the drain runs
+//! while the listener still serves (so `drain_status` stays readable and `/readyz` answers
+//! 503 from its first instant), then the listener stops accepting, then every WebSocket task
+//! is closed and waited for (transports close last), then the Service stops and closes the
+//! store. `/healthz` stays 200 until that stop completes.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::serve::ListenerExt as _;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::hostlink::auth::AuthVerifier;
+use crate::hostlink::codes::Disconnect;
+use crate::hostlink::link::{HostLinkHandle, hostlink_router};
+use crate::hostlink::options::{LinkOptions, LinkOptionsError};
+use crate::link_backend::HostBackend;
+use crate::release::DrainReport;
+use crate::service::Service;
+
+/// How long closing links may take after the drain before the stop goes on without them.
+pub const LINK_CLOSE_GRACE: Duration = Duration::from_secs(5);
+
+/// Why the listener could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("link options: {0}")]
+    Link(#[from] LinkOptionsError),
+}
+
+/// A running listener.
+pub struct Server {
+    local_addr: SocketAddr,
+    trigger: watch::Sender<bool>,
+    task: JoinHandle<DrainReport>,
+    links: HostLinkHandle,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("local_addr", &self.local_addr)
+            .finish()
+    }
+}
+
+async fn readyz(State(s): State<Service>) -> Response {
+    if s.ready() {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n").into_response()
+    }
+}
+
+async fn healthz(State(s): State<Service>) -> Response {
+    if s.live() {
+        (StatusCode::OK, "ok\n").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "stopped\n").into_response()
+    }
+}
+
+async fn metrics(State(s): State<Service>) -> Response {
+    let m = s.metrics();
+    ([(header::CONTENT_TYPE, m.content_type())], m.render()).into_response()
+}
+
+impl Server {
+    /// Starts serving `service` (already started) on `listen`. The link bounds shared with
+    /// the Host's options (ping/pong, bindings, tenant links) are taken from the Host's
+    /// configuration; the rest from `link`.
+    pub async fn bind(
+        service: Service,
+        auth: Box<dyn AuthVerifier>,
+        link: LinkOptions,
+        listen: SocketAddr,
+    ) -> Result<Server, ServerError> {
+        let listener = TcpListener::bind(listen)
+            .await
+            .map_err(|source| ServerError::Bind {
+                addr: listen,
+                source,
+            })?;
+        Server::from_listener(service, auth, link, listener).await
+    }
+
+    /// As [`Server::bind`], on a listener the caller already bound (so it can learn the port
+    /// before composing the Host's advertised endpoint).
+    pub async fn from_listener(
+        service: Service,
+        auth: Box<dyn AuthVerifier>,
+        mut link: LinkOptions,
+        listener: TcpListener,
+    ) -> Result<Server, ServerError> {
+        let cfg = service.config();
+        link.ping_interval = cfg.link_ping;
+        link.pong_timeout = cfg.link_pong;
+        link.max_bindings_per_link = cfg.max_bindings_per_link;
+        link.max_bindings_per_tenant = cfg.max_bindings_per_tenant;
+        link.max_tenant_links = cfg.max_tenant_links;
+        let link = link.validate()?;
+        let local_addr = listener.local_addr().map_err(|source| ServerError::Bind {
+            addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+            source,
+        })?;
+        let backend = Arc::new(HostBackend::new(service.clone(), auth));
+        let (hostlink, links) = hostlink_router(backend, link);
+        let app = Router::new()
+            .route("/readyz", get(readyz))
+            .route("/healthz", get(healthz))
+            .route("/metrics", get(metrics))
+            .with_state(service.clone())
+            .merge(hostlink);
+        let (trigger, mut triggered) = watch::channel(false);
+        let (listener_stop, mut listener_stopped) = watch::channel(false);
+        let server = tokio::spawn(async move {
+            let listener = listener.tap_io(|tcp| {
+                // Pipelined WebSocket traffic otherwise stalls on Nagle.
+                if let Err(e) = tcp.set_nodelay(true) {
+                    tracing::debug!(error = %e, "TCP_NODELAY could not be set on a connection");
+                }
+            });
+            let result = axum::serve(listener, app.into_make_service())
+                .with_graceful_shutdown(async move {
+                    let _ = listener_stopped.wait_for(|s| *s).await;
+                })
+                .await;
+            if let Err(e) = result {
+                tracing::error!(error = %e, "the listener failed");
+            }
+        });
+        let links_for_stop = links.clone();
+        let task = tokio::spawn(async move {
+            let _ = triggered.wait_for(|t| *t).await;
+            tracing::info!("stopping: draining while the listener still serves");
+            let report = service.drain().await;
+            let _ = listener_stop.send(true);
+            links_for_stop.close_all(Disconnect::SHUTDOWN);
+            if tokio::time::timeout(LINK_CLOSE_GRACE, links_for_stop.wait())
+                .await
+                .is_err()
+            {
+                tracing::warn!("some HostLink tasks did not finish within the grace");
+            }
+            let _ = tokio::time::timeout(LINK_CLOSE_GRACE, server).await;
+            service.stop().await;
+            report
+        });
+        Ok(Server {
+            local_addr,
+            trigger,
+            task,
+            links,
+        })
+    }
+
+    /// The address the listener is bound to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The HostLink handle (link counts, for observability and tests).
+    pub fn links(&self) -> &HostLinkHandle {
+        &self.links
+    }
+
+    /// Begins the stop (what SIGTERM does). Idempotent.
+    pub fn shutdown(&self) {
+        let _ = self.trigger.send(true);
+    }
+
+    /// Waits for the stop to complete and returns the drain's report.
+    pub async fn wait(self) -> DrainReport {
+        match self.task.await {
+            Ok(r) => r,
+            Err(e) => DrainReport {
+                failures: vec![crate::release::DrainFailure {
+                    session: None,
+                    step: "stop",
+                    reason: e.to_string(),
+                }],
+                ..DrainReport::default()
+            },
+        }
+    }
+}

@@ -1,0 +1,705 @@
+//! The composed Host behind its one listener, over real sockets: the controller library end to
+//! end, refusals that must not disclose another tenant's sessions, the probes around a drain,
+//! `/metrics` checked by Prometheus's own `promtool`, the drain scope rules, and the official
+//! JavaScript Centrifuge SDK driving the real Host. Every case runs on SQLite and PostgreSQL.
+
+mod support;
+
+pub mod served {
+    use std::time::Duration;
+
+    use host::hostlink::auth::{CredentialStore, mint_credential};
+    use host::hostlink::options::LinkOptions;
+    use host::server::Server;
+    use host::{Options, Service};
+    use sessionstore::TenantId;
+    use sessionstore::testing::TestStore;
+    use tokio::net::TcpListener;
+
+    use super::support::*;
+
+    pub struct Served {
+        pub service: Service,
+        pub server: Server,
+        pub base: String,
+        pub tokens: Vec<(TenantId, String)>,
+    }
+
+    impl Served {
+        pub fn token(&self, tenant: &str) -> String {
+            self.tokens
+                .iter()
+                .find(|(t, _)| t.as_str() == tenant)
+                .map(|(_, k)| k.clone())
+                .expect("a token for the tenant")
+        }
+
+        pub fn http(&self, path: &str) -> String {
+            format!("http://{}{path}", self.server.local_addr())
+        }
+    }
+
+    /// A started Host serving HostLink and its probes on a free loopback port, with
+    /// credentials for tenants `acme` and `globex`.
+    pub async fn serve(ts: &TestStore, host: &str, adjust: impl FnOnce(&mut Options)) -> Served {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut opts = options(host);
+        opts.internal_endpoint = Some(format!("ws://{addr}"));
+        adjust(&mut opts);
+        let (service, _) = started(ts, opts).await;
+        let mut creds = CredentialStore::empty();
+        let mut tokens = Vec::new();
+        for t in ["acme", "globex"] {
+            let (token, digest) = mint_credential();
+            creds.add(TenantId::new(t).unwrap(), &digest).unwrap();
+            tokens.push((TenantId::new(t).unwrap(), token.expose_secret().to_owned()));
+        }
+        let link = LinkOptions {
+            ping_interval: Duration::from_secs(25),
+            pong_timeout: Duration::from_secs(10),
+            ..LinkOptions::default()
+        };
+        let server = Server::from_listener(service.clone(), Box::new(creds), link, listener)
+            .await
+            .unwrap();
+        Served {
+            service,
+            server,
+            base: format!("ws://{addr}"),
+            tokens,
+        }
+    }
+
+    pub async fn get(url: &str) -> (u16, String) {
+        // A minimal HTTP/1.1 GET over a real socket (no client library needed).
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let rest = url.trim_start_matches("http://");
+        let (authority, path) = rest
+            .split_once('/')
+            .map(|(a, p)| (a, format!("/{p}")))
+            .unwrap();
+        let mut s = tokio::net::TcpStream::connect(authority).await.unwrap();
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).await.unwrap();
+        let text = String::from_utf8_lossy(&buf).to_string();
+        let status = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let body = text
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default();
+        (status, body)
+    }
+}
+
+mod cases {
+    use std::time::Duration;
+
+    use host::client::{HostLinkClient, Publication};
+    use host::controller::{Controller as Factory, ControllerError};
+    use host::hostlink::records::{
+        ActorId, AttachMode, AttachRequest, BindRequest, DrainRequest, DrainState, HostLinkError,
+        IdempotencyKey, SessionScope,
+    };
+    use serde_json::Value;
+    use sessionstore::testing::TestStore;
+    use sessionstore::wire::CommandBodyV1;
+    use sessionstore::*;
+
+    use super::served::*;
+    use super::support::*;
+
+    fn factory(ts: &TestStore, s: &Served, tenant: &str) -> Factory {
+        Factory::new(
+            ts.store.clone(),
+            TenantId::new(tenant).unwrap(),
+            s.token(tenant),
+        )
+    }
+
+    fn sid(name: &str) -> SessionId {
+        SessionId::new(format!("{name}-{}", uuid::Uuid::now_v7())).unwrap()
+    }
+
+    async fn enduring_until(
+        rx: &mut tokio::sync::mpsc::Receiver<Publication>,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Vec<Value> {
+        let mut seen = Vec::new();
+        tokio::time::timeout(WAIT, async {
+            while let Some(p) = rx.recv().await {
+                if let Publication::Enduring(e) = p {
+                    let body: Value = serde_json::from_str(e.body().get()).unwrap();
+                    let done = pred(&body);
+                    seen.push(body);
+                    if done {
+                        return;
+                    }
+                }
+            }
+            panic!("the subscription ended");
+        })
+        .await
+        .expect("the publications arrive");
+        seen
+    }
+
+    pub async fn a_controller_creates_places_binds_delivers_and_streams_the_reply(ts: &TestStore) {
+        let s = serve(ts, "link-e2e", |_| {}).await;
+        let f = factory(ts, &s, "acme");
+        let session = sid("s");
+        f.create_session(
+            session.clone(),
+            AgentId::new(AGENT).unwrap(),
+            CompatibilityId::new(BUILD).unwrap(),
+            None,
+            CommandId::new("create-1").unwrap(),
+        )
+        .await
+        .unwrap();
+        // Idempotent: the same create again returns what exists.
+        f.create_session(
+            session.clone(),
+            AgentId::new(AGENT).unwrap(),
+            CompatibilityId::new(BUILD).unwrap(),
+            None,
+            CommandId::new("create-1").unwrap(),
+        )
+        .await
+        .unwrap();
+        let placed = f.place(&session).await.unwrap();
+        assert_eq!(placed.observation.residency, ResidencyState::Resident);
+        assert!(placed.client.methods.starts_with(&[
+            "hostlink.bind".to_owned(),
+            "hostlink.unbind".into(),
+            "hostlink.attach".into(),
+            "hostlink.drain".into(),
+            "hostlink.drain_status".into()
+        ]));
+        assert!(
+            placed
+                .client
+                .methods
+                .contains(&"hostlink.command.gate_response".to_owned())
+        );
+        let mut rx = f.bind_and_stream(&placed, true).await.unwrap();
+        let cmd = f
+            .admit(
+                &session,
+                CommandId::new("say-1").unwrap(),
+                input("hello over the link"),
+            )
+            .await
+            .unwrap();
+        f.deliver(&placed, &cmd.command).await.unwrap();
+        let seen = enduring_until(&mut rx, |b| b["type"] == "turn_done").await;
+        let reply = seen
+            .iter()
+            .find(|b| b["type"] == "assistant_message")
+            .unwrap();
+        assert_eq!(reply["text"], "You said: hello over the link");
+        let user = seen.iter().find(|b| b["type"] == "user_message").unwrap();
+        assert_eq!(
+            user["cause"]["command_id"], "say-1",
+            "the public command id"
+        );
+        // The durable journal page holds the same bodies, byte for byte.
+        let page = f.journal(&session, 0, None, 100).await.unwrap();
+        let durable: Vec<Value> = page
+            .events
+            .iter()
+            .map(|e| serde_json::from_slice(&e.body).unwrap())
+            .collect();
+        for body in &seen {
+            assert!(
+                durable.contains(body),
+                "{body} missing from the durable page"
+            );
+        }
+        // A permission gate, listed and answered through the controller.
+        let ask = f
+            .admit(
+                &session,
+                CommandId::new("tool-1").unwrap(),
+                input("/tool launch_rocket {}"),
+            )
+            .await
+            .unwrap();
+        f.deliver(&placed, &ask.command).await.unwrap();
+        let deadline = tokio::time::Instant::now() + WAIT;
+        let gate = loop {
+            if let Some(g) = f.gates(&session).await.unwrap().first() {
+                break g.clone();
+            }
+            assert!(tokio::time::Instant::now() < deadline, "no gate projected");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let gate_id = uuid::Uuid::parse_str(gate.gate.as_str()).unwrap();
+        let ans = f
+            .answer(
+                &session,
+                CommandId::new("answer-1").unwrap(),
+                gate_id,
+                "approve",
+                None,
+            )
+            .await
+            .unwrap();
+        f.deliver(&placed, &ans.command).await.unwrap();
+        let done = f
+            .wait_terminal(&session, &ans.command, WAIT)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(done.outcome, Some(Outcome::Applied));
+        s.server.shutdown();
+        s.server.wait().await;
+    }
+
+    pub async fn a_foreign_tenant_cannot_tell_whether_a_session_exists(ts: &TestStore) {
+        let s = serve(ts, "link-foreign", |_| {}).await;
+        let acme = factory(ts, &s, "acme");
+        let session = sid("secret");
+        acme.create_session(
+            session.clone(),
+            AgentId::new(AGENT).unwrap(),
+            CompatibilityId::new(BUILD).unwrap(),
+            None,
+            CommandId::new("c").unwrap(),
+        )
+        .await
+        .unwrap();
+        let placed = acme.place(&session).await.unwrap();
+        let globex = HostLinkClient::connect(
+            &s.base,
+            &TenantId::new("globex").unwrap(),
+            &s.token("globex"),
+            "probe",
+        )
+        .await
+        .unwrap();
+        let attach = |session: &SessionId| AttachRequest {
+            tenant_id: TenantId::new("globex").unwrap(),
+            session_id: session.clone(),
+            host_id: placed.observation.host_id.clone(),
+            host_generation: placed.observation.host_generation,
+            agent_id: AgentId::new(AGENT).unwrap(),
+            runtime_compatibility_id: CompatibilityId::new(BUILD).unwrap(),
+            mode: AttachMode::Create,
+            actor_id: ActorId::new("probe").unwrap(),
+            trace_id: None,
+            idempotency_key: IdempotencyKey::new(uuid::Uuid::now_v7().to_string()).unwrap(),
+        };
+        let existing = globex.attach(&attach(&session)).await.unwrap();
+        let missing = globex.attach(&attach(&sid("nothing"))).await.unwrap();
+        assert_eq!(
+            existing.clone().unwrap_err(),
+            HostLinkError::RuntimeUnavailable
+        );
+        assert_eq!(existing, missing, "identical refusals");
+        let bind = |session: &SessionId| BindRequest {
+            tenant_id: TenantId::new("globex").unwrap(),
+            session_id: session.clone(),
+            host_id: placed.observation.host_id.clone(),
+            host_generation: placed.observation.host_generation,
+            lease_epoch: placed.observation.lease_epoch,
+            runtime_compatibility_id: CompatibilityId::new(BUILD).unwrap(),
+            idempotency_key: IdempotencyKey::new(uuid::Uuid::now_v7().to_string()).unwrap(),
+        };
+        let b1 = globex.bind(&bind(&session)).await.unwrap();
+        let b2 = globex.bind(&bind(&sid("nothing"))).await.unwrap();
+        assert_eq!(b1, Err(HostLinkError::RuntimeUnavailable));
+        assert_eq!(b1, b2);
+        // A subscribe without a bind is refused with 103.
+        let err = globex.subscribe(&session, false).await.unwrap_err();
+        assert!(
+            matches!(err, host::client::ClientError::Reply { code: 103, .. }),
+            "{err}"
+        );
+        // A bad token is refused with 4500.
+        let bad =
+            HostLinkClient::connect(&s.base, &TenantId::new("acme").unwrap(), "wrong", "probe")
+                .await
+                .unwrap_err();
+        assert!(
+            matches!(
+                bad,
+                host::client::ClientError::Disconnected { code: 4500, .. }
+            ),
+            "{bad}"
+        );
+        s.server.shutdown();
+        s.server.wait().await;
+    }
+
+    pub async fn readyz_turns_503_when_a_drain_starts_and_healthz_stays_200_until_stop(
+        ts: &TestStore,
+    ) {
+        let s = serve(ts, "link-probes", |o| {
+            o.idle_boundary = Duration::from_secs(3)
+        })
+        .await;
+        assert_eq!(get(&s.http("/readyz")).await.0, 200);
+        assert_eq!(get(&s.http("/healthz")).await.0, 200);
+        // A session parked at a gate keeps the drain busy for the idle boundary.
+        let f = factory(ts, &s, "acme");
+        let session = sid("gated");
+        f.create_session(
+            session.clone(),
+            AgentId::new(AGENT).unwrap(),
+            CompatibilityId::new(BUILD).unwrap(),
+            Some("/tool launch_rocket {}".into()),
+            CommandId::new("c").unwrap(),
+        )
+        .await
+        .unwrap();
+        f.place(&session).await.unwrap();
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while f.gates(&session).await.unwrap().is_empty() {
+            assert!(tokio::time::Instant::now() < deadline, "no gate");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        s.server.shutdown();
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while get(&s.http("/readyz")).await.0 != 503 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "readyz never turned 503"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(
+            get(&s.http("/healthz")).await.0,
+            200,
+            "healthz stays true while draining"
+        );
+        assert!(s.service.draining());
+        let report = s.server.wait().await;
+        assert_eq!(report.abandoned.len(), 1, "{report:?}");
+        assert!(!s.service.live(), "healthz is false once stop completed");
+    }
+
+    pub async fn metrics_pass_promtools_own_check(ts: &TestStore) {
+        let s = serve(ts, "link-metrics", |_| {}).await;
+        let f = factory(ts, &s, "acme");
+        let session = sid("m");
+        f.create_session(
+            session.clone(),
+            AgentId::new(AGENT).unwrap(),
+            CompatibilityId::new(BUILD).unwrap(),
+            Some("hi".into()),
+            CommandId::new("c").unwrap(),
+        )
+        .await
+        .unwrap();
+        f.place(&session).await.unwrap();
+        f.wait_terminal(&session, &CommandId::new("c").unwrap(), WAIT)
+            .await
+            .unwrap()
+            .unwrap();
+        let (status, body) = get(&s.http("/metrics")).await;
+        assert_eq!(status, 200);
+        assert!(
+            body.contains("host_sessions{state=\"resident\"} 1"),
+            "{body}"
+        );
+        let mut child = tokio::process::Command::new("promtool")
+            .args(["check", "metrics"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect(
+                "promtool is required (.ci/run installs it; on Debian: apt-get install prometheus)",
+            );
+        use tokio::io::AsyncWriteExt;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(body.as_bytes()).await.unwrap();
+        drop(stdin);
+        let out = child.wait_with_output().await.unwrap();
+        assert!(
+            out.status.success(),
+            "promtool check metrics failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        s.server.shutdown();
+        s.server.wait().await;
+    }
+
+    pub async fn a_pooled_host_answers_no_hostlink_drain(ts: &TestStore) {
+        let s = serve(ts, "link-pooled-drain", |_| {}).await;
+        let f = factory(ts, &s, "acme");
+        let session = sid("p");
+        f.create_session(
+            session.clone(),
+            AgentId::new(AGENT).unwrap(),
+            CompatibilityId::new(BUILD).unwrap(),
+            None,
+            CommandId::new("c").unwrap(),
+        )
+        .await
+        .unwrap();
+        let placed = f.place(&session).await.unwrap();
+        let req = DrainRequest {
+            host_id: placed.observation.host_id.clone(),
+            host_generation: placed.observation.host_generation,
+            idempotency_key: IdempotencyKey::new("d1").unwrap(),
+            scope: Some(SessionScope {
+                tenant_id: TenantId::new("acme").unwrap(),
+                session_id: session.clone(),
+            }),
+        };
+        assert_eq!(
+            placed.client.drain(&req).await.unwrap(),
+            Err(HostLinkError::RuntimeUnavailable)
+        );
+        let unscoped = DrainRequest { scope: None, ..req };
+        assert_eq!(
+            placed.client.drain(&unscoped).await.unwrap(),
+            Err(HostLinkError::RuntimeUnavailable)
+        );
+        assert!(s.service.ready(), "no drain began");
+        s.server.shutdown();
+        s.server.wait().await;
+    }
+
+    pub async fn a_dedicated_hosts_fixed_session_drains_only_for_its_tenant(ts: &TestStore) {
+        let session = sid("fixed");
+        let fixed = session.clone();
+        let s = serve(ts, "link-dedicated", move |o| {
+            o.placement = Placement::Dedicated;
+            o.capacity = 1;
+            o.fixed_session = Some(fixed);
+        })
+        .await;
+        let acme = factory(ts, &s, "acme");
+        acme.create_session(
+            session.clone(),
+            AgentId::new(AGENT).unwrap(),
+            CompatibilityId::new(BUILD).unwrap(),
+            None,
+            CommandId::new("c").unwrap(),
+        )
+        .await
+        .unwrap();
+        let placed = acme.place(&session).await.unwrap();
+        let req = |tenant: &str| DrainRequest {
+            host_id: placed.observation.host_id.clone(),
+            host_generation: placed.observation.host_generation,
+            idempotency_key: IdempotencyKey::new(uuid::Uuid::now_v7().to_string()).unwrap(),
+            scope: Some(SessionScope {
+                tenant_id: TenantId::new(tenant).unwrap(),
+                session_id: session.clone(),
+            }),
+        };
+        // Another tenant: refused exactly like "nothing attached yet".
+        let globex = HostLinkClient::connect(
+            &s.base,
+            &TenantId::new("globex").unwrap(),
+            &s.token("globex"),
+            "probe",
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            globex.drain(&req("globex")).await.unwrap(),
+            Err(HostLinkError::RuntimeUnavailable)
+        );
+        assert_eq!(
+            globex.drain_status(&req("globex")).await.unwrap(),
+            Err(HostLinkError::RuntimeUnavailable)
+        );
+        // Nothing begun yet: drain_status is runtime_unavailable for the holder too.
+        assert_eq!(
+            placed.client.drain_status(&req("acme")).await.unwrap(),
+            Err(HostLinkError::RuntimeUnavailable)
+        );
+        // The holder drains.
+        let began = placed.client.drain(&req("acme")).await.unwrap().unwrap();
+        assert_eq!(began.state, DrainState::Draining);
+        // The caller that began it may observe it even after the session was released.
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let o = placed
+                .client
+                .drain_status(&req("acme"))
+                .await
+                .unwrap()
+                .unwrap();
+            if o.state == DrainState::Drained {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "never drained");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(s.service.residents().is_empty());
+        // Another link of the same tenant, which no longer holds the session, is refused.
+        let other = HostLinkClient::connect(
+            &s.base,
+            &TenantId::new("acme").unwrap(),
+            &s.token("acme"),
+            "other",
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            other.drain_status(&req("acme")).await.unwrap(),
+            Err(HostLinkError::RuntimeUnavailable)
+        );
+        s.server.shutdown();
+        s.server.wait().await;
+    }
+
+    pub async fn the_official_javascript_sdk_drives_the_real_host(ts: &TestStore) {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk");
+        assert!(
+            dir.join("node_modules/centrifuge").is_dir(),
+            "the SDK is not installed: run `npm ci` in host/tests/sdk (.ci/run does)"
+        );
+        let s = serve(ts, "link-sdk", |o| {
+            o.reconcile_interval = Duration::from_millis(100)
+        })
+        .await;
+        let f = factory(ts, &s, "acme");
+        let session = sid("sdk");
+        f.create_session(
+            session.clone(),
+            AgentId::new(AGENT).unwrap(),
+            CompatibilityId::new(BUILD).unwrap(),
+            None,
+            CommandId::new("create").unwrap(),
+        )
+        .await
+        .unwrap();
+        let url = host::client::hostlink_url(&s.base, &TenantId::new("acme").unwrap());
+        let generation = s.service.generation().to_string();
+        let host_id = s.service.config().host_id.to_string();
+        let token = s.token("acme");
+        let script = dir.join("hostlink_client.mjs");
+        let session_arg = session.to_string();
+        let node = tokio::spawn(async move {
+            tokio::process::Command::new("node")
+                .arg(script)
+                .args([
+                    &url,
+                    &token,
+                    "acme",
+                    &session_arg,
+                    &host_id,
+                    &generation,
+                    BUILD,
+                    AGENT,
+                    "4",
+                    "500",
+                ])
+                .output()
+                .await
+        });
+        // Once the SDK holds the bind, admit an input: the Host applies it and pushes its events.
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while s
+            .server
+            .links()
+            .tenant_bindings(&TenantId::new("acme").unwrap())
+            == 0
+        {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the SDK never bound"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        f.admit(
+            &session,
+            CommandId::new("sdk-command-1").unwrap(),
+            input("hello from the SDK"),
+        )
+        .await
+        .unwrap();
+        let output = tokio::time::timeout(Duration::from_secs(40), node)
+            .await
+            .expect("the SDK script finished")
+            .unwrap()
+            .expect("node runs");
+        let stdout = String::from_utf8_lossy(&output.stdout).to_string();
+        assert!(
+            output.status.success(),
+            "SDK script failed:\n{stdout}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let events: Vec<Value> = stdout
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let of = |name: &str| {
+            events
+                .iter()
+                .filter(|e| e["event"] == name)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(of("connected")[0]["data"]["version"], 1);
+        assert_eq!(of("attach")[0]["data"]["residency"], "resident");
+        let bodies: Vec<&Value> = of("publication")
+            .iter()
+            .map(|p| &p["data"]["body"])
+            .collect();
+        assert_eq!(bodies.len(), 4, "{stdout}");
+        assert_eq!(bodies[0]["type"], "user_message");
+        assert_eq!(bodies[0]["cause"]["command_id"], "sdk-command-1");
+        assert!(
+            bodies
+                .iter()
+                .any(|b| b["type"] == "assistant_message"
+                    && b["text"] == "You said: hello from the SDK"),
+            "{stdout}"
+        );
+        assert!(
+            of("publication")
+                .iter()
+                .all(|p| p["tags"]["record"] == "enduring_publication")
+        );
+        s.server.shutdown();
+        s.server.wait().await;
+    }
+
+    pub async fn placement_with_no_live_host_is_a_clear_refusal(ts: &TestStore) {
+        let f = Factory::new(ts.store.clone(), TenantId::new("acme").unwrap(), "t");
+        let session = sid("nowhere");
+        f.create_session(
+            session.clone(),
+            AgentId::new(AGENT).unwrap(),
+            CompatibilityId::new(BUILD).unwrap(),
+            None,
+            CommandId::new("c").unwrap(),
+        )
+        .await
+        .unwrap();
+        assert!(matches!(
+            f.place(&session).await,
+            Err(ControllerError::NoHost(_))
+        ));
+        let _ = CommandBodyV1::Interrupt;
+    }
+}
+
+sessionstore::both_backends!(cases =>
+    a_controller_creates_places_binds_delivers_and_streams_the_reply,
+    a_foreign_tenant_cannot_tell_whether_a_session_exists,
+    readyz_turns_503_when_a_drain_starts_and_healthz_stays_200_until_stop,
+    metrics_pass_promtools_own_check,
+    a_pooled_host_answers_no_hostlink_drain,
+    a_dedicated_hosts_fixed_session_drains_only_for_its_tenant,
+    the_official_javascript_sdk_drives_the_real_host,
+    placement_with_no_live_host_is_a_clear_refusal,
+);
