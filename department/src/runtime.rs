@@ -68,6 +68,9 @@ pub enum RuntimeError {
     /// The attempt's journal epoch is not this runtime's.
     #[error("epoch: the attempt names journal epoch {attempt}, this runtime holds {held}")]
     Epoch { attempt: u64, held: u64 },
+    /// The command names another tenant or session than the one this runtime runs.
+    #[error("wrong_session: the command is not for this runtime's session")]
+    WrongSession,
     /// A graceful release was asked of a session that is not whole-session idle.
     #[error("not_idle: the session has a turn, a gate or queued work")]
     NotIdle,
@@ -87,6 +90,7 @@ impl RuntimeError {
             RuntimeError::Stopped => "stopped",
             RuntimeError::LeaseLost => "lease_lost",
             RuntimeError::Epoch { .. } => "epoch",
+            RuntimeError::WrongSession => "wrong_session",
             RuntimeError::NotIdle => "not_idle",
             RuntimeError::ClosureRefused(_) => "closure_refused",
             RuntimeError::Store(_) => "store",

@@ -619,6 +619,9 @@ impl Actor {
     }
 
     async fn apply_inner(&mut self, cmd: RuntimeCommand) -> Result<Recorded, RuntimeError> {
+        if cmd.tenant != self.tenant || cmd.session != self.session {
+            return Err(RuntimeError::WrongSession);
+        }
         let rc = cmd.identity.runtime_command;
         if let Some(r) = self.state.dispositions.get(&rc) {
             // A duplicate delivery: the recorded disposition, and nothing else.

@@ -461,6 +461,22 @@ mod cases {
         assert_eq!(count(&fx.events().await, "user_message"), 1);
     }
 
+    pub async fn a_command_for_another_session_is_refused_and_writes_nothing(ts: &TestStore) {
+        let fx = Fx::new(ts).await;
+        let h = fx.launch(LaunchMode::Create).await;
+        let other = Fx::new(ts).await;
+        let rec = other.admit(input("misrouted")).await;
+        let epoch = h.journal_epoch();
+        let (applying, attempt) = other.attempt(&rec, epoch).await;
+        let tip = fx.tip().await;
+        let err = h
+            .apply(other.command(&applying, attempt, epoch, input("misrouted")))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), "wrong_session");
+        assert_eq!(fx.tip().await, tip);
+    }
+
     pub async fn an_interrupt_cancels_the_turn_in_flight(ts: &TestStore) {
         let fx = Fx::new(ts).await;
         let h = fx.launch(LaunchMode::Create).await;
@@ -1046,6 +1062,7 @@ sessionstore::both_backends!(cases =>
     every_command_kind_settles_from_the_runtimes_disposition,
     a_duplicate_delivery_returns_the_recorded_disposition_and_writes_nothing,
     an_interrupt_cancels_the_turn_in_flight,
+    a_command_for_another_session_is_refused_and_writes_nothing,
     a_permission_gate_is_approved_and_the_tool_runs_once,
     a_denied_permission_runs_nothing,
     an_unanswered_permission_gate_times_out_denying,
