@@ -3,8 +3,11 @@
 //! themselves live in [`crate::machine`]. Never opens or commits a transaction (the backend does)
 //! and never reads a clock (the backend passes its `now`).
 
+use std::sync::Arc;
+
 use crate::clock::Millis;
 use crate::error::{StoreError, StoreResult};
+use crate::evidence::{EvidenceReader, EvidenceRouter};
 use crate::ids::*;
 use crate::journal::*;
 use crate::limits::{MAX_INLINE_BODY_BYTES, MAX_OPEN_GATES};
@@ -131,8 +134,11 @@ pub(crate) trait Tx {
         limit: usize,
         events_only: bool,
     ) -> StoreResult<Vec<JournalRow>>;
+    /// The applications and closures of `rc` in the journal of `rs`, in sequence order; none
+    /// unless tenant `t` owns that journal. Takes no row lock.
     async fn journal_dispositions(
         &mut self,
+        t: &TenantId,
         rs: RuntimeSessionId,
         rc: RuntimeCommandId,
     ) -> StoreResult<Vec<JournalRow>>;
@@ -504,13 +510,36 @@ pub(crate) fn single_frame(
     }
 }
 
-/// Settlement when the evidence is in this store's own journal: the command row, the
-/// binding and the journal are read in the same transaction that writes the outcome.
-pub(crate) async fn settle_from_own_journal<T: Tx>(
+/// How a settlement went in its write transaction.
+pub(crate) enum Settlement {
+    /// Settled from this store's own journal.
+    Settled(Box<CommandRecord>),
+    /// The session's evidence is in another journal store, read through `reader`; nothing
+    /// was written.
+    Elsewhere {
+        session: SessionRecord,
+        reader: Arc<dyn EvidenceReader>,
+    },
+}
+
+/// Settlement: the session is read and its storage binding routed first; when the evidence is
+/// in this store's own journal, the command row, the binding and the journal are read in the
+/// same transaction that writes the outcome.
+pub(crate) async fn settle<T: Tx>(
     tx: &mut T,
     req: &SettleRequest,
+    router: &dyn EvidenceRouter,
     now: Millis,
-) -> StoreResult<CommandRecord> {
+) -> StoreResult<Settlement> {
+    let session = require_session(tx, &req.tenant, &req.session).await?;
+    let reader = router
+        .route(&req.tenant, &session.binding.storage_binding_id)
+        .ok_or_else(|| StoreError::Unroutable {
+            storage_binding: session.binding.storage_binding_id.to_string(),
+        })?;
+    if !reader.is_own_journal() {
+        return Ok(Settlement::Elsewhere { session, reader });
+    }
     let rec = require_command(tx, &req.tenant, &req.session, &req.command).await?;
     if rec.attempt.is_none() {
         if rec.state.is_terminal() {
@@ -524,7 +553,6 @@ pub(crate) async fn settle_from_own_journal<T: Tx>(
             "no attempt to settle",
         ));
     }
-    let session = require_session(tx, &req.tenant, &req.session).await?;
     let records = journal_dispositions(
         tx,
         &req.tenant,
@@ -538,7 +566,8 @@ pub(crate) async fn settle_from_own_journal<T: Tx>(
         .collect();
     let frame = single_frame(&frames, &rec)?;
     let t = machine::settle(&rec, req, &frame, now)?;
-    apply(tx, &rec, t).await
+    let settled = apply(tx, &rec, t).await?;
+    Ok(Settlement::Settled(Box::new(settled)))
 }
 
 pub(crate) async fn save_cursor<T: Tx>(
@@ -1027,10 +1056,11 @@ pub(crate) async fn journal_dispositions<T: Tx>(
     rs: RuntimeSessionId,
     rc: RuntimeCommandId,
 ) -> StoreResult<Vec<JournalRecord>> {
-    if own_journal(tx, t, rs).await?.is_none() {
-        return Ok(Vec::new());
-    }
-    let rows = tx.journal_dispositions(rs, rc).await?;
+    // Settlement reads the evidence inside a session's write transaction: it takes no lock on
+    // the journal (whose writes are keyed by the runtime session, not the session), so writers
+    // never lock one another's rows. Disposition records are immutable and at most one per
+    // command, and a journal's tenant never changes, so the unlocked read is exact.
+    let rows = tx.journal_dispositions(t, rs, rc).await?;
     let mut out = Vec::with_capacity(rows.len());
     for row in rows {
         out.push(row_to_record(tx, row).await?);

@@ -1156,16 +1156,19 @@ impl<C: Conn> Tx for SqlTx<C> {
 
     async fn journal_dispositions(
         &mut self,
+        t: &TenantId,
         rs: RuntimeSessionId,
         rc: RuntimeCommandId,
     ) -> StoreResult<Vec<JournalRow>> {
+        // The ownership check rides along in the same statement.
         let q = format!(
             "SELECT {JOURNAL_COLS} FROM journal_records WHERE runtime_session_id = $1 AND runtime_command_id = $2 \
-             AND kind IN ('application','closure') ORDER BY seq"
+             AND kind IN ('application','closure') AND EXISTS (SELECT 1 FROM journal_leases \
+             WHERE journal_leases.runtime_session_id = $1 AND journal_leases.tenant_id = $3) ORDER BY seq"
         );
         self.many(
             &q,
-            vec![text(rs.to_text()), text(rc.to_text())],
+            vec![text(rs.to_text()), text(rc.to_text()), text(t.as_str())],
             "journal",
             decode_journal_row,
         )

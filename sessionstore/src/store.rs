@@ -16,7 +16,7 @@ use crate::journal::*;
 use crate::limits::*;
 use crate::model::*;
 use crate::ops;
-use crate::postgres::{MAX_TX_ATTEMPTS, PgEngine, WriteEnd};
+use crate::postgres::{PgEngine, WriteKey, pg_op};
 use crate::sqlite::SqliteEngine;
 
 /// SQLite's `synchronous` setting.
@@ -41,10 +41,14 @@ pub struct StoreOptions {
     pub busy_timeout: Duration,
     /// SQLite reader connections.
     pub sqlite_readers: usize,
-    /// The most write operations one SQLite transaction groups together.
+    /// The most write operations one transaction groups together (SQLite's writer, and each
+    /// PostgreSQL write lane).
     pub max_write_batch: usize,
-    /// PostgreSQL pool size.
+    /// PostgreSQL pool size (reads, and writes re-run alone).
     pub pg_max_connections: u32,
+    /// PostgreSQL write lanes: each holds one connection of its own (beyond the pool) and
+    /// commits the writes queued on it as one transaction.
+    pub pg_write_lanes: usize,
     /// PostgreSQL schema to use (created if missing); `None` uses the connection's default.
     pub pg_schema: Option<String>,
     /// The largest referenced body accepted (at most 16 MiB).
@@ -68,6 +72,7 @@ impl StoreOptions {
             sqlite_readers: 4,
             max_write_batch: 256,
             pg_max_connections: 16,
+            pg_write_lanes: 4,
             pg_schema: None,
             referenced_body_cap: DEFAULT_REFERENCED_BODY_CAP,
             local_storage_bindings: vec![local_binding()],
@@ -98,6 +103,12 @@ impl StoreOptions {
             return Err(StoreError::invalid(
                 "pg_max_connections",
                 "must be between 1 and 512",
+            ));
+        }
+        if self.pg_write_lanes == 0 || self.pg_write_lanes > 64 {
+            return Err(StoreError::invalid(
+                "pg_write_lanes",
+                "must be between 1 and 64",
             ));
         }
         if self.busy_timeout > Duration::from_secs(600) {
@@ -142,33 +153,36 @@ enum Engine {
 
 /// Runs one operation in a write transaction of whichever engine is open. `$body` is an
 /// expression over `$tx` (a `&mut` transaction) and `$now` (the store's time) that evaluates
-/// to an operation future; on PostgreSQL it may be evaluated again when the transaction is
-/// re-run, so it must only borrow what it uses.
+/// to an operation future. `$key` names the rows the operation locks (PostgreSQL groups writes
+/// by it). Every variable `$body` uses that is not `Copy` must be listed in `[...]`: the
+/// operation owns them, and on PostgreSQL it may run more than once (a group rolled back, a
+/// transaction re-run), each run on clones of its own. With `announce = f`, a committed result
+/// `f` picks an admission from is announced before the call returns.
 macro_rules! write_op {
-    ($store:expr, |$tx:ident, $now:ident| $body:expr) => {{
+    ($store:expr, $key:expr, [$($cap:ident),* $(,)?], |$tx:ident, $now:ident| $body:expr) => {
+        write_op!($store, $key, [$($cap),*], |$tx, $now| $body, announce = |_| None)
+    };
+    ($store:expr, $key:expr, [$($cap:ident),* $(,)?], |$tx:ident, $now:ident| $body:expr,
+     announce = $announce:expr) => {{
         match &$store.inner.engine {
             Engine::Sqlite(e) => {
-                e.write(move |$tx, $now| futures::executor::block_on($body))
-                    .await
+                let result = e
+                    .write(move |$tx, $now| futures::executor::block_on($body))
+                    .await;
+                if let Ok(v) = &result
+                    && let Some(a) = ($announce)(v)
+                {
+                    e.announce(a);
+                }
+                result
             }
             Engine::Postgres(e) => {
-                let mut attempt = 0usize;
-                loop {
-                    let (mut guard, $now) = e.begin_write(attempt).await?;
-                    let result = {
-                        let $tx = &mut guard;
-                        $body.await
-                    };
-                    match e.end_write(guard, result).await {
-                        WriteEnd::Done(r) => break r,
-                        WriteEnd::Retry(err) => {
-                            attempt += 1;
-                            if attempt >= MAX_TX_ATTEMPTS {
-                                break Err(err);
-                            }
-                        }
-                    }
-                }
+                let key = $key;
+                let op = pg_op(move |$tx, $now| {
+                    $(let $cap = $cap.clone();)*
+                    Box::pin(async move { $body.await })
+                });
+                e.write(key, op, $announce).await
             }
         }
     }};
@@ -345,7 +359,12 @@ impl Store {
         if s.binding.binding_version == 0 {
             return Err(StoreError::invalid("binding_version", "must be >= 1"));
         }
-        write_op!(self, |tx, now| ops::create_session(tx, &s, now))
+        write_op!(
+            self,
+            WriteKey::session(&s.tenant, &s.session),
+            [s],
+            |tx, now| ops::create_session(tx, &s, now)
+        )
     }
 
     /// Reads a catalog row.
@@ -383,7 +402,9 @@ impl Store {
     ) -> StoreResult<ResidencyEpoch> {
         check_epoch("epoch", epoch.0)?;
         let (t, s) = (t.clone(), s.clone());
-        write_op!(self, |tx, _now| ops::fence_gate_mark(tx, &t, &s, epoch))
+        write_op!(self, WriteKey::session(&t, &s), [t, s], |tx, _now| {
+            ops::fence_gate_mark(tx, &t, &s, epoch)
+        })
     }
 
     /// Writes the Host-owned projection, fenced by the gate mark.
@@ -396,14 +417,12 @@ impl Store {
     ) -> StoreResult<SessionRecord> {
         check_epoch("epoch", epoch.0)?;
         let (t, s) = (t.clone(), s.clone());
-        write_op!(self, |tx, now| ops::update_projection(
-            tx,
-            &t,
-            &s,
-            epoch,
-            &projection,
-            now
-        ))
+        write_op!(
+            self,
+            WriteKey::session(&t, &s),
+            [t, s, projection],
+            |tx, now| ops::update_projection(tx, &t, &s, epoch, &projection, now)
+        )
     }
 
     // ---- residency ------------------------------------------------------------------------
@@ -414,7 +433,12 @@ impl Store {
         check_holder(&req.holder)?;
         check_epoch("host_generation", req.host_generation)?;
         ttl_ms("residency_ttl", req.ttl, MAX_LEASE_TTL)?;
-        write_op!(self, |tx, now| ops::acquire_residency(tx, &req, now))
+        write_op!(
+            self,
+            WriteKey::session(&req.tenant, &req.session),
+            [req],
+            |tx, now| ops::acquire_residency(tx, &req, now)
+        )
     }
 
     /// Renews a live residency lease.
@@ -425,13 +449,23 @@ impl Store {
     ) -> StoreResult<ResidencyGrant> {
         let ttl = ttl_ms("residency_ttl", ttl, MAX_LEASE_TTL)?;
         let grant = grant.clone();
-        write_op!(self, |tx, now| ops::renew_residency(tx, &grant, ttl, now))
+        write_op!(
+            self,
+            WriteKey::session(&grant.tenant, &grant.session),
+            [grant],
+            |tx, now| ops::renew_residency(tx, &grant, ttl, now)
+        )
     }
 
     /// Releases a residency lease (the row and its epoch stay).
     pub async fn release_residency(&self, grant: &ResidencyGrant) -> StoreResult<()> {
         let grant = grant.clone();
-        write_op!(self, |tx, _now| ops::release_residency(tx, &grant))
+        write_op!(
+            self,
+            WriteKey::session(&grant.tenant, &grant.session),
+            [grant],
+            |tx, _now| ops::release_residency(tx, &grant)
+        )
     }
 
     /// Reads a residency lease row.
@@ -455,7 +489,12 @@ impl Store {
         check_epoch("host_generation", u.host_generation)?;
         check_endpoint(&u.endpoint)?;
         let ttl = ttl_ms("registration_ttl", u.ttl, MAX_REGISTRATION_TTL)?;
-        write_op!(self, |tx, now| ops::put_registration(tx, &u, ttl, now))
+        write_op!(
+            self,
+            WriteKey::session(&u.tenant, &u.session),
+            [u],
+            |tx, now| ops::put_registration(tx, &u, ttl, now)
+        )
     }
 
     /// Tombstones a registration: residency `released`, not accepting, epoch kept.
@@ -467,9 +506,9 @@ impl Store {
     ) -> StoreResult<HostRegistration> {
         check_epoch("lease_epoch", epoch.0)?;
         let (t, s) = (t.clone(), s.clone());
-        write_op!(self, |tx, now| ops::tombstone_registration(
-            tx, &t, &s, epoch, now
-        ))
+        write_op!(self, WriteKey::session(&t, &s), [t, s], |tx, now| {
+            ops::tombstone_registration(tx, &t, &s, epoch, now)
+        })
     }
 
     /// Reads a session's registration.
@@ -491,7 +530,12 @@ impl Store {
         check_endpoint(&a.endpoint)?;
         check_short_text("isolation_class", &a.isolation_class)?;
         let ttl = ttl_ms("advertisement_ttl", a.ttl, MAX_REGISTRATION_TTL)?;
-        write_op!(self, |tx, now| ops::advertise(tx, &a, ttl, now))
+        write_op!(
+            self,
+            WriteKey::host(&a.host),
+            [a],
+            |tx, now| ops::advertise(tx, &a, ttl, now)
+        )
     }
 
     /// Reads a Host's advertisement.
@@ -528,20 +572,13 @@ impl Store {
     pub async fn admit_reporting(&self, c: NewCommand) -> StoreResult<(CommandRecord, bool)> {
         self.check_new_command(&c)?;
         let runtime_command = RuntimeCommandId::mint();
-        let (record, created) =
-            write_op!(self, |tx, now| ops::admit(tx, &c, runtime_command, now))?;
-        if created {
-            let a = Admission {
-                tenant: record.tenant.clone(),
-                session: record.session.clone(),
-                command: record.command.clone(),
-            };
-            match &self.inner.engine {
-                Engine::Sqlite(e) => e.announce(a),
-                Engine::Postgres(e) => e.announce(a).await,
-            }
-        }
-        Ok((record, created))
+        write_op!(
+            self,
+            WriteKey::session(&c.tenant, &c.session),
+            [c],
+            |tx, now| ops::admit(tx, &c, runtime_command, now),
+            announce = admission_of
+        )
     }
 
     fn check_new_command(&self, c: &NewCommand) -> StoreResult<()> {
@@ -644,19 +681,34 @@ impl Store {
     pub async fn claim(&self, req: ClaimRequest) -> StoreResult<CommandRecord> {
         check_epoch("epoch", req.epoch.0)?;
         ttl_ms("claim_ttl", req.ttl, MAX_CLAIM_TTL)?;
-        write_op!(self, |tx, now| ops::claim(tx, &req, now))
+        write_op!(
+            self,
+            WriteKey::session(&req.tenant, &req.session),
+            [req],
+            |tx, now| ops::claim(tx, &req, now)
+        )
     }
 
     /// Rejects a command before any attempt exists.
     pub async fn reject(&self, req: RejectRequest) -> StoreResult<CommandRecord> {
         check_epoch("epoch", req.epoch.0)?;
-        write_op!(self, |tx, _now| ops::reject(tx, &req))
+        write_op!(
+            self,
+            WriteKey::session(&req.tenant, &req.session),
+            [req],
+            |tx, _now| ops::reject(tx, &req)
+        )
     }
 
     /// Records the command's one attempt. The Host must not dispatch before this succeeds.
     pub async fn begin_attempt(&self, req: AttemptRequest) -> StoreResult<CommandRecord> {
         check_epoch("epoch", req.epoch.0)?;
-        write_op!(self, |tx, now| ops::begin_attempt(tx, &req, now))
+        write_op!(
+            self,
+            WriteKey::session(&req.tenant, &req.session),
+            [req],
+            |tx, now| ops::begin_attempt(tx, &req, now)
+        )
     }
 
     /// Settles an applying command from the runtime's own disposition, read through the
@@ -665,16 +717,19 @@ impl Store {
     /// (`unroutable`); neither writes anything.
     pub async fn settle(&self, req: SettleRequest) -> StoreResult<CommandRecord> {
         check_epoch("epoch", req.epoch.0)?;
-        let session = self.session(&req.tenant, &req.session).await?;
-        let reader = self
-            .router()
-            .route(&req.tenant, &session.binding.storage_binding_id)
-            .ok_or_else(|| StoreError::Unroutable {
-                storage_binding: session.binding.storage_binding_id.to_string(),
-            })?;
-        if reader.is_own_journal() {
-            return write_op!(self, |tx, now| ops::settle_from_own_journal(tx, &req, now));
-        }
+        // One write transaction reads the session, routes its binding and, when the evidence
+        // is in this store's own journal, settles.
+        let router = self.router();
+        let settling = req.clone();
+        let (session, reader) = match write_op!(
+            self,
+            WriteKey::session(&req.tenant, &req.session),
+            [settling, router],
+            |tx, now| ops::settle(tx, &settling, &*router, now)
+        )? {
+            ops::Settlement::Settled(rec) => return Ok(*rec),
+            ops::Settlement::Elsewhere { session, reader } => (session, reader),
+        };
         let rec = self
             .command(&req.tenant, &req.session, &req.command)
             .await?;
@@ -698,7 +753,12 @@ impl Store {
             )
             .await?;
         let frame = ops::single_frame(&frames, &rec)?;
-        write_op!(self, |tx, now| ops::write_settlement(tx, &req, &frame, now))
+        write_op!(
+            self,
+            WriteKey::session(&req.tenant, &req.session),
+            [req, frame],
+            |tx, now| ops::write_settlement(tx, &req, &frame, now)
+        )
     }
 
     // ---- cursor ---------------------------------------------------------------------------
@@ -722,7 +782,9 @@ impl Store {
     ) -> StoreResult<Cursor> {
         check_epoch("epoch", epoch.0)?;
         let (t, s) = (t.clone(), s.clone());
-        write_op!(self, |tx, _now| ops::save_cursor(tx, &t, &s, order, epoch))
+        write_op!(self, WriteKey::session(&t, &s), [t, s], |tx, _now| {
+            ops::save_cursor(tx, &t, &s, order, epoch)
+        })
     }
 
     // ---- gates ----------------------------------------------------------------------------
@@ -744,9 +806,9 @@ impl Store {
             return Err(StoreError::invalid("kind", "must not be empty"));
         }
         let (t, s) = (t.clone(), s.clone());
-        write_op!(self, |tx, now| ops::open_gate(
-            tx, &t, &s, epoch, &gate, now
-        ))
+        write_op!(self, WriteKey::session(&t, &s), [t, s, gate], |tx, now| {
+            ops::open_gate(tx, &t, &s, epoch, &gate, now)
+        })
     }
 
     /// Marks a projected gate resolved, fenced by the gate mark.
@@ -761,15 +823,9 @@ impl Store {
         check_epoch("epoch", epoch.0)?;
         check_epoch("resolved_seq", resolved_seq)?;
         let (t, s, g) = (t.clone(), s.clone(), gate.clone());
-        write_op!(self, |tx, now| ops::resolve_gate(
-            tx,
-            &t,
-            &s,
-            epoch,
-            &g,
-            resolved_seq,
-            now
-        ))
+        write_op!(self, WriteKey::session(&t, &s), [t, s, g], |tx, now| {
+            ops::resolve_gate(tx, &t, &s, epoch, &g, resolved_seq, now)
+        })
     }
 
     /// Lists a session's projected gates (open only, or all), oldest first.
@@ -804,13 +860,12 @@ impl Store {
         check_short_text("media_type", &o.media_type)?;
         let sha = sha256_hex(&o.bytes);
         let id = ObjectId::new(format!("obj-{}", uuid::Uuid::now_v7().simple()))?;
-        write_op!(self, |tx, now| ops::put_object(
-            tx,
-            id.clone(),
-            o.clone(),
-            sha.clone(),
-            now
-        ))
+        write_op!(
+            self,
+            WriteKey::session(&o.tenant, &o.session),
+            [id, o, sha],
+            |tx, now| ops::put_object(tx, id, o, sha, now)
+        )
     }
 
     /// Reads a payload object and verifies it against `expected` (size and SHA-256) and
@@ -843,9 +898,9 @@ impl Store {
         check_holder(holder)?;
         let ttl = ttl_ms("journal_lease_ttl", ttl, MAX_LEASE_TTL)?;
         let (t, holder) = (t.clone(), holder.to_owned());
-        write_op!(self, |tx, now| ops::journal_acquire(
-            tx, &t, rs, &holder, ttl, now
-        ))
+        write_op!(self, WriteKey::journal(rs), [t, holder], |tx, now| {
+            ops::journal_acquire(tx, &t, rs, &holder, ttl, now)
+        })
     }
 
     /// Renews a journal lease this writer still holds.
@@ -856,13 +911,23 @@ impl Store {
     ) -> StoreResult<JournalLease> {
         let ttl = ttl_ms("journal_lease_ttl", ttl, MAX_LEASE_TTL)?;
         let lease = lease.clone();
-        write_op!(self, |tx, now| ops::journal_renew(tx, &lease, ttl, now))
+        write_op!(
+            self,
+            WriteKey::journal(lease.runtime_session),
+            [lease],
+            |tx, now| ops::journal_renew(tx, &lease, ttl, now)
+        )
     }
 
     /// Releases a journal lease (a superseded lease is already not held: Ok).
     pub async fn journal_release(&self, lease: &JournalLease) -> StoreResult<()> {
         let lease = lease.clone();
-        write_op!(self, |tx, _now| ops::journal_release(tx, &lease))
+        write_op!(
+            self,
+            WriteKey::journal(lease.runtime_session),
+            [lease],
+            |tx, _now| ops::journal_release(tx, &lease)
+        )
     }
 
     /// Appends entries as one compare-and-set on `lease.tip`, fenced by `lease.epoch`. Returns
@@ -901,9 +966,14 @@ impl Store {
             }
         }
         let lease = lease.clone();
-        write_op!(self, |tx, now| ops::journal_append(
-            tx, &lease, &entries, now
-        ))
+        // Shared, not copied, by every run of the operation.
+        let entries = Arc::new(entries);
+        write_op!(
+            self,
+            WriteKey::journal(lease.runtime_session),
+            [lease, entries],
+            |tx, now| ops::journal_append(tx, &lease, &entries, now)
+        )
     }
 
     /// Reads the journal lease row of a runtime session (absent for another tenant).
@@ -997,6 +1067,16 @@ impl Store {
             next_after,
         })
     }
+}
+
+/// The admission a committed `admit` announces: only one that created the record.
+fn admission_of(result: &(CommandRecord, bool)) -> Option<Admission> {
+    let (record, created) = result;
+    created.then(|| Admission {
+        tenant: record.tenant.clone(),
+        session: record.session.clone(),
+        command: record.command.clone(),
+    })
 }
 
 pub(crate) fn verify_object(obj: &StoredObject, expected: &ObjectRef) -> StoreResult<()> {

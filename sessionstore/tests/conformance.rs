@@ -3,7 +3,7 @@
 mod cases {
     use std::time::Duration;
 
-    use sessionstore::testing::TestStore;
+    use sessionstore::testing::{TestBackend, TestStore};
     use sessionstore::*;
     use uuid::Uuid;
 
@@ -1676,6 +1676,217 @@ mod cases {
             assert_eq!(orders, (1..=10).collect::<Vec<_>>());
         }
     }
+
+    // ---- writes grouped in one transaction --------------------------------------------------
+
+    /// A second handle on the store whose PostgreSQL writes all queue on one lane, so
+    /// concurrent writes share group transactions.
+    async fn one_lane(ts: &TestStore) -> Store {
+        let mut options = ts.options();
+        options.pg_write_lanes = 1;
+        Store::open(options).await.unwrap()
+    }
+
+    type Pending = tokio::task::JoinHandle<StoreResult<()>>;
+
+    /// Admits `rounds` commands (ids `{prefix}{round}`) to each session concurrently.
+    fn admit_concurrently(
+        store: &Store,
+        sessions: &[SessionRecord],
+        prefix: &str,
+        rounds: usize,
+    ) -> Vec<Pending> {
+        let mut tasks = Vec::new();
+        for round in 0..rounds {
+            for s in sessions {
+                let store = store.clone();
+                let c = new_command(s, &format!("{prefix}{round}"), CommandKind::Input, b"{}");
+                tasks.push(tokio::spawn(
+                    async move { store.admit(c).await.map(|_| ()) },
+                ));
+            }
+        }
+        tasks
+    }
+
+    async fn assert_orders(store: &Store, s: &SessionRecord, n: u64) {
+        let page = store
+            .list_commands(&s.tenant, &s.session, 0, 100)
+            .await
+            .unwrap();
+        let orders: Vec<u64> = page.iter().map(|r| r.accepted_order).collect();
+        assert_eq!(orders, (1..=n).collect::<Vec<_>>(), "session {}", s.session);
+    }
+
+    pub async fn a_refusal_in_a_group_of_writes_leaves_the_others_standing(ts: &TestStore) {
+        let store = one_lane(ts).await;
+        let mut sessions = Vec::new();
+        for i in 0..4 {
+            sessions.push(new_session(ts, &format!("s{i}")).await);
+        }
+        let existing = admit(ts, &sessions[0], "existing").await;
+        let claimed = ts
+            .store
+            .claim(claim_req(&existing, 1, Uuid::now_v7()))
+            .await
+            .unwrap();
+        let admits = admit_concurrently(&store, &sessions, "c", 5);
+        let mut refusals: Vec<(&str, Pending)> = Vec::new();
+        for _ in 0..5 {
+            // A retry that differs.
+            let st = store.clone();
+            let c = new_command(&sessions[0], "existing", CommandKind::Interrupt, b"{}");
+            refusals.push((
+                "command_mismatch",
+                tokio::spawn(async move { st.admit(c).await.map(|_| ()) }),
+            ));
+            // An unknown command.
+            let st = store.clone();
+            let mut ghost = existing.clone();
+            ghost.command = CommandId::new("ghost").unwrap();
+            let req = claim_req(&ghost, 1, Uuid::now_v7());
+            refusals.push((
+                "not_found",
+                tokio::spawn(async move { st.claim(req).await.map(|_| ()) }),
+            ));
+            // A stale revision.
+            let st = store.clone();
+            let mut req = claim_req(&claimed, 2, Uuid::now_v7());
+            req.expected_revision = 1;
+            refusals.push((
+                "conflict",
+                tokio::spawn(async move { st.claim(req).await.map(|_| ()) }),
+            ));
+        }
+        for t in admits {
+            t.await.unwrap().unwrap();
+        }
+        for (want, t) in refusals {
+            assert_eq!(t.await.unwrap().unwrap_err().code().as_str(), want);
+        }
+        assert_orders(&store, &sessions[0], 6).await;
+        for s in &sessions[1..] {
+            assert_orders(&store, s, 5).await;
+        }
+        assert_eq!(
+            store
+                .command(&existing.tenant, &existing.session, &existing.command)
+                .await
+                .unwrap(),
+            claimed
+        );
+        store.close().await;
+    }
+
+    pub async fn a_write_refused_after_writing_is_undone_alone(ts: &TestStore) {
+        let store = one_lane(ts).await;
+        let gated = new_session(ts, "gated").await;
+        for n in 1..=16 {
+            ts.store
+                .open_gate(&gated.tenant, &gated.session, ResidencyEpoch(1), gate(n))
+                .await
+                .unwrap();
+        }
+        let mut sessions = Vec::new();
+        for i in 0..3 {
+            sessions.push(new_session(ts, &format!("s{i}")).await);
+        }
+        let admits = admit_concurrently(&store, &sessions, "c", 4);
+        // Raises the gate mark to 2, then is refused: 16 gates are open already.
+        let st = store.clone();
+        let (t, s) = (gated.tenant.clone(), gated.session.clone());
+        let refused =
+            tokio::spawn(async move { st.open_gate(&t, &s, ResidencyEpoch(2), gate(17)).await });
+        let more = admit_concurrently(&store, std::slice::from_ref(&gated), "c", 3);
+        assert_eq!(code(refused.await.unwrap()), "state");
+        for t in admits.into_iter().chain(more) {
+            t.await.unwrap().unwrap();
+        }
+        // The refused write's own change is gone; everything else stands.
+        assert_eq!(
+            store
+                .session(&gated.tenant, &gated.session)
+                .await
+                .unwrap()
+                .gate_mark,
+            ResidencyEpoch(1)
+        );
+        assert_eq!(
+            store
+                .gates(&gated.tenant, &gated.session, true)
+                .await
+                .unwrap()
+                .len(),
+            16
+        );
+        assert_orders(&store, &gated, 3).await;
+        for s in &sessions {
+            assert_orders(&store, s, 4).await;
+        }
+        store.close().await;
+    }
+
+    pub async fn a_group_that_fails_retryably_is_re_run_write_by_write(ts: &TestStore) {
+        if ts.backend == TestBackend::Postgres {
+            // The first two cursor writes fail as a lost serialization race would: the first
+            // inside a group (rolled back whole), the second in that write's first run alone.
+            ts.exec_raw(
+                "CREATE SEQUENCE injected_failures; \
+                 CREATE FUNCTION fail_twice() RETURNS trigger LANGUAGE plpgsql AS $$ \
+                 BEGIN \
+                   IF nextval('injected_failures') <= 2 THEN \
+                     RAISE EXCEPTION 'injected' USING ERRCODE = '40001'; \
+                   END IF; \
+                   RETURN NEW; \
+                 END $$; \
+                 CREATE TRIGGER fail_twice BEFORE INSERT OR UPDATE ON cursors \
+                 FOR EACH ROW EXECUTE FUNCTION fail_twice();",
+            )
+            .await;
+        }
+        let store = one_lane(ts).await;
+        let mut sessions = Vec::new();
+        for i in 0..4 {
+            sessions.push(new_session(ts, &format!("s{i}")).await);
+        }
+        let first = admit_concurrently(&store, &sessions, "a", 3);
+        let st = store.clone();
+        let (t, s) = (sessions[0].tenant.clone(), sessions[0].session.clone());
+        let cursor =
+            tokio::spawn(async move { st.save_cursor(&t, &s, 2, ResidencyEpoch(1)).await });
+        let second = admit_concurrently(&store, &sessions[1..], "b", 3);
+        let saved = cursor.await.unwrap().unwrap();
+        assert_eq!(saved.consumed_order, 2);
+        for t in first.into_iter().chain(second) {
+            t.await.unwrap().unwrap();
+        }
+        // Every write committed exactly once.
+        assert_orders(&store, &sessions[0], 3).await;
+        for s in &sessions[1..] {
+            assert_orders(&store, s, 6).await;
+        }
+        let c = store
+            .cursor(&sessions[0].tenant, &sessions[0].session)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((c.consumed_order, c.epoch), (2, ResidencyEpoch(1)));
+        if ts.backend == TestBackend::Postgres {
+            use sqlx::Connection as _;
+            let options = ts.options();
+            let mut conn = sqlx::PgConnection::connect(&options.url).await.unwrap();
+            let used: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                "SELECT last_value FROM \"{}\".injected_failures",
+                options.pg_schema.unwrap()
+            )))
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+            assert!(used >= 3, "the injected failures never fired ({used})");
+            let _ = conn.close().await;
+        }
+        store.close().await;
+    }
 }
 
 sessionstore::both_backends!(cases =>
@@ -1733,4 +1944,7 @@ sessionstore::both_backends!(cases =>
     concurrent_writers_racing_to_claim_have_exactly_one_winner,
     a_successor_with_a_higher_epoch_takes_over_a_live_claim_from_another_connection,
     many_sessions_admitted_concurrently_keep_their_own_orders,
+    a_refusal_in_a_group_of_writes_leaves_the_others_standing,
+    a_write_refused_after_writing_is_undone_alone,
+    a_group_that_fails_retryably_is_re_run_write_by_write,
 );
