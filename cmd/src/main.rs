@@ -3,7 +3,11 @@
 
 #![forbid(unsafe_code)]
 
+mod agents;
 mod flow;
+mod local;
+mod serve;
+mod session;
 
 use std::process::ExitCode;
 
@@ -15,17 +19,38 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "hostd", version, propagate_version = true)]
 struct Cli {
-    /// Log filter for hostd's own diagnostics (e.g. `info`, `orchestration=debug`); defaults
-    /// to the RUST_LOG variable, else `warn`.
+    /// Log filter for hostd's own diagnostics (e.g. `info`, `host=debug`); defaults to the
+    /// RUST_LOG variable, else `info` for serve and `warn` otherwise.
     #[arg(long, global = true, value_name = "FILTER")]
     log: Option<String>,
+
+    /// Log format: human-readable lines or JSON objects (one per line, on stderr).
+    #[arg(
+        long,
+        global = true,
+        env = "HOST_LOG_FORMAT",
+        value_enum,
+        default_value = "human"
+    )]
+    log_format: LogFormat,
 
     #[command(subcommand)]
     command: Command,
 }
 
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum LogFormat {
+    Human,
+    Json,
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run a Host: keep agent sessions resident, apply their commands exactly once, serve
+    /// HostLink, /readyz, /healthz and /metrics on one listener; drain on SIGTERM.
+    Serve(Box<serve::ServeArgs>),
+    /// Act as a controller: create sessions, send messages, answer gates, watch replies.
+    Session(session::SessionArgs),
     /// Run a local multi-service flow: start services in dependency order, wait for their
     /// readiness, supervise them, tear them down in reverse layers.
     Flow(flow::FlowArgs),
@@ -33,7 +58,11 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing(cli.log.as_deref());
+    let default_level = match cli.command {
+        Command::Serve(_) => "info",
+        _ => "warn",
+    };
+    init_tracing(cli.log.as_deref(), cli.log_format, default_level);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -47,6 +76,8 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Flow(args) => flow::run(args).await,
+            Command::Serve(args) => serve::run(*args).await,
+            Command::Session(args) => session::run(args).await,
         }
     });
     match result {
@@ -58,15 +89,18 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_tracing(filter: Option<&str>) {
+fn init_tracing(filter: Option<&str>, format: LogFormat, default_level: &str) {
     use tracing_subscriber::EnvFilter;
     let filter = match filter {
         Some(f) => EnvFilter::new(f),
-        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn")),
+        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level)),
     };
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_target(false)
-        .try_init();
+        .with_target(false);
+    let _ = match format {
+        LogFormat::Human => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
 }
