@@ -75,7 +75,8 @@ enum SessionCommand {
     },
     /// Interrupt the turn in flight.
     Interrupt { session: String },
-    /// Answer a gate: approve/deny a permission, or `answer --text ...` a question.
+    /// Answer a gate: approve/deny a permission, or `answer --text ...` a question. GATE is a
+    /// gate id from `hostd session gates`, or `next` for the oldest open gate.
     Answer {
         session: String,
         gate: String,
@@ -84,7 +85,12 @@ enum SessionCommand {
         text: Option<String>,
     },
     /// List the session's open gates.
-    Gates { session: String },
+    Gates {
+        session: String,
+        /// Wait (up to 30 s) until at least one gate is open.
+        #[arg(long)]
+        wait: bool,
+    },
     /// Stream the session's events as they are committed (Ctrl-C to stop).
     Watch {
         session: String,
@@ -357,6 +363,17 @@ pub async fn run(args: SessionArgs) -> Result<ExitCode> {
             text,
         } => {
             let session = session_id(&session)?;
+            let gate = if gate == "next" {
+                match open_gates(&ctx, &session, Some(Duration::from_secs(30)))
+                    .await?
+                    .first()
+                {
+                    Some(g) => g.gate.to_string(),
+                    None => bail!("session {session} has no open gate"),
+                }
+            } else {
+                gate
+            };
             let gate = uuid::Uuid::parse_str(&gate)
                 .context("a gate id is a UUID (see `hostd session gates`)")?;
             let rec = ctx
@@ -391,8 +408,9 @@ pub async fn run(args: SessionArgs) -> Result<ExitCode> {
                 }
             }
         }
-        SessionCommand::Gates { session } => {
-            let gates = ctx.controller.gates(&session_id(&session)?).await?;
+        SessionCommand::Gates { session, wait } => {
+            let bound = wait.then_some(Duration::from_secs(30));
+            let gates = open_gates(&ctx, &session_id(&session)?, bound).await?;
             if ctx.json {
                 let v: Vec<Value> = gates
                     .iter()
@@ -420,6 +438,13 @@ pub async fn run(args: SessionArgs) -> Result<ExitCode> {
             }
             let placed = place(&ctx, &session).await?;
             let mut rx = ctx.controller.bind_and_stream(&placed, previews).await?;
+            // What was committed between the first read and the bind: read it again now that
+            // the live tail is buffered (events are de-duplicated by sequence).
+            let page = ctx.controller.journal(&session, last, None, 1000).await?;
+            for e in &page.events {
+                last = e.seq;
+                print_event(&ctx, e.seq, &e.body);
+            }
             let mut mid_preview = false;
             loop {
                 tokio::select! {
@@ -513,6 +538,23 @@ pub async fn run(args: SessionArgs) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+/// The open gates, waiting up to `bound` for at least one (a gate opens shortly after the
+/// command that leads to it is applied).
+async fn open_gates(
+    ctx: &Ctx,
+    session: &SessionId,
+    bound: Option<Duration>,
+) -> Result<Vec<sessionstore::GateRecord>> {
+    let deadline = tokio::time::Instant::now() + bound.unwrap_or_default();
+    loop {
+        let gates = ctx.controller.gates(session).await?;
+        if !gates.is_empty() || tokio::time::Instant::now() >= deadline {
+            return Ok(gates);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
