@@ -152,6 +152,41 @@ mod cases {
         svc.stop().await;
     }
 
+    pub async fn a_gate_answer_naming_another_gate_version_is_rejected_before_any_attempt(
+        ts: &TestStore,
+    ) {
+        let (svc, rocket) = started(ts, options("h-gate-version")).await;
+        let c = Controller::new(ts);
+        let s = c.session().await;
+        c.attach(&svc, &s).await;
+        c.send(&svc, &s, input("/tool launch_rocket {}")).await;
+        let gate = c.open_gate(&s).await;
+        let projected = c.store.gates(&s.tenant, &s.session, true).await.unwrap();
+        let seq = projected[0].opened_seq;
+        let stale = CommandBodyV1::GateResponse(sessionstore::wire::GateAnswer {
+            gate_id: gate,
+            action: "approve".into(),
+            text: None,
+            expected_gate_seq: Some(seq + 100),
+        });
+        let bad = c.send(&svc, &s, stale).await;
+        let bad = c.terminal(&s, &bad).await;
+        assert_eq!(bad.outcome, Some(Outcome::Rejected), "{bad:?}");
+        assert!(bad.attempt.is_none());
+        let good = CommandBodyV1::GateResponse(sessionstore::wire::GateAnswer {
+            gate_id: gate,
+            action: "approve".into(),
+            text: None,
+            expected_gate_seq: Some(seq),
+        });
+        let ok = c.send(&svc, &s, good).await;
+        assert_eq!(c.terminal(&s, &ok).await.outcome, Some(Outcome::Applied));
+        c.wait_events(&s, "the tool result", |e| count(e, "turn_done") == 1)
+            .await;
+        assert_eq!(rocket.runs.load(Ordering::SeqCst), 1);
+        svc.stop().await;
+    }
+
     pub async fn an_unknown_version_body_blocks_the_stream_visibly(ts: &TestStore) {
         let (svc, _) = started(ts, options("h-blocked")).await;
         let c = Controller::new(ts);
@@ -447,6 +482,7 @@ sessionstore::both_backends!(cases =>
     a_body_stored_by_reference_is_dereferenced_and_verified,
     a_malformed_body_is_rejected_before_any_attempt,
     an_unknown_version_body_blocks_the_stream_visibly,
+    a_gate_answer_naming_another_gate_version_is_rejected_before_any_attempt,
     two_hosts_racing_to_attach_one_session_have_one_winner,
     an_idle_session_is_warm_released_and_restored_by_its_next_command,
     a_command_arriving_during_a_warm_release_aborts_it,
