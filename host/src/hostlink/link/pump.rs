@@ -5,10 +5,12 @@
 //! waits without bound: an enduring record that cannot be queued in time, or a feed that
 //! overflowed, ends the link as slow (3008).
 
+use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sessionstore::{SessionId, TenantId};
+use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{broadcast, mpsc};
 use tokio::time::{Instant, sleep_until, timeout};
 use tokio_util::sync::CancellationToken;
@@ -18,6 +20,7 @@ use super::transport::{Closer, Outbound};
 use crate::hostlink::backend::{FeedItem, LinkId};
 use crate::hostlink::codes::Disconnect;
 use crate::hostlink::frame::encode_publication_push;
+use crate::hostlink::json::push_json_string;
 use crate::hostlink::records::{
     EnduringPublication, EphemeralPublication, MAX_PREVIEW_TEXT_BYTES, PreviewStream,
 };
@@ -60,6 +63,82 @@ impl TokenBucket {
         } else {
             false
         }
+    }
+}
+
+/// Encodes one subscription's enduring pushes: byte for byte what
+/// `encode_publication_push(channel, &record.encode(), &[(RECORD_TAG, ENDURING_RECORD)])`
+/// gives, with everything fixed for the subscription (channel, tenant, session, tags) encoded
+/// once. The pump hands the record itself to the writer ([`Outbound::Enduring`]), which
+/// encodes it straight into the frame it goes out in: on a session with many links this is
+/// the per-link hot path, so it costs one copy of the body and no allocation of its own.
+pub(crate) struct EnduringEncoder {
+    /// `{"push":{"channel":…,"pub":{"data":{"tenant_id":…,"session_id":…,"event_id":`
+    head: String,
+    /// `},"tags":{"record":"enduring_publication"}}}}`
+    tail: String,
+}
+
+/// Room for `,"journal_seq":N,"covered_through":N,"body":` with two 20-digit numbers.
+const ENDURING_MIDDLE_BYTES: usize = 80;
+
+impl EnduringEncoder {
+    pub(crate) fn new(channel: &str, tenant: &TenantId, session: &SessionId) -> EnduringEncoder {
+        let mut head = String::from(r#"{"push":{"channel":"#);
+        push_json_string(&mut head, channel);
+        head.push_str(r#","pub":{"data":{"tenant_id":"#);
+        push_json_string(&mut head, tenant.as_str());
+        head.push_str(r#","session_id":"#);
+        push_json_string(&mut head, session.as_str());
+        head.push_str(r#","event_id":"#);
+        let mut tail = String::from(r#"},"tags":{"#);
+        push_json_string(&mut tail, RECORD_TAG);
+        tail.push(':');
+        push_json_string(&mut tail, ENDURING_RECORD);
+        tail.push_str("}}}}");
+        EnduringEncoder { head, tail }
+    }
+
+    /// About how many bytes the push for `record` takes (exact unless the event id needs
+    /// escaping): for sizing frames and batches.
+    pub(crate) fn encoded_len(&self, record: &EnduringPublication) -> usize {
+        self.head.len()
+            + record.event_id.as_str().len()
+            + 2
+            + ENDURING_MIDDLE_BYTES
+            + record.body().get().len()
+            + self.tail.len()
+    }
+
+    /// Appends the push for `record`, which belongs to the encoder's tenant and session.
+    pub(crate) fn encode_into(&self, out: &mut String, record: &EnduringPublication) {
+        let body = record.body().get();
+        out.push_str(&self.head);
+        push_json_string(out, record.event_id.as_str());
+        let _ = write!(
+            out,
+            r#","journal_seq":{},"covered_through":{},"body":"#,
+            record.journal_seq.get(),
+            record.covered_through
+        );
+        // Batching is line-delimited: a raw line break (only ever insignificant whitespace in
+        // valid JSON, and only the body can hold one) goes out as a space, as `one_line` does.
+        if body.as_bytes().contains(&b'\n') || body.as_bytes().contains(&b'\r') {
+            out.extend(body.chars().map(|c| match c {
+                '\n' | '\r' => ' ',
+                c => c,
+            }));
+        } else {
+            out.push_str(body);
+        }
+        out.push_str(&self.tail);
+    }
+
+    #[cfg(test)]
+    fn encode(&self, record: &EnduringPublication) -> String {
+        let mut out = String::with_capacity(self.encoded_len(record));
+        self.encode_into(&mut out, record);
+        out
     }
 }
 
@@ -156,18 +235,21 @@ impl Pump {
         }
     }
 
-    async fn send_enduring(&self, record: &EnduringPublication) -> bool {
-        let push = encode_publication_push(
-            &self.channel,
-            &record.encode(),
-            &[(RECORD_TAG, ENDURING_RECORD)],
-        );
-        match timeout(
-            self.slow_consumer_timeout,
-            self.out.send(Outbound::Message(push)),
-        )
-        .await
+    async fn send_enduring(
+        &self,
+        encoder: &Arc<EnduringEncoder>,
+        record: Arc<EnduringPublication>,
+    ) -> bool {
+        // Room in the queue is the common case: no timer for it.
+        let item = match self
+            .out
+            .try_send(Outbound::Enduring(encoder.clone(), record))
         {
+            Ok(()) => return true,
+            Err(TrySendError::Closed(_)) => return false,
+            Err(TrySendError::Full(item)) => item,
+        };
+        match timeout(self.slow_consumer_timeout, self.out.send(item)).await {
             Ok(Ok(())) => true,
             Ok(Err(_)) => false,
             Err(_) => {
@@ -180,6 +262,11 @@ impl Pump {
 
     /// Runs until stopped, the link closes, or the feed ends (then the binding is dropped).
     pub(crate) async fn run(mut self) {
+        let encoder = Arc::new(EnduringEncoder::new(
+            &self.channel,
+            &self.tenant,
+            &self.session,
+        ));
         let mut pending = PendingPreviews {
             segments: Vec::new(),
             bytes: 0,
@@ -201,7 +288,7 @@ impl Pump {
                             continue;
                         }
                         self.flush(&mut pending);
-                        if !self.send_enduring(&record).await {
+                        if !self.send_enduring(&encoder, record).await {
                             return;
                         }
                     }
@@ -230,6 +317,43 @@ impl Pump {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::value::RawValue;
+    use sessionstore::EventId;
+    use std::num::NonZeroU64;
+
+    #[test]
+    fn the_enduring_encoder_writes_what_the_generic_encoders_write() {
+        let tenant = TenantId::new("tenant-1").unwrap();
+        let session = SessionId::new("session-1").unwrap();
+        let channel = crate::hostlink::channel::session_channel(&tenant, &session);
+        let encoder = EnduringEncoder::new(&channel, &tenant, &session);
+        let bodies = [
+            r#"{"type":"assistant_message","text":"caf\u00e9 \"quoted\" \n é"}"#,
+            "{\n  \"kind\": \"applied\",\r\n  \"n\": [1, 2]\n}",
+            "42",
+            r#""text""#,
+        ];
+        for (i, body) in bodies.iter().enumerate() {
+            for (seq, covered) in [(1, 0), (u64::MAX, u64::MAX), (17, 16)] {
+                let record = EnduringPublication::new(
+                    tenant.clone(),
+                    session.clone(),
+                    EventId::new(format!("event-{i}")).unwrap(),
+                    NonZeroU64::new(seq).unwrap(),
+                    covered,
+                    RawValue::from_string((*body).to_owned()).unwrap(),
+                )
+                .unwrap();
+                let expected = encode_publication_push(
+                    &channel,
+                    &record.encode(),
+                    &[(RECORD_TAG, ENDURING_RECORD)],
+                );
+                assert_eq!(encoder.encode(&record), expected);
+                assert!(!encoder.encode(&record).contains(['\n', '\r']));
+            }
+        }
+    }
 
     #[tokio::test(start_paused = true)]
     async fn the_bucket_gives_its_burst_then_its_rate() {

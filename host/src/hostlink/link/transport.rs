@@ -1,6 +1,7 @@
 //! One link's WebSocket transport: the reader (frames in, commands to the link, pongs
-//! recorded), the writer (the bounded outbound queue out, batched; the application ping and
-//! the pong deadline; the close frame last) and the [`Closer`] every part uses to end the
+//! recorded), the writer (the bounded outbound queue out, batched, enduring records encoded
+//! straight into their frame; the application ping and the pong deadline; the close frame
+//! last) and the [`Closer`] every part uses to end the
 //! link with one reason. Never interprets a command and never buffers without bound: a full
 //! queue or a stalled socket ends the link as slow.
 
@@ -15,11 +16,13 @@ use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep_until, timeout_at};
 use tokio_util::sync::CancellationToken;
 
+use super::pump::EnduringEncoder;
 use crate::hostlink::codes::Disconnect;
 use crate::hostlink::frame::{
     Command, FrameError, Inbound, MAX_OUTBOUND_BATCH_BYTES, MAX_OUTBOUND_BATCH_MESSAGES, PING,
-    decode_frame, join_batch,
+    decode_frame,
 };
+use crate::hostlink::records::EnduringPublication;
 
 /// How long closing may take: writing what is owed, the close frame, and waiting for the
 /// client's close frame in answer.
@@ -71,6 +74,9 @@ impl Closer {
 pub(crate) enum Outbound {
     /// One encoded reply or push.
     Message(String),
+    /// An enduring record on one subscription, encoded by the writer straight into the frame
+    /// it goes out in.
+    Enduring(Arc<EnduringEncoder>, Arc<EnduringPublication>),
     /// The connect reply is queued: start pinging.
     StartHeartbeat,
 }
@@ -217,6 +223,38 @@ enum WriteFailure {
     Stalled,
 }
 
+/// About how many bytes `item` takes in a frame, its separator included.
+fn frame_bytes(item: &Outbound) -> usize {
+    match item {
+        Outbound::Message(m) => m.len() + 1,
+        Outbound::Enduring(encoder, record) => encoder.encoded_len(record) + 1,
+        Outbound::StartHeartbeat => 0,
+    }
+}
+
+/// One outbound frame from `items` (drained): a lone message as it is; otherwise everything
+/// joined by line feeds (Centrifuge JSON batching) into one buffer of `bytes`, enduring
+/// records encoded in place.
+fn take_frame(items: &mut Vec<Outbound>, bytes: usize) -> String {
+    if let [Outbound::Message(_)] = items.as_slice()
+        && let Some(Outbound::Message(m)) = items.pop()
+    {
+        return m;
+    }
+    let mut frame = String::with_capacity(bytes);
+    for (i, item) in items.drain(..).enumerate() {
+        if i > 0 {
+            frame.push('\n');
+        }
+        match item {
+            Outbound::Message(m) => frame.push_str(&m),
+            Outbound::Enduring(encoder, record) => encoder.encode_into(&mut frame, &record),
+            Outbound::StartHeartbeat => {}
+        }
+    }
+    frame
+}
+
 /// Timing the writer runs under.
 pub(crate) struct WriterTiming {
     pub(crate) ping_interval: Duration,
@@ -238,7 +276,7 @@ pub(crate) async fn write_loop(
 ) {
     let mut next_ping: Option<Instant> = None;
     let mut pong_due: Option<(Instant, u64)> = None;
-    let mut batch: Vec<String> = Vec::new();
+    let mut batch: Vec<Outbound> = Vec::new();
     loop {
         tokio::select! {
             biased;
@@ -271,19 +309,18 @@ pub(crate) async fn write_loop(
                 let mut pending = Some(item);
                 while let Some(item) = pending.take() {
                     match item {
-                        Outbound::Message(m) => {
-                            bytes += m.len() + 1;
-                            batch.push(m);
-                        }
                         Outbound::StartHeartbeat => start_heartbeat = true,
+                        item => {
+                            bytes += frame_bytes(&item);
+                            batch.push(item);
+                        }
                     }
                     if batch.len() < MAX_OUTBOUND_BATCH_MESSAGES && bytes < MAX_OUTBOUND_BATCH_BYTES {
                         pending = queue.try_recv().ok();
                     }
                 }
                 if !batch.is_empty() {
-                    let frame = join_batch(batch.iter().map(String::as_str));
-                    batch.clear();
+                    let frame = take_frame(&mut batch, bytes);
                     let deadline = Instant::now() + timing.slow_consumer_timeout;
                     let write = write_until(&mut sink, Message::Text(Utf8Bytes::from(frame)), deadline);
                     let outcome = tokio::select! {
@@ -311,12 +348,15 @@ pub(crate) async fn write_loop(
             // Replies already queued before the close are owed to the client.
             let mut owed = Vec::new();
             while let Ok(item) = queue.try_recv() {
-                if let Outbound::Message(m) = item {
-                    owed.push(m);
+                if !matches!(item, Outbound::StartHeartbeat) {
+                    owed.push(item);
                 }
             }
-            for chunk in owed.chunks(MAX_OUTBOUND_BATCH_MESSAGES) {
-                let frame = join_batch(chunk.iter().map(String::as_str));
+            while !owed.is_empty() {
+                let take = owed.len().min(MAX_OUTBOUND_BATCH_MESSAGES);
+                let mut chunk: Vec<Outbound> = owed.drain(..take).collect();
+                let bytes = chunk.iter().map(frame_bytes).sum();
+                let frame = take_frame(&mut chunk, bytes);
                 if write_until(&mut sink, Message::Text(Utf8Bytes::from(frame)), deadline)
                     .await
                     .is_err()
