@@ -213,12 +213,19 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode> {
         drain_grace: args.drain_grace,
         idle_boundary: args.drain_idle_boundary,
         publish_bound: args.drain_publish_bound,
-        link_ping: args.link_ping,
-        link_pong: args.link_pong,
+    };
+    let link = LinkOptions {
+        ping_interval: args.link_ping,
+        pong_timeout: args.link_pong,
         max_bindings_per_link: args.max_bindings_per_link,
         max_bindings_per_tenant: args.max_bindings_per_tenant,
         max_tenant_links: args.max_tenant_links,
-    };
+        max_frame_bytes: args.max_frame_bytes,
+        outbound_queue: args.outbound_queue,
+        ..LinkOptions::default()
+    }
+    .validate()
+    .context("HostLink options")?;
     let mut store = StoreOptions::new(store_url.clone());
     store.synchronous = match args.sqlite_synchronous {
         SyncMode::Full => Synchronous::Full,
@@ -250,11 +257,6 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode> {
         .start()
         .await
         .map_err(|e| anyhow::anyhow!("start: {e}"))?;
-    let link = LinkOptions {
-        max_frame_bytes: args.max_frame_bytes,
-        outbound_queue: args.outbound_queue,
-        ..LinkOptions::default()
-    };
     let server = Server::from_listener(service.clone(), Box::new(creds), link, listener).await?;
     let tenant = if embedded {
         LOCAL_TENANT.to_owned()

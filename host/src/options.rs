@@ -147,11 +147,6 @@ pub struct Options {
     pub drain_grace: Duration,
     pub idle_boundary: Duration,
     pub publish_bound: Duration,
-    pub link_ping: Duration,
-    pub link_pong: Duration,
-    pub max_bindings_per_link: usize,
-    pub max_bindings_per_tenant: usize,
-    pub max_tenant_links: usize,
 }
 
 impl Default for Options {
@@ -174,11 +169,6 @@ impl Default for Options {
             drain_grace: Duration::from_secs(25),
             idle_boundary: Duration::from_secs(10),
             publish_bound: Duration::from_secs(5),
-            link_ping: Duration::from_secs(25),
-            link_pong: Duration::from_secs(10),
-            max_bindings_per_link: 1024,
-            max_bindings_per_tenant: 4096,
-            max_tenant_links: 64,
         }
     }
 }
@@ -203,11 +193,6 @@ pub struct Config {
     pub drain_grace: Duration,
     pub idle_boundary: Duration,
     pub publish_bound: Duration,
-    pub link_ping: Duration,
-    pub link_pong: Duration,
-    pub max_bindings_per_link: usize,
-    pub max_bindings_per_tenant: usize,
-    pub max_tenant_links: usize,
 }
 
 /// Upper bounds (named so refusals can say them).
@@ -217,8 +202,6 @@ pub mod bounds {
     pub const MAX_CAPACITY: u32 = 100_000;
     pub const MAX_QUEUE: usize = 65_536;
     pub const MAX_BATCH: usize = 1_000;
-    pub const MAX_BINDINGS: usize = 1_000_000;
-    pub const MAX_TENANT_LINKS: usize = 100_000;
     pub const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
     pub const MAX_REGISTRY_EXPIRY: Duration = Duration::from_secs(3600);
     pub const MAX_CLAIM_TTL: Duration = Duration::from_secs(3600);
@@ -438,33 +421,6 @@ impl Options {
         positive("drain_grace", self.drain_grace, bounds::MAX_DURATION)?;
         positive("idle_boundary", self.idle_boundary, bounds::MAX_DURATION)?;
         positive("publish_bound", self.publish_bound, bounds::MAX_DURATION)?;
-        positive("link_ping", self.link_ping, bounds::MAX_DURATION)?;
-        positive("link_pong", self.link_pong, bounds::MAX_DURATION)?;
-        if self.link_pong >= self.link_ping {
-            return Err(OptionsError::new(
-                OptionsCode::Invalid,
-                "link_pong",
-                format!(
-                    "is {:?}; a pong timeout must be shorter than the ping interval {:?}",
-                    self.link_pong, self.link_ping
-                ),
-            ));
-        }
-        count(
-            "max_bindings_per_link",
-            self.max_bindings_per_link,
-            bounds::MAX_BINDINGS,
-        )?;
-        count(
-            "max_bindings_per_tenant",
-            self.max_bindings_per_tenant,
-            bounds::MAX_BINDINGS,
-        )?;
-        count(
-            "max_tenant_links",
-            self.max_tenant_links,
-            bounds::MAX_TENANT_LINKS,
-        )?;
         Ok(Config {
             host_id,
             internal_endpoint,
@@ -483,11 +439,6 @@ impl Options {
             drain_grace: self.drain_grace,
             idle_boundary: self.idle_boundary,
             publish_bound: self.publish_bound,
-            link_ping: self.link_ping,
-            link_pong: self.link_pong,
-            max_bindings_per_link: self.max_bindings_per_link,
-            max_bindings_per_tenant: self.max_bindings_per_tenant,
-            max_tenant_links: self.max_tenant_links,
         })
     }
 }
@@ -669,15 +620,5 @@ mod tests {
             }),
             ("pooled_with_fixed_session", "fixed_session")
         );
-    }
-
-    #[test]
-    fn a_pong_timeout_must_be_shorter_than_the_ping() {
-        let o = Options {
-            link_ping: Duration::from_secs(5),
-            link_pong: Duration::from_secs(5),
-            ..base()
-        };
-        assert_eq!(code(o), ("invalid", "link_pong"));
     }
 }

@@ -22,7 +22,7 @@ use tokio::task::JoinHandle;
 use crate::hostlink::auth::AuthVerifier;
 use crate::hostlink::codes::Disconnect;
 use crate::hostlink::link::{HostLinkHandle, hostlink_router};
-use crate::hostlink::options::{LinkOptions, LinkOptionsError};
+use crate::hostlink::options::LinkConfig;
 use crate::link_backend::HostBackend;
 use crate::release::DrainReport;
 use crate::service::Service;
@@ -38,8 +38,6 @@ pub enum ServerError {
         addr: SocketAddr,
         source: std::io::Error,
     },
-    #[error("link options: {0}")]
-    Link(#[from] LinkOptionsError),
 }
 
 /// A running listener.
@@ -80,13 +78,12 @@ async fn metrics(State(s): State<Service>) -> Response {
 }
 
 impl Server {
-    /// Starts serving `service` (already started) on `listen`. The link bounds shared with
-    /// the Host's options (ping/pong, bindings, tenant links) are taken from the Host's
-    /// configuration; the rest from `link`.
+    /// Starts serving `service` (already started) on `listen`, every HostLink link under
+    /// `link` (validated by the caller, so a bad bound is refused before the Host starts).
     pub async fn bind(
         service: Service,
         auth: Box<dyn AuthVerifier>,
-        link: LinkOptions,
+        link: LinkConfig,
         listen: SocketAddr,
     ) -> Result<Server, ServerError> {
         let listener = TcpListener::bind(listen)
@@ -103,16 +100,9 @@ impl Server {
     pub async fn from_listener(
         service: Service,
         auth: Box<dyn AuthVerifier>,
-        mut link: LinkOptions,
+        link: LinkConfig,
         listener: TcpListener,
     ) -> Result<Server, ServerError> {
-        let cfg = service.config();
-        link.ping_interval = cfg.link_ping;
-        link.pong_timeout = cfg.link_pong;
-        link.max_bindings_per_link = cfg.max_bindings_per_link;
-        link.max_bindings_per_tenant = cfg.max_bindings_per_tenant;
-        link.max_tenant_links = cfg.max_tenant_links;
-        let link = link.validate()?;
         let local_addr = listener.local_addr().map_err(|source| ServerError::Bind {
             addr: SocketAddr::from(([0, 0, 0, 0], 0)),
             source,

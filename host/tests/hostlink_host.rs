@@ -6,7 +6,6 @@
 mod support;
 
 pub mod served {
-    use std::time::Duration;
 
     use host::hostlink::auth::{CredentialStore, mint_credential};
     use host::hostlink::options::LinkOptions;
@@ -55,11 +54,7 @@ pub mod served {
             creds.add(TenantId::new(t).unwrap(), &digest).unwrap();
             tokens.push((TenantId::new(t).unwrap(), token.expose_secret().to_owned()));
         }
-        let link = LinkOptions {
-            ping_interval: Duration::from_secs(25),
-            pong_timeout: Duration::from_secs(10),
-            ..LinkOptions::default()
-        };
+        let link = LinkOptions::default().validate().unwrap();
         let server = Server::from_listener(service.clone(), Box::new(creds), link, listener)
             .await
             .unwrap();
