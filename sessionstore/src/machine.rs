@@ -221,6 +221,21 @@ pub fn begin_attempt(
     Ok(Transition::Changed(advance(next)))
 }
 
+/// Checks that `rec` has an attempt whose evidence could be looked for: a command with no
+/// attempt is refused before any journal is read (`terminal` when it already ended, `state`
+/// otherwise).
+pub fn require_attempt(rec: &CommandRecord) -> StoreResult<()> {
+    if rec.attempt.is_some() {
+        return Ok(());
+    }
+    terminal(rec)?;
+    Err(StoreError::state(
+        "command",
+        rec.state.as_str(),
+        "no attempt to settle",
+    ))
+}
+
 /// Checks that `frame` is the one matching disposition for `rec`'s attempt.
 pub fn verify_evidence(rec: &CommandRecord, frame: &DispositionFrame) -> StoreResult<()> {
     let Some(attempt) = &rec.attempt else {

@@ -541,18 +541,7 @@ pub(crate) async fn settle<T: Tx>(
         return Ok(Settlement::Elsewhere { session, reader });
     }
     let rec = require_command(tx, &req.tenant, &req.session, &req.command).await?;
-    if rec.attempt.is_none() {
-        if rec.state.is_terminal() {
-            return Err(StoreError::Terminal {
-                state: rec.state.as_str().to_owned(),
-            });
-        }
-        return Err(StoreError::state(
-            "command",
-            rec.state.as_str(),
-            "no attempt to settle",
-        ));
-    }
+    machine::require_attempt(&rec)?;
     let records = journal_dispositions(
         tx,
         &req.tenant,

@@ -14,6 +14,7 @@ use crate::evidence::{EvidenceReader, EvidenceRouter, FixedEvidenceRouter};
 use crate::ids::*;
 use crate::journal::*;
 use crate::limits::*;
+use crate::machine;
 use crate::model::*;
 use crate::ops;
 use crate::postgres::{PgEngine, WriteKey, pg_op};
@@ -733,18 +734,7 @@ impl Store {
         let rec = self
             .command(&req.tenant, &req.session, &req.command)
             .await?;
-        if rec.attempt.is_none() {
-            if rec.state.is_terminal() {
-                return Err(StoreError::Terminal {
-                    state: rec.state.as_str().to_owned(),
-                });
-            }
-            return Err(StoreError::state(
-                "command",
-                rec.state.as_str(),
-                "no attempt to settle",
-            ));
-        }
+        machine::require_attempt(&rec)?;
         let frames = reader
             .dispositions(
                 &req.tenant,

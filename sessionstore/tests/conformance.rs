@@ -666,6 +666,43 @@ mod cases {
         assert_eq!(after, applying);
     }
 
+    pub async fn a_command_without_an_attempt_cannot_be_settled_and_nothing_is_written(
+        ts: &TestStore,
+    ) {
+        let s = new_session(ts, "s1").await;
+        journal(ts, &s, "runtime-a").await;
+        let rec = admit(ts, &s, "c1").await;
+        let claimed = ts
+            .store
+            .claim(claim_req(&rec, 1, Uuid::now_v7()))
+            .await
+            .unwrap();
+        assert_eq!(
+            code(ts.store.settle(settle_req(&claimed, 1)).await),
+            "state"
+        );
+        let stored = ts.store.command(&s.tenant, &s.session, &rec.command);
+        assert_eq!(stored.await.unwrap(), claimed);
+        let rejected = ts
+            .store
+            .reject(RejectRequest {
+                tenant: s.tenant.clone(),
+                session: s.session.clone(),
+                command: rec.command.clone(),
+                epoch: ResidencyEpoch(1),
+                reason: "malformed_body".into(),
+                expected_revision: claimed.revision,
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            code(ts.store.settle(settle_req(&rejected, 1)).await),
+            "terminal"
+        );
+        let stored = ts.store.command(&s.tenant, &s.session, &rec.command);
+        assert_eq!(stored.await.unwrap(), rejected);
+    }
+
     pub async fn settlement_takes_the_outcome_from_the_runtimes_disposition(ts: &TestStore) {
         let s = new_session(ts, "s1").await;
         let mut lease = journal(ts, &s, "runtime-a").await;
@@ -1914,6 +1951,7 @@ sessionstore::both_backends!(cases =>
     an_attempt_needs_a_live_claim_held_by_this_residency,
     an_attempt_is_immutable_and_its_replay_is_unchanged,
     settling_without_evidence_is_an_error_and_writes_nothing,
+    a_command_without_an_attempt_cannot_be_settled_and_nothing_is_written,
     settlement_takes_the_outcome_from_the_runtimes_disposition,
     a_successor_closes_a_stranded_attempt_not_applied,
     an_unroutable_storage_binding_is_not_missing_evidence,
