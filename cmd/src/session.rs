@@ -198,6 +198,17 @@ async fn admit_and_deliver(
     body: CommandBodyV1,
 ) -> Result<ExitCode> {
     let rec = ctx.controller.admit(session, command, body).await?;
+    deliver_and_report(ctx, session, &rec).await
+}
+
+/// Places the session, delivers the admitted command `rec` and waits for it to end, printing
+/// its outcome; the exit code says whether it was applied. A command not ended within the
+/// wait stays in the inbox for the Host's own pass.
+async fn deliver_and_report(
+    ctx: &Ctx,
+    session: &SessionId,
+    rec: &CommandRecord,
+) -> Result<ExitCode> {
     let placed = place(ctx, session).await?;
     if let Err(e) = ctx.controller.bind_and_stream(&placed, false).await {
         tracing::debug!(error = %e, "bind before delivery failed; the Host's own pass will pick the command up");
@@ -386,27 +397,7 @@ pub async fn run(args: SessionArgs) -> Result<ExitCode> {
                     text,
                 )
                 .await?;
-            let placed = place(&ctx, &session).await?;
-            let _ = ctx.controller.bind_and_stream(&placed, false).await;
-            let _ = ctx.controller.deliver(&placed, &rec.command).await;
-            match ctx
-                .controller
-                .wait_terminal(&session, &rec.command, Duration::from_secs(60))
-                .await?
-            {
-                Some(done) => {
-                    println!("{}", outcome_line(&done));
-                    Ok(if done.state == sessionstore::CommandState::Applied {
-                        ExitCode::SUCCESS
-                    } else {
-                        ExitCode::FAILURE
-                    })
-                }
-                None => {
-                    eprintln!("hostd: the answer is admitted but not yet applied");
-                    Ok(ExitCode::FAILURE)
-                }
-            }
+            deliver_and_report(&ctx, &session, &rec).await
         }
         SessionCommand::Gates { session, wait } => {
             let bound = wait.then_some(Duration::from_secs(30));
