@@ -168,14 +168,7 @@ impl HostLinkClient {
             }
         };
         if let Some(err) = reply.get("error") {
-            return Err(ClientError::Reply {
-                code: err.get("code").and_then(Value::as_u64).unwrap_or(0) as u32,
-                message: err
-                    .get("message")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_owned(),
-            });
+            return Err(reply_error(err));
         }
         let result = reply
             .get("connect")
@@ -466,6 +459,18 @@ impl Drop for HostLinkClient {
     }
 }
 
+/// The typed error of a reply's `error` member (`code`, `message`).
+fn reply_error(err: &Value) -> ClientError {
+    ClientError::Reply {
+        code: err.get("code").and_then(Value::as_u64).unwrap_or(0) as u32,
+        message: err
+            .get("message")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned(),
+    }
+}
+
 fn handle_line(
     line: &str,
     pending: &Pending,
@@ -487,14 +492,7 @@ fn handle_line(
             return;
         };
         let result = if let Some(err) = obj.get("error") {
-            Err(ClientError::Reply {
-                code: err.get("code").and_then(Value::as_u64).unwrap_or(0) as u32,
-                message: err
-                    .get("message")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_owned(),
-            })
+            Err(reply_error(err))
         } else {
             // The one member besides `id` is the method's result.
             Ok(obj
