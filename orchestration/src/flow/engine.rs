@@ -892,14 +892,18 @@ impl Engine {
         }
     }
 
-    /// Writes the state file `hostd flow down` and `status` read.
-    fn persist(&self) {
-        let participants: Vec<String> = self
-            .slots
+    /// The services this flow started a process for.
+    fn participants(&self) -> Vec<String> {
+        self.slots
             .iter()
             .filter(|s| s.process.is_some())
             .map(|s| s.name.clone())
-            .collect();
+            .collect()
+    }
+
+    /// Writes the state file `hostd flow down` and `status` read.
+    fn persist(&self) {
+        let participants = self.participants();
         let state = FlowState {
             version: state::STATE_VERSION,
             flow: self.flow_name.clone(),
@@ -949,12 +953,7 @@ impl Engine {
             }
         }
         self.persist();
-        let participants: Vec<String> = self
-            .slots
-            .iter()
-            .filter(|s| s.process.is_some())
-            .map(|s| s.name.clone())
-            .collect();
+        let participants = self.participants();
         let layers = self.graph.teardown_layers(&participants);
         self.events.emit(FlowEvent::TeardownStarted {
             layers: layers.len(),
