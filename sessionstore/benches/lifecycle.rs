@@ -7,10 +7,9 @@
 //! to the raw rate. PostgreSQL runs when `HOST_TEST_DATABASE_URL` is set.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use sessionstore::*;
-use uuid::Uuid;
 
 const RAW_COMMITS: usize = 400;
 const ONE_SESSION_COMMANDS: usize = 200;
@@ -80,93 +79,6 @@ async fn new_session(store: &Store, name: &str) -> SessionRecord {
         .expect("session")
 }
 
-/// Runs `n` full command lifecycles on one session, as a Host and its runtime would.
-async fn lifecycle(store: Store, s: SessionRecord, n: usize) {
-    let epoch = ResidencyEpoch(1);
-    let mut lease = store
-        .journal_acquire(
-            &s.tenant,
-            s.binding.runtime_session_id,
-            "bench-runtime",
-            Duration::from_secs(600),
-        )
-        .await
-        .expect("journal lease");
-    for i in 0..n {
-        let rec = store
-            .admit(NewCommand {
-                tenant: s.tenant.clone(),
-                session: s.session.clone(),
-                command: CommandId::new(format!("c{i}")).unwrap(),
-                kind: CommandKind::Input,
-                body: CommandBody::Inline(b"{\"text\":\"hello\"}".to_vec()),
-                principal: None,
-                metadata: None,
-                apply_within: Duration::from_secs(3600),
-            })
-            .await
-            .expect("admit");
-        let token = Uuid::now_v7();
-        let claimed = store
-            .claim(ClaimRequest {
-                tenant: s.tenant.clone(),
-                session: s.session.clone(),
-                command: rec.command.clone(),
-                epoch,
-                token,
-                ttl: Duration::from_secs(60),
-                expected_revision: rec.revision,
-            })
-            .await
-            .expect("claim");
-        let attempt = AttemptId::mint();
-        let applying = store
-            .begin_attempt(AttemptRequest {
-                tenant: s.tenant.clone(),
-                session: s.session.clone(),
-                command: rec.command.clone(),
-                epoch,
-                claim_token: token,
-                attempt,
-                journal_epoch: lease.epoch,
-                expected_revision: claimed.revision,
-            })
-            .await
-            .expect("attempt");
-        lease.tip = store
-            .journal_append(
-                &lease,
-                vec![JournalEntry::Application {
-                    identity: CommandIdentity {
-                        command: rec.command.clone(),
-                        runtime_command: rec.runtime_command,
-                        kind: rec.kind,
-                    },
-                    attempt,
-                    attempt_epoch: lease.epoch,
-                    outcome: ApplicationOutcome::Applied,
-                    detail: None,
-                }],
-            )
-            .await
-            .expect("application");
-        store
-            .settle(SettleRequest {
-                tenant: s.tenant.clone(),
-                session: s.session.clone(),
-                command: rec.command.clone(),
-                epoch,
-                expected_revision: applying.revision,
-            })
-            .await
-            .expect("settle");
-        store
-            .save_cursor(&s.tenant, &s.session, rec.accepted_order, epoch)
-            .await
-            .expect("cursor");
-    }
-}
-
 async fn lifecycle_rate(store: &Store, sessions: usize, per_session: usize, tag: &str) -> f64 {
     let mut all = Vec::new();
     for i in 0..sessions {
@@ -175,7 +87,14 @@ async fn lifecycle_rate(store: &Store, sessions: usize, per_session: usize, tag:
     let start = Instant::now();
     let tasks: Vec<_> = all
         .into_iter()
-        .map(|s| tokio::spawn(lifecycle(store.clone(), s, per_session)))
+        .map(|s| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                testing::run_lifecycle(&store, &s, per_session)
+                    .await
+                    .expect("lifecycle")
+            })
+        })
         .collect();
     for t in tasks {
         t.await.expect("lifecycle task");
