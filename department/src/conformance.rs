@@ -159,20 +159,12 @@ impl Fixture {
         epoch: JournalEpoch,
         text: &str,
     ) -> RuntimeCommand {
-        RuntimeCommand {
-            tenant: rec.tenant.clone(),
-            session: rec.session.clone(),
-            identity: CommandIdentity {
-                command: rec.command.clone(),
-                runtime_command: rec.runtime_command,
-                kind: rec.kind,
-            },
+        RuntimeCommand::for_attempt(
+            rec,
             attempt,
-            journal_epoch: epoch,
-            body: CommandBodyV1::Input { text: text.into() },
-            principal: rec.principal.clone(),
-            metadata: rec.metadata.clone(),
-        }
+            epoch,
+            CommandBodyV1::Input { text: text.into() },
+        )
     }
 
     async fn tip(&self) -> Result<u64, ConformanceFailure> {
@@ -419,15 +411,7 @@ pub async fn run_runtime_conformance(
     let closed = store(
         "close_attempt",
         closer
-            .close_attempt(
-                CommandIdentity {
-                    command: stranded.command.clone(),
-                    runtime_command: stranded.runtime_command,
-                    kind: stranded.kind,
-                },
-                stranded_attempt,
-                epoch,
-            )
+            .close_attempt(stranded.identity(), stranded_attempt, epoch)
             .await,
     )?;
     check(

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use sessionstore::wire::CommandBodyV1;
 use sessionstore::{
-    ApplicationOutcome, AttemptId, CommandIdentity, Disposition, EventId, JournalEpoch,
-    RuntimeSessionId, SessionId, StoreError, TenantId,
+    ApplicationOutcome, AttemptId, CommandIdentity, CommandRecord, Disposition, EventId,
+    JournalEpoch, RuntimeSessionId, SessionId, StoreError, TenantId,
 };
 use tokio::sync::{broadcast, watch};
 
@@ -27,6 +27,28 @@ pub struct RuntimeCommand {
     pub principal: Option<String>,
     /// Controller metadata (JSON object text), kept byte for byte.
     pub metadata: Option<String>,
+}
+
+impl RuntimeCommand {
+    /// The command `rec` as dispatched under `attempt`, begun at `journal_epoch`, with its
+    /// already decoded `body`; principal and metadata are carried from the inbox record.
+    pub fn for_attempt(
+        rec: &CommandRecord,
+        attempt: AttemptId,
+        journal_epoch: JournalEpoch,
+        body: CommandBodyV1,
+    ) -> RuntimeCommand {
+        RuntimeCommand {
+            tenant: rec.tenant.clone(),
+            session: rec.session.clone(),
+            identity: rec.identity(),
+            attempt,
+            journal_epoch,
+            body,
+            principal: rec.principal.clone(),
+            metadata: rec.metadata.clone(),
+        }
+    }
 }
 
 /// A disposition the runtime durably recorded, and where.

@@ -205,22 +205,9 @@ impl Bench {
             })
             .await
             .expect("begin attempt");
-        h.apply(RuntimeCommand {
-            tenant: rec.tenant.clone(),
-            session: rec.session.clone(),
-            identity: CommandIdentity {
-                command: rec.command.clone(),
-                runtime_command: rec.runtime_command,
-                kind: rec.kind,
-            },
-            attempt,
-            journal_epoch: epoch,
-            body,
-            principal: None,
-            metadata: None,
-        })
-        .await
-        .expect("apply");
+        h.apply(RuntimeCommand::for_attempt(&rec, attempt, epoch, body))
+            .await
+            .expect("apply");
         self.store
             .settle(SettleRequest {
                 tenant: rec.tenant.clone(),

@@ -214,29 +214,6 @@ pub mod support {
             (applying, attempt)
         }
 
-        pub fn command(
-            &self,
-            rec: &CommandRecord,
-            attempt: AttemptId,
-            epoch: JournalEpoch,
-            body: CommandBodyV1,
-        ) -> RuntimeCommand {
-            RuntimeCommand {
-                tenant: rec.tenant.clone(),
-                session: rec.session.clone(),
-                identity: CommandIdentity {
-                    command: rec.command.clone(),
-                    runtime_command: rec.runtime_command,
-                    kind: rec.kind,
-                },
-                attempt,
-                journal_epoch: epoch,
-                body,
-                principal: None,
-                metadata: None,
-            }
-        }
-
         /// Admit → claim → attempt → apply → settle. Returns the settled record.
         pub async fn send(
             &self,
@@ -246,7 +223,9 @@ pub mod support {
             let rec = self.admit(body.clone()).await;
             let epoch = h.journal_epoch();
             let (applying, attempt) = self.attempt(&rec, epoch).await;
-            let r = h.apply(self.command(&applying, attempt, epoch, body)).await;
+            let r = h
+                .apply(RuntimeCommand::for_attempt(&applying, attempt, epoch, body))
+                .await;
             let settled = match &r {
                 Ok(_) => self
                     .store
@@ -385,7 +364,9 @@ mod cases {
     use std::sync::atomic::Ordering;
     use std::time::Duration;
 
-    use department::{Capabilities, LaunchError, LaunchMode, LaunchTarget, Recovery, Runtime};
+    use department::{
+        Capabilities, LaunchError, LaunchMode, LaunchTarget, Recovery, Runtime, RuntimeCommand,
+    };
     use harness::events::HarnessEvent;
     use sessionstore::testing::TestStore;
     use sessionstore::wire::CommandBodyV1;
@@ -451,7 +432,7 @@ mod cases {
         let rec = fx.admit(input("once")).await;
         let epoch = h.journal_epoch();
         let (applying, attempt) = fx.attempt(&rec, epoch).await;
-        let cmd = fx.command(&applying, attempt, epoch, input("once"));
+        let cmd = RuntimeCommand::for_attempt(&applying, attempt, epoch, input("once"));
         let first = h.apply(cmd.clone()).await.unwrap();
         idle(&h).await;
         let tip = fx.tip().await;
@@ -470,7 +451,12 @@ mod cases {
         let (applying, attempt) = other.attempt(&rec, epoch).await;
         let tip = fx.tip().await;
         let err = h
-            .apply(other.command(&applying, attempt, epoch, input("misrouted")))
+            .apply(RuntimeCommand::for_attempt(
+                &applying,
+                attempt,
+                epoch,
+                input("misrouted"),
+            ))
             .await
             .unwrap_err();
         assert_eq!(err.code(), "wrong_session");
@@ -623,7 +609,7 @@ mod cases {
         let rec = fx.admit(body.clone()).await;
         let epoch = h.journal_epoch();
         let (applying, attempt) = fx.attempt(&rec, epoch).await;
-        let cmd = fx.command(&applying, attempt, epoch, body);
+        let cmd = RuntimeCommand::for_attempt(&applying, attempt, epoch, body);
         let h2 = h.clone();
         crashed
             .spawn(async move { h2.apply(cmd).await })
@@ -671,11 +657,7 @@ mod cases {
                 &lease,
                 vec![
                     JournalEntry::Application {
-                        identity: CommandIdentity {
-                            command: rec.command.clone(),
-                            runtime_command: rec.runtime_command,
-                            kind: rec.kind,
-                        },
+                        identity: rec.identity(),
                         attempt,
                         attempt_epoch: lease.epoch,
                         outcome: ApplicationOutcome::Applied,
@@ -799,11 +781,7 @@ mod cases {
         // A stranded attempt (begun, never dispatched) and an applied one.
         let stranded = fx.admit(input("lost")).await;
         let (stranded, sa) = fx.attempt(&stranded, e1).await;
-        let ident = CommandIdentity {
-            command: stranded.command.clone(),
-            runtime_command: stranded.runtime_command,
-            kind: stranded.kind,
-        };
+        let ident = stranded.identity();
         let own = h.close_attempt(ident.clone(), sa, e1).await.unwrap_err();
         assert_eq!(
             own.code(),
@@ -820,15 +798,7 @@ mod cases {
         // The applied command's disposition is returned, not closed over.
         let a = applied.attempt.clone().unwrap();
         let back = restored
-            .close_attempt(
-                CommandIdentity {
-                    command: applied.command.clone(),
-                    runtime_command: applied.runtime_command,
-                    kind: applied.kind,
-                },
-                a.id,
-                a.journal_epoch,
-            )
+            .close_attempt(applied.identity(), a.id, a.journal_epoch)
             .await
             .unwrap();
         assert_eq!(back.disposition, Disposition::Applied);
@@ -868,15 +838,7 @@ mod cases {
             .unwrap();
         let restored = fx.launch(LaunchMode::Restore).await;
         let err = restored
-            .close_attempt(
-                CommandIdentity {
-                    command: rec.command.clone(),
-                    runtime_command: rec.runtime_command,
-                    kind: rec.kind,
-                },
-                attempt,
-                lease.epoch,
-            )
+            .close_attempt(rec.identity(), attempt, lease.epoch)
             .await
             .unwrap_err();
         assert_eq!(err.code(), "closure_refused");

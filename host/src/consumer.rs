@@ -13,8 +13,8 @@ use std::time::Instant;
 use department::{Recorded, RuntimeCommand};
 use sessionstore::wire::{CommandBodyV1, DecodeError, decode_command_body};
 use sessionstore::{
-    AttemptId, AttemptRequest, ClaimRequest, CommandBody, CommandId, CommandIdentity,
-    CommandRecord, CommandState, ErrorCode, GateId, RejectRequest, SettleRequest, StoreError,
+    AttemptId, AttemptRequest, ClaimRequest, CommandBody, CommandId, CommandRecord, CommandState,
+    ErrorCode, GateId, RejectRequest, SettleRequest, StoreError,
 };
 use tokio::sync::mpsc;
 use tracing::Instrument;
@@ -336,20 +336,7 @@ impl Consumer {
         body: CommandBodyV1,
     ) -> Result<(), Stop> {
         let r = &self.resident;
-        let command = RuntimeCommand {
-            tenant: applying.tenant.clone(),
-            session: applying.session.clone(),
-            identity: CommandIdentity {
-                command: applying.command.clone(),
-                runtime_command: applying.runtime_command,
-                kind: applying.kind,
-            },
-            attempt,
-            journal_epoch,
-            body,
-            principal: applying.principal.clone(),
-            metadata: applying.metadata.clone(),
-        };
+        let command = RuntimeCommand::for_attempt(applying, attempt, journal_epoch, body);
         let recorded: Recorded = match r.runtime.applier.apply(command).await {
             Ok(rec) => rec,
             Err(e) => {
@@ -424,11 +411,7 @@ impl Consumer {
                         .into(),
                 ));
             };
-            let identity = CommandIdentity {
-                command: rec.command.clone(),
-                runtime_command: rec.runtime_command,
-                kind: rec.kind,
-            };
+            let identity = rec.identity();
             match closer
                 .close_attempt(identity, attempt.id, attempt.journal_epoch)
                 .await

@@ -296,11 +296,7 @@ pub async fn run_lifecycle(
             .journal_append(
                 &lease,
                 vec![JournalEntry::Application {
-                    identity: CommandIdentity {
-                        command: rec.command.clone(),
-                        runtime_command: rec.runtime_command,
-                        kind: rec.kind,
-                    },
+                    identity: rec.identity(),
                     attempt,
                     attempt_epoch: lease.epoch,
                     outcome: ApplicationOutcome::Applied,

@@ -90,14 +90,6 @@ mod cases {
         }
     }
 
-    fn identity(rec: &CommandRecord) -> CommandIdentity {
-        CommandIdentity {
-            command: rec.command.clone(),
-            runtime_command: rec.runtime_command,
-            kind: rec.kind,
-        }
-    }
-
     async fn journal(ts: &TestStore, s: &SessionRecord, holder: &str) -> JournalLease {
         ts.store
             .journal_acquire(&s.tenant, s.binding.runtime_session_id, holder, TTL)
@@ -141,7 +133,7 @@ mod cases {
             ts,
             lease,
             vec![JournalEntry::Application {
-                identity: identity(rec),
+                identity: rec.identity(),
                 attempt: attempt.id,
                 attempt_epoch: attempt.journal_epoch,
                 outcome,
@@ -755,7 +747,7 @@ mod cases {
             ts,
             &mut new,
             vec![JournalEntry::Closure {
-                identity: identity(&applying),
+                identity: applying.identity(),
                 attempt: attempt.id,
                 attempt_epoch: attempt.journal_epoch,
             }],
@@ -823,7 +815,7 @@ mod cases {
             ts,
             &mut lease,
             vec![JournalEntry::Application {
-                identity: identity(&applying),
+                identity: applying.identity(),
                 attempt: AttemptId::mint(),
                 attempt_epoch: epoch,
                 outcome: ApplicationOutcome::Applied,
@@ -1400,7 +1392,7 @@ mod cases {
             .journal_append(
                 &lease,
                 vec![JournalEntry::Application {
-                    identity: identity(&applying),
+                    identity: applying.identity(),
                     attempt: attempt.id,
                     attempt_epoch: attempt.journal_epoch,
                     outcome: ApplicationOutcome::NoOp,
@@ -1415,7 +1407,7 @@ mod cases {
             ts,
             &mut next,
             vec![JournalEntry::Closure {
-                identity: identity(&applying),
+                identity: applying.identity(),
                 attempt: attempt.id,
                 attempt_epoch: attempt.journal_epoch,
             }],
@@ -1431,7 +1423,7 @@ mod cases {
         let applying = to_applying(ts, &rec, 1, &lease).await;
         let attempt = applying.attempt.clone().unwrap();
         let closure = JournalEntry::Closure {
-            identity: identity(&applying),
+            identity: applying.identity(),
             attempt: attempt.id,
             attempt_epoch: attempt.journal_epoch,
         };
@@ -1458,7 +1450,7 @@ mod cases {
             ts,
             &mut next,
             vec![JournalEntry::Application {
-                identity: identity(&applying2),
+                identity: applying2.identity(),
                 attempt: a2.id,
                 attempt_epoch: a2.journal_epoch,
                 outcome: ApplicationOutcome::Applied,

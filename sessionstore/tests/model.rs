@@ -222,11 +222,7 @@ async fn step(w: &mut World, m: &mut Model, op: &Op) {
                     .journal_append(
                         &lease,
                         vec![JournalEntry::Application {
-                            identity: CommandIdentity {
-                                command: rec.command.clone(),
-                                runtime_command: rec.runtime_command,
-                                kind: rec.kind,
-                            },
+                            identity: rec.identity(),
                             attempt: attempt.id,
                             attempt_epoch: attempt.journal_epoch,
                             outcome,
@@ -262,11 +258,7 @@ async fn step(w: &mut World, m: &mut Model, op: &Op) {
                     .journal_append(
                         &lease,
                         vec![JournalEntry::Closure {
-                            identity: CommandIdentity {
-                                command: rec.command.clone(),
-                                runtime_command: rec.runtime_command,
-                                kind: rec.kind,
-                            },
+                            identity: rec.identity(),
                             attempt: attempt.id,
                             attempt_epoch: attempt.journal_epoch,
                         }],
