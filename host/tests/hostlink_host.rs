@@ -122,6 +122,19 @@ mod cases {
         )
     }
 
+    /// Creates `session` for the test agent (idempotent), optionally with a first message.
+    async fn create(f: &Factory, session: &SessionId, first: Option<String>, create: &str) {
+        f.create_session(
+            session.clone(),
+            AgentId::new(AGENT).unwrap(),
+            CompatibilityId::new(BUILD).unwrap(),
+            first,
+            CommandId::new(create).unwrap(),
+        )
+        .await
+        .unwrap();
+    }
+
     fn sid(name: &str) -> SessionId {
         SessionId::new(format!("{name}-{}", uuid::Uuid::now_v7())).unwrap()
     }
@@ -153,25 +166,9 @@ mod cases {
         let s = serve(ts, "link-e2e", |_| {}).await;
         let f = factory(ts, &s, "acme");
         let session = sid("s");
-        f.create_session(
-            session.clone(),
-            AgentId::new(AGENT).unwrap(),
-            CompatibilityId::new(BUILD).unwrap(),
-            None,
-            CommandId::new("create-1").unwrap(),
-        )
-        .await
-        .unwrap();
+        create(&f, &session, None, "create-1").await;
         // Idempotent: the same create again returns what exists.
-        f.create_session(
-            session.clone(),
-            AgentId::new(AGENT).unwrap(),
-            CompatibilityId::new(BUILD).unwrap(),
-            None,
-            CommandId::new("create-1").unwrap(),
-        )
-        .await
-        .unwrap();
+        create(&f, &session, None, "create-1").await;
         let placed = f.place(&session).await.unwrap();
         assert_eq!(placed.observation.residency, ResidencyState::Resident);
         assert!(placed.client.methods.starts_with(&[
@@ -265,15 +262,7 @@ mod cases {
         let s = serve(ts, "link-foreign", |_| {}).await;
         let acme = factory(ts, &s, "acme");
         let session = sid("secret");
-        acme.create_session(
-            session.clone(),
-            AgentId::new(AGENT).unwrap(),
-            CompatibilityId::new(BUILD).unwrap(),
-            None,
-            CommandId::new("c").unwrap(),
-        )
-        .await
-        .unwrap();
+        create(&acme, &session, None, "c").await;
         let placed = acme.place(&session).await.unwrap();
         let globex = HostLinkClient::connect(
             &s.base,
@@ -349,15 +338,7 @@ mod cases {
         // A session parked at a gate keeps the drain busy for the idle boundary.
         let f = factory(ts, &s, "acme");
         let session = sid("gated");
-        f.create_session(
-            session.clone(),
-            AgentId::new(AGENT).unwrap(),
-            CompatibilityId::new(BUILD).unwrap(),
-            Some("/tool launch_rocket {}".into()),
-            CommandId::new("c").unwrap(),
-        )
-        .await
-        .unwrap();
+        create(&f, &session, Some("/tool launch_rocket {}".into()), "c").await;
         f.place(&session).await.unwrap();
         let deadline = tokio::time::Instant::now() + WAIT;
         while f.gates(&session).await.unwrap().is_empty() {
@@ -388,15 +369,7 @@ mod cases {
         let s = serve(ts, "link-metrics", |_| {}).await;
         let f = factory(ts, &s, "acme");
         let session = sid("m");
-        f.create_session(
-            session.clone(),
-            AgentId::new(AGENT).unwrap(),
-            CompatibilityId::new(BUILD).unwrap(),
-            Some("hi".into()),
-            CommandId::new("c").unwrap(),
-        )
-        .await
-        .unwrap();
+        create(&f, &session, Some("hi".into()), "c").await;
         f.place(&session).await.unwrap();
         f.wait_terminal(&session, &CommandId::new("c").unwrap(), WAIT)
             .await
@@ -436,15 +409,7 @@ mod cases {
         let s = serve(ts, "link-pooled-drain", |_| {}).await;
         let f = factory(ts, &s, "acme");
         let session = sid("p");
-        f.create_session(
-            session.clone(),
-            AgentId::new(AGENT).unwrap(),
-            CompatibilityId::new(BUILD).unwrap(),
-            None,
-            CommandId::new("c").unwrap(),
-        )
-        .await
-        .unwrap();
+        create(&f, &session, None, "c").await;
         let placed = f.place(&session).await.unwrap();
         let req = DrainRequest {
             host_id: placed.observation.host_id.clone(),
@@ -479,15 +444,7 @@ mod cases {
         })
         .await;
         let acme = factory(ts, &s, "acme");
-        acme.create_session(
-            session.clone(),
-            AgentId::new(AGENT).unwrap(),
-            CompatibilityId::new(BUILD).unwrap(),
-            None,
-            CommandId::new("c").unwrap(),
-        )
-        .await
-        .unwrap();
+        create(&acme, &session, None, "c").await;
         let placed = acme.place(&session).await.unwrap();
         let req = |tenant: &str| DrainRequest {
             host_id: placed.observation.host_id.clone(),
@@ -568,15 +525,7 @@ mod cases {
         .await;
         let f = factory(ts, &s, "acme");
         let session = sid("sdk");
-        f.create_session(
-            session.clone(),
-            AgentId::new(AGENT).unwrap(),
-            CompatibilityId::new(BUILD).unwrap(),
-            None,
-            CommandId::new("create").unwrap(),
-        )
-        .await
-        .unwrap();
+        create(&f, &session, None, "create").await;
         let url = host::client::hostlink_url(&s.base, &TenantId::new("acme").unwrap());
         let generation = s.service.generation().to_string();
         let host_id = s.service.config().host_id.to_string();
@@ -671,15 +620,7 @@ mod cases {
     pub async fn placement_with_no_live_host_is_a_clear_refusal(ts: &TestStore) {
         let f = Factory::new(ts.store.clone(), TenantId::new("acme").unwrap(), "t");
         let session = sid("nowhere");
-        f.create_session(
-            session.clone(),
-            AgentId::new(AGENT).unwrap(),
-            CompatibilityId::new(BUILD).unwrap(),
-            None,
-            CommandId::new("c").unwrap(),
-        )
-        .await
-        .unwrap();
+        create(&f, &session, None, "c").await;
         assert!(matches!(
             f.place(&session).await,
             Err(ControllerError::NoHost(_))
