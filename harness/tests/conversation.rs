@@ -133,6 +133,80 @@ mod cases {
         the_next_message_is_answered(&fx, &h, &server).await;
     }
 
+    pub async fn an_interrupt_between_calls_of_one_step_answers_each_by_how_far_it_got(
+        ts: &TestStore,
+    ) {
+        let server = StrictChat::start().await;
+        let fx = strict(ts, &server, |_| {}).await;
+        let h = fx.launch(LaunchMode::Create).await;
+        fx.ok(
+            &h,
+            input(r#"call echo {"text":"first"} also call launch_rocket {} also call echo {"text":"third"}"#),
+        )
+        .await;
+        fx.open_gate().await;
+        fx.ok(&h, CommandBodyV1::Interrupt).await;
+        idle(&h).await;
+        let evs = fx.events().await;
+        let got = results(&evs);
+        assert_eq!(got.len(), 3, "{evs:#?}");
+        assert_eq!((got[0].1.as_str(), got[0].2), ("first", false));
+        assert!(
+            got[1].2 && got[1].1.contains("waited for approval"),
+            "{got:?}"
+        );
+        assert!(
+            got[2].2 && got[2].1.contains("before this call started"),
+            "{got:?}"
+        );
+        assert_eq!(fx.counter.runs.load(Ordering::SeqCst), 0);
+        the_next_message_is_answered(&fx, &h, &server).await;
+    }
+
+    pub async fn an_interrupt_while_a_tool_runs_answers_that_it_may_have_taken_effect(
+        ts: &TestStore,
+    ) {
+        let server = StrictChat::start().await;
+        let fx = strict(ts, &server, |_| {}).await;
+        let h = fx.launch(LaunchMode::Create).await;
+        fx.ok(&h, input("call slow_effect {}")).await;
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while fx.blocker.started.load(Ordering::SeqCst) == 0 {
+            assert!(tokio::time::Instant::now() < deadline, "the tool never ran");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        fx.ok(&h, CommandBodyV1::Interrupt).await;
+        idle(&h).await;
+        let evs = fx.events().await;
+        let [(_, content, true)] = &results(&evs)[..] else {
+            panic!("one error result: {evs:#?}")
+        };
+        assert!(
+            content.contains("may have partly taken effect"),
+            "{content}"
+        );
+        the_next_message_is_answered(&fx, &h, &server).await;
+    }
+
+    pub async fn an_interrupt_at_a_gate_restored_open_answers_its_call(ts: &TestStore) {
+        let server = StrictChat::start().await;
+        let fx = strict(ts, &server, |_| {}).await;
+        let h = fx.launch(LaunchMode::Create).await;
+        fx.ok(&h, input(r#"call ask_user {"question":"Which city?"}"#))
+            .await;
+        fx.open_gate().await;
+        h.abandon().await.unwrap();
+        let restored = fx.launch(LaunchMode::Restore).await;
+        fx.ok(&restored, CommandBodyV1::Interrupt).await;
+        idle(&restored).await;
+        let evs = fx.events().await;
+        let [(_, content, true)] = &results(&evs)[..] else {
+            panic!("one error result: {evs:#?}")
+        };
+        assert!(content.contains("Not answered"), "{content}");
+        the_next_message_is_answered(&fx, &restored, &server).await;
+    }
+
     pub async fn a_denied_call_is_answered_and_the_model_continues(ts: &TestStore) {
         let server = StrictChat::start().await;
         let fx = strict(ts, &server, |_| {}).await;
@@ -387,6 +461,9 @@ mod cases {
 sessionstore::both_backends!(cases =>
     after_an_interrupt_at_a_permission_gate_the_call_is_answered_and_the_next_message_succeeds,
     after_an_interrupt_at_an_ask_user_gate_the_question_is_answered_and_the_next_message_succeeds,
+    an_interrupt_between_calls_of_one_step_answers_each_by_how_far_it_got,
+    an_interrupt_at_a_gate_restored_open_answers_its_call,
+    an_interrupt_while_a_tool_runs_answers_that_it_may_have_taken_effect,
     a_denied_call_is_answered_and_the_model_continues,
     a_crash_while_a_tool_runs_then_a_restore_answers_the_call_and_the_next_message_succeeds,
     a_turn_failed_by_the_provider_is_reported_as_provider_and_the_next_message_succeeds,

@@ -15,7 +15,8 @@
 //!
 //! Replies: the last user message is a script, steps separated by ` then `; the model's k-th
 //! step since that message runs the k-th part (past the end, it reports the latest tool result):
-//! - `call <name> <arguments as sent, JSON or not>`: one tool call;
+//! - `call <name> <arguments as sent, JSON or not>`: one tool call; several joined by ` also `
+//!   are one step with several calls;
 //! - `say <text>`: a text reply;
 //! - `fail <message>`: a text delta, then an error object inside the stream;
 //! - `repeat <part>`: this part for this step and every later one;
@@ -284,10 +285,17 @@ fn reply(messages: &Value, next_call: &AtomicU64) -> String {
         },
     };
     let part = part.strip_prefix("repeat ").unwrap_or(part);
-    if let Some(rest) = part.strip_prefix("call ") {
-        let (name, arguments) = rest.split_once(' ').unwrap_or((rest, "{}"));
-        let id = format!("call_{}", next_call.fetch_add(1, Ordering::SeqCst));
-        return call_reply(&id, name, arguments);
+    if part.starts_with("call ") {
+        let calls: Vec<(String, &str, &str)> = part
+            .split(" also ")
+            .map(|c| {
+                let rest = c.strip_prefix("call ").unwrap_or(c);
+                let (name, arguments) = rest.split_once(' ').unwrap_or((rest, "{}"));
+                let id = format!("call_{}", next_call.fetch_add(1, Ordering::SeqCst));
+                (id, name, arguments)
+            })
+            .collect();
+        return calls_reply(&calls);
     }
     if let Some(rest) = part.strip_prefix("fail ") {
         return [
@@ -318,11 +326,17 @@ fn text_reply(text: &str) -> String {
     .concat()
 }
 
-fn call_reply(id: &str, name: &str, arguments: &str) -> String {
-    let call = json!({"index": 0, "id": id, "type": "function",
-        "function": {"name": name, "arguments": arguments}});
+fn calls_reply(calls: &[(String, &str, &str)]) -> String {
+    let calls: Vec<Value> = calls
+        .iter()
+        .enumerate()
+        .map(|(index, (id, name, arguments))| {
+            json!({"index": index, "id": id, "type": "function",
+                "function": {"name": name, "arguments": arguments}})
+        })
+        .collect();
     [
-        chunk(json!({"delta": {"role": "assistant", "tool_calls": [call]}})),
+        chunk(json!({"delta": {"role": "assistant", "tool_calls": calls}})),
         chunk(json!({"delta": {}, "finish_reason": "tool_calls"})),
         "data: [DONE]\n\n".to_string(),
     ]
