@@ -2,6 +2,9 @@
 //! journaled), the tools it asks for run (a permission gate first for a tool that needs
 //! approval; `ask_user` is a gate whose answer is the result), and the loop repeats until the
 //! model stops. Every turn ends with exactly one terminal event: done, failed or interrupted.
+//! No call is left without a result: an interrupted turn journals one for each call of its
+//! step that has none (with its `turn_interrupted`, in one append), and a call whose arguments
+//! the model wrote badly is answered with the problem, running nothing.
 //! A turn never writes the journal itself: it asks the session actor, which refuses once the
 //! session is abandoned or faulted, so a stopped turn writes nothing more.
 
