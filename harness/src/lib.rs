@@ -7,6 +7,7 @@
 
 pub mod agent;
 pub mod events;
+mod history;
 pub mod model;
 mod session;
 mod state;

@@ -37,11 +37,23 @@ pub(crate) struct PendingInput {
     pub cause: Option<Cause>,
 }
 
+/// How a turn ended, as far as the conversation needs to know.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum TurnEnd {
+    Done,
+    Failed { code: String },
+    Interrupted { reason: String },
+}
+
 /// One turn's part of the conversation.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct TurnTranscript {
+    pub turn_id: String,
     pub user: String,
+    /// The committed steps and tool results, in journal order.
     pub messages: Vec<ChatMessage>,
+    /// `None` while the turn is in flight.
+    pub end: Option<TurnEnd>,
 }
 
 /// What the journal says about a turn that has started and not ended.
@@ -152,8 +164,10 @@ impl SessionState {
                     cause: None,
                 });
                 self.turns.push(TurnTranscript {
+                    turn_id: turn_id.clone(),
                     user: input.text,
                     messages: Vec::new(),
+                    end: None,
                 });
                 self.open_turn = Some(OpenTurn {
                     turn_id,
@@ -223,13 +237,24 @@ impl SessionState {
                     turn.resolutions.insert(gate, Resolution { action, text });
                 }
             }
-            HarnessEvent::TurnDone { .. }
-            | HarnessEvent::TurnFailed { .. }
-            | HarnessEvent::TurnInterrupted { .. } => {
-                self.open_turn = None;
+            HarnessEvent::TurnDone { turn_id } => self.end_turn(&turn_id, TurnEnd::Done),
+            HarnessEvent::TurnFailed { turn_id, error } => {
+                self.end_turn(&turn_id, TurnEnd::Failed { code: error.code });
             }
+            HarnessEvent::TurnInterrupted {
+                turn_id, reason, ..
+            } => self.end_turn(&turn_id, TurnEnd::Interrupted { reason }),
         }
         Ok(())
+    }
+
+    fn end_turn(&mut self, turn_id: &str, end: TurnEnd) {
+        self.open_turn = None;
+        if let Some(t) = self.turns.last_mut()
+            && t.turn_id == turn_id
+        {
+            t.end = Some(end);
+        }
     }
 
     fn current(&mut self, turn_id: &str, seq: u64) -> Result<&mut OpenTurn, String> {
@@ -247,37 +272,21 @@ impl SessionState {
         }
     }
 
-    /// The conversation as a model sees it; `pending` names a queued input whose turn is
-    /// running but has not been journaled yet (its `turn_started` rides on the first step).
+    /// The conversation as a model sees it, made well-formed (see [`crate::history`]);
+    /// `pending` names a queued input whose turn is running but has not been journaled yet
+    /// (its `turn_started` rides on the first step).
     pub fn conversation_with(
         &self,
         system: Option<&str>,
         pending: Option<&str>,
     ) -> Vec<ChatMessage> {
-        let mut out = self.conversation(system);
-        if let Some(event) = pending
-            && let Some(input) = self.inputs.iter().find(|i| i.event_id == event)
-        {
-            out.push(ChatMessage::User {
-                text: input.text.clone(),
-            });
-        }
-        out
-    }
-
-    /// The conversation as a model sees it.
-    pub fn conversation(&self, system: Option<&str>) -> Vec<ChatMessage> {
-        let mut out = Vec::new();
-        if let Some(s) = system {
-            out.push(ChatMessage::System { text: s.to_owned() });
-        }
-        for t in &self.turns {
-            out.push(ChatMessage::User {
-                text: t.user.clone(),
-            });
-            out.extend(t.messages.iter().cloned());
-        }
-        out
+        let pending = pending.and_then(|event| {
+            self.inputs
+                .iter()
+                .find(|i| i.event_id == event)
+                .map(|i| i.text.as_str())
+        });
+        crate::history::conversation(system, &self.turns, pending)
     }
 
     /// Whole-session idle: no turn, no open gate, nothing queued.

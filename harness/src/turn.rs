@@ -2,6 +2,9 @@
 //! journaled), the tools it asks for run (a permission gate first for a tool that needs
 //! approval; `ask_user` is a gate whose answer is the result), and the loop repeats until the
 //! model stops. Every turn ends with exactly one terminal event: done, failed or interrupted.
+//! No call is left without a result: an interrupted turn journals one for each call of its
+//! step that has none (with its `turn_interrupted`, in one append), and a call whose arguments
+//! the model wrote badly is answered with the problem, running nothing.
 //! A turn never writes the journal itself: it asks the session actor, which refuses once the
 //! session is abandoned or faulted, so a stopped turn writes nothing more.
 
@@ -48,8 +51,9 @@ pub(crate) enum ResumePoint {
         entry: CallEntry,
     },
     /// A call's outcome cannot be known and it is not safe to run again: end the turn
-    /// interrupted rather than guess.
-    Interrupt,
+    /// interrupted rather than guess. `calls` are the step's calls without a result, the one
+    /// in doubt first; each is answered saying so.
+    Interrupt { calls: Vec<ToolCall> },
 }
 
 /// How a call is entered.
@@ -73,6 +77,19 @@ pub(crate) struct TurnCtx {
     pub reason: Arc<std::sync::Mutex<Option<StopReason>>>,
 }
 
+/// Where the first call still waiting for a result stands (the later ones have not started).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CallPhase {
+    /// Not started.
+    Waiting,
+    /// Parked at its gate: a permission gate, or the question of `ask_user`.
+    AtGate { ask: bool },
+    /// The tool is running.
+    Running,
+    /// Found running by a restore: whether it took effect is not known.
+    InDoubt,
+}
+
 enum Stop {
     /// Cancelled from outside (interrupt or abandonment).
     Cancelled,
@@ -87,6 +104,11 @@ struct Run<'a> {
     /// Events held back to ride on the turn's next append (a fresh turn's `turn_started`
     /// goes out with its first committed step, so a simple reply is one journal write).
     prefix: Vec<HarnessEvent>,
+    /// The current step's calls without a journaled result, in order: an interrupted turn
+    /// answers each of them, so no call is left unanswered in the conversation.
+    waiting: Vec<ToolCall>,
+    /// Where `waiting[0]` stands.
+    phase: CallPhase,
 }
 
 /// Decides where a turn the journal holds in flight resumes.
@@ -131,7 +153,9 @@ pub(crate) fn resume_point(
                     && res.action == "approve"
                     && !agent.tools.get(&call.name).is_some_and(|t| t.replay_safe());
                 if approved_effect {
-                    return ResumePoint::Interrupt;
+                    return ResumePoint::Interrupt {
+                        calls: open.last_calls[start..].to_vec(),
+                    };
                 }
                 CallEntry::Resolved(res.clone())
             }
@@ -142,12 +166,16 @@ pub(crate) fn resume_point(
                     .tools
                     .get(&call.name)
                     .is_some_and(|t| t.needs_approval());
-            let safe = agent.tools.get(&call.name).is_none_or(|t| t.replay_safe());
+            let safe = agent.tools.get(&call.name).is_none_or(|t| t.replay_safe())
+                || call.arguments_error.is_some();
             if gated || safe {
-                // A gated call whose gate never opened never ran; a replay-safe one may run again.
+                // A gated call whose gate never opened never ran; a replay-safe one may run
+                // again; one with unusable arguments never runs at all.
                 CallEntry::Fresh
             } else {
-                return ResumePoint::Interrupt;
+                return ResumePoint::Interrupt {
+                    calls: open.last_calls[start..].to_vec(),
+                };
             }
         }
     };
@@ -164,6 +192,8 @@ pub(crate) async fn run(ctx: TurnCtx, plan: TurnPlan) {
         ctx: &ctx,
         open_gate: None,
         prefix: Vec::new(),
+        waiting: Vec::new(),
+        phase: CallPhase::Waiting,
     };
     let result = run.drive(plan).await;
     if let Err(Stop::Cancelled) = result {
@@ -197,7 +227,9 @@ impl Run<'_> {
                 ResumePoint::Finish => {
                     return self.finish().await;
                 }
-                ResumePoint::Interrupt => {
+                ResumePoint::Interrupt { calls } => {
+                    self.waiting = calls;
+                    self.phase = CallPhase::InDoubt;
                     self.write_interrupted(None, None, "restore").await;
                     return Ok(());
                 }
@@ -206,6 +238,8 @@ impl Run<'_> {
                     start,
                     entry,
                 } => {
+                    self.waiting = calls[start..].to_vec();
+                    self.phase = CallPhase::Waiting;
                     let mut entry = Some(entry);
                     for call in &calls[start..] {
                         let e = entry.take().unwrap_or(CallEntry::Fresh);
@@ -255,6 +289,8 @@ impl Run<'_> {
             if done {
                 return Ok(());
             }
+            self.waiting = calls.clone();
+            self.phase = CallPhase::Waiting;
             for call in &calls {
                 self.run_call(call, CallEntry::Fresh).await?;
             }
@@ -301,6 +337,24 @@ impl Run<'_> {
                     action: "cancelled".into(),
                     text: None,
                     cause: cause.clone(),
+                },
+                rc,
+            ));
+        }
+        let restarted = reason == "restore";
+        for (i, call) in std::mem::take(&mut self.waiting).into_iter().enumerate() {
+            let phase = if i == 0 {
+                self.phase
+            } else {
+                CallPhase::Waiting
+            };
+            events.push((
+                HarnessEvent::ToolResult {
+                    turn_id: self.ctx.turn_id.clone(),
+                    content: unfinished_call_text(phase, restarted),
+                    call_id: call.id,
+                    name: call.name,
+                    is_error: true,
                 },
                 rc,
             ));
@@ -434,7 +488,12 @@ impl Run<'_> {
             },
             None,
         )])
-        .await
+        .await?;
+        if let Some(at) = self.waiting.iter().position(|c| c.id == call.id) {
+            self.waiting.remove(at);
+        }
+        self.phase = CallPhase::Waiting;
+        Ok(())
     }
 
     async fn run_call(&mut self, call: &ToolCall, entry: CallEntry) -> Result<(), Stop> {
@@ -445,6 +504,10 @@ impl Run<'_> {
             return self
                 .result(call, format!("unknown tool {:?}", call.name), true)
                 .await;
+        }
+        if let Some(problem) = &call.arguments_error {
+            // Nothing runs and no gate opens; the model reads why in its next step.
+            return self.result(call, problem.clone(), true).await;
         }
         let gated = is_ask || tool.as_ref().is_some_and(|t| t.needs_approval());
         let resolution = if gated {
@@ -488,6 +551,7 @@ impl Run<'_> {
         let Some(tool) = tool else {
             return Ok(());
         };
+        self.phase = CallPhase::Running;
         let cancel = &self.ctx.cancel;
         let outcome = tokio::select! {
             r = tool.call(call.arguments.clone()) => r,
@@ -552,6 +616,7 @@ impl Run<'_> {
             _ => return Err(Stop::Refused),
         };
         self.open_gate = Some(gate);
+        self.phase = CallPhase::AtGate { ask: is_ask };
         let r = self.wait_gate(gate, waiter, timeout).await;
         if r.is_ok() {
             self.open_gate = None;
@@ -579,6 +644,9 @@ impl Run<'_> {
             });
         };
         self.open_gate = Some(gate);
+        self.phase = CallPhase::AtGate {
+            ask: self.waiting.first().is_some_and(|c| c.name == ASK_USER),
+        };
         let r = self
             .wait_gate(gate, waiter, Duration::from_millis(remaining_ms))
             .await;
@@ -611,5 +679,30 @@ impl Run<'_> {
             r = waiter => r.map_err(|_| Stop::Refused),
             _ = cancel.cancelled() => Err(Stop::Cancelled),
         }
+    }
+}
+
+/// The result journaled for a call an interrupted turn leaves without one.
+fn unfinished_call_text(phase: CallPhase, restarted: bool) -> String {
+    let stopped = if restarted {
+        "the session restarted"
+    } else {
+        "the user interrupted the turn"
+    };
+    match phase {
+        CallPhase::Waiting => format!("Not run: {stopped} before this call started."),
+        CallPhase::AtGate { ask: false } => {
+            format!("Not run: {stopped} while this call waited for approval.")
+        }
+        CallPhase::AtGate { ask: true } => {
+            format!("Not answered: {stopped} while the question waited for the user.")
+        }
+        CallPhase::Running => format!(
+            "Stopped: {stopped} while this call was running; it may have partly taken effect."
+        ),
+        CallPhase::InDoubt => format!(
+            "Outcome unknown: {stopped} while this call was running, and it was not run again; \
+             it may or may not have taken effect."
+        ),
     }
 }

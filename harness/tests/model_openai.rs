@@ -71,7 +71,9 @@ impl Reply {
         }
     }
 
+    /// Sets a header, replacing one of the same name.
     fn header(mut self, name: &'static str, value: &str) -> Self {
+        self.headers.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
         self.headers.push((name, value.into()));
         self
     }
@@ -117,12 +119,12 @@ impl TestServer {
 
     fn config(&self) -> OpenAiConfig {
         let mut config = OpenAiConfig::new(format!("http://{}/v1/", self.addr), KEY, "test-model");
-        config.connect_timeout = Duration::from_millis(200);
-        config.request_timeout = Duration::from_millis(300);
-        config.idle_timeout = Duration::from_millis(60);
-        config.max_retries = 2;
-        config.backoff_initial = Duration::from_millis(2);
-        config.backoff_max = Duration::from_millis(10);
+        config.options.connect_timeout = Duration::from_millis(200);
+        config.options.request_timeout = Duration::from_millis(300);
+        config.options.idle_timeout = Duration::from_millis(60);
+        config.options.max_retries = 2;
+        config.options.backoff_initial = Duration::from_millis(2);
+        config.options.backoff_max = Duration::from_millis(10);
         config
     }
 
@@ -286,16 +288,16 @@ async fn tool_call_fragments_split_across_chunks_become_one_call_per_index() {
         events,
         vec![
             delta("Let me look."),
-            Ok(ModelEvent::ToolCall(ToolCall {
-                id: "call_a".into(),
-                name: "read_file".into(),
-                arguments: json!({"path": "café/menu.txt"}),
-            })),
-            Ok(ModelEvent::ToolCall(ToolCall {
-                id: "call_b".into(),
-                name: "search".into(),
-                arguments: json!({"q": "x y"}),
-            })),
+            Ok(ModelEvent::ToolCall(ToolCall::new(
+                "call_a",
+                "read_file",
+                json!({"path": "café/menu.txt"}),
+            ))),
+            Ok(ModelEvent::ToolCall(ToolCall::new(
+                "call_b",
+                "search",
+                json!({"q": "x y"}),
+            ))),
             finished(FinishReason::ToolCalls),
         ]
     );
@@ -305,8 +307,8 @@ async fn tool_call_fragments_split_across_chunks_become_one_call_per_index() {
 async fn the_request_carries_auth_stream_flag_and_mapped_messages_and_tools() {
     let server = TestServer::start(vec![Reply::sse(finish("stop") + DONE)]).await;
     let mut config = server.config();
-    config.max_tokens = Some(256);
-    config.temperature = Some(0.2);
+    config.options.max_tokens = Some(256);
+    config.options.temperature = Some(0.2);
     let model = OpenAiModel::new(config).unwrap();
     let request = ModelRequest {
         messages: vec![
@@ -318,11 +320,11 @@ async fn the_request_carries_auth_stream_flag_and_mapped_messages_and_tools() {
             },
             ChatMessage::Assistant {
                 text: String::new(),
-                tool_calls: vec![ToolCall {
-                    id: "call_1".into(),
-                    name: "read_file".into(),
-                    arguments: json!({"path": "a.txt"}),
-                }],
+                tool_calls: vec![ToolCall::new(
+                    "call_1",
+                    "read_file",
+                    json!({"path": "a.txt"}),
+                )],
             },
             ChatMessage::Tool {
                 call_id: "call_1".into(),
@@ -407,8 +409,8 @@ async fn a_429_with_retry_after_is_retried_once_after_the_capped_wait() {
     ])
     .await;
     let mut config = server.config();
-    config.backoff_initial = Duration::from_millis(1);
-    config.backoff_max = Duration::from_millis(80);
+    config.options.backoff_initial = Duration::from_millis(1);
+    config.options.backoff_max = Duration::from_millis(80);
     let events = collect(&OpenAiModel::new(config).unwrap(), hello()).await;
     assert_eq!(events, vec![delta("ok"), finished(FinishReason::Stop)]);
 
@@ -567,29 +569,95 @@ async fn an_oversized_sse_line_is_a_protocol_error() {
 }
 
 #[tokio::test]
-async fn invalid_tool_arguments_are_a_protocol_error() {
+async fn invalid_tool_arguments_give_a_call_that_carries_the_error_and_the_step_still_finishes() {
     let call = json!({"index": 0, "id": "c", "function": {"name": "f", "arguments": "{\"a\": "}});
-    let body = data(json!({"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]}))
+    let good = json!({"index": 1, "id": "d", "function": {"name": "g", "arguments": "{}"}});
+    let body = data(json!({"choices": [{"index": 0, "delta": {"tool_calls": [call, good]}}]}))
         + &finish("tool_calls")
         + DONE;
     let server = TestServer::start(vec![Reply::sse(body)]).await;
     let events = collect(&server.model(), hello()).await;
+    let [
+        Ok(ModelEvent::ToolCall(bad)),
+        Ok(ModelEvent::ToolCall(fine)),
+        Ok(ModelEvent::Finished(FinishReason::ToolCalls)),
+    ] = &events[..]
+    else {
+        panic!("{events:?}");
+    };
+    assert_eq!((bad.id.as_str(), bad.name.as_str()), ("c", "f"));
+    assert_eq!(bad.arguments, json!({}));
+    let problem = bad.arguments_error.as_deref().unwrap();
+    assert!(problem.contains("not valid JSON"), "{problem}");
     assert!(
-        matches!(&events[..], [Err(ModelError::Protocol(m))] if m.contains("not valid JSON")),
-        "{events:?}"
+        problem.contains("{\"a\":"),
+        "quotes what the model wrote: {problem}"
+    );
+    assert_eq!(fine, &ToolCall::new("d", "g", json!({})));
+}
+
+#[tokio::test]
+async fn an_error_object_in_the_stream_is_a_provider_error_with_its_message() {
+    let body = text("a")
+        + &data(json!({"error": {"message": "context too long", "type": "invalid_request_error"}}));
+    let server = TestServer::start(vec![Reply::sse(body)]).await;
+    let events = collect(&server.model(), hello()).await;
+    assert_eq!(events[0], delta("a"));
+    let Err(err) = &events[1] else {
+        panic!("{events:?}")
+    };
+    assert_eq!(err.code(), "provider", "{err:?}");
+    assert!(
+        matches!(err, ModelError::Provider(m) if m.contains("context too long") && m.contains("invalid_request_error")),
+        "{err:?}"
     );
 }
 
 #[tokio::test]
-async fn an_error_object_in_the_stream_is_reported() {
-    let body = text("a") + &data(json!({"error": {"message": "context too long"}}));
-    let server = TestServer::start(vec![Reply::sse(body)]).await;
-    let events = collect(&server.model(), hello()).await;
-    assert_eq!(events[0], delta("a"));
+async fn a_200_with_a_json_completion_instead_of_a_stream_says_what_came_back() {
+    let completion = json!({
+        "id": "chatcmpl-9",
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+    });
+    let server = TestServer::start(vec![Reply::status(200, &completion.to_string())]).await;
+    let err = server.model().stream(hello()).await.err().unwrap();
+    let ModelError::Protocol(message) = &err else {
+        panic!("{err:?}")
+    };
+    assert!(message.contains("application/json"), "{message}");
+    assert!(message.contains("chat.completion"), "{message}");
+    assert!(!message.contains("ended without"), "{message}");
+    assert_eq!(server.request_count(), 1, "a 200 is not retried");
+}
+
+#[tokio::test]
+async fn a_200_with_a_json_error_body_is_a_provider_error() {
+    let body = json!({"error": {"message": "model overloaded, try later", "code": 529}});
+    let server = TestServer::start(vec![Reply::status(200, &body.to_string())]).await;
+    let err = server.model().stream(hello()).await.err().unwrap();
     assert!(
-        matches!(&events[1], Err(ModelError::Protocol(m)) if m.contains("context too long")),
-        "{events:?}"
+        matches!(&err, ModelError::Provider(m) if m.contains("model overloaded") && m.contains("529")),
+        "{err:?}"
     );
+}
+
+#[tokio::test]
+async fn a_200_with_html_names_the_type_and_an_event_stream_with_parameters_is_read() {
+    let server = TestServer::start(vec![
+        Reply::status(200, "<html><body>Sign in</body></html>")
+            .header("content-type", "text/html; charset=utf-8"),
+        Reply::sse(text("ok") + &finish("stop") + DONE)
+            .header("content-type", "Text/Event-Stream; charset=utf-8"),
+    ])
+    .await;
+    let err = server.model().stream(hello()).await.err().unwrap();
+    assert!(
+        matches!(&err, ModelError::Protocol(m) if m.contains("text/html") && m.contains("Sign in")),
+        "{err:?}"
+    );
+    let events = collect(&server.model(), hello()).await;
+    assert_eq!(events, vec![delta("ok"), finished(FinishReason::Stop)]);
 }
 
 #[tokio::test]
@@ -598,9 +666,9 @@ async fn a_refused_connection_is_retried_then_reported_as_transport() {
     let addr = listener.local_addr().unwrap();
     drop(listener);
     let mut config = OpenAiConfig::new(format!("http://{addr}/v1"), KEY, "m");
-    config.max_retries = 2;
-    config.backoff_initial = Duration::from_millis(20);
-    config.backoff_max = Duration::from_millis(40);
+    config.options.max_retries = 2;
+    config.options.backoff_initial = Duration::from_millis(20);
+    config.options.backoff_max = Duration::from_millis(40);
     let started = Instant::now();
     let err = OpenAiModel::new(config)
         .unwrap()
@@ -648,36 +716,42 @@ fn validate_names_the_offending_field() {
         ("api_key", Box::new(|c| c.api_key = "line\nbreak".into())),
         (
             "connect_timeout",
-            Box::new(|c| c.connect_timeout = Duration::ZERO),
+            Box::new(|c| c.options.connect_timeout = Duration::ZERO),
         ),
         (
             "request_timeout",
-            Box::new(|c| c.request_timeout = Duration::ZERO),
+            Box::new(|c| c.options.request_timeout = Duration::ZERO),
         ),
         (
             "idle_timeout",
-            Box::new(|c| c.idle_timeout = Duration::ZERO),
+            Box::new(|c| c.options.idle_timeout = Duration::ZERO),
         ),
         (
             "backoff_initial",
-            Box::new(|c| c.backoff_initial = Duration::ZERO),
+            Box::new(|c| c.options.backoff_initial = Duration::ZERO),
         ),
         (
             "backoff_max",
-            Box::new(|c| c.backoff_max = Duration::from_millis(1)),
+            Box::new(|c| c.options.backoff_max = Duration::from_millis(1)),
         ),
         (
             "request_timeout",
-            Box::new(|c| c.request_timeout = Duration::MAX),
+            Box::new(|c| c.options.request_timeout = Duration::MAX),
         ),
         (
             "backoff_max",
-            Box::new(|c| c.backoff_max = Duration::from_secs(90_000)),
+            Box::new(|c| c.options.backoff_max = Duration::from_secs(90_000)),
         ),
-        ("max_retries", Box::new(|c| c.max_retries = 11)),
-        ("max_tokens", Box::new(|c| c.max_tokens = Some(0))),
-        ("temperature", Box::new(|c| c.temperature = Some(f32::NAN))),
-        ("temperature", Box::new(|c| c.temperature = Some(2.5))),
+        ("max_retries", Box::new(|c| c.options.max_retries = 11)),
+        ("max_tokens", Box::new(|c| c.options.max_tokens = Some(0))),
+        (
+            "temperature",
+            Box::new(|c| c.options.temperature = Some(f32::NAN)),
+        ),
+        (
+            "temperature",
+            Box::new(|c| c.options.temperature = Some(2.5)),
+        ),
     ];
     for (field, break_it) in cases {
         let mut config = good.clone();

@@ -100,11 +100,11 @@ async fn tool_command_emits_one_call_with_parsed_arguments_and_finishes_with_too
     assert_eq!(
         events,
         vec![
-            Ok(ModelEvent::ToolCall(ToolCall {
-                id: "call-1".into(),
-                name: "read_file".into(),
-                arguments: json!({"path": "a b.txt", "n": [1, 2]}),
-            })),
+            Ok(ModelEvent::ToolCall(ToolCall::new(
+                "call-1",
+                "read_file",
+                json!({"path": "a b.txt", "n": [1, 2]})
+            ))),
             Ok(ModelEvent::Finished(FinishReason::ToolCalls)),
         ]
     );
@@ -129,11 +129,11 @@ async fn tool_command_without_arguments_passes_an_empty_object() {
     let events = run(&ScriptedModel::new(), vec![user("/tool now")]).await;
     assert_eq!(
         events[0],
-        Ok(ModelEvent::ToolCall(ToolCall {
-            id: "call-1".into(),
-            name: "now".into(),
-            arguments: json!({}),
-        }))
+        Ok(ModelEvent::ToolCall(ToolCall::new(
+            "call-1",
+            "now",
+            json!({})
+        )))
     );
 }
 
@@ -143,11 +143,11 @@ async fn ask_command_calls_ask_user_with_the_question() {
     assert_eq!(
         events,
         vec![
-            Ok(ModelEvent::ToolCall(ToolCall {
-                id: "call-1".into(),
-                name: "ask_user".into(),
-                arguments: json!({"question": "What is your name?"}),
-            })),
+            Ok(ModelEvent::ToolCall(ToolCall::new(
+                "call-1",
+                "ask_user",
+                json!({"question": "What is your name?"})
+            ))),
             Ok(ModelEvent::Finished(FinishReason::ToolCalls)),
         ]
     );

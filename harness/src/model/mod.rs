@@ -3,6 +3,7 @@
 //! writes the journal and never runs tools: the turn loop does both.
 
 pub mod openai;
+pub mod openai_options;
 pub mod scripted;
 
 use std::pin::Pin;
@@ -12,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 pub use openai::{OpenAiConfig, OpenAiModel};
+pub use openai_options::{OpenAiOptions, OpenAiOptionsCode, OpenAiOptionsError};
 pub use scripted::ScriptedModel;
 
 /// A tool call a model asked for.
@@ -20,8 +22,25 @@ pub struct ToolCall {
     /// The call's id, unique within the step (models mint them; harness keeps them).
     pub id: String,
     pub name: String,
-    /// The arguments, a JSON value (normally an object).
+    /// The arguments, a JSON value (normally an object); `{}` when `arguments_error` is set.
     pub arguments: Value,
+    /// Why the arguments the model wrote could not be used (for instance, they were not JSON),
+    /// with an excerpt of what it wrote. Such a call never runs: the turn answers it with this
+    /// text as an error result, so the model can correct itself in its next step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments_error: Option<String>,
+}
+
+impl ToolCall {
+    /// A call with usable arguments.
+    pub fn new(id: impl Into<String>, name: impl Into<String>, arguments: Value) -> ToolCall {
+        ToolCall {
+            id: id.into(),
+            name: name.into(),
+            arguments,
+            arguments_error: None,
+        }
+    }
 }
 
 /// A tool as offered to a model.
@@ -94,6 +113,10 @@ pub enum ModelError {
     Transport(String),
     #[error("model stream was not understood: {0}")]
     Protocol(String),
+    /// The provider answered, and what it said was an error (inside the event stream, or as a
+    /// JSON error body where a stream was expected): its own message, not a malformed stream.
+    #[error("the model provider reported an error: {0}")]
+    Provider(String),
     #[error("scripted failure: {0}")]
     Scripted(String),
     #[error("model configuration is invalid: {0}")]
@@ -108,6 +131,7 @@ impl ModelError {
             ModelError::Http { .. } => "http",
             ModelError::Transport(_) => "transport",
             ModelError::Protocol(_) => "protocol",
+            ModelError::Provider(_) => "provider",
             ModelError::Scripted(_) => "scripted",
             ModelError::Config(_) => "config",
         }

@@ -10,7 +10,15 @@
 //!
 //! Retries: 429, 5xx and connect failures are retried with exponential backoff and jitter, and
 //! only before the endpoint answered with a success status, so a request is never re-sent once
-//! its stream began. Other failures are returned at once.
+//! its stream began. Other failures are returned at once. The timeouts, retries, back-off and
+//! sampling bounds are [`OpenAiOptions`].
+//!
+//! What came back: a success answer whose content type is neither absent nor
+//! `text/event-stream` is not read as a stream; its start is read instead and reported (a
+//! `Provider` error when it is an error object, else a `Protocol` error naming the type and
+//! quoting the body). An error object inside the stream is a `Provider` error with the
+//! provider's message. Tool-call arguments that are not JSON do not fail the step: the call is
+//! emitted with `arguments_error` set, for the turn to answer.
 //!
 //! SSE as read here: lines end in LF or CRLF; blank lines, comments (`:`) and fields other than
 //! `data` are skipped; every `data:` line carries one whole JSON chunk or `[DONE]`. A step ends
@@ -24,21 +32,20 @@ use std::fmt;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use reqwest::header::{ACCEPT, HeaderMap, HeaderValue, RETRY_AFTER};
+use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderValue, RETRY_AFTER};
 use reqwest::{StatusCode, Url};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use tokio::time::Instant;
 
 use super::{
-    ChatMessage, FinishReason, Model, ModelError, ModelEvent, ModelRequest, ModelStream, ToolCall,
-    ToolSpec,
+    ChatMessage, FinishReason, Model, ModelError, ModelEvent, ModelRequest, ModelStream,
+    OpenAiOptions, ToolCall, ToolSpec,
 };
 
-/// The most retries a configuration may ask for.
-pub const MAX_RETRIES_LIMIT: u32 = 10;
-/// The longest timeout or backoff a configuration may ask for.
-pub const MAX_DURATION: Duration = Duration::from_secs(24 * 60 * 60);
+use super::openai_options::OpenAiOptionsError;
+pub use super::openai_options::{MAX_DURATION, MAX_RETRIES_LIMIT};
+
 /// The longest SSE line accepted (bytes, line ending excluded).
 pub const MAX_SSE_LINE_BYTES: usize = 1024 * 1024;
 /// The most tool calls one step may carry.
@@ -51,8 +58,11 @@ const ERROR_BODY_LIMIT: usize = 8 * 1024;
 const ERROR_MESSAGE_CHARS: usize = 300;
 /// How many characters of a transport error end up in a message.
 const TRANSPORT_MESSAGE_CHARS: usize = 500;
+/// How many characters of unparseable tool-call arguments are quoted back to the model.
+const ARGUMENTS_EXCERPT_CHARS: usize = 200;
 
-/// How to reach an OpenAI-compatible endpoint. `Debug` never shows the API key.
+/// How to reach an OpenAI-compatible endpoint, and how to talk to it. `Debug` never shows
+/// the API key.
 #[derive(Clone, PartialEq)]
 pub struct OpenAiConfig {
     /// Base URL, e.g. `http://127.0.0.1:8080/v1`; `/chat/completions` is appended.
@@ -61,25 +71,12 @@ pub struct OpenAiConfig {
     pub api_key: String,
     /// The model name sent with each request.
     pub model: String,
-    /// Bound on establishing the connection.
-    pub connect_timeout: Duration,
-    /// Bound from sending the request to the first byte of the streamed body.
-    pub request_timeout: Duration,
-    /// Bound on the gap between two chunks of the streamed body.
-    pub idle_timeout: Duration,
-    /// Retries after the first attempt (at most [`MAX_RETRIES_LIMIT`]).
-    pub max_retries: u32,
-    /// The first backoff; each retry doubles it, up to `backoff_max`.
-    pub backoff_initial: Duration,
-    /// The longest wait between attempts, `Retry-After` included.
-    pub backoff_max: Duration,
-    pub max_tokens: Option<u32>,
-    pub temperature: Option<f32>,
+    /// Timeouts, retries and sampling bounds.
+    pub options: OpenAiOptions,
 }
 
 impl OpenAiConfig {
-    /// A configuration with default timeouts (connect 10 s, first byte 120 s, idle 60 s),
-    /// 3 retries and backoff from 500 ms to 10 s.
+    /// A configuration with the default [`OpenAiOptions`].
     pub fn new(
         endpoint: impl Into<String>,
         api_key: impl Into<String>,
@@ -89,15 +86,14 @@ impl OpenAiConfig {
             endpoint: endpoint.into(),
             api_key: api_key.into(),
             model: model.into(),
-            connect_timeout: Duration::from_secs(10),
-            request_timeout: Duration::from_secs(120),
-            idle_timeout: Duration::from_secs(60),
-            max_retries: 3,
-            backoff_initial: Duration::from_millis(500),
-            backoff_max: Duration::from_secs(10),
-            max_tokens: None,
-            temperature: None,
+            options: OpenAiOptions::default(),
         }
+    }
+
+    /// The same configuration with `options`.
+    pub fn with_options(mut self, options: OpenAiOptions) -> Self {
+        self.options = options;
+        self
     }
 
     /// Checks every field; the error names the first field that is wrong.
@@ -114,47 +110,7 @@ impl OpenAiConfig {
                 "contains characters not allowed in an HTTP header",
             ));
         }
-        for (field, value) in [
-            ("connect_timeout", self.connect_timeout),
-            ("request_timeout", self.request_timeout),
-            ("idle_timeout", self.idle_timeout),
-            ("backoff_initial", self.backoff_initial),
-        ] {
-            if value.is_zero() {
-                return Err(config_error(field, "must be greater than zero"));
-            }
-        }
-        for (field, value) in [
-            ("connect_timeout", self.connect_timeout),
-            ("request_timeout", self.request_timeout),
-            ("idle_timeout", self.idle_timeout),
-            ("backoff_max", self.backoff_max),
-        ] {
-            if value > MAX_DURATION {
-                return Err(config_error(field, "must be at most one day"));
-            }
-        }
-        if self.backoff_max < self.backoff_initial {
-            return Err(config_error(
-                "backoff_max",
-                "must not be less than backoff_initial",
-            ));
-        }
-        if self.max_retries > MAX_RETRIES_LIMIT {
-            return Err(config_error(
-                "max_retries",
-                &format!("must be at most {MAX_RETRIES_LIMIT}"),
-            ));
-        }
-        if self.max_tokens == Some(0) {
-            return Err(config_error("max_tokens", "must be greater than zero"));
-        }
-        if let Some(t) = self.temperature
-            && !(t.is_finite() && (0.0..=2.0).contains(&t))
-        {
-            return Err(config_error("temperature", "must be between 0 and 2"));
-        }
-        Ok(())
+        self.options.validate().map_err(ModelError::from)
     }
 
     /// `{endpoint}/chat/completions`, after checking the endpoint.
@@ -191,20 +147,24 @@ impl fmt::Debug for OpenAiConfig {
             .field("endpoint", &self.endpoint)
             .field("api_key", &key)
             .field("model", &self.model)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("request_timeout", &self.request_timeout)
-            .field("idle_timeout", &self.idle_timeout)
-            .field("max_retries", &self.max_retries)
-            .field("backoff_initial", &self.backoff_initial)
-            .field("backoff_max", &self.backoff_max)
-            .field("max_tokens", &self.max_tokens)
-            .field("temperature", &self.temperature)
+            .field("options", &self.options)
             .finish()
     }
 }
 
 fn config_error(field: &str, problem: &str) -> ModelError {
     ModelError::Config(format!("{field} {problem}"))
+}
+
+impl From<OpenAiOptionsError> for ModelError {
+    fn from(err: OpenAiOptionsError) -> Self {
+        ModelError::Config(format!(
+            "{} {} ({})",
+            err.field,
+            err.reason,
+            err.code.as_str()
+        ))
+    }
 }
 
 /// A streaming client for one OpenAI-compatible endpoint and model.
@@ -222,7 +182,7 @@ impl OpenAiModel {
         config.validate()?;
         let url = config.chat_url()?;
         let client = reqwest::Client::builder()
-            .connect_timeout(config.connect_timeout)
+            .connect_timeout(config.options.connect_timeout)
             .build()
             .map_err(|err| {
                 ModelError::Transport(format!(
@@ -259,10 +219,10 @@ impl OpenAiModel {
                 Value::Array(request.tools.iter().map(tool_json).collect()),
             );
         }
-        if let Some(max_tokens) = self.config.max_tokens {
+        if let Some(max_tokens) = self.config.options.max_tokens {
             body.insert("max_tokens".into(), json!(max_tokens));
         }
-        if let Some(temperature) = self.config.temperature {
+        if let Some(temperature) = self.config.options.temperature {
             // Through the shortest decimal form, so 0.2f32 is sent as 0.2.
             let value = temperature
                 .to_string()
@@ -277,15 +237,16 @@ impl OpenAiModel {
     async fn open(&self, body: &Value) -> Result<(reqwest::Response, Instant), ModelError> {
         let mut attempt: u32 = 0;
         loop {
-            let deadline = Instant::now() + self.config.request_timeout;
+            let deadline = Instant::now() + self.config.options.request_timeout;
             let wait = match self.send_once(body, deadline).await {
                 Ok(response) if response.status().is_success() => return Ok((response, deadline)),
                 Ok(response) => {
                     let status = response.status();
                     let retryable =
                         status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error();
-                    if !retryable || attempt >= self.config.max_retries {
-                        let message = error_message(response, self.config.idle_timeout).await;
+                    if !retryable || attempt >= self.config.options.max_retries {
+                        let message =
+                            error_message(response, self.config.options.idle_timeout).await;
                         return Err(ModelError::Http {
                             status: status.as_u16(),
                             message,
@@ -298,7 +259,7 @@ impl OpenAiModel {
                     };
                     drop(response);
                     let wait = match retry_after {
-                        Some(wait) => wait.min(self.config.backoff_max),
+                        Some(wait) => wait.min(self.config.options.backoff_max),
                         None => self.backoff(attempt),
                     };
                     tracing::warn!(
@@ -311,7 +272,7 @@ impl OpenAiModel {
                     wait
                 }
                 Err(SendError::Connect(err)) => {
-                    if attempt >= self.config.max_retries {
+                    if attempt >= self.config.options.max_retries {
                         return Err(err);
                     }
                     let wait = self.backoff(attempt);
@@ -347,11 +308,11 @@ impl OpenAiModel {
         }
         match tokio::time::timeout_at(deadline, builder.send()).await {
             Err(_) => Err(SendError::Fatal(ModelError::Timeout(millis(
-                self.config.request_timeout,
+                self.config.options.request_timeout,
             )))),
             Ok(Ok(response)) => Ok(response),
             Ok(Err(err)) if err.is_connect() => Err(SendError::Connect(if err.is_timeout() {
-                ModelError::Timeout(millis(self.config.connect_timeout))
+                ModelError::Timeout(millis(self.config.options.connect_timeout))
             } else {
                 ModelError::Transport(format!(
                     "could not connect to the model endpoint: {}",
@@ -359,7 +320,7 @@ impl OpenAiModel {
                 ))
             })),
             Ok(Err(err)) if err.is_timeout() => Err(SendError::Fatal(ModelError::Timeout(millis(
-                self.config.request_timeout,
+                self.config.options.request_timeout,
             )))),
             Ok(Err(err)) => Err(SendError::Fatal(ModelError::Transport(format!(
                 "request to the model endpoint failed: {}",
@@ -374,10 +335,11 @@ impl OpenAiModel {
         let factor = 1u32.checked_shl(attempt.min(31)).unwrap_or(u32::MAX);
         let full = self
             .config
+            .options
             .backoff_initial
             .checked_mul(factor)
-            .unwrap_or(self.config.backoff_max)
-            .min(self.config.backoff_max);
+            .unwrap_or(self.config.options.backoff_max)
+            .min(self.config.options.backoff_max);
         full.mul_f64(0.5 + 0.5 * jitter_fraction())
     }
 }
@@ -398,14 +360,19 @@ impl Model for OpenAiModel {
     async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ModelError> {
         let body = self.request_body(&request);
         let (response, first_byte_deadline) = self.open(&body).await?;
+        if let Some(kind) = media_type(response.headers())
+            && kind != "text/event-stream"
+        {
+            return Err(not_a_stream(response, &kind, self.config.options.idle_timeout).await);
+        }
         let chunks = response
             .bytes_stream()
             .map(|chunk| chunk.map_err(body_error));
         let reader = StepReader::new(
             Box::pin(chunks),
             first_byte_deadline,
-            self.config.request_timeout,
-            self.config.idle_timeout,
+            self.config.options.request_timeout,
+            self.config.options.idle_timeout,
         );
         Ok(Box::pin(reader.into_stream()))
     }
@@ -713,10 +680,7 @@ impl StepAssembler {
             ModelError::Protocol(format!("a stream chunk is not the expected JSON: {err}"))
         })?;
         if let Some(error) = chunk.error {
-            return Err(ModelError::Protocol(format!(
-                "the endpoint reported an error in the stream: {}",
-                truncate_chars(&error_text(&error), ERROR_MESSAGE_CHARS)
-            )));
+            return Err(provider_error(&error));
         }
         for choice in chunk.choices.unwrap_or_default() {
             if choice.index.unwrap_or(0) != 0 {
@@ -804,15 +768,22 @@ impl StepAssembler {
                 )));
             }
             let raw = call.arguments.trim();
-            let arguments = if raw.is_empty() {
-                Value::Object(Map::new())
+            let (arguments, arguments_error) = if raw.is_empty() {
+                (Value::Object(Map::new()), None)
             } else {
-                serde_json::from_str(raw).map_err(|err| {
-                    ModelError::Protocol(format!(
-                        "the arguments of tool call {index} ({}) are not valid JSON: {err}",
-                        truncate_chars(&call.name, 100)
-                    ))
-                })?
+                match serde_json::from_str(raw) {
+                    Ok(value) => (value, None),
+                    // Not the step's failure: the turn answers the call with this text and
+                    // the model may try again.
+                    Err(err) => (
+                        Value::Object(Map::new()),
+                        Some(format!(
+                            "The arguments of this call are not valid JSON ({err}); nothing \
+                             was run. They began: {}",
+                            truncate_chars(raw, ARGUMENTS_EXCERPT_CHARS)
+                        )),
+                    ),
+                }
             };
             let id = if call.id.is_empty() {
                 format!("call-{}", uuid::Uuid::now_v7())
@@ -823,6 +794,7 @@ impl StepAssembler {
                 id,
                 name: call.name,
                 arguments,
+                arguments_error,
             }));
         }
         let reason = self.finish_reason.take().unwrap_or(if events.is_empty() {
@@ -843,9 +815,8 @@ fn body_error(err: reqwest::Error) -> ModelError {
     ))
 }
 
-/// A short description of an error answer, from the start of its body.
-async fn error_message(response: reqwest::Response, limit: Duration) -> String {
-    let status = response.status();
+/// The start of an answer's body: at most [`ERROR_BODY_LIMIT`] bytes, read for at most `limit`.
+async fn body_start(response: reqwest::Response, limit: Duration) -> Vec<u8> {
     let mut chunks = response.bytes_stream();
     let mut body: Vec<u8> = Vec::new();
     let read = async {
@@ -858,11 +829,23 @@ async fn error_message(response: reqwest::Response, limit: Duration) -> String {
     };
     let _ = tokio::time::timeout(limit, read).await;
     body.truncate(ERROR_BODY_LIMIT);
+    body
+}
+
+/// Text on one line: every run of whitespace becomes one space.
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// A short description of an error answer, from the start of its body.
+async fn error_message(response: reqwest::Response, limit: Duration) -> String {
+    let status = response.status();
+    let body = body_start(response, limit).await;
     let text = match serde_json::from_slice::<Value>(&body) {
         Ok(value) => error_text(&value),
         Err(_) => String::from_utf8_lossy(&body).into_owned(),
     };
-    let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let text = one_line(&text);
     if text.is_empty() {
         status
             .canonical_reason()
@@ -871,6 +854,64 @@ async fn error_message(response: reqwest::Response, limit: Duration) -> String {
     } else {
         truncate_chars(&text, ERROR_MESSAGE_CHARS)
     }
+}
+
+/// The media type of an answer (lower case, parameters dropped), if it has one.
+fn media_type(headers: &HeaderMap) -> Option<String> {
+    let value = headers.get(CONTENT_TYPE)?;
+    let text = String::from_utf8_lossy(value.as_bytes());
+    let essence = text
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    Some(essence)
+}
+
+/// A success answer that is not an event stream: what it said instead.
+async fn not_a_stream(response: reqwest::Response, kind: &str, limit: Duration) -> ModelError {
+    let body = body_start(response, limit).await;
+    if let Ok(value) = serde_json::from_slice::<Value>(&body)
+        && let Some(error) = value.get("error").filter(|e| !e.is_null())
+    {
+        return provider_error(error);
+    }
+    let shown = one_line(&String::from_utf8_lossy(&body));
+    let shown = if shown.is_empty() {
+        "an empty body".to_string()
+    } else {
+        format!(
+            "a body beginning {}",
+            truncate_chars(&shown, ERROR_MESSAGE_CHARS)
+        )
+    };
+    let kind = if kind.is_empty() {
+        "an empty content type"
+    } else {
+        kind
+    };
+    ModelError::Protocol(format!(
+        "the endpoint answered with {kind} instead of an event stream: {shown}"
+    ))
+}
+
+/// An error object the provider sent: its message, with its type and code when given.
+fn provider_error(error: &Value) -> ModelError {
+    let mut text = one_line(&error_text(error));
+    let inner = error.get("error").unwrap_or(error);
+    let labels: Vec<String> = ["type", "code"]
+        .iter()
+        .filter_map(|key| match inner.get(*key) {
+            Some(Value::String(s)) if !s.is_empty() => Some(s.clone()),
+            Some(Value::Number(n)) => Some(n.to_string()),
+            _ => None,
+        })
+        .collect();
+    if !labels.is_empty() {
+        text = format!("{text} [{}]", labels.join(", "));
+    }
+    ModelError::Provider(truncate_chars(&text, ERROR_MESSAGE_CHARS))
 }
 
 /// The message inside an OpenAI-style error value (`{"error":{"message":..}}` and kin).
@@ -958,11 +999,11 @@ mod tests {
     fn expected() -> Vec<Result<ModelEvent, ModelError>> {
         vec![
             Ok(ModelEvent::TextDelta("Grüß ".into())),
-            Ok(ModelEvent::ToolCall(ToolCall {
-                id: "c1".into(),
-                name: "f".into(),
-                arguments: json!({"k": "ü"}),
-            })),
+            Ok(ModelEvent::ToolCall(ToolCall::new(
+                "c1",
+                "f",
+                json!({"k": "ü"}),
+            ))),
             Ok(ModelEvent::Finished(FinishReason::ToolCalls)),
         ]
     }
@@ -1067,8 +1108,8 @@ mod tests {
     #[test]
     fn backoff_doubles_up_to_the_cap_with_jitter_between_half_and_full() {
         let mut config = OpenAiConfig::new("http://127.0.0.1:1/v1", "", "m");
-        config.backoff_initial = Duration::from_millis(100);
-        config.backoff_max = Duration::from_millis(1000);
+        config.options.backoff_initial = Duration::from_millis(100);
+        config.options.backoff_max = Duration::from_millis(1000);
         let model = OpenAiModel::new(config).unwrap();
         for (attempt, full_ms) in [
             (0, 100),

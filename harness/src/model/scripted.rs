@@ -153,11 +153,11 @@ fn tool_call(name: &str, arguments: Value) -> Vec<(Duration, Result<ModelEvent, 
     vec![
         (
             Duration::ZERO,
-            Ok(ModelEvent::ToolCall(ToolCall {
-                id: SCRIPTED_CALL_ID.to_string(),
-                name: name.to_string(),
+            Ok(ModelEvent::ToolCall(ToolCall::new(
+                SCRIPTED_CALL_ID,
+                name,
                 arguments,
-            })),
+            ))),
         ),
         (
             Duration::ZERO,
