@@ -122,7 +122,7 @@ pub async fn run(args: FlowArgs) -> Result<ExitCode> {
     match args.command {
         FlowCommand::Up(a) => up(&root, a).await,
         FlowCommand::Down(a) => down(&root, a).await,
-        FlowCommand::Status => status(&root),
+        FlowCommand::Status => status(&root).await,
         FlowCommand::Logs(a) => logs(&root, a).await,
         FlowCommand::Graph(a) => graph(&root, a),
     }
@@ -152,8 +152,9 @@ async fn up(root: &Path, args: UpArgs) -> Result<ExitCode> {
     };
     let flow = Flow::load(root, options)?;
     let selection = Selection {
-        target: args.service,
+        targets: args.service.into_iter().collect(),
         only_deps: args.only_deps,
+        stand_alone: false,
     };
     let plan = flow.plan(&selection)?;
     let width = plan
@@ -387,6 +388,12 @@ impl Progress {
                 self.flow_line(format!("tearing down in {layers} layer(s)"));
             }
             FlowEvent::Stopped(r) => self.flow_line(receipt_line(&r)),
+            FlowEvent::Notice { service, text } => {
+                self.flow_line(format!("{service}: note: {text}"))
+            }
+            FlowEvent::Warning { service, text } => {
+                self.flow_line(format!("{service}: warning: {text}"))
+            }
         }
         if !self.waiting.is_empty() {
             self.redraw();
@@ -422,9 +429,9 @@ fn print_receipts(report: &TeardownReport) {
 }
 
 async fn down(root: &Path, args: DownArgs) -> Result<ExitCode> {
-    let options = FlowOptions {
-        teardown_layer_budget: args.teardown_budget,
-        ..FlowOptions::default()
+    let options = orchestration::flow::DownOptions {
+        teardown_layer_budget: Some(args.teardown_budget),
+        kill_grace: None,
     };
     let report = orchestration::flow::down(root, &options).await?;
     match report.action {
@@ -453,8 +460,10 @@ async fn down(root: &Path, args: DownArgs) -> Result<ExitCode> {
     }
 }
 
-fn status(root: &Path) -> Result<ExitCode> {
-    let Some(status) = orchestration::flow::status(root)? else {
+async fn status(root: &Path) -> Result<ExitCode> {
+    let Some(status) =
+        orchestration::flow::status(root, FlowOptions::default().probe_timeout).await?
+    else {
         println!("no flow is up in {}", root.display());
         return Ok(ExitCode::SUCCESS);
     };
