@@ -378,23 +378,34 @@ async fn up(root: &Path, args: UpArgs) -> Result<ExitCode> {
     });
 
     let result = flow.up(selection.clone(), sink, cancel.clone()).await;
+    let mut export_failed = false;
     let code = match result {
         Ok(running) => {
             // Let the event lines up to "up" print first, so the table comes after them.
             let _ = tokio::time::timeout(Duration::from_secs(1), up_shown).await;
             if let (Some(file), Some(origin)) = (&args.env_file, selection.origin()) {
                 let env = running.environment(origin).unwrap_or_default();
-                std::fs::write(file, dotenv(env))
-                    .with_context(|| format!("cannot write {}", file.display()))?;
-                if !json {
-                    eprintln_flow(&format!(
+                match std::fs::write(file, dotenv(env)) {
+                    Ok(()) if !json => eprintln_flow(&format!(
                         "wrote the environment of `{origin}` to {}",
                         file.display()
-                    ));
+                    )),
+                    Ok(()) => {}
+                    // The flow is up: it is stopped, never abandoned, when the export fails.
+                    Err(e) => {
+                        let error = anyhow!(e).context(format!("cannot write {}", file.display()));
+                        report_error(&error, json);
+                        export_failed = true;
+                        cancel.cancel();
+                    }
                 }
             }
-            let status = running.status().await?;
-            if json {
+            // An interruption right after "up" may already be tearing down: then there is no
+            // table to show, and the teardown must still be waited for.
+            let status = running.status().await.unwrap_or_default();
+            if status.is_empty() {
+                // Nothing to show.
+            } else if json {
                 let services: Vec<Value> = status
                     .iter()
                     .map(|s| {
@@ -436,7 +447,7 @@ async fn up(root: &Path, args: UpArgs) -> Result<ExitCode> {
             render::report_troubles(&end.teardown, json);
             let code = match end.reason {
                 FlowEndReason::Cancelled | FlowEndReason::Shutdown => {
-                    if troubled {
+                    if troubled || export_failed {
                         ExitCode::FAILURE
                     } else {
                         ExitCode::SUCCESS
@@ -602,13 +613,17 @@ async fn detach(root: &Path, flow: &Flow, args: &UpArgs) -> Result<ExitCode> {
         .await?
         .ok_or_else(|| anyhow!("the background up recorded nothing"))?;
     if let (Some(file), Some(origin)) = (&args.env_file, selection_of(args).origin()) {
-        let recorded = state::read_state(&paths)?.ok_or_else(|| anyhow!("no state"))?;
-        let env = recorded
-            .service(origin)
-            .map(|s| s.env.clone())
+        let env = state::read_state(&paths)?
+            .and_then(|r| r.service(origin).map(|s| s.env.clone()))
             .unwrap_or_default();
-        std::fs::write(file, dotenv(&env))
-            .with_context(|| format!("cannot write {}", file.display()))?;
+        if let Err(e) = std::fs::write(file, dotenv(&env)) {
+            let error = anyhow!(e).context(format!(
+                "cannot write {}; the flow runs in the background (pid {pid}): `hostd flow down` stops it",
+                file.display()
+            ));
+            report_error(&error, args.json);
+            return Ok(ExitCode::FAILURE);
+        }
     }
     if args.json {
         let mut doc = status_json(&status);
@@ -934,20 +949,20 @@ async fn test(root: &Path, args: TestArgs) -> Result<ExitCode> {
         only_deps: args.deps == TestDeps::Dependencies,
         ..Selection::service(&args.service)
     };
+    let (program, rest) = args
+        .command
+        .split_first()
+        .ok_or_else(|| anyhow!("no test command after `--`"))?;
     let run_command = |env: Vec<(String, String)>| {
-        let (program, rest) = args
-            .command
-            .split_first()
-            .ok_or_else(|| anyhow!("no test command after `--`"))?;
         let program = program.clone();
         let rest = rest.to_vec();
-        Ok::<_, anyhow::Error>(tokio::task::spawn_blocking(move || {
+        tokio::task::spawn_blocking(move || {
             std::process::Command::new(&program)
                 .args(&rest)
                 .envs(env)
                 .status()
                 .with_context(|| format!("cannot run the test command `{program}`"))
-        }))
+        })
     };
     if args.deps == TestDeps::None {
         let plan = flow.dry_run(&selection)?;
@@ -957,7 +972,7 @@ async fn test(root: &Path, args: TestArgs) -> Result<ExitCode> {
             .find(|s| s.name == args.service)
             .map(|s| s.env.clone())
             .unwrap_or_default();
-        let status = run_command(env)?.await.context("the test command")??;
+        let status = run_command(env).await.context("the test command")??;
         return Ok(exit_code_of(status));
     }
     let cancel = cancel_on_signals(false)?;
@@ -984,7 +999,7 @@ async fn test(root: &Path, args: TestArgs) -> Result<ExitCode> {
         .unwrap_or_default()
         .to_vec();
     eprintln_flow(&format!("running the tests of `{}`", args.service));
-    let outcome = run_command(env)?.await;
+    let outcome = run_command(env).await;
     let end = running.shutdown().await;
     render::report_troubles(&end.teardown, false);
     let _ = printer.await;

@@ -693,7 +693,7 @@ fn only_deps_exports_the_targets_environment() {
             env_file.to_str().expect("utf-8"),
         ],
     );
-    up.wait_for("[flow] up: 1 service(s)");
+    up.wait_for("[flow] wrote the environment of `api`");
     let groups = recorded_groups(dir.path());
     let printed = text(&hostd(dir.path(), &["env", "api"]).stdout);
     let written = std::fs::read_to_string(&env_file).expect("the env file");
@@ -708,7 +708,7 @@ fn only_deps_exports_the_targets_environment() {
         "{printed}"
     );
     assert!(printed.contains("FLOW_ENDPOINT_HTTP_PORT="), "{printed}");
-    assert!(up.said().contains("`api` was not started"), "{}", up.said());
+    up.wait_for("`api` was not started: `hostd flow env api` prints");
     assert!(hostd(dir.path(), &["down"]).status.success());
     up.wait_exit();
     assert_no_orphans(&groups);

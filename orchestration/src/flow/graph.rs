@@ -456,37 +456,63 @@ impl StageGraph {
     /// is stopped once, after all of them. Within a layer, declaration order. Should a cycle
     /// slip through, its members land together in one final layer rather than leak.
     pub fn teardown_layers(&self, participants: &[String]) -> Vec<Vec<String>> {
-        let members: Vec<&String> = self
+        let index = self.index();
+        let wanted: BTreeSet<&str> = participants.iter().map(String::as_str).collect();
+        let member: Vec<bool> = self
             .nodes
             .iter()
-            .filter(|n| participants.contains(n))
+            .map(|n| wanted.contains(n.as_str()))
             .collect();
+        // For each participating producer: how many participating consumers must stop first,
+        // and for each consumer the producers it frees once it has stopped.
+        let mut waiting_on = vec![0usize; self.nodes.len()];
+        let mut frees: Vec<Vec<usize>> = vec![Vec::new(); self.nodes.len()];
+        for e in &self.edges {
+            if let (Some(&c), Some(&p)) = (
+                index.get(e.consumer.as_str()),
+                index.get(e.producer.as_str()),
+            ) && member[c]
+                && member[p]
+                && c != p
+            {
+                waiting_on[p] += 1;
+                frees[c].push(p);
+            }
+        }
+        let mut current: Vec<usize> = (0..self.nodes.len())
+            .filter(|&i| member[i] && waiting_on[i] == 0)
+            .collect();
+        let mut placed = vec![false; self.nodes.len()];
+        let mut layers: Vec<Vec<String>> = Vec::new();
+        while !current.is_empty() {
+            let mut next = Vec::new();
+            for &node in &current {
+                placed[node] = true;
+                for &p in &frees[node] {
+                    waiting_on[p] -= 1;
+                    if waiting_on[p] == 0 {
+                        next.push(p);
+                    }
+                }
+            }
+            layers.push(current.iter().map(|&i| self.nodes[i].clone()).collect());
+            next.sort_unstable();
+            next.dedup();
+            current = next;
+        }
+        // Should a cycle slip through, its members go in one final layer rather than leak.
+        let rest: Vec<String> = (0..self.nodes.len())
+            .filter(|&i| member[i] && !placed[i])
+            .map(|i| self.nodes[i].clone())
+            .collect();
+        if !rest.is_empty() {
+            layers.push(rest);
+        }
         let mut extra: Vec<String> = participants
             .iter()
             .filter(|p| !self.contains(p))
             .cloned()
             .collect();
-        let mut depth: HashMap<&str, usize> = HashMap::new();
-        let mut remaining: Vec<&String> = members.clone();
-        let mut layers: Vec<Vec<String>> = Vec::new();
-        let mut current = 0;
-        while !remaining.is_empty() {
-            let (ready, blocked): (Vec<&String>, Vec<&String>) = remaining.iter().partition(|n| {
-                self.consumers(n)
-                    .filter(|e| participants.contains(&e.consumer))
-                    .all(|e| depth.get(e.consumer.as_str()).is_some_and(|&d| d < current))
-            });
-            if ready.is_empty() {
-                layers.push(blocked.iter().map(|s| (*s).clone()).collect());
-                break;
-            }
-            for n in &ready {
-                depth.insert(n.as_str(), current);
-            }
-            layers.push(ready.iter().map(|s| (*s).clone()).collect());
-            remaining = blocked;
-            current += 1;
-        }
         if !extra.is_empty() {
             if layers.is_empty() {
                 layers.push(Vec::new());

@@ -19,6 +19,7 @@ pub mod procfs;
 pub mod readiness;
 pub mod recover;
 pub mod restart;
+pub mod sockets;
 pub mod state;
 pub mod status;
 mod supervisor;

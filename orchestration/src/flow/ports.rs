@@ -12,7 +12,7 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
 
 use crate::flow::error::FlowError;
 use crate::flow::manifest::Workspace;
-use crate::flow::procfs;
+use crate::flow::sockets;
 
 /// Whether `port` can be bound on both loopback families right now. A squatter on either one
 /// would answer a client that resolves `localhost` to it, so both are checked; a machine
@@ -29,7 +29,7 @@ pub fn check_free(port: u16) -> Result<(), String> {
     drop(v6);
     match problem {
         None => Ok(()),
-        Some(reason) => Err(match procfs::describe_port_holders(port) {
+        Some(reason) => Err(match sockets::describe_port_holders(port) {
             Some(holders) => format!("{reason}; listening: {holders}"),
             None => reason,
         }),

@@ -24,7 +24,7 @@ use tonic_health::pb::health_client::HealthClient;
 use crate::flow::manifest::{Api, ServiceManifest};
 use crate::flow::ports::PortMap;
 use crate::flow::process::ExitInfo;
-use crate::flow::procfs;
+use crate::flow::sockets;
 
 /// A named readiness requirement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -350,7 +350,7 @@ impl ReadinessGate {
             }
             if let Some(pgid) = self.owner_group {
                 let port = requirement.probe.addr().port();
-                if let Err(e) = procfs::loopback_listener_owned_by_group(port, pgid) {
+                if let Err(e) = sockets::loopback_listener_owned_by_group(port, pgid) {
                     return Err(self.failure(requirement.endpoint.clone(), Predicate::Listener, e));
                 }
             }

@@ -32,9 +32,10 @@ use crate::flow::options::FlowOptions;
 use crate::flow::policy::{Action, Standing, StartPolicy};
 use crate::flow::ports::{self, PortMap};
 use crate::flow::process::{ExitInfo, ServiceProcess, SpawnSpec};
-use crate::flow::procfs::{self, StartIdentity};
+use crate::flow::procfs::StartIdentity;
 use crate::flow::readiness::{Backoff, Predicate, ReadinessFailure, ReadinessGate};
 use crate::flow::restart::{RestartDecision, RestartTracker};
+use crate::flow::sockets;
 use crate::flow::state::{
     self, EndpointRecord, FlowState, RecordedBudget, ServiceRecord, StatePaths, WorkspaceLock,
 };
@@ -330,6 +331,9 @@ impl Supervisor {
                 elapsed: self.started.elapsed(),
             });
             self.up = true;
+            // Recorded before the caller hears it: whoever reads the state after `up`
+            // returned sees the flow up.
+            self.persist();
             if let Some(ready) = self.ready.take() {
                 let _ = ready.send(());
             }
@@ -948,7 +952,7 @@ async fn warn_off_loopback(
     events: EventSink,
 ) {
     for (endpoint, addr) in endpoints {
-        let outside = procfs::group_listeners_off_loopback(addr.port(), pgid);
+        let outside = sockets::group_listeners_off_loopback(addr.port(), pgid);
         if let Some(first) = outside.first() {
             let text = format!(
                 "{endpoint} listens on {first}, beyond loopback: other machines can reach it; bind {addr} instead"
