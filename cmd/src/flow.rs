@@ -440,7 +440,11 @@ async fn up(root: &Path, args: UpArgs) -> Result<ExitCode> {
                         "`{origin}` was not started: `hostd flow env {origin}` prints the environment to run it with"
                     ));
                 }
-                eprintln_flow("press Ctrl-C (or run `hostd flow down`) to stop");
+                if args.detached_child {
+                    eprintln_flow("running in the background: `hostd flow down` stops it");
+                } else {
+                    eprintln_flow("press Ctrl-C (or run `hostd flow down`) to stop");
+                }
             }
             let end = running.wait().await;
             let troubled = !end.teardown.all_stopped();
