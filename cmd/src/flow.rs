@@ -1,22 +1,30 @@
 //! `hostd flow`: the command-line face of `orchestration::flow`. This module owns argument
-//! parsing, rendering (merged logs, progress, tables, graphs) and signal handling; it must
-//! never hold flow behaviour of its own — every decision is the library's.
+//! parsing, signal handling, the detached `up`, and which view each subcommand prints (the
+//! views themselves are in `render` and `graph_view`); it must never hold flow behaviour of
+//! its own — every decision is the library's. Every refusal is printed with its stable code
+//! (as one JSON object under `--json`), and a non-`stopped` receipt is a non-zero exit.
 
-use std::collections::HashMap;
-use std::io::{IsTerminal, Write};
+mod graph_view;
+mod render;
+
+use std::io::Write;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::process::{ExitCode, Stdio};
+use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use clap::{Args, Subcommand, ValueEnum};
-use orchestration::flow::events::Step;
 use orchestration::flow::logs::{self, LogFollower, LogLine};
-use orchestration::flow::state::StatePaths;
+use orchestration::flow::recover::{self, RecoveryPreview};
+use orchestration::flow::state::{self, StatePaths};
+use orchestration::flow::teardown::TeardownBudget;
 use orchestration::flow::{
-    DependencyGraph, DownAction, EdgeOrigin, EventSink, Flow, FlowEndReason, FlowError, FlowEvent,
-    FlowOptions, OutputStream, Receipt, Selection, Stage, StageGraph, TeardownReport,
+    DownAction, DownOptions, DryRun, EnvOverride, EventSink, Flow, FlowEndReason, FlowError,
+    FlowEvent, FlowOptions, GraphError, ManifestError, Selection, Stage, dotenv,
 };
+use render::{Out, Progress};
+use serde_json::{Value, json};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
@@ -43,42 +51,89 @@ pub struct FlowArgs {
 
 #[derive(Debug, Subcommand)]
 enum FlowCommand {
-    /// Start the services (all, or one with its dependencies), wait until each is ready,
+    /// Start the services (all, or some with what they need), wait until each is ready,
     /// stream their merged output, and keep them running until Ctrl-C or `hostd flow down`.
     Up(UpArgs),
     /// Stop what `up` started in this workspace, from any shell: consumers first, each layer
     /// within its budget (SIGTERM, then SIGKILL), with a receipt per service.
     Down(DownArgs),
-    /// Show the recorded flow: service, state, pid, endpoints, restarts.
-    Status,
+    /// Show the recorded flow: service, state (probed now), pid, endpoints, restarts.
+    Status(StatusArgs),
     /// Print the services' logs merged in time order (or one service's).
     Logs(LogsArgs),
     /// Print the dependency graph per stage, as text or Graphviz DOT.
     Graph(GraphArgs),
+    /// Print the environment the running flow gives a service (or, for the target of
+    /// `up --only-deps`, would give it), as a .env file.
+    Env(EnvArgs),
+    /// Get out of a group `down` refuses (its leader exited, processes remain): preview
+    /// exactly what would be stopped, then stop exactly that.
+    Recover(RecoverArgs),
+    /// Start what a service's tests need, run a test command with the service's
+    /// environment, tear down, and exit with the command's status.
+    Test(TestArgs),
 }
 
 #[derive(Debug, Args)]
 struct UpArgs {
-    /// Start only this service and what it needs at run time.
-    service: Option<String>,
+    /// Start only these services and what they need at run time (a service two of them
+    /// need is started once).
+    services: Vec<String>,
     /// Start the service's dependencies but not the service itself (e.g. to run it in a
-    /// debugger yourself).
-    #[arg(long, requires = "service")]
+    /// debugger yourself; `hostd flow env <service>` prints its environment).
+    #[arg(long, conflicts_with = "stand_alone")]
     only_deps: bool,
-    /// How long each start of a service may take to become ready.
+    /// Start the service without its dependencies (they run elsewhere, on fixed ports).
+    #[arg(long)]
+    stand_alone: bool,
+    /// Print what would be started (layers, commands, addresses, environments) and start
+    /// nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Override one variable of one service, after everything else: SERVICE:KEY=VALUE
+    /// (repeatable). The value is taken literally.
+    #[arg(long = "set", value_name = "SERVICE:KEY=VALUE")]
+    set: Vec<String>,
+    /// Once up, write the environment of the (one) named service to this file.
+    #[arg(long, value_name = "FILE")]
+    env_file: Option<PathBuf>,
+    /// Start in the background: return once everything is up (`hostd flow down` stops it;
+    /// its own output goes to .hostd/flow/up.log).
+    #[arg(short, long)]
+    detach: bool,
+    /// Events as JSON lines on stdout (service output included); errors as one JSON object
+    /// on stderr. With --detach or --dry-run: one JSON document.
+    #[arg(long)]
+    json: bool,
+    /// How long each start of a service (or run of a one-shot job) may take to be ready.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "2m")]
     readiness_timeout: Duration,
     /// How long each teardown layer may take before SIGKILL.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "15s")]
     teardown_budget: Duration,
+    /// Internal: this process is the background half of `up --detach`.
+    #[arg(long, hide = true)]
+    detached_child: bool,
 }
 
 #[derive(Debug, Args)]
 struct DownArgs {
-    /// How long each teardown layer may take before SIGKILL (when `down` stops the
-    /// services itself because the `up` that started them is gone).
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "15s")]
-    teardown_budget: Duration,
+    /// How long each teardown layer may take before SIGKILL (default: what `up` ran with).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    teardown_budget: Option<Duration>,
+    /// Show what would be signalled (and what would be refused), signal nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Print the receipts as one JSON document; errors as one JSON object on stderr.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct StatusArgs {
+    /// Print the status as one JSON document; errors as one JSON object on stderr.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -112,49 +167,186 @@ struct GraphArgs {
     format: GraphFormat,
 }
 
+#[derive(Debug, Args)]
+struct EnvArgs {
+    /// The service.
+    service: String,
+    /// One JSON object instead of KEY=VALUE lines.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("step").required(true).args(["preview", "expect"])))]
+struct RecoverArgs {
+    /// The service whose recorded process group `down` refused.
+    service: String,
+    /// List the processes a recovery would stop and the evidence they are the flow's; save
+    /// that list for `--expect`.
+    #[arg(long)]
+    preview: bool,
+    /// Where `--preview` saves its list (default: .hostd/flow/recover-<service>.json).
+    #[arg(long, value_name = "FILE", requires = "preview")]
+    save: Option<PathBuf>,
+    /// Stop exactly the processes of this reviewed preview; refused if the group changed.
+    #[arg(long, value_name = "FILE")]
+    expect: Option<PathBuf>,
+    /// How long the processes get after SIGTERM before SIGKILL (default: what `up` ran with).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    teardown_budget: Option<Duration>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+enum TestDeps {
+    /// Start nothing: the command gets the service's environment only.
+    None,
+    /// Start the service's dependencies, not the service (the command is the service's
+    /// tests).
+    Dependencies,
+    /// Start the service and its dependencies (the command tests the running service).
+    Stack,
+}
+
+#[derive(Debug, Args)]
+struct TestArgs {
+    /// The service whose tests run.
+    service: String,
+    /// What to start before the command.
+    #[arg(long, value_enum, default_value = "dependencies")]
+    deps: TestDeps,
+    /// How long each start of a service may take to be ready.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "2m")]
+    readiness_timeout: Duration,
+    /// How long each teardown layer may take before SIGKILL.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "15s")]
+    teardown_budget: Duration,
+    /// The test command and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    command: Vec<String>,
+}
+
 fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text)
         .map_err(|e| format!("`{text}` is not a duration like 30s or 2m: {e}"))
 }
 
+/// Runs one `hostd flow` command. Refusals are printed here, each with its stable code, so
+/// the caller only sees an exit code.
 pub async fn run(args: FlowArgs) -> Result<ExitCode> {
     let root = args.workspace;
-    match args.command {
+    let json = match &args.command {
+        FlowCommand::Up(a) => a.json,
+        FlowCommand::Down(a) => a.json,
+        FlowCommand::Status(a) => a.json,
+        FlowCommand::Env(a) => a.json,
+        _ => false,
+    };
+    let result = match args.command {
         FlowCommand::Up(a) => up(&root, a).await,
         FlowCommand::Down(a) => down(&root, a).await,
-        FlowCommand::Status => status(&root),
+        FlowCommand::Status(a) => status(&root, a).await,
         FlowCommand::Logs(a) => logs(&root, a).await,
         FlowCommand::Graph(a) => graph(&root, a),
+        FlowCommand::Env(a) => env(&root, a),
+        FlowCommand::Recover(a) => recover_cmd(&root, a).await,
+        FlowCommand::Test(a) => test(&root, a).await,
+    };
+    Ok(match result {
+        Ok(code) => code,
+        Err(e) if is_quiet_end(&e) => ExitCode::SUCCESS,
+        Err(e) => {
+            report_error(&e, json);
+            ExitCode::FAILURE
+        }
+    })
+}
+
+/// A reader that went away (`hostd flow logs | head`) ends a command quietly.
+fn is_quiet_end(e: &anyhow::Error) -> bool {
+    render::is_broken_pipe(e)
+}
+
+/// The stable code of an error the library refused with, if it is one.
+fn code_of(e: &anyhow::Error) -> Option<&'static str> {
+    e.chain().find_map(|c| {
+        c.downcast_ref::<FlowError>()
+            .map(FlowError::code)
+            .or_else(|| c.downcast_ref::<GraphError>().map(GraphError::code))
+            .or_else(|| c.downcast_ref::<ManifestError>().map(ManifestError::code))
+    })
+}
+
+fn report_error(e: &anyhow::Error, json: bool) {
+    let code = code_of(e).unwrap_or("flow.cli");
+    let message = format!("{e:#}");
+    if json {
+        render::json_error(code, &message);
+    } else {
+        let _ = writeln!(std::io::stderr(), "hostd flow: {code}: {message}");
     }
 }
 
-/// A token cancelled by the first SIGINT or SIGTERM.
-fn cancel_on_signals() -> Result<CancellationToken> {
+/// A token cancelled by the first SIGINT, SIGTERM or (unless `ignore_hangup`) SIGHUP. A
+/// closed terminal must tear the flow down, not kill `up` and leave its services running;
+/// a detached `up` has no terminal and ignores SIGHUP instead.
+fn cancel_on_signals(ignore_hangup: bool) -> Result<CancellationToken> {
     let token = CancellationToken::new();
     let mut int = signal(SignalKind::interrupt()).context("cannot listen for SIGINT")?;
     let mut term = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
+    let mut hup = signal(SignalKind::hangup()).context("cannot listen for SIGHUP")?;
     let t = token.clone();
     tokio::spawn(async move {
-        tokio::select! {
-            _ = int.recv() => {}
-            _ = term.recv() => {}
+        loop {
+            tokio::select! {
+                _ = int.recv() => break,
+                _ = term.recv() => break,
+                _ = hup.recv() => if !ignore_hangup { break },
+            }
         }
         t.cancel();
     });
     Ok(token)
 }
 
-async fn up(root: &Path, args: UpArgs) -> Result<ExitCode> {
+fn selection_of(args: &UpArgs) -> Selection {
+    Selection {
+        targets: args.services.clone(),
+        only_deps: args.only_deps,
+        stand_alone: args.stand_alone,
+    }
+}
+
+fn load_flow(root: &Path, args: &UpArgs) -> Result<Flow> {
     let options = FlowOptions {
         readiness_timeout: args.readiness_timeout,
         teardown_layer_budget: args.teardown_budget,
         ..FlowOptions::default()
     };
-    let flow = Flow::load(root, options)?;
-    let selection = Selection {
-        target: args.service,
-        only_deps: args.only_deps,
-    };
+    let overrides = args
+        .set
+        .iter()
+        .map(|s| EnvOverride::parse(s))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Flow::load(root, options)?.with_overrides(overrides)?)
+}
+
+async fn up(root: &Path, args: UpArgs) -> Result<ExitCode> {
+    let flow = load_flow(root, &args)?;
+    let selection = selection_of(&args);
+    if args.env_file.is_some() && selection.origin().is_none() {
+        return Err(FlowError::InvalidSelection(
+            "--env-file writes one service's environment: name exactly one service".into(),
+        )
+        .into());
+    }
+    if args.dry_run {
+        let plan = flow.dry_run(&selection)?;
+        print_dry_run(&plan, args.json)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if args.detach && !args.detached_child {
+        return detach(root, &flow, &args).await;
+    }
     let plan = flow.plan(&selection)?;
     let width = plan
         .nodes()
@@ -163,15 +355,21 @@ async fn up(root: &Path, args: UpArgs) -> Result<ExitCode> {
         .max()
         .unwrap_or(4)
         .max(4);
-    let cancel = cancel_on_signals()?;
+    let cancel = cancel_on_signals(args.detached_child)?;
     let (sink, mut rx) = EventSink::channel(8192);
     let (shown_up, up_shown) = tokio::sync::oneshot::channel::<()>();
+    let json = args.json;
+    let quiet_output = args.detached_child;
     let printer = tokio::spawn(async move {
-        let mut view = Progress::new(width);
+        let mut view = Progress::new(width, quiet_output);
         let mut shown_up = Some(shown_up);
         while let Some(event) = rx.recv().await {
             let is_up = matches!(event, FlowEvent::Up { .. });
-            view.show(event);
+            if json {
+                let _ = Out::json(&render::event_json(&event));
+            } else {
+                view.show(event);
+            }
             if is_up && let Some(tx) = shown_up.take() {
                 let _ = tx.send(());
             }
@@ -179,47 +377,112 @@ async fn up(root: &Path, args: UpArgs) -> Result<ExitCode> {
         view.clear();
     });
 
-    let result = flow.up(selection, sink, cancel.clone()).await;
+    let result = flow.up(selection.clone(), sink, cancel.clone()).await;
+    let mut export_failed = false;
     let code = match result {
         Ok(running) => {
             // Let the event lines up to "up" print first, so the table comes after them.
             let _ = tokio::time::timeout(Duration::from_secs(1), up_shown).await;
-            let status = running.status().await?;
-            print_table(
-                &["SERVICE", "STATE", "PID", "ENDPOINTS", "RESTARTS"],
-                status
+            if let (Some(file), Some(origin)) = (&args.env_file, selection.origin()) {
+                let env = running.environment(origin).unwrap_or_default();
+                match std::fs::write(file, dotenv(env)) {
+                    Ok(()) if !json => eprintln_flow(&format!(
+                        "wrote the environment of `{origin}` to {}",
+                        file.display()
+                    )),
+                    Ok(()) => {}
+                    // The flow is up: it is stopped, never abandoned, when the export fails.
+                    Err(e) => {
+                        let error = anyhow!(e).context(format!("cannot write {}", file.display()));
+                        report_error(&error, json);
+                        export_failed = true;
+                        cancel.cancel();
+                    }
+                }
+            }
+            // An interruption right after "up" may already be tearing down: then there is no
+            // table to show, and the teardown must still be waited for.
+            let status = running.status().await.unwrap_or_default();
+            if status.is_empty() {
+                // Nothing to show.
+            } else if json {
+                let services: Vec<Value> = status
+                    .iter()
+                    .map(|s| {
+                        json!({"name": s.name, "state": s.state, "pid": s.pid,
+                        "endpoints": s.endpoints.iter().map(|(n, a)| json!({"name": n, "address": a.to_string()})).collect::<Vec<_>>(),
+                        "restarts": s.restarts})
+                    })
+                    .collect();
+                let _ = Out::json(&json!({"event": "status", "services": services}));
+            } else {
+                let rows: Vec<Vec<String>> = status
                     .iter()
                     .map(|s| {
                         vec![
                             s.name.clone(),
                             s.state.clone(),
                             s.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
-                            endpoints_text(
+                            render::endpoints_text(
                                 s.endpoints.iter().map(|(n, a)| (n.as_str(), a.to_string())),
                             ),
                             s.restarts.to_string(),
                         ]
                     })
-                    .collect(),
-                true,
-            );
-            eprintln!("[flow] press Ctrl-C (or run `hostd flow down`) to stop");
-            let end = running.wait().await;
-            match end.reason {
-                FlowEndReason::Cancelled | FlowEndReason::Shutdown => ExitCode::SUCCESS,
-                FlowEndReason::Failed(e) => {
-                    eprintln!("[flow] the flow failed: {e}");
-                    ExitCode::FAILURE
+                    .collect();
+                let _ = write!(
+                    std::io::stderr(),
+                    "{}",
+                    render::table(&["SERVICE", "STATE", "PID", "ENDPOINTS", "RESTARTS"], &rows)
+                );
+                if let Some(origin) = selection.origin().filter(|_| selection.only_deps) {
+                    eprintln_flow(&format!(
+                        "`{origin}` was not started: `hostd flow env {origin}` prints the environment to run it with"
+                    ));
+                }
+                if args.detached_child {
+                    eprintln_flow("running in the background: `hostd flow down` stops it");
+                } else {
+                    eprintln_flow("press Ctrl-C (or run `hostd flow down`) to stop");
                 }
             }
+            let end = running.wait().await;
+            let troubled = !end.teardown.all_stopped();
+            render::report_troubles(&end.teardown, json);
+            let code = match end.reason {
+                FlowEndReason::Cancelled | FlowEndReason::Shutdown => {
+                    if troubled || export_failed {
+                        ExitCode::FAILURE
+                    } else {
+                        ExitCode::SUCCESS
+                    }
+                }
+                FlowEndReason::Failed(e) => {
+                    if json {
+                        render::json_error(e.code(), &e.to_string());
+                    } else {
+                        eprintln_flow(&format!("the flow failed: {}: {e}", e.code()));
+                    }
+                    ExitCode::FAILURE
+                }
+            };
+            if json {
+                let _ = Out::json(
+                    &json!({"event": "end", "teardown": render::report_json(&end.teardown)}),
+                );
+            }
+            code
         }
         Err(failure) => {
             let interrupted = matches!(failure.error, FlowError::Interrupted);
-            if !interrupted {
-                eprintln!("[flow] {}: {}", failure.error.code(), failure.error);
+            if json {
+                render::json_error(failure.error.code(), &failure.error.to_string());
+            } else if interrupted {
+                eprintln_flow("interrupted; everything started was stopped");
             } else {
-                eprintln!("[flow] interrupted; everything started was stopped");
+                eprintln_flow(&format!("{}: {}", failure.error.code(), failure.error));
             }
+            render::report_troubles(&failure.teardown, json);
             if interrupted {
                 ExitCode::from(130)
             } else {
@@ -231,233 +494,281 @@ async fn up(root: &Path, args: UpArgs) -> Result<ExitCode> {
     Ok(code)
 }
 
-/// Renders flow events: prefixed service output on stdout, flow lines on stderr, and a
-/// progress line for long readiness waits (redrawn in place on a terminal, an occasional
-/// plain line otherwise).
-struct Progress {
-    width: usize,
-    terminal: bool,
-    waiting: HashMap<String, String>,
-    last_plain: HashMap<String, Instant>,
-    drawn: bool,
-    spinner: usize,
+fn eprintln_flow(text: &str) {
+    let _ = writeln!(std::io::stderr(), "[flow] {text}");
 }
 
-impl Progress {
-    fn new(width: usize) -> Self {
-        Progress {
-            width,
-            terminal: std::io::stderr().is_terminal(),
-            waiting: HashMap::new(),
-            last_plain: HashMap::new(),
-            drawn: false,
-            spinner: 0,
-        }
-    }
-
-    fn clear(&mut self) {
-        if self.drawn {
-            let _ = write!(std::io::stderr(), "\r\x1b[2K");
-            self.drawn = false;
-        }
-    }
-
-    /// Writes never panic: a closed pipe (`hostd flow up | head`) must not stop the flow.
-    fn flow_line(&mut self, text: String) {
-        self.clear();
-        let _ = writeln!(std::io::stderr(), "[flow] {text}");
-    }
-
-    fn redraw(&mut self) {
-        if !self.terminal || self.waiting.is_empty() {
-            return;
-        }
-        const FRAMES: [char; 4] = ['|', '/', '-', '\\'];
-        self.spinner = (self.spinner + 1) % FRAMES.len();
-        let mut names: Vec<&String> = self.waiting.keys().collect();
-        names.sort();
-        let first = names[0];
-        let more = if names.len() > 1 {
-            format!(" (+{} more)", names.len() - 1)
-        } else {
-            String::new()
-        };
-        let mut line = format!(
-            "{} waiting: {}{more}",
-            FRAMES[self.spinner], self.waiting[first]
-        );
-        line.truncate(160);
-        let mut err = std::io::stderr();
-        let _ = write!(err, "\r\x1b[2K{line}");
-        let _ = err.flush();
-        self.drawn = true;
-    }
-
-    fn show(&mut self, event: FlowEvent) {
-        match event {
-            FlowEvent::Output {
-                service,
-                stream,
-                line,
-            } => {
-                self.clear();
-                let mark = if stream == OutputStream::Stderr {
-                    "!"
-                } else {
-                    "|"
-                };
-                let _ = writeln!(
-                    std::io::stdout(),
-                    "{service:>w$} {mark} {line}",
-                    w = self.width
-                );
-            }
-            FlowEvent::Step {
-                service,
-                step,
-                detail,
-            } => {
-                if matches!(step, Step::Running | Step::Completed) {
-                    self.waiting.remove(&service);
-                }
-                match step {
-                    Step::Load | Step::Init => {
-                        tracing::debug!(%service, step = step.as_str(), %detail);
-                    }
-                    Step::Start => self.flow_line(format!("{service}: started ({detail})")),
-                    Step::Running if detail.is_empty() => {
-                        self.flow_line(format!("{service}: running"))
-                    }
-                    Step::Running => self.flow_line(format!("{service}: running at {detail}")),
-                    Step::Completed => self.flow_line(format!("{service}: completed ({detail})")),
-                }
-            }
-            FlowEvent::Spawned { .. } => {}
-            FlowEvent::Waiting {
-                service,
-                failure,
-                elapsed,
-                deadline,
-            } => {
-                let text = format!(
-                    "{} ({:.0}s of {}): {}",
-                    service,
-                    elapsed.as_secs_f64(),
-                    humantime::format_duration(deadline),
-                    failure
-                );
-                self.waiting.insert(service.clone(), text.clone());
-                if self.terminal {
-                    self.redraw();
-                } else if elapsed >= Duration::from_secs(2) {
-                    let due = self
-                        .last_plain
-                        .get(&service)
-                        .is_none_or(|t| t.elapsed() >= Duration::from_secs(5));
-                    if due {
-                        self.last_plain.insert(service, Instant::now());
-                        self.flow_line(format!("waiting for {text}"));
-                    }
-                }
-            }
-            FlowEvent::Exited { service, exit } => {
-                self.flow_line(format!("{service}: exited with {exit}"))
-            }
-            FlowEvent::Restarting {
-                service,
-                attempt,
-                delay,
-            } => self.flow_line(format!(
-                "{service}: restart #{attempt} in {}",
-                humantime::format_duration(delay)
-            )),
-            FlowEvent::Failed { service, reason } => {
-                self.waiting.remove(&service);
-                self.flow_line(format!("{service}: FAILED: {reason}"));
-            }
-            FlowEvent::Up { services, elapsed } => {
-                self.waiting.clear();
-                self.flow_line(format!(
-                    "up: {services} service(s) in {:.1}s",
-                    elapsed.as_secs_f64()
-                ));
-            }
-            FlowEvent::TeardownStarted { layers } => {
-                self.waiting.clear();
-                self.flow_line(format!("tearing down in {layers} layer(s)"));
-            }
-            FlowEvent::Stopped(r) => self.flow_line(receipt_line(&r)),
-        }
-        if !self.waiting.is_empty() {
-            self.redraw();
-        }
-    }
-}
-
-fn receipt_line(r: &Receipt) -> String {
-    format!(
-        "{}: {} in {} ms (layer {}): {}",
-        r.service, r.outcome, r.duration_ms, r.layer, r.detail
-    )
-}
-
-fn print_receipts(report: &TeardownReport) {
-    print_table(
-        &["SERVICE", "LAYER", "OUTCOME", "MS", "DETAIL"],
-        report
-            .receipts
+fn print_dry_run(plan: &DryRun, json: bool) -> Result<()> {
+    if json {
+        let services: Vec<Value> = plan
+            .services
             .iter()
-            .map(|r| {
-                vec![
-                    r.service.clone(),
-                    r.layer.to_string(),
-                    r.outcome.to_string(),
-                    r.duration_ms.to_string(),
-                    r.detail.clone(),
-                ]
+            .map(|s| {
+                json!({
+                    "name": s.name, "program": s.program, "args": s.args, "cwd": s.cwd,
+                    "endpoints": s.endpoints.iter().map(|(n, a)| json!({"name": n, "address": a.to_string()})).collect::<Vec<_>>(),
+                    "env": s.env.iter().map(|(k, v)| json!([k, v])).collect::<Vec<_>>(),
+                    "job": s.job, "excluded": s.excluded, "restart": s.restart.policy.as_str(),
+                    "waits_for": s.waits_for,
+                })
             })
-            .collect(),
-        false,
-    );
+            .collect();
+        let notices: Vec<Value> = plan
+            .notices
+            .iter()
+            .map(|(s, t)| json!({"service": s, "text": t}))
+            .collect();
+        return Out::json(
+            &json!({"layers": plan.layers, "services": services, "notices": notices}),
+        );
+    }
+    let mut out = String::from("dry run: nothing is started\nstart layers:\n");
+    for (i, layer) in plan.layers.iter().enumerate() {
+        out.push_str(&format!("  {i}: {}\n", layer.join(", ")));
+    }
+    for (service, text) in &plan.notices {
+        out.push_str(&format!("note: {service}: {text}\n"));
+    }
+    for s in &plan.services {
+        let mut what = vec![if s.job { "one-shot job" } else { "service" }.to_owned()];
+        if s.excluded {
+            what.push("not started (--only-deps)".into());
+        }
+        what.push(format!("restart {}", s.restart.policy.as_str()));
+        out.push_str(&format!("\n{} ({})\n", s.name, what.join(", ")));
+        out.push_str(&format!(
+            "  command: {} {}\n  cwd: {}\n",
+            s.program.display(),
+            s.args.join(" "),
+            s.cwd.display()
+        ));
+        if !s.waits_for.is_empty() {
+            out.push_str(&format!("  waits for: {}\n", s.waits_for.join(", ")));
+        }
+        out.push_str(&format!(
+            "  endpoints: {}\n  env:\n",
+            render::endpoints_text(s.endpoints.iter().map(|(n, a)| (n.as_str(), a.to_string())))
+        ));
+        for (k, v) in &s.env {
+            out.push_str(&format!("    {k}={v}\n"));
+        }
+    }
+    Out::text(&out)
+}
+
+/// `up --detach`: starts the same `up` in the background (its own process group, no
+/// terminal, output to .hostd/flow/up.log) and returns once the state file says it is up,
+/// or with its error when it fails first. Ctrl-C meanwhile stops it.
+async fn detach(root: &Path, flow: &Flow, args: &UpArgs) -> Result<ExitCode> {
+    // Refuse what the background `up` would refuse, here, before anything starts.
+    flow.plan(&selection_of(args))?;
+    let paths = flow.paths().clone();
+    std::fs::create_dir_all(&paths.dir)
+        .with_context(|| format!("cannot create {}", paths.dir.display()))?;
+    let log_path = paths.dir.join("up.log");
+    let log = std::fs::File::create(&log_path)
+        .with_context(|| format!("cannot create {}", log_path.display()))?;
+    let exe = std::env::current_exe().context("cannot find the hostd executable")?;
+    let mut argv: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "-d" && a != "--detach")
+        .collect();
+    argv.push("--detached-child".into());
+    let mut child = std::process::Command::new(exe)
+        .args(&argv)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().context("cannot share the log file")?)
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .context("cannot start the background `hostd flow up`")?;
+    let pid = child.id() as i32;
+    let cancel = cancel_on_signals(false)?;
+    loop {
+        if let Some(exit) = child.try_wait().context("cannot watch the background up")? {
+            let said = std::fs::read_to_string(&log_path).unwrap_or_default();
+            let tail: Vec<&str> = said.lines().rev().take(20).collect();
+            for line in tail.into_iter().rev() {
+                let _ = writeln!(std::io::stderr(), "{line}");
+            }
+            return Ok(match exit.code() {
+                Some(0) => ExitCode::FAILURE,
+                Some(c) => ExitCode::from(u8::try_from(c).unwrap_or(1)),
+                None => ExitCode::FAILURE,
+            });
+        }
+        if let Ok(Some(recorded)) = state::read_state(&paths)
+            && recorded.up
+            && recorded.supervisor.pid == pid
+        {
+            break;
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
+                let _ = tokio::task::spawn_blocking(move || child.wait()).await;
+                eprintln_flow("interrupted; the background up was stopped");
+                return Ok(ExitCode::from(130));
+            }
+            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+        }
+    }
+    let status = orchestration::flow::status(root, FlowOptions::default().probe_timeout)
+        .await?
+        .ok_or_else(|| anyhow!("the background up recorded nothing"))?;
+    if let (Some(file), Some(origin)) = (&args.env_file, selection_of(args).origin()) {
+        let env = state::read_state(&paths)?
+            .and_then(|r| r.service(origin).map(|s| s.env.clone()))
+            .unwrap_or_default();
+        if let Err(e) = std::fs::write(file, dotenv(&env)) {
+            let error = anyhow!(e).context(format!(
+                "cannot write {}; the flow runs in the background (pid {pid}): `hostd flow down` stops it",
+                file.display()
+            ));
+            report_error(&error, args.json);
+            return Ok(ExitCode::FAILURE);
+        }
+    }
+    if args.json {
+        let mut doc = status_json(&status);
+        doc["log"] = json!(log_path);
+        Out::json(&doc)?;
+    } else {
+        Out::text(&status_text(&status))?;
+        Out::line(&format!(
+            "running in the background (pid {pid}); `hostd flow down` stops it; its output: {}",
+            log_path.display()
+        ))?;
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn down(root: &Path, args: DownArgs) -> Result<ExitCode> {
-    let options = FlowOptions {
+    if args.dry_run {
+        return down_preview(root, args.json);
+    }
+    let options = DownOptions {
         teardown_layer_budget: args.teardown_budget,
-        ..FlowOptions::default()
+        kill_grace: None,
     };
     let report = orchestration::flow::down(root, &options).await?;
-    match report.action {
-        DownAction::NothingRecorded => {
-            println!("no flow is recorded in {}", root.display());
-            return Ok(ExitCode::SUCCESS);
-        }
-        DownAction::AskedSupervisor { pid } => {
-            println!("asked the running `hostd flow up` (pid {pid}) to stop; its receipts:");
-        }
-        DownAction::StoppedDirectly => {
-            println!(
-                "the `hostd flow up` that started this flow is gone; stopped its recorded process groups:"
-            );
-        }
-    }
-    print_receipts(&report.teardown);
-    if report.clean() {
-        Ok(ExitCode::SUCCESS)
+    let paths = StatePaths::for_workspace(root);
+    if args.json {
+        Out::json(&json!({
+            "action": match report.action {
+                DownAction::NothingRecorded => json!({"kind": "nothing-recorded"}),
+                DownAction::AskedSupervisor { pid } => json!({"kind": "asked-supervisor", "pid": pid}),
+                DownAction::StoppedDirectly => json!({"kind": "stopped-directly"}),
+            },
+            "clean": report.clean(),
+            "retained": report.retained,
+            "teardown": render::report_json(&report.teardown),
+        }))?;
     } else {
-        eprintln!(
-            "some services could not be proven to be this flow's and were left alone; they stay recorded in {}",
-            StatePaths::for_workspace(root).state_file.display()
-        );
-        Ok(ExitCode::FAILURE)
+        match report.action {
+            DownAction::NothingRecorded => {
+                Out::line(&format!("no flow is recorded in {}", root.display()))?;
+                return Ok(ExitCode::SUCCESS);
+            }
+            DownAction::AskedSupervisor { pid } => Out::line(&format!(
+                "asked the running `hostd flow up` (pid {pid}) to stop; its receipts:"
+            ))?,
+            DownAction::StoppedDirectly => Out::line(
+                "the `hostd flow up` that started this flow is gone; stopped its recorded process groups:",
+            )?,
+        }
+        Out::text(&render::receipts_table(&report.teardown))?;
     }
+    if report.clean() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    render::report_troubles(&report.teardown, args.json);
+    if !report.retained.is_empty() && !args.json {
+        let _ = writeln!(
+            std::io::stderr(),
+            "[flow] still recorded in {} (they may still run): {}; `hostd flow down --dry-run` shows them",
+            paths.state_file.display(),
+            report.retained.join(", ")
+        );
+    }
+    Ok(ExitCode::FAILURE)
 }
 
-fn status(root: &Path) -> Result<ExitCode> {
-    let Some(status) = orchestration::flow::status(root)? else {
-        println!("no flow is up in {}", root.display());
+fn down_preview(root: &Path, json: bool) -> Result<ExitCode> {
+    let Some(preview) = orchestration::flow::down::preview(root)? else {
+        if json {
+            Out::json(&json!({"recorded": false}))?;
+        } else {
+            Out::line(&format!("no flow is recorded in {}", root.display()))?;
+        }
         return Ok(ExitCode::SUCCESS);
     };
+    if json {
+        let entries: Vec<Value> = preview
+            .entries
+            .iter()
+            .map(|e| {
+                json!({"service": e.service, "layer": e.layer, "pgid": e.pgid, "verdict": e.verdict,
+                "detail": e.detail, "members": e.members.iter().map(|(p, c)| json!({"pid": p, "command": c})).collect::<Vec<_>>()})
+            })
+            .collect();
+        Out::json(
+            &json!({"recorded": true, "supervisor": preview.supervisor_alive, "entries": entries}),
+        )?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut out = String::from("dry run: nothing is signalled\n");
+    match preview.supervisor_alive {
+        Some(pid) => out.push_str(&format!(
+            "the `hostd flow up` (pid {pid}) still runs: `down` would ask it to stop, which stops:\n"
+        )),
+        None => out.push_str("the `hostd flow up` is gone: `down` would stop these itself:\n"),
+    }
+    let rows: Vec<Vec<String>> = preview
+        .entries
+        .iter()
+        .map(|e| {
+            vec![
+                e.service.clone(),
+                e.layer.to_string(),
+                e.pgid.to_string(),
+                e.verdict.to_owned(),
+                if e.members.is_empty() {
+                    "-".into()
+                } else {
+                    e.members
+                        .iter()
+                        .map(|(p, c)| format!("{p} ({c})"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                },
+                e.detail.clone(),
+            ]
+        })
+        .collect();
+    out.push_str(&render::table(
+        &["SERVICE", "LAYER", "PGID", "WOULD", "PROCESSES", "DETAIL"],
+        &rows,
+    ));
+    Out::text(&out)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn status_json(status: &orchestration::flow::FlowStatus) -> Value {
+    let services: Vec<Value> = status
+        .services
+        .iter()
+        .map(|s| {
+            json!({"name": s.name, "state": s.state, "pid": s.pid,
+            "endpoints": s.endpoints.iter().map(|(n, a)| json!({"name": n, "address": a})).collect::<Vec<_>>(),
+            "restarts": s.restarts, "detail": s.detail, "leftover": s.leftover})
+        })
+        .collect();
+    json!({"flow": status.flow, "supervisor": {"pid": status.supervisor_pid, "alive": status.supervisor_alive},
+        "up": status.up, "started_at": status.started_at, "services": services})
+}
+
+fn status_text(status: &orchestration::flow::FlowStatus) -> String {
     let supervisor = if status.supervisor_alive {
         format!(
             "supervised by `hostd flow up` (pid {})",
@@ -469,67 +780,245 @@ fn status(root: &Path) -> Result<ExitCode> {
             status.supervisor_pid
         )
     };
-    println!(
-        "flow `{}` since {}, {supervisor}",
-        status.flow, status.started_at
-    );
-    print_table(
-        &["SERVICE", "STATE", "PID", "ENDPOINTS", "RESTARTS"],
-        status
-            .services
-            .iter()
-            .map(|s| {
-                vec![
-                    s.name.clone(),
-                    s.state.clone(),
-                    s.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
-                    endpoints_text(s.endpoints.iter().map(|(n, a)| (n.as_str(), a.clone()))),
-                    s.restarts.to_string(),
-                ]
-            })
-            .collect(),
-        false,
-    );
+    let rows: Vec<Vec<String>> = status
+        .services
+        .iter()
+        .map(|s| {
+            let pid = match (s.pid, s.leftover.as_slice()) {
+                (Some(p), _) => p.to_string(),
+                (None, []) => "-".into(),
+                (None, left) => format!(
+                    "({})",
+                    left.iter()
+                        .map(|p| p.to_string())
+                        .collect::<Vec<_>>()
+                        .join(",")
+                ),
+            };
+            vec![
+                s.name.clone(),
+                s.state.clone(),
+                pid,
+                render::endpoints_text(s.endpoints.iter().map(|(n, a)| (n.as_str(), a.clone()))),
+                s.restarts.to_string(),
+                s.detail.clone().unwrap_or_default(),
+            ]
+        })
+        .collect();
+    format!(
+        "flow `{}` since {}, {supervisor}\n{}",
+        status.flow,
+        status.started_at,
+        render::table(
+            &["SERVICE", "STATE", "PID", "ENDPOINTS", "RESTARTS", "DETAIL"],
+            &rows
+        )
+    )
+}
+
+async fn status(root: &Path, args: StatusArgs) -> Result<ExitCode> {
+    let Some(status) =
+        orchestration::flow::status(root, FlowOptions::default().probe_timeout).await?
+    else {
+        if args.json {
+            Out::json(&json!({"flow": null}))?;
+        } else {
+            Out::line(&format!("no flow is up in {}", root.display()))?;
+        }
+        return Ok(ExitCode::SUCCESS);
+    };
+    if args.json {
+        Out::json(&status_json(&status))?;
+    } else {
+        Out::text(&status_text(&status))?;
+    }
     Ok(ExitCode::SUCCESS)
 }
 
-fn endpoints_text<'a>(endpoints: impl Iterator<Item = (&'a str, String)>) -> String {
-    let text: Vec<String> = endpoints.map(|(n, a)| format!("{n}={a}")).collect();
-    if text.is_empty() {
-        "-".into()
+fn env(root: &Path, args: EnvArgs) -> Result<ExitCode> {
+    let paths = StatePaths::for_workspace(root);
+    let not_recorded = || FlowError::NotRecorded {
+        service: args.service.clone(),
+        path: paths.state_file.clone(),
+    };
+    let recorded = state::read_state(&paths)?.ok_or_else(not_recorded)?;
+    let service = recorded.service(&args.service).ok_or_else(not_recorded)?;
+    if args.json {
+        let map: serde_json::Map<String, Value> = service
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+            .collect();
+        Out::json(&Value::Object(map))?;
     } else {
-        text.join(" ")
+        Out::text(&dotenv(&service.env))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The recorded teardown budget of the workspace, else the default.
+fn recorded_budget(root: &Path, per_layer: Option<Duration>) -> TeardownBudget {
+    let defaults = FlowOptions::default();
+    let recorded = state::read_state(&StatePaths::for_workspace(root))
+        .ok()
+        .flatten()
+        .and_then(|s| s.budget);
+    TeardownBudget {
+        per_layer: per_layer
+            .or(recorded.map(|b| Duration::from_millis(b.teardown_layer_budget_ms)))
+            .unwrap_or(defaults.teardown_layer_budget),
+        kill_grace: recorded
+            .map(|b| Duration::from_millis(b.kill_grace_ms))
+            .unwrap_or(defaults.kill_grace),
     }
 }
 
-fn print_table(headers: &[&str], rows: Vec<Vec<String>>, to_stderr: bool) {
-    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
-    for row in &rows {
-        for (i, cell) in row.iter().enumerate() {
-            if let Some(w) = widths.get_mut(i) {
-                *w = (*w).max(cell.len());
-            }
+async fn recover_cmd(root: &Path, args: RecoverArgs) -> Result<ExitCode> {
+    if let Some(file) = &args.expect {
+        let expected = RecoveryPreview::read(file)?;
+        if expected.service != args.service {
+            bail!(
+                "{} is a preview of `{}`, not `{}`",
+                file.display(),
+                expected.service,
+                args.service
+            );
         }
+        let budget = recorded_budget(root, args.teardown_budget);
+        let report = recover::recover(root, &expected, budget).await?;
+        Out::text(&render::receipts_table(&report.teardown))?;
+        if report.forgotten && report.teardown.all_stopped() {
+            Out::line(&format!(
+                "the previewed processes of `{}` are stopped and its record is removed",
+                args.service
+            ))?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        render::report_troubles(&report.teardown, false);
+        if !report.forgotten {
+            let _ = writeln!(
+                std::io::stderr(),
+                "[flow] error: processes remain in the group of `{}`; it stays recorded",
+                args.service
+            );
+        }
+        return Ok(ExitCode::FAILURE);
     }
-    let render = |cells: Vec<String>| {
-        let mut line = String::new();
-        for (i, cell) in cells.iter().enumerate() {
-            if i + 1 == cells.len() {
-                line.push_str(cell);
-            } else {
-                line.push_str(&format!("{cell:<w$}  ", w = widths[i]));
-            }
-        }
-        line.trim_end().to_owned()
+    let preview = recover::preview(root, &args.service)?;
+    let paths = StatePaths::for_workspace(root);
+    let file = args
+        .save
+        .clone()
+        .unwrap_or_else(|| recover::default_preview_path(&paths, &args.service));
+    preview.write(&file)?;
+    let rows: Vec<Vec<String>> = preview
+        .processes
+        .iter()
+        .map(|p| {
+            vec![
+                p.pid.to_string(),
+                p.start_time.to_string(),
+                p.command.clone(),
+            ]
+        })
+        .collect();
+    let mut out = format!(
+        "`{}`: its recorded leader (pid {}) is gone; these processes remain in its process group {}:\n",
+        preview.service, preview.recorded.pid, preview.recorded.pgid
+    );
+    out.push_str(&render::table(&["PID", "START (ticks)", "COMMAND"], &rows));
+    out.push_str("why they are taken to be this flow's:\n");
+    for line in &preview.evidence {
+        out.push_str(&format!("  - {line}\n"));
+    }
+    out.push_str(&format!(
+        "saved to {}; after reviewing it, stop exactly these processes with:\n  hostd flow -w {} recover {} --expect {}\n",
+        file.display(),
+        root.display(),
+        preview.service,
+        file.display()
+    ));
+    Out::text(&out)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn test(root: &Path, args: TestArgs) -> Result<ExitCode> {
+    let options = FlowOptions {
+        readiness_timeout: args.readiness_timeout,
+        teardown_layer_budget: args.teardown_budget,
+        ..FlowOptions::default()
     };
-    let mut out = vec![render(headers.iter().map(|h| h.to_string()).collect())];
-    out.extend(rows.into_iter().map(render));
-    for line in out {
-        if to_stderr {
-            eprintln!("{line}");
-        } else {
-            println!("{line}");
+    let flow = Flow::load(root, options)?;
+    let selection = Selection {
+        only_deps: args.deps == TestDeps::Dependencies,
+        ..Selection::service(&args.service)
+    };
+    let (program, rest) = args
+        .command
+        .split_first()
+        .ok_or_else(|| anyhow!("no test command after `--`"))?;
+    let run_command = |env: Vec<(String, String)>| {
+        let program = program.clone();
+        let rest = rest.to_vec();
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new(&program)
+                .args(&rest)
+                .envs(env)
+                .status()
+                .with_context(|| format!("cannot run the test command `{program}`"))
+        })
+    };
+    if args.deps == TestDeps::None {
+        let plan = flow.dry_run(&selection)?;
+        let env = plan
+            .services
+            .iter()
+            .find(|s| s.name == args.service)
+            .map(|s| s.env.clone())
+            .unwrap_or_default();
+        let status = run_command(env).await.context("the test command")??;
+        return Ok(exit_code_of(status));
+    }
+    let cancel = cancel_on_signals(false)?;
+    let (sink, mut rx) = EventSink::channel(8192);
+    let width = args.service.len().max(4);
+    let printer = tokio::spawn(async move {
+        let mut view = Progress::new(width, false);
+        while let Some(event) = rx.recv().await {
+            view.show(event);
         }
+        view.clear();
+    });
+    let running = match flow.up(selection, sink, cancel.clone()).await {
+        Ok(running) => running,
+        Err(failure) => {
+            eprintln_flow(&format!("{}: {}", failure.error.code(), failure.error));
+            render::report_troubles(&failure.teardown, false);
+            let _ = printer.await;
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    let env = running
+        .environment(&args.service)
+        .unwrap_or_default()
+        .to_vec();
+    eprintln_flow(&format!("running the tests of `{}`", args.service));
+    let outcome = run_command(env).await;
+    let end = running.shutdown().await;
+    render::report_troubles(&end.teardown, false);
+    let _ = printer.await;
+    let status = outcome.context("the test command")??;
+    if !end.teardown.all_stopped() {
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(exit_code_of(status))
+}
+
+fn exit_code_of(status: std::process::ExitStatus) -> ExitCode {
+    match status.code() {
+        Some(0) => ExitCode::SUCCESS,
+        Some(c) => ExitCode::from(u8::try_from(c).unwrap_or(1)),
+        None => ExitCode::FAILURE,
     }
 }
 
@@ -578,148 +1067,40 @@ async fn logs(root: &Path, args: LogsArgs) -> Result<ExitCode> {
             logs::FLOW_STREAM => "*",
             _ => "|",
         };
-        println!("{:>width$} {mark} {}", line.service, line.text);
+        Out::line(&format!("{:>width$} {mark} {}", line.service, line.text))
     };
     let mut follower = LogFollower::from_end(&files);
     for line in logs::read_merged(&files)? {
-        print(&line);
+        print(&line)?;
     }
     if !args.follow {
         return Ok(ExitCode::SUCCESS);
     }
-    let cancel = cancel_on_signals()?;
+    let cancel = cancel_on_signals(false)?;
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return Ok(ExitCode::SUCCESS),
             _ = tokio::time::sleep(Duration::from_millis(200)) => {}
         }
         for line in follower.poll()? {
-            print(&line);
+            print(&line)?;
         }
-        let _ = std::io::stdout().flush();
     }
 }
 
 fn graph(root: &Path, args: GraphArgs) -> Result<ExitCode> {
-    let flow = Flow::load(root, FlowOptions::default())?;
-    let graph = flow.graph();
     let stages: Vec<Stage> = match args.stage {
         Some(StageArg::Build) => vec![Stage::Build],
         Some(StageArg::Run) => vec![Stage::Run],
         None => vec![Stage::Build, Stage::Run],
     };
+    let workspace = orchestration::flow::Workspace::load(root)?;
+    // Only the stages shown must be free of cycles.
+    let graph = orchestration::flow::DependencyGraph::from_workspace_for(&workspace, &stages)?;
     let text = match args.format {
-        GraphFormat::Text => graph_text(graph, &stages)?,
-        GraphFormat::Dot => graph_dot(graph, &stages),
+        GraphFormat::Text => graph_view::graph_text(&graph, &stages)?,
+        GraphFormat::Dot => graph_view::graph_dot(&graph, &stages),
     };
-    print!("{text}");
+    Out::text(&text)?;
     Ok(ExitCode::SUCCESS)
-}
-
-fn edge_label(kind: &str, endpoints: &[String], origin: &EdgeOrigin) -> String {
-    let mut label = kind.to_owned();
-    if !endpoints.is_empty() {
-        label.push_str(": ");
-        label.push_str(&endpoints.join(", "));
-    }
-    if let EdgeOrigin::Reference { key } = origin {
-        label.push_str(&format!(" (via ${{endpoint}} in {key})"));
-    }
-    label
-}
-
-fn graph_text(graph: &DependencyGraph, stages: &[Stage]) -> Result<String> {
-    let mut out = String::new();
-    for &stage in stages {
-        let g: &StageGraph = graph.stage(stage);
-        out.push_str(&format!(
-            "{stage} stage — start order, one layer per line:\n"
-        ));
-        for (i, layer) in g.layers()?.iter().enumerate() {
-            out.push_str(&format!("  {i}: {}\n", layer.join(", ")));
-        }
-        if g.edges().is_empty() {
-            out.push_str("  (no edges)\n");
-        }
-        for e in g.edges() {
-            out.push_str(&format!(
-                "  {} -> {}  [{}]\n",
-                e.consumer,
-                e.producer,
-                edge_label(e.kind.as_str(), &e.endpoints, &e.origin)
-            ));
-        }
-    }
-    if !graph.external_edges().is_empty() {
-        out.push_str("external (in no stage: never started or waited for):\n");
-        for e in graph.external_edges() {
-            let note = if graph.superseded().contains(e) {
-                "  (superseded by an ${endpoint} reference: runs first)"
-            } else {
-                ""
-            };
-            out.push_str(&format!("  {} -> {}{note}\n", e.consumer, e.producer));
-        }
-    }
-    Ok(out)
-}
-
-fn dot_id(text: &str) -> String {
-    format!("\"{}\"", text.replace('\\', "\\\\").replace('"', "\\\""))
-}
-
-fn graph_dot(graph: &DependencyGraph, stages: &[Stage]) -> String {
-    let mut out = String::from("digraph flow {\n  rankdir=LR;\n  node [shape=box];\n");
-    let clustered = stages.len() > 1;
-    let node = |stage: Stage, name: &str| {
-        if clustered {
-            dot_id(&format!("{stage}:{name}"))
-        } else {
-            dot_id(name)
-        }
-    };
-    for &stage in stages {
-        let g = graph.stage(stage);
-        let indent = if clustered { "    " } else { "  " };
-        if clustered {
-            out.push_str(&format!(
-                "  subgraph cluster_{stage} {{\n    label={};\n",
-                dot_id(&format!("{stage} stage"))
-            ));
-        }
-        for n in g.nodes() {
-            out.push_str(&format!(
-                "{indent}{} [label={}];\n",
-                node(stage, n),
-                dot_id(n)
-            ));
-        }
-        for e in g.edges() {
-            let style = match e.kind.as_str() {
-                "completion" => ", style=dashed",
-                "build" | "schema" => ", style=dotted",
-                _ => "",
-            };
-            out.push_str(&format!(
-                "{indent}{} -> {} [label={}{style}];\n",
-                node(stage, &e.consumer),
-                node(stage, &e.producer),
-                dot_id(&edge_label(e.kind.as_str(), &e.endpoints, &e.origin))
-            ));
-        }
-        if clustered {
-            out.push_str("  }\n");
-        }
-    }
-    for e in graph.external_edges() {
-        let consumer = node(*stages.last().unwrap_or(&Stage::Run), &e.consumer);
-        out.push_str(&format!(
-            "  {} [label={}, shape=ellipse, style=dashed];\n  {consumer} -> {} [label=\"external\", style=dashed, color=gray];\n",
-            dot_id(&format!("external:{}", e.producer)),
-            dot_id(&e.producer),
-            dot_id(&format!("external:{}", e.producer)),
-        ));
-    }
-    out.push_str("}\n");
-    out
 }

@@ -9,7 +9,7 @@ use std::process::{Child, Command};
 use common::{FIXTURE, TempWorkspace, assert_no_orphans};
 use orchestration::flow::procfs::{self, StartIdentity};
 use orchestration::flow::state::{self, FlowState, STATE_VERSION, ServiceRecord, StatePaths};
-use orchestration::flow::{DownAction, FlowOptions, StopOutcome, down};
+use orchestration::flow::{DownAction, DownOptions, StopOutcome, down};
 
 fn spawn_group(args: &[&str]) -> (Child, StartIdentity) {
     let child = Command::new(FIXTURE)
@@ -37,6 +37,7 @@ fn record(name: &str, identity: &StartIdentity) -> ServiceRecord {
         endpoints: vec![],
         restarts: 0,
         detail: None,
+        env: vec![],
     }
 }
 
@@ -50,15 +51,17 @@ fn write_state(paths: &StatePaths, layers: Vec<Vec<String>>, services: Vec<Servi
             started_at: "earlier".into(),
             teardown_layers: layers,
             services,
+            budget: None,
+            up: true,
         },
     )
     .expect("write state");
 }
 
-fn options() -> FlowOptions {
-    FlowOptions {
-        teardown_layer_budget: std::time::Duration::from_secs(3),
-        ..FlowOptions::default()
+fn options() -> DownOptions {
+    DownOptions {
+        teardown_layer_budget: Some(std::time::Duration::from_secs(3)),
+        ..DownOptions::default()
     }
 }
 
@@ -159,7 +162,7 @@ async fn down_treats_a_recorded_group_that_no_longer_exists_as_stopped() {
 #[tokio::test]
 async fn down_with_nothing_recorded_says_so() {
     let ws = TempWorkspace::new(&[]);
-    let report = down(ws.root(), &FlowOptions::default()).await.unwrap();
+    let report = down(ws.root(), &DownOptions::default()).await.unwrap();
     assert_eq!(report.action, DownAction::NothingRecorded);
     assert!(report.teardown.receipts.is_empty());
 }

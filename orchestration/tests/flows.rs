@@ -310,13 +310,13 @@ async fn a_completion_job_runs_to_exit_zero_before_its_consumer_starts() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failing_completion_job_fails_its_consumer_with_its_exit_status() {
+async fn a_failing_completion_job_fails_the_flow_naming_the_job_its_status_and_last_lines() {
     let ws = TempWorkspace::new(&[(
         "flow.yaml",
         "services:
   - name: migrate
     command: {fixture}
-    args: [job, --exit, '3']
+    args: [job, --exit, '3', --say, 'table quotes already exists']
   - name: api
     command: {fixture}
     args: [tcp]
@@ -331,15 +331,24 @@ async fn a_failing_completion_job_fails_its_consumer_with_its_exit_status() {
         .await
         .expect_err("the job fails");
     match &failure.error {
-        FlowError::DependencyFailed { service, reason } => {
-            assert_eq!(service, "api");
+        FlowError::JobFailed {
+            service,
+            exit,
+            last_lines,
+            ..
+        } => {
+            assert_eq!(service, "migrate");
+            assert_eq!(exit, "status 3");
             assert!(
-                reason.contains("completion dependency `migrate` exited with status 3"),
-                "{reason}"
+                last_lines
+                    .iter()
+                    .any(|l| l == "table quotes already exists"),
+                "{last_lines:?}"
             );
         }
-        other => panic!("expected a dependency failure, got {other}"),
+        other => panic!("expected the job's failure, got {other}"),
     }
+    assert_eq!(failure.error.code(), "flow.job_failed");
     assert!(
         rec.position(|e| is_step(e, "api", Step::Start)).is_none(),
         "the consumer never starts"
@@ -624,10 +633,7 @@ async fn up_with_a_target_starts_its_closure_and_only_deps_leaves_the_target_out
     let (rec, sink) = Recorder::start();
     let up = flow
         .up(
-            Selection {
-                target: Some("api".into()),
-                only_deps: false,
-            },
+            Selection::service("api"),
             sink.clone(),
             CancellationToken::new(),
         )
@@ -650,8 +656,8 @@ async fn up_with_a_target_starts_its_closure_and_only_deps_leaves_the_target_out
     let up = flow
         .up(
             Selection {
-                target: Some("api".into()),
                 only_deps: true,
+                ..Selection::service("api")
             },
             sink,
             CancellationToken::new(),
@@ -706,6 +712,7 @@ async fn a_service_that_cannot_be_started_fails_the_lifecycle_predicate_and_its_
   - name: api
     command: ./no-such-program
     dependencies: [{name: db, kind: runtime}]
+    restart: {policy: 'no'}
 ",
     )]);
     let flow = Flow::load(ws.root(), fast_options()).unwrap();

@@ -144,7 +144,7 @@ pub enum FlowError {
         option: &'static str,
         reason: String,
     },
-    #[error("port {port} for {service}/{endpoint} is not free on 127.0.0.1: {reason}")]
+    #[error("port {port} for {service}/{endpoint} is not free: {reason}")]
     PortUnavailable {
         service: String,
         endpoint: String,
@@ -174,6 +174,28 @@ pub enum FlowError {
         reason: String,
         last_lines: Vec<String>,
     },
+    #[error(
+        "one-shot job `{service}` exited with {exit} and {reason}{}",
+        tail_text(last_lines)
+    )]
+    JobFailed {
+        service: String,
+        exit: String,
+        reason: String,
+        last_lines: Vec<String>,
+    },
+    #[error("invalid selection: {0}")]
+    InvalidSelection(String),
+    #[error("invalid override `{spec}`: {reason}")]
+    InvalidOverride { spec: String, reason: String },
+    #[error("no service `{service}` is recorded in {}", path.display())]
+    NotRecorded { service: String, path: PathBuf },
+    #[error("`{service}` cannot be recovered: {reason}")]
+    NotRecoverable { service: String, reason: String },
+    #[error(
+        "process group of `{service}` changed since the preview ({reason}); nothing was signalled: preview it again"
+    )]
+    GroupChanged { service: String, reason: String },
     #[error("interrupted before the flow was up")]
     Interrupted,
     #[error("the workspace state folder {}: {reason}", path.display())]
@@ -181,7 +203,7 @@ pub enum FlowError {
     #[error("another `hostd flow up` (pid {pid}) already runs this workspace")]
     AlreadyUp { pid: i32 },
     #[error(
-        "a previous flow left {count} running process group(s) recorded in {}; run `hostd flow down` first",
+        "a previous flow left {count} running process group(s) recorded in {}; run `hostd flow down` first (and `hostd flow recover <service> --preview` for a group `down` refuses)",
         path.display()
     )]
     LeftoverState { path: PathBuf, count: usize },
@@ -215,6 +237,12 @@ impl FlowError {
             Self::NotReady { .. } => "flow.not_ready",
             Self::DependencyFailed { .. } => "flow.dependency_failed",
             Self::ServiceCrashed { .. } => "flow.service_crashed",
+            Self::JobFailed { .. } => "flow.job_failed",
+            Self::InvalidSelection(_) => "flow.invalid_selection",
+            Self::InvalidOverride { .. } => "flow.invalid_override",
+            Self::NotRecorded { .. } => "flow.not_recorded",
+            Self::NotRecoverable { .. } => "flow.recover.not_recoverable",
+            Self::GroupChanged { .. } => "flow.recover.group_changed",
             Self::Interrupted => "flow.interrupted",
             Self::State { .. } => "flow.state",
             Self::AlreadyUp { .. } => "flow.already_up",

@@ -103,6 +103,18 @@ pub enum FlowEvent {
         layers: usize,
     },
     Stopped(Receipt),
+    /// Something the user should know about how the flow was put together (for instance an
+    /// `external` declaration a reference superseded); the flow goes on.
+    Notice {
+        service: String,
+        text: String,
+    },
+    /// Something that works but is probably wrong (for instance a service answering off
+    /// loopback); the flow goes on.
+    Warning {
+        service: String,
+        text: String,
+    },
 }
 
 /// A cheap-to-clone, bounded, never-blocking sender of [`FlowEvent`]s.

@@ -203,6 +203,9 @@ pub struct StageGraph {
     stage: Stage,
     nodes: Vec<String>,
     edges: Vec<Edge>,
+    /// Membership-only edges: the consumer's run includes the producer, but does not wait
+    /// for it (a reference that would close a startup cycle). They never order anything.
+    members: Vec<Edge>,
 }
 
 impl StageGraph {
@@ -211,7 +214,43 @@ impl StageGraph {
             stage,
             nodes,
             edges: Vec::new(),
+            members: Vec::new(),
         }
+    }
+
+    /// Adds a membership-only edge (see [`members`](Self::members)).
+    pub fn add_member_edge(&mut self, edge: Edge) -> Result<(), GraphError> {
+        for end in [&edge.consumer, &edge.producer] {
+            if !self.contains(end) {
+                return Err(GraphError::UnknownService(end.clone()));
+            }
+        }
+        self.members.push(edge);
+        Ok(())
+    }
+
+    /// Edges that pull their producer into the consumer's run without ordering it: an
+    /// `${endpoint:...}` reference whose producer itself (transitively) depends on the
+    /// consumer. Adding it as an ordering edge would close a cycle; since every address is
+    /// allocated before anything starts, the reference resolves anyway.
+    pub fn members(&self) -> &[Edge] {
+        &self.members
+    }
+
+    /// Whether `from` reaches `to` by following prerequisite edges (`from` depends on `to`,
+    /// directly or through others).
+    pub fn depends_on(&self, from: &str, to: &str) -> bool {
+        let mut seen: BTreeSet<&str> = BTreeSet::new();
+        let mut stack = vec![from];
+        while let Some(node) = stack.pop() {
+            if node == to {
+                return true;
+            }
+            if seen.insert(node) {
+                stack.extend(self.prerequisites(node).map(|e| e.producer.as_str()));
+            }
+        }
+        false
     }
 
     /// Adds an edge between two nodes of the graph (both ends must already be nodes).
@@ -370,9 +409,22 @@ impl StageGraph {
                 for e in self.prerequisites(node) {
                     stack.push(e.producer.as_str());
                 }
+                for e in self.members.iter().filter(|e| e.consumer == node) {
+                    stack.push(e.producer.as_str());
+                }
             }
         }
         Ok(self.retain(|n| keep.contains(n)))
+    }
+
+    /// The graph of `names` alone, without anything they depend on.
+    pub fn only(&self, names: &[&str]) -> Result<StageGraph, GraphError> {
+        for name in names {
+            if !self.contains(name) {
+                return Err(GraphError::UnknownService((*name).to_owned()));
+            }
+        }
+        Ok(self.retain(|n| names.contains(&n)))
     }
 
     /// The graph without `names` (and their edges).
@@ -390,6 +442,12 @@ impl StageGraph {
                 .filter(|e| keep(&e.consumer) && keep(&e.producer))
                 .cloned()
                 .collect(),
+            members: self
+                .members
+                .iter()
+                .filter(|e| keep(&e.consumer) && keep(&e.producer))
+                .cloned()
+                .collect(),
         }
     }
 
@@ -398,37 +456,63 @@ impl StageGraph {
     /// is stopped once, after all of them. Within a layer, declaration order. Should a cycle
     /// slip through, its members land together in one final layer rather than leak.
     pub fn teardown_layers(&self, participants: &[String]) -> Vec<Vec<String>> {
-        let members: Vec<&String> = self
+        let index = self.index();
+        let wanted: BTreeSet<&str> = participants.iter().map(String::as_str).collect();
+        let member: Vec<bool> = self
             .nodes
             .iter()
-            .filter(|n| participants.contains(n))
+            .map(|n| wanted.contains(n.as_str()))
             .collect();
+        // For each participating producer: how many participating consumers must stop first,
+        // and for each consumer the producers it frees once it has stopped.
+        let mut waiting_on = vec![0usize; self.nodes.len()];
+        let mut frees: Vec<Vec<usize>> = vec![Vec::new(); self.nodes.len()];
+        for e in &self.edges {
+            if let (Some(&c), Some(&p)) = (
+                index.get(e.consumer.as_str()),
+                index.get(e.producer.as_str()),
+            ) && member[c]
+                && member[p]
+                && c != p
+            {
+                waiting_on[p] += 1;
+                frees[c].push(p);
+            }
+        }
+        let mut current: Vec<usize> = (0..self.nodes.len())
+            .filter(|&i| member[i] && waiting_on[i] == 0)
+            .collect();
+        let mut placed = vec![false; self.nodes.len()];
+        let mut layers: Vec<Vec<String>> = Vec::new();
+        while !current.is_empty() {
+            let mut next = Vec::new();
+            for &node in &current {
+                placed[node] = true;
+                for &p in &frees[node] {
+                    waiting_on[p] -= 1;
+                    if waiting_on[p] == 0 {
+                        next.push(p);
+                    }
+                }
+            }
+            layers.push(current.iter().map(|&i| self.nodes[i].clone()).collect());
+            next.sort_unstable();
+            next.dedup();
+            current = next;
+        }
+        // Should a cycle slip through, its members go in one final layer rather than leak.
+        let rest: Vec<String> = (0..self.nodes.len())
+            .filter(|&i| member[i] && !placed[i])
+            .map(|i| self.nodes[i].clone())
+            .collect();
+        if !rest.is_empty() {
+            layers.push(rest);
+        }
         let mut extra: Vec<String> = participants
             .iter()
             .filter(|p| !self.contains(p))
             .cloned()
             .collect();
-        let mut depth: HashMap<&str, usize> = HashMap::new();
-        let mut remaining: Vec<&String> = members.clone();
-        let mut layers: Vec<Vec<String>> = Vec::new();
-        let mut current = 0;
-        while !remaining.is_empty() {
-            let (ready, blocked): (Vec<&String>, Vec<&String>) = remaining.iter().partition(|n| {
-                self.consumers(n)
-                    .filter(|e| participants.contains(&e.consumer))
-                    .all(|e| depth.get(e.consumer.as_str()).is_some_and(|&d| d < current))
-            });
-            if ready.is_empty() {
-                layers.push(blocked.iter().map(|s| (*s).clone()).collect());
-                break;
-            }
-            for n in &ready {
-                depth.insert(n.as_str(), current);
-            }
-            layers.push(ready.iter().map(|s| (*s).clone()).collect());
-            remaining = blocked;
-            current += 1;
-        }
         if !extra.is_empty() {
             if layers.is_empty() {
                 layers.push(Vec::new());
@@ -456,6 +540,19 @@ impl DependencyGraph {
     pub fn from_workspace(workspace: &Workspace) -> Result<DependencyGraph, GraphError> {
         let graph = Self::build_unchecked(workspace)?;
         graph.verify_acyclic()?;
+        Ok(graph)
+    }
+
+    /// Builds both stage graphs and checks only `stages` for cycles: a command that works on
+    /// the run stage must not be refused because of a cycle in the build stage.
+    pub fn from_workspace_for(
+        workspace: &Workspace,
+        stages: &[Stage],
+    ) -> Result<DependencyGraph, GraphError> {
+        let graph = Self::build_unchecked(workspace)?;
+        for &stage in stages {
+            graph.stage(stage).verify_acyclic()?;
+        }
         Ok(graph)
     }
 
@@ -490,17 +587,22 @@ impl DependencyGraph {
                     graph.add_edge(edge.clone())?;
                 }
             }
-            // Composition references bind the pair at run time whatever the declaration says.
+        }
+        // Composition references bind the pair at run time whatever the declaration says.
+        // They are added once every declared edge is in, so "would this close a cycle" is
+        // judged against the whole declared graph.
+        for service in &workspace.services {
             for (key, value) in &service.env {
                 for (producer, endpoint) in value.references() {
                     if producer == service.name {
                         continue;
                     }
-                    if let Some(existing) = run
+                    let existing = run
                         .edges
                         .iter_mut()
-                        .find(|e| e.consumer == service.name && e.producer == producer)
-                    {
+                        .chain(run.members.iter_mut())
+                        .find(|e| e.consumer == service.name && e.producer == producer);
+                    if let Some(existing) = existing {
                         if !existing.endpoints.is_empty()
                             && !existing.endpoints.iter().any(|e| e == endpoint)
                         {
@@ -520,13 +622,24 @@ impl DependencyGraph {
                         );
                         superseded.push(declared.clone());
                     }
-                    run.add_edge(Edge {
+                    let edge = Edge {
                         consumer: service.name.clone(),
                         producer: producer.to_owned(),
                         kind: DependencyKind::Runtime,
                         endpoints: vec![endpoint.to_owned()],
                         origin: EdgeOrigin::Reference { key: key.clone() },
-                    })?;
+                    };
+                    if run.depends_on(producer, &service.name) {
+                        tracing::info!(
+                            consumer = %service.name,
+                            producer,
+                            env = %key,
+                            "the reference would close a startup cycle: the producer joins the run without a startup wait"
+                        );
+                        run.add_member_edge(edge)?;
+                    } else {
+                        run.add_edge(edge)?;
+                    }
                 }
             }
         }
@@ -590,6 +703,17 @@ impl DependencyGraph {
         })
     }
 
+    /// Every edge that makes `consumer` need a producer at run time: the ordering run-stage
+    /// edges and the membership-only ones.
+    pub fn run_needs<'a>(&'a self, consumer: &'a str) -> impl Iterator<Item = &'a Edge> + 'a {
+        self.run.prerequisites(consumer).chain(
+            self.run
+                .members
+                .iter()
+                .filter(move |e| e.consumer == consumer),
+        )
+    }
+
     /// Declared `external` edges (no stage holds them).
     pub fn external_edges(&self) -> &[Edge] {
         &self.external
@@ -598,6 +722,40 @@ impl DependencyGraph {
     /// External declarations an `${endpoint:...}` reference overrode with a runtime edge.
     pub fn superseded(&self) -> &[Edge] {
         &self.superseded
+    }
+
+    /// The user-facing notes about how `services` were put together: each superseded
+    /// `external` declaration and each reference that joins its producer to the run without
+    /// a startup wait, as (consumer, text).
+    pub fn notices_for(&self, services: &[String]) -> Vec<(String, String)> {
+        let mut notes = Vec::new();
+        for e in &self.superseded {
+            if services.contains(&e.consumer) {
+                notes.push((
+                    e.consumer.clone(),
+                    format!(
+                        "its `external` dependency on `{}` is superseded by an ${{endpoint:{}/...}} reference: `{}` runs first and is waited for (declare `kind: runtime` to say so)",
+                        e.producer, e.producer, e.producer
+                    ),
+                ));
+            }
+        }
+        for e in &self.run.members {
+            if services.contains(&e.consumer) {
+                let key = match &e.origin {
+                    EdgeOrigin::Reference { key } => key.as_str(),
+                    EdgeOrigin::Declared => "",
+                };
+                notes.push((
+                    e.consumer.clone(),
+                    format!(
+                        "`{}` depends on it, so the reference to `{}` in `{key}` adds no startup wait; `{}` runs in this flow and its address is already allocated",
+                        e.producer, e.producer, e.producer
+                    ),
+                ));
+            }
+        }
+        notes
     }
 }
 

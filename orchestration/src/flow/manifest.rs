@@ -34,7 +34,7 @@ const SERVICE_KEYS: &[&str] = &[
     "dependencies",
     "restart",
 ];
-const ENDPOINT_KEYS: &[&str] = &["name", "api", "port", "health"];
+const ENDPOINT_KEYS: &[&str] = &["name", "api", "port", "health", "tls"];
 const DEPENDENCY_KEYS: &[&str] = &["name", "kind", "endpoints"];
 const RESTART_KEYS: &[&str] = &["policy", "max_restarts", "window", "backoff", "max_backoff"];
 
@@ -72,6 +72,8 @@ pub struct Endpoint {
     pub port: Option<u16>,
     /// For `http` only: the path probed by the `http-status` predicate.
     pub health: Option<String>,
+    /// The endpoint serves TLS (gRPC or HTTP): readiness probes speak TLS to it.
+    pub tls: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -119,7 +121,11 @@ pub struct ServiceManifest {
     pub cwd: PathBuf,
     pub endpoints: Vec<Endpoint>,
     pub dependencies: Vec<Dependency>,
+    /// The restart policy: as declared, else `on-failure` for a service and `no` for a
+    /// one-shot job (settled once the whole workspace says which services are jobs).
     pub restart: RestartSpec,
+    /// Whether `restart.policy` was written in the manifest.
+    pub restart_policy_declared: bool,
 }
 
 impl ServiceManifest {
@@ -200,11 +206,12 @@ impl Workspace {
             services.push(service);
         }
 
-        let workspace = Workspace {
+        let mut workspace = Workspace {
             root: root.to_path_buf(),
             name,
             services,
         };
+        workspace.settle_restart_defaults();
         workspace.validate()?;
         Ok(workspace)
     }
@@ -220,6 +227,21 @@ impl Workspace {
                 .iter()
                 .any(|d| d.name == name && d.kind == DependencyKind::Completion)
         })
+    }
+
+    /// A service whose manifest names no restart policy is restarted on failure (within its
+    /// budget); a one-shot job is not, since running it twice may not be safe.
+    fn settle_restart_defaults(&mut self) {
+        let jobs: Vec<bool> = self.services.iter().map(|s| self.is_job(&s.name)).collect();
+        for (service, is_job) in self.services.iter_mut().zip(jobs) {
+            if !service.restart_policy_declared {
+                service.restart.policy = if is_job {
+                    RestartPolicy::No
+                } else {
+                    RestartPolicy::OnFailure
+                };
+            }
+        }
     }
 
     fn validate(&self) -> Result<(), ManifestError> {
@@ -577,12 +599,12 @@ fn parse_service(
         Some(_) => return Err(ctx.invalid("dependencies", "must be a list")),
     }
 
-    let restart = match map.get("restart") {
-        None | Some(Value::Null) => RestartSpec::default(),
+    let (restart, restart_policy_declared) = match map.get("restart") {
+        None | Some(Value::Null) => (RestartSpec::default(), false),
         Some(v) => {
             let m = ctx.mapping(v, "restart")?;
             ctx.check_keys(m, RESTART_KEYS, "restart")?;
-            parse_restart(ctx, m)?
+            (parse_restart(ctx, m)?, m.get("policy").is_some())
         }
     };
 
@@ -596,6 +618,7 @@ fn parse_service(
         endpoints,
         dependencies,
         restart,
+        restart_policy_declared,
     })
 }
 
@@ -656,11 +679,25 @@ fn parse_endpoint(ctx: &Ctx, m: &Mapping, context: &str) -> Result<Endpoint, Man
             Some(path)
         }
     };
+    let tls = match m.get("tls") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(ctx.invalid("endpoints.tls", "must be true or false")),
+    };
+    if tls && api == Api::Tcp {
+        return Err(ctx.invalid(
+            "endpoints.tls",
+            &format!(
+                "endpoint `{name}` speaks tcp, whose readiness is a plain connect; `tls` is for grpc and http"
+            ),
+        ));
+    }
     Ok(Endpoint {
         name,
         api,
         port,
         health,
+        tls,
     })
 }
 

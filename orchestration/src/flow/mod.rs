@@ -5,6 +5,7 @@
 
 pub mod down;
 pub mod engine;
+pub mod environment;
 pub mod error;
 pub mod events;
 pub mod graph;
@@ -16,19 +17,28 @@ pub mod ports;
 pub mod process;
 pub mod procfs;
 pub mod readiness;
+pub mod recover;
 pub mod restart;
+pub mod sockets;
 pub mod state;
 pub mod status;
+mod supervisor;
 pub mod teardown;
+pub mod tls;
 
-pub use down::{DownAction, DownReport, down};
-pub use engine::{Flow, FlowEnd, FlowEndReason, RunningFlow, Selection, ServiceStatus, UpFailure};
+pub use down::{DownAction, DownOptions, DownPreview, DownReport, PreviewEntry, down};
+pub use engine::{
+    DryRun, Flow, FlowEnd, FlowEndReason, PlannedService, RunningFlow, Selection, ServiceStatus,
+    UpFailure,
+};
+pub use environment::{EnvOverride, dotenv};
 pub use error::{FlowError, GraphError, ManifestError, ManifestProblem};
 pub use events::{EventSink, FlowEvent, OutputStream};
 pub use graph::{DependencyGraph, DependencyKind, Edge, EdgeOrigin, Phase, Stage, StageGraph};
 pub use manifest::{Api, Dependency, Endpoint, ServiceManifest, Workspace};
 pub use options::FlowOptions;
 pub use readiness::{Predicate, ReadinessFailure};
+pub use recover::{RecoveryPreview, RecoveryReport};
 pub use restart::{RestartPolicy, RestartSpec};
 pub use status::{FlowStatus, RecordedService, status};
-pub use teardown::{Receipt, StopOutcome, TeardownReport};
+pub use teardown::{Receipt, StopOutcome, TeardownOperation, TeardownReport};

@@ -14,7 +14,8 @@ pub struct FlowOptions {
     /// How long one start of a service may take to pass its readiness predicates.
     #[serde(with = "humantime_serde_compat")]
     pub readiness_timeout: Duration,
-    /// The first pause between two readiness rounds; it doubles after each failed round.
+    /// The shortest pause between two readiness rounds; each pause is a quarter of the time
+    /// waited so far, at least this.
     #[serde(with = "humantime_serde_compat")]
     pub readiness_backoff_initial: Duration,
     /// The longest pause between two readiness rounds.
@@ -39,7 +40,7 @@ impl Default for FlowOptions {
     fn default() -> Self {
         FlowOptions {
             readiness_timeout: Duration::from_secs(120),
-            readiness_backoff_initial: Duration::from_millis(150),
+            readiness_backoff_initial: Duration::from_millis(1),
             readiness_backoff_max: Duration::from_secs(5),
             probe_timeout: Duration::from_secs(2),
             teardown_layer_budget: Duration::from_secs(15),
@@ -105,11 +106,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_defaults_are_valid_and_match_the_contract() {
+    fn the_defaults_are_valid_and_readiness_starts_polling_within_a_millisecond() {
         let o = FlowOptions::default();
         o.validate().unwrap();
         assert_eq!(o.teardown_layer_budget, Duration::from_secs(15));
-        assert_eq!(o.readiness_backoff_initial, Duration::from_millis(150));
+        assert_eq!(o.readiness_backoff_initial, Duration::from_millis(1));
         assert_eq!(o.readiness_backoff_max, Duration::from_secs(5));
     }
 

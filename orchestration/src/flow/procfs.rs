@@ -96,8 +96,11 @@ pub fn group_members(pgid: i32) -> io::Result<Vec<ProcStat>> {
         let Some(pid) = name.to_str().and_then(|s| s.parse::<i32>().ok()) else {
             continue;
         };
-        // A process can exit between listing and reading: that is not an error.
-        if let Ok(Some(stat)) = stat(pid)
+        // One cheap syscall filters the candidates; only members have their stat read. A
+        // process can exit between listing and reading: that is not an error.
+        if nix::unistd::getpgid(Some(nix::unistd::Pid::from_raw(pid)))
+            .is_ok_and(|g| g.as_raw() == pgid)
+            && let Ok(Some(stat)) = stat(pid)
             && stat.pgrp == pgid
         {
             members.push(stat);
@@ -155,6 +158,32 @@ pub fn prove(recorded: &StartIdentity) -> io::Result<Ownership> {
         _ => format!("the recorded leader (pid {}) has exited", recorded.pid),
     };
     Ok(Ownership::Unproven { reason, remaining })
+}
+
+/// The short command name of a process (`/proc/<pid>/comm`).
+pub fn comm(pid: i32) -> Option<String> {
+    fs::read_to_string(format!("/proc/{pid}/comm"))
+        .ok()
+        .map(|s| s.trim_end().to_owned())
+}
+
+/// The command line of a process, its arguments joined by spaces.
+pub fn cmdline(pid: i32) -> Option<String> {
+    let bytes = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let parts: Vec<String> = bytes
+        .split(|&b| b == 0)
+        .filter(|p| !p.is_empty())
+        .map(|p| String::from_utf8_lossy(p).into_owned())
+        .collect();
+    Some(parts.join(" "))
+}
+
+/// `pid 4242 (python3)`.
+pub fn describe(pid: i32) -> String {
+    match comm(pid) {
+        Some(name) => format!("pid {pid} ({name})"),
+        None => format!("pid {pid}"),
+    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! Readiness: the named predicates a started service must pass before it counts as running
-//! (lifecycle, runner, tcp-connect, http-status, grpc-health), and the wait that retries them
-//! with exponential backoff under a deadline.
+//! (lifecycle, runner, tcp-connect, http-status, grpc-health, listener), and the wait that
+//! retries them with exponential backoff under a deadline.
 //!
 //! This module owns probing and the verdict. It must never signal or restart a process, and
 //! it must never invent a health contract: an http endpoint without a declared health path is
@@ -24,6 +24,7 @@ use tonic_health::pb::health_client::HealthClient;
 use crate::flow::manifest::{Api, ServiceManifest};
 use crate::flow::ports::PortMap;
 use crate::flow::process::ExitInfo;
+use crate::flow::sockets;
 
 /// A named readiness requirement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -38,6 +39,11 @@ pub enum Predicate {
     HttpStatus,
     /// The endpoint's `grpc.health.v1` service reports SERVING (or is unimplemented).
     GrpcHealth,
+    /// Whatever answers on the endpoint's port is a process of the service's own process
+    /// group, not a squatter that took the port.
+    Listener,
+    /// A one-shot job exited with status 0.
+    Completion,
 }
 
 impl Predicate {
@@ -48,6 +54,8 @@ impl Predicate {
             Predicate::TcpConnect => "tcp-connect",
             Predicate::HttpStatus => "http-status",
             Predicate::GrpcHealth => "grpc-health",
+            Predicate::Listener => "listener",
+            Predicate::Completion => "completion",
         }
     }
 }
@@ -72,8 +80,16 @@ pub struct ReadinessFailure {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Probe {
     Tcp(SocketAddr),
-    Http { addr: SocketAddr, path: String },
-    Grpc(SocketAddr),
+    /// `tls`: the endpoint is declared `tls: true`, so the request goes inside TLS.
+    Http {
+        addr: SocketAddr,
+        path: String,
+        tls: bool,
+    },
+    Grpc {
+        addr: SocketAddr,
+        tls: bool,
+    },
 }
 
 impl Probe {
@@ -81,7 +97,13 @@ impl Probe {
         match self {
             Probe::Tcp(_) => Predicate::TcpConnect,
             Probe::Http { .. } => Predicate::HttpStatus,
-            Probe::Grpc(_) => Predicate::GrpcHealth,
+            Probe::Grpc { .. } => Predicate::GrpcHealth,
+        }
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        match self {
+            Probe::Tcp(addr) | Probe::Http { addr, .. } | Probe::Grpc { addr, .. } => *addr,
         }
     }
 
@@ -102,17 +124,39 @@ impl Probe {
                 .await
                 .map(drop)
                 .map_err(|e| format!("connect {addr}: {e}")),
-            Probe::Http { addr, path } => probe_http(*addr, path).await,
-            Probe::Grpc(addr) => probe_grpc(*addr, timeout).await,
+            Probe::Http { addr, path, tls } => probe_http(*addr, path, *tls).await,
+            Probe::Grpc { addr, tls } => probe_grpc(*addr, *tls, timeout).await,
         }
     }
 }
 
-async fn http_request(addr: SocketAddr, path: &str, method: Method) -> Result<StatusCode, String> {
-    let stream = TcpStream::connect(addr)
-        .await
-        .map_err(|e| format!("connect {addr}: {e}"))?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+async fn http_request(
+    addr: SocketAddr,
+    path: &str,
+    method: Method,
+    tls: bool,
+) -> Result<StatusCode, String> {
+    if tls {
+        let stream = crate::flow::tls::connect(addr, crate::flow::tls::Alpn::Http1).await?;
+        send_http(TokioIo::new(stream), addr, path, method).await
+    } else {
+        let stream = TcpStream::connect(addr)
+            .await
+            .map_err(|e| format!("connect {addr}: {e}"))?;
+        send_http(TokioIo::new(stream), addr, path, method).await
+    }
+}
+
+async fn send_http<T>(
+    io: T,
+    addr: SocketAddr,
+    path: &str,
+    method: Method,
+) -> Result<StatusCode, String>
+where
+    T: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(io)
         .await
         .map_err(|e| format!("HTTP handshake with {addr}: {e}"))?;
     let driver = tokio::spawn(connection);
@@ -134,12 +178,12 @@ async fn http_request(addr: SocketAddr, path: &str, method: Method) -> Result<St
 
 /// HEAD the health path (GET when HEAD is not supported); redirects are not followed and
 /// count as an answer; a 5xx is a failure.
-async fn probe_http(addr: SocketAddr, path: &str) -> Result<(), String> {
+async fn probe_http(addr: SocketAddr, path: &str, tls: bool) -> Result<(), String> {
     let mut method = Method::HEAD;
-    let mut status = http_request(addr, path, Method::HEAD).await?;
+    let mut status = http_request(addr, path, Method::HEAD, tls).await?;
     if status == StatusCode::METHOD_NOT_ALLOWED || status == StatusCode::NOT_IMPLEMENTED {
         method = Method::GET;
-        status = http_request(addr, path, Method::GET).await?;
+        status = http_request(addr, path, Method::GET, tls).await?;
     }
     if status.is_server_error() {
         return Err(format!("{method} {path} answered {status}"));
@@ -148,16 +192,21 @@ async fn probe_http(addr: SocketAddr, path: &str) -> Result<(), String> {
 }
 
 /// Asks the standard `grpc.health.v1.Health/Check` for the server as a whole. A server
-/// without the health service (`Unimplemented`) is ready once its transport answers.
-async fn probe_grpc(addr: SocketAddr, timeout: Duration) -> Result<(), String> {
+/// without the health service (`Unimplemented`) is ready once its transport answers. With
+/// `tls`, the connection is TLS (HTTP/2 by ALPN) and the URI's scheme is left alone.
+async fn probe_grpc(addr: SocketAddr, tls: bool, timeout: Duration) -> Result<(), String> {
     let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .map_err(|e| format!("bad address {addr}: {e}"))?
         .connect_timeout(timeout)
         .timeout(timeout);
-    let channel = endpoint
-        .connect()
-        .await
-        .map_err(|e| format!("connect {addr}: {}", error_chain(&e)))?;
+    let connected = if tls {
+        endpoint
+            .connect_with_connector(crate::flow::tls::GrpcTlsConnector { addr })
+            .await
+    } else {
+        endpoint.connect().await
+    };
+    let channel = connected.map_err(|e| format!("connect {addr}: {}", error_chain(&e)))?;
     let mut client = HealthClient::new(channel);
     match client
         .check(HealthCheckRequest {
@@ -215,9 +264,12 @@ pub struct ReadinessGate {
     pub endpoints: Vec<Requirement>,
     /// The started process's exit, if it has exited.
     pub exit: watch::Receiver<Option<ExitInfo>>,
+    /// The service's process group: once a probe passes, the socket that answered must be
+    /// held by a member of it (`listener`). `None` skips that check.
+    pub owner_group: Option<i32>,
 }
 
-/// The backoff schedule between readiness rounds.
+/// The pauses between readiness rounds (see [`ReadinessGate::wait`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Backoff {
     pub initial: Duration,
@@ -230,6 +282,7 @@ impl ReadinessGate {
         service: &ServiceManifest,
         ports: &PortMap,
         exit: watch::Receiver<Option<ExitInfo>>,
+        owner_group: Option<i32>,
     ) -> ReadinessGate {
         let endpoints = service
             .endpoints
@@ -237,10 +290,11 @@ impl ReadinessGate {
             .filter_map(|e| {
                 let addr = ports.addr(&service.name, &e.name)?;
                 let probe = match (e.api, &e.health) {
-                    (Api::Grpc, _) => Probe::Grpc(addr),
+                    (Api::Grpc, _) => Probe::Grpc { addr, tls: e.tls },
                     (Api::Http, Some(path)) => Probe::Http {
                         addr,
                         path: path.clone(),
+                        tls: e.tls,
                     },
                     (Api::Http, None) | (Api::Tcp, _) => Probe::Tcp(addr),
                 };
@@ -254,6 +308,7 @@ impl ReadinessGate {
             service: service.name.clone(),
             endpoints,
             exit,
+            owner_group,
         }
     }
 
@@ -293,6 +348,12 @@ impl ReadinessGate {
                     e,
                 ));
             }
+            if let Some(pgid) = self.owner_group {
+                let port = requirement.probe.addr().port();
+                if let Err(e) = sockets::loopback_listener_owned_by_group(port, pgid) {
+                    return Err(self.failure(requirement.endpoint.clone(), Predicate::Listener, e));
+                }
+            }
         }
         // A process that died during the probes is not ready, whatever the probes saw.
         if let Some(exit) = *self.exit.borrow()
@@ -307,9 +368,12 @@ impl ReadinessGate {
         Ok(())
     }
 
-    /// Retries rounds with exponential backoff until all hold or `deadline` passes; at the
-    /// deadline the first requirement that still fails is reported. A dead process ends the
-    /// wait at once with the `runner` predicate. `on_wait` sees every failed round.
+    /// Retries rounds until all hold or `deadline` passes; at the deadline the first
+    /// requirement that still fails is reported. The first round runs at once; each pause
+    /// is a quarter of the time waited so far, at least `backoff.initial` and at most
+    /// `backoff.max` (so a service ready after t is noticed by about 1.25 t, and a slow one
+    /// is not polled more than a few dozen times). A dead process ends the wait at once with
+    /// the `runner` predicate. `on_wait` sees every failed round.
     pub async fn wait(
         &self,
         deadline: Instant,
@@ -317,7 +381,7 @@ impl ReadinessGate {
         probe_timeout: Duration,
         mut on_wait: impl FnMut(&ReadinessFailure),
     ) -> Result<(), ReadinessFailure> {
-        let mut delay = backoff.initial;
+        let began = Instant::now();
         let mut exit = self.exit.clone();
         loop {
             let failure = match self.check_once(probe_timeout).await {
@@ -332,14 +396,20 @@ impl ReadinessGate {
             if now >= deadline {
                 return Err(failure);
             }
-            let pause = delay.min(deadline - now);
+            let pause = backoff.pause_after(now - began).min(deadline - now);
             // Wake early if the process exits: there is no point probing a dead service.
             tokio::select! {
                 _ = tokio::time::sleep(pause) => {}
                 _ = exit.changed() => {}
             }
-            delay = (delay * 2).min(backoff.max);
         }
+    }
+}
+
+impl Backoff {
+    /// The pause after having waited `waited`: a quarter of it, within `initial..=max`.
+    pub fn pause_after(&self, waited: Duration) -> Duration {
+        (waited / 4).clamp(self.initial, self.max)
     }
 }
 
@@ -355,6 +425,7 @@ mod tests {
                 service: "svc".into(),
                 endpoints,
                 exit: rx,
+                owner_group: None,
             },
         )
     }
@@ -379,6 +450,23 @@ mod tests {
         assert!(f.last_error.contains("status 2"), "{f}");
     }
 
+    #[test]
+    fn each_pause_is_a_quarter_of_the_wait_so_far_within_its_bounds() {
+        let b = Backoff {
+            initial: Duration::from_millis(1),
+            max: Duration::from_secs(5),
+        };
+        assert_eq!(b.pause_after(Duration::ZERO), Duration::from_millis(1));
+        assert_eq!(
+            b.pause_after(Duration::from_millis(40)),
+            Duration::from_millis(10)
+        );
+        assert_eq!(
+            b.pause_after(Duration::from_secs(60)),
+            Duration::from_secs(5)
+        );
+    }
+
     #[tokio::test(start_paused = true)]
     async fn at_the_deadline_the_first_failing_requirement_is_reported_after_backing_off() {
         // A port nothing listens on: bind, take the number, close.
@@ -396,7 +484,7 @@ mod tests {
                 start + Duration::from_secs(6),
                 Backoff {
                     initial: Duration::from_millis(150),
-                    max: Duration::from_secs(5),
+                    max: Duration::from_secs(1),
                 },
                 Duration::from_secs(1),
                 |_| rounds += 1,
@@ -411,8 +499,9 @@ mod tests {
                 .starts_with("svc/api: tcp-connect failed: connect"),
             "{failure}"
         );
-        // 0, .15, .45, 1.05, 2.25, 4.65, then clamped to the deadline at 6: seven rounds.
-        assert_eq!(rounds, 7);
+        // Rounds at 0, .15, .30, .45, .60, .75, .9375, 1.17, 1.46, 1.83, 2.29, 2.86, 3.58,
+        // 4.47, 5.47, then clamped to the deadline at 6: sixteen rounds.
+        assert_eq!(rounds, 16);
         assert!(Instant::now() >= start + Duration::from_secs(6));
     }
 }

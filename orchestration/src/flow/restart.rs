@@ -47,10 +47,12 @@ pub struct RestartSpec {
     pub max_backoff: Duration,
 }
 
+/// The default policy is `on-failure` for a service; the workspace settles `no` for a
+/// one-shot job whose manifest names no policy (see `Workspace::load`).
 impl Default for RestartSpec {
     fn default() -> Self {
         RestartSpec {
-            policy: RestartPolicy::No,
+            policy: RestartPolicy::OnFailure,
             max_restarts: 3,
             window: Duration::from_secs(60),
             backoff: Duration::from_millis(500),
@@ -100,13 +102,23 @@ impl RestartTracker {
 
     /// Decides about an exit observed at `now`, and records the restart it grants.
     pub fn decide(&mut self, exit: &ExitInfo, now: Instant) -> RestartDecision {
+        self.decide_outcome(exit.success(), now)
+    }
+
+    /// Decides about a start that failed before any process ran (the command could not be
+    /// spawned, or its port was taken): a failure like any other.
+    pub fn decide_start_failure(&mut self, now: Instant) -> RestartDecision {
+        self.decide_outcome(false, now)
+    }
+
+    fn decide_outcome(&mut self, success: bool, now: Instant) -> RestartDecision {
         let wants_restart = match self.spec.policy {
             RestartPolicy::No => false,
-            RestartPolicy::OnFailure => !exit.success(),
+            RestartPolicy::OnFailure => !success,
             RestartPolicy::Always => true,
         };
         if !wants_restart {
-            return if exit.success() {
+            return if success {
                 RestartDecision::Finished
             } else {
                 RestartDecision::Forbidden

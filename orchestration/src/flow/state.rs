@@ -64,6 +64,20 @@ pub struct FlowState {
     /// Consumers first; `down` stops services in this order when the supervisor is gone.
     pub teardown_layers: Vec<Vec<String>>,
     pub services: Vec<ServiceRecord>,
+    /// The teardown bounds the `up` runs with, so `down` waits for it (or acts for it) with
+    /// the same ones; absent in files written before they were recorded.
+    #[serde(default)]
+    pub budget: Option<RecordedBudget>,
+    /// Whether every selected service reached running (or completed).
+    #[serde(default)]
+    pub up: bool,
+}
+
+/// Teardown bounds, in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RecordedBudget {
+    pub teardown_layer_budget_ms: u64,
+    pub kill_grace_ms: u64,
 }
 
 impl FlowState {
@@ -76,13 +90,17 @@ impl FlowState {
 pub struct ServiceRecord {
     pub name: String,
     /// `pending`, `starting`, `running`, `completed`, `exited`, `restarting`, `failed`,
-    /// `stopping` or `stopped`.
+    /// `stopping`, `stopped`, or `excluded` (the target of `up --only-deps`, never started).
     pub state: String,
     /// The current (or last) process group this flow started for the service.
     pub process: Option<StartIdentity>,
     pub endpoints: Vec<EndpointRecord>,
     pub restarts: u32,
     pub detail: Option<String>,
+    /// The variables the flow starts (or, for an `excluded` service, would start) it with:
+    /// what `hostd flow env` prints.
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -90,6 +108,11 @@ pub struct EndpointRecord {
     pub name: String,
     pub api: String,
     pub address: String,
+    /// The declared health path (http), so `status` can probe like readiness does.
+    #[serde(default)]
+    pub health: Option<String>,
+    #[serde(default)]
+    pub tls: bool,
 }
 
 fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
@@ -208,6 +231,8 @@ mod tests {
             started_at: "now".into(),
             teardown_layers: vec![],
             services: vec![],
+            budget: None,
+            up: false,
         };
         write_state(&paths, &state).unwrap();
         let err = read_state(&paths).unwrap_err();

@@ -49,11 +49,52 @@ pub struct Receipt {
     pub duration_ms: u64,
     pub outcome: StopOutcome,
     pub detail: String,
+    /// Something of the target still ran when its teardown gave up (after SIGKILL and the
+    /// kill grace, or because a signal was refused): it must stay recorded.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lingering: bool,
+}
+
+/// What asked for a teardown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TeardownOperation {
+    /// The running flow's handle asked it to stop (or `hostd flow down` asked its `up`).
+    Shutdown,
+    /// The flow was interrupted (Ctrl-C, SIGTERM, SIGHUP) before or after it was up.
+    Interrupt,
+    /// A service failed in a way no policy absorbs, so the flow stopped everything.
+    Failure,
+    /// `hostd flow down` stopped the recorded groups itself (the `up` was gone).
+    Down,
+    /// `hostd flow recover` stopped the processes of one retained group.
+    Recover,
+}
+
+impl TeardownOperation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TeardownOperation::Shutdown => "shutdown",
+            TeardownOperation::Interrupt => "interrupt",
+            TeardownOperation::Failure => "failure",
+            TeardownOperation::Down => "down",
+            TeardownOperation::Recover => "recover",
+        }
+    }
+}
+
+impl fmt::Display for TeardownOperation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// Every receipt of a teardown, ordered by layer then by the order services were given in.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TeardownReport {
+    /// What asked for it; absent in receipts written before operations were recorded.
+    #[serde(default)]
+    pub operation: Option<TeardownOperation>,
     pub layers: usize,
     pub receipts: Vec<Receipt>,
 }
@@ -68,6 +109,14 @@ impl TeardownReport {
         self.receipts
             .iter()
             .all(|r| r.outcome == StopOutcome::Stopped)
+    }
+
+    /// The receipts that are not `stopped`: each names a service that failed to stop or had
+    /// to be forced (and so may still be running).
+    pub fn troubles(&self) -> impl Iterator<Item = &Receipt> {
+        self.receipts
+            .iter()
+            .filter(|r| r.outcome != StopOutcome::Stopped)
     }
 }
 
@@ -100,11 +149,13 @@ pub struct TeardownBudget {
 /// Stops `layers` in order; every target of one layer concurrently, and the next layer only
 /// once the whole previous one has settled.
 pub async fn teardown(
+    operation: TeardownOperation,
     layers: Vec<Vec<Arc<dyn StopTarget>>>,
     budget: TeardownBudget,
     mut on_receipt: impl FnMut(&Receipt),
 ) -> TeardownReport {
     let mut report = TeardownReport {
+        operation: Some(operation),
         layers: layers.len(),
         receipts: Vec::new(),
     };
@@ -131,33 +182,36 @@ async fn stop_one(
     budget: TeardownBudget,
 ) -> Receipt {
     let started = Instant::now();
-    let receipt = |outcome: StopOutcome, detail: String| Receipt {
+    let receipt = |outcome: StopOutcome, detail: String, lingering: bool| Receipt {
         service: target.name().to_owned(),
         layer,
         duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
         outcome,
         detail,
+        lingering,
     };
     match target.signal(Signal::SIGTERM) {
-        Err(reason) => return receipt(StopOutcome::Failed, reason),
-        Ok(Signalled::NothingLeft(why)) => return receipt(StopOutcome::Stopped, why),
+        Err(reason) => return receipt(StopOutcome::Failed, reason, true),
+        Ok(Signalled::NothingLeft(why)) => return receipt(StopOutcome::Stopped, why, false),
         Ok(Signalled::Sent) => {}
     }
     if tokio::time::timeout_at(deadline, target.gone())
         .await
         .is_ok()
     {
-        return receipt(StopOutcome::Stopped, "exited after SIGTERM".into());
+        return receipt(StopOutcome::Stopped, "exited after SIGTERM".into(), false);
     }
     let budget_text = humantime::format_duration(budget.per_layer);
     match target.signal(Signal::SIGKILL) {
         Err(reason) => receipt(
             StopOutcome::TimedOut,
             format!("still running {budget_text} after SIGTERM, and SIGKILL was refused: {reason}"),
+            true,
         ),
         Ok(Signalled::NothingLeft(_)) => receipt(
             StopOutcome::TimedOut,
             format!("outlived the {budget_text} budget, exited just before SIGKILL"),
+            false,
         ),
         Ok(Signalled::Sent) => {
             if tokio::time::timeout(budget.kill_grace, target.gone())
@@ -167,6 +221,7 @@ async fn stop_one(
                 receipt(
                     StopOutcome::TimedOut,
                     format!("still running {budget_text} after SIGTERM; killed with SIGKILL"),
+                    false,
                 )
             } else {
                 receipt(
@@ -175,6 +230,7 @@ async fn stop_one(
                         "still running {budget_text} after SIGTERM and {} after SIGKILL",
                         humantime::format_duration(budget.kill_grace)
                     ),
+                    true,
                 )
             }
         }
@@ -262,7 +318,7 @@ mod tests {
             vec![Fake::target("db", Some(Duration::from_millis(10)), &log)],
         ];
         let start = Instant::now();
-        let report = teardown(layers, budget(), |_| {}).await;
+        let report = teardown(TeardownOperation::Shutdown, layers, budget(), |_| {}).await;
         assert_eq!(
             *log.lock().unwrap(),
             vec!["SIGTERM web", "SIGTERM worker", "SIGTERM db"],
@@ -281,7 +337,7 @@ mod tests {
             vec![Fake::target("stubborn", None, &log)],
             vec![Fake::target("db", Some(Duration::from_secs(14)), &log)],
         ];
-        let report = teardown(layers, budget(), |_| {}).await;
+        let report = teardown(TeardownOperation::Shutdown, layers, budget(), |_| {}).await;
         let stubborn = report.receipt("stubborn").unwrap();
         assert_eq!(stubborn.outcome, StopOutcome::TimedOut);
         assert_eq!(stubborn.duration_ms, 15_000);
@@ -309,6 +365,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_target_that_refuses_to_be_signalled_is_receipted_failed_without_waiting() {
         let report = teardown(
+            TeardownOperation::Down,
             vec![vec![Arc::new(Refusing) as Arc<dyn StopTarget>]],
             budget(),
             |_| {},

@@ -40,7 +40,10 @@ async fn the_example_workspace_comes_up_serves_a_quote_through_all_three_and_goe
     let original = std::fs::read_to_string(&manifest).expect("greeter manifest");
     let rewritten = original
         .replace("command: cargo", &format!("command: {GREETER}"))
-        .replace("args: [run, --quiet, -p, flow-example-greeter]", "args: []")
+        .replace(
+            "args: [run, --release, --quiet, -p, flow-example-greeter]",
+            "args: []",
+        )
         .replace("cwd: ../../greeter\n", "");
     assert_ne!(
         original, rewritten,
