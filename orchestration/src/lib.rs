@@ -8,3 +8,5 @@
 #![forbid(unsafe_code)]
 
 pub mod flow;
+pub mod runnable;
+pub mod yaml;
