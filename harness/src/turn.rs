@@ -87,6 +87,8 @@ struct Run<'a> {
     /// Events held back to ride on the turn's next append (a fresh turn's `turn_started`
     /// goes out with its first committed step, so a simple reply is one journal write).
     prefix: Vec<HarnessEvent>,
+    /// The model step whose calls are running (tools see it in their `CallContext`).
+    step: u32,
 }
 
 /// Decides where a turn the journal holds in flight resumes.
@@ -164,6 +166,7 @@ pub(crate) async fn run(ctx: TurnCtx, plan: TurnPlan) {
         ctx: &ctx,
         open_gate: None,
         prefix: Vec::new(),
+        step: 0,
     };
     let result = run.drive(plan).await;
     if let Err(Stop::Cancelled) = result {
@@ -207,6 +210,7 @@ impl Run<'_> {
                     entry,
                 } => {
                     let mut entry = Some(entry);
+                    self.step = steps;
                     for call in &calls[start..] {
                         let e = entry.take().unwrap_or(CallEntry::Fresh);
                         self.run_call(call, e).await?;
@@ -255,6 +259,7 @@ impl Run<'_> {
             if done {
                 return Ok(());
             }
+            self.step = step;
             for call in &calls {
                 self.run_call(call, CallEntry::Fresh).await?;
             }
@@ -489,8 +494,13 @@ impl Run<'_> {
             return Ok(());
         };
         let cancel = &self.ctx.cancel;
+        let context = crate::tool::CallContext {
+            turn_id: self.ctx.turn_id.clone(),
+            step: self.step,
+            call_id: call.id.clone(),
+        };
         let outcome = tokio::select! {
-            r = tool.call(call.arguments.clone()) => r,
+            r = tool.call_in(&context, call.arguments.clone()) => r,
             _ = cancel.cancelled() => return Err(Stop::Cancelled),
         };
         match outcome {

@@ -1,0 +1,553 @@
+//! Invoking a release: validate the input, start the handler once in its own process group
+//! with the request on stdin, enforce the deadline (SIGTERM to the group, SIGKILL after a
+//! grace), read one result document from stdout, stop whatever the handler left in its group,
+//! and classify through [`crate::runnable::outcome::classify`].
+//!
+//! **The request** (one JSON document on stdin, then stdin is closed):
+//! `{"protocol": "hostd.runnable.request/1", "runnable": "<workspace/name@version>",
+//! "digest": "sha256:…", "invocation_id": "…", "intent_id": "…", "effect_id": "…",
+//! "deadline": "<RFC 3339 UTC>", "deadline_unix_ms": <n>, "input": <value>}`.
+//! The same ids are in the environment as `HOSTD_RUNNABLE`, `HOSTD_RUNNABLE_DIGEST`,
+//! `HOSTD_INVOCATION_ID`, `HOSTD_INTENT_ID`, `HOSTD_EFFECT_ID` and `HOSTD_DEADLINE`, beside
+//! the declared `env` and the dependency addresses. The handler runs in the unpacked package
+//! folder. Its stderr goes to a log file (bounded), whose path the result names.
+//!
+//! **Ids.** `intent_id` is the caller's (a fresh `int-<uuid>` when none is given): reuse it
+//! when retrying the same intent. `effect_id` is derived from the intent and the release
+//! (identity and digest), so every retry of one intent against one release carries the same
+//! idempotency key and different intents never share one; a caller may also pass its own.
+//!
+//! **Never twice.** An invocation starts the handler at most once and never retries.
+//!
+//! This module owns the handler's process from spawn to reap. It must never signal a process
+//! group after reaping its leader (the number could then be someone else's), and it never
+//! decides a class itself.
+
+use std::io::Write as _;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, SystemTime};
+
+use nix::sys::signal::{Signal, killpg};
+use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid, waitpid};
+use nix::unistd::Pid;
+use serde_json::{Value, json};
+use sha2::{Digest as _, Sha256};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::flow::procfs::{self, Ownership, StartIdentity};
+use crate::runnable::deps;
+use crate::runnable::error::{HandlerError, RunnableError};
+use crate::runnable::outcome::{self, ExitStatus, Observation, OutcomeClass};
+use crate::runnable::release::Release;
+use crate::runnable::schema::Violation;
+
+/// The protocol name of the request document.
+pub const REQUEST_PROTOCOL: &str = "hostd.runnable.request/1";
+
+/// Bounds of an invocation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvokeOptions {
+    /// How long a handler gets between SIGTERM and SIGKILL.
+    pub kill_grace: Duration,
+    /// The largest result document read from stdout.
+    pub max_output_bytes: usize,
+    /// The most stderr bytes kept in the log (the rest is counted and dropped).
+    pub max_log_bytes: u64,
+}
+
+impl Default for InvokeOptions {
+    fn default() -> Self {
+        InvokeOptions {
+            kill_grace: Duration::from_secs(2),
+            max_output_bytes: 1024 * 1024,
+            max_log_bytes: 8 * 1024 * 1024,
+        }
+    }
+}
+
+impl InvokeOptions {
+    /// Checks every bound.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.kill_grace.is_zero() || self.kill_grace > Duration::from_secs(300) {
+            return Err("kill_grace must be between 1 ms and 5 min".into());
+        }
+        if self.max_output_bytes == 0 || self.max_output_bytes > 64 * 1024 * 1024 {
+            return Err("max_output_bytes must be between 1 B and 64 MiB".into());
+        }
+        if self.max_log_bytes > 1024 * 1024 * 1024 {
+            return Err("max_log_bytes must be at most 1 GiB".into());
+        }
+        Ok(())
+    }
+}
+
+/// What the caller asks for.
+#[derive(Debug, Clone, Default)]
+pub struct InvokeRequest {
+    pub input: Value,
+    /// The intent this attempt serves; reuse it for a retry. `None` mints one.
+    pub intent_id: Option<String>,
+    /// An explicit idempotency key; `None` derives it from the intent and the release.
+    pub effect_id: Option<String>,
+}
+
+/// The result of one invocation (one handler start).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Invocation {
+    /// `workspace/name@version`.
+    pub identity: String,
+    pub digest: String,
+    pub outcome: OutcomeClass,
+    /// True only for `succeeded` and `failed`.
+    pub certain: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<HandlerError>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub violations: Vec<Violation>,
+    /// What was observed, in one sentence (says so when the effect is unknown).
+    pub detail: String,
+    pub invocation_id: String,
+    pub intent_id: String,
+    pub effect_id: String,
+    pub exit: ExitStatus,
+    /// The handler's stderr.
+    pub log: PathBuf,
+    pub duration_ms: u64,
+}
+
+/// The effect id of `intent_id` against a release: the same for every retry of the intent,
+/// different for another intent or another release.
+pub fn effect_id(intent_id: &str, identity: &str, digest: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(b"hostd.runnable.effect/1\0");
+    for part in [intent_id, identity, digest] {
+        h.update((part.len() as u64).to_be_bytes());
+        h.update(part.as_bytes());
+    }
+    format!("eff-{}", &hex::encode(h.finalize())[..32])
+}
+
+/// Checks an id a caller supplies: 1-200 printable ASCII characters, no whitespace.
+fn check_id(what: &str, id: &str) -> Result<(), RunnableError> {
+    if id.is_empty() || id.len() > 200 || !id.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(RunnableError::BadReference {
+            reference: id.to_owned(),
+            reason: format!("{what} must be 1-200 printable ASCII characters without spaces"),
+        });
+    }
+    Ok(())
+}
+
+/// A running-handler record: lets a successor stop what a crashed invoker left.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct RunningRecord {
+    identity: String,
+    invocation_id: String,
+    process: StartIdentity,
+}
+
+/// Invokes `release` once. Refusals before the start (invalid input, an unresolved
+/// dependency, a handler that cannot start) are `Err`; everything after the start is an
+/// [`Invocation`] with its class.
+pub async fn invoke(
+    release: &Release,
+    request: InvokeRequest,
+    options: &InvokeOptions,
+    cancel: &CancellationToken,
+) -> Result<Invocation, RunnableError> {
+    use tracing::Instrument as _;
+    let span = tracing::info_span!("runnable.invoke", runnable = %release.identity());
+    invoke_once(release, request, options, cancel)
+        .instrument(span)
+        .await
+}
+
+async fn invoke_once(
+    release: &Release,
+    request: InvokeRequest,
+    options: &InvokeOptions,
+    cancel: &CancellationToken,
+) -> Result<Invocation, RunnableError> {
+    let decl = release.declaration();
+    let identity = release.identity().to_string();
+    let digest = release.digest().to_string();
+
+    let violations = decl.input.validate(&request.input);
+    if !violations.is_empty() {
+        return Err(RunnableError::InvalidInput {
+            identity,
+            violations,
+        });
+    }
+    let intent_id = match request.intent_id {
+        Some(id) => {
+            check_id("intent_id", &id)?;
+            id
+        }
+        None => format!("int-{}", uuid::Uuid::now_v7().simple()),
+    };
+    let effect_id = match request.effect_id {
+        Some(id) => {
+            check_id("effect_id", &id)?;
+            id
+        }
+        None => effect_id(&intent_id, &identity, &digest),
+    };
+    let dep_env = deps::environment(decl, release.flow_root())?;
+    release.ensure_unpacked()?;
+
+    let invocation_id = format!("inv-{}", uuid::Uuid::now_v7().simple());
+    let started_wall = SystemTime::now();
+    let deadline_wall = started_wall + decl.timeout;
+    let deadline_unix_ms = deadline_wall
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    let deadline_text = humantime::format_rfc3339_millis(deadline_wall).to_string();
+    let request_doc = json!({
+        "protocol": REQUEST_PROTOCOL,
+        "runnable": identity,
+        "digest": digest,
+        "invocation_id": invocation_id,
+        "intent_id": intent_id,
+        "effect_id": effect_id,
+        "deadline": deadline_text,
+        "deadline_unix_ms": deadline_unix_ms,
+        "input": request.input,
+    });
+    let mut request_bytes = serde_json::to_vec(&request_doc).unwrap_or_default();
+    request_bytes.push(b'\n');
+
+    let logs = release.logs_dir();
+    std::fs::create_dir_all(&logs).map_err(|e| RunnableError::io(&logs, e))?;
+    let log_path = logs.join(format!(
+        "{}-{invocation_id}.log",
+        release.identity().release()
+    ));
+    let running = release.running_dir();
+    std::fs::create_dir_all(&running).map_err(|e| RunnableError::io(&running, e))?;
+
+    let program = if decl.command.contains('/') {
+        release.dir().join(&decl.command)
+    } else {
+        PathBuf::from(&decl.command)
+    };
+    let mut command = Command::new(&program);
+    command
+        .args(&decl.args)
+        .current_dir(release.dir())
+        .envs(decl.env.iter().map(|(k, v)| (k, v)))
+        .envs(dep_env.iter().map(|(k, v)| (k, v)))
+        .env("HOSTD_RUNNABLE", &identity)
+        .env("HOSTD_RUNNABLE_DIGEST", &digest)
+        .env("HOSTD_INVOCATION_ID", &invocation_id)
+        .env("HOSTD_INTENT_ID", &intent_id)
+        .env("HOSTD_EFFECT_ID", &effect_id)
+        .env("HOSTD_DEADLINE", &deadline_text)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let started = tokio::time::Instant::now();
+    let mut child = command.spawn().map_err(|e| RunnableError::Spawn {
+        identity: identity.clone(),
+        command: decl.command.clone(),
+        reason: e.to_string(),
+    })?;
+    let pid = child.id() as i32;
+    let stdin = child.stdin.take();
+    let stdout = child.stdout.take();
+    let stderr = child.stderr.take();
+    // Reaped below through waitpid, after the group is empty; never through `Child`.
+    drop(child);
+    tracing::debug!(pid, %invocation_id, "handler started");
+
+    let process = procfs::identity(pid).unwrap_or_else(|_| StartIdentity {
+        pid,
+        pgid: pid,
+        start_time: 0,
+        boot_id: procfs::boot_id().unwrap_or_default(),
+    });
+    let process = StartIdentity {
+        pgid: pid,
+        ..process
+    };
+    let record_path = running.join(format!("{invocation_id}.json"));
+    let record = RunningRecord {
+        identity: identity.clone(),
+        invocation_id: invocation_id.clone(),
+        process,
+    };
+    if let Err(e) = std::fs::write(&record_path, serde_json::to_vec(&record).unwrap_or_default()) {
+        tracing::warn!(error = %e, "cannot record the running handler");
+    }
+
+    let exit_rx = watch_exit(pid);
+    let writer = stdin.and_then(|s| tokio::process::ChildStdin::from_std(s).ok());
+    tokio::spawn(async move {
+        if let Some(mut w) = writer {
+            // A handler that never reads stdin, or exits early, is not an error here.
+            let _ = w.write_all(&request_bytes).await;
+            let _ = w.shutdown().await;
+        }
+    });
+    let max_out = options.max_output_bytes;
+    let out_task = tokio::spawn(async move {
+        let mut buf = Vec::new();
+        let mut overflowed = false;
+        if let Some(s) = stdout.and_then(|s| tokio::process::ChildStdout::from_std(s).ok()) {
+            let mut reader = s;
+            let mut chunk = vec![0u8; 16 * 1024];
+            loop {
+                match reader.read(&mut chunk).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        if buf.len() + n > max_out {
+                            overflowed = true;
+                        } else {
+                            buf.extend_from_slice(&chunk[..n]);
+                        }
+                    }
+                }
+            }
+        }
+        (buf, overflowed)
+    });
+    let log_bound = options.max_log_bytes;
+    let log_for_task = log_path.clone();
+    let err_task = tokio::spawn(async move {
+        pump_log(
+            stderr.and_then(|s| tokio::process::ChildStderr::from_std(s).ok()),
+            &log_for_task,
+            log_bound,
+        )
+        .await;
+    });
+
+    let deadline = started + decl.timeout;
+    let mut exit_watch = exit_rx.clone();
+    let (mut cancelled, mut deadline_passed) = (false, false);
+    tokio::select! {
+        _ = wait_exit(&mut exit_watch) => {}
+        _ = tokio::time::sleep_until(deadline) => deadline_passed = true,
+        _ = cancel.cancelled() => cancelled = true,
+    }
+    // A race: if the leader had already exited on its own, the exit counts.
+    if (cancelled || deadline_passed) && exit_rx.borrow().is_some() {
+        cancelled = false;
+        deadline_passed = false;
+    }
+    if cancelled || deadline_passed {
+        tracing::info!(pid, cancelled, deadline_passed, "stopping the handler's process group");
+    }
+    stop_group(pid, &exit_rx, options.kill_grace).await;
+    let exit = (*exit_rx.borrow()).unwrap_or(ExitStatus {
+        code: None,
+        signal: None,
+    });
+    match waitpid(Pid::from_raw(pid), None) {
+        Ok(_) | Err(nix::errno::Errno::ECHILD) => {}
+        Err(e) => tracing::warn!(pid, error = %e, "cannot reap the handler"),
+    }
+    let _ = std::fs::remove_file(&record_path);
+    let (stdout_bytes, overflowed) =
+        match tokio::time::timeout(options.kill_grace, out_task).await {
+            Ok(Ok(v)) => v,
+            // Something outside the group still holds stdout: what was read is not a result.
+            _ => (Vec::new(), true),
+        };
+    let _ = tokio::time::timeout(options.kill_grace, err_task).await;
+
+    let observation = Observation {
+        cancelled,
+        deadline_passed,
+        exit,
+        document: outcome::parse_document(&stdout_bytes, overflowed, max_out),
+    };
+    let classified = outcome::classify(&observation, &decl.output);
+    tracing::info!(outcome = classified.class.as_str(), certain = classified.certain, %intent_id, %effect_id, "invocation ended");
+    Ok(Invocation {
+        identity,
+        digest,
+        outcome: classified.class,
+        certain: classified.certain,
+        output: classified.output,
+        error: classified.error,
+        violations: classified.violations,
+        detail: classified.detail,
+        invocation_id,
+        intent_id,
+        effect_id,
+        exit,
+        log: log_path,
+        duration_ms: started.elapsed().as_millis() as u64,
+    })
+}
+
+/// Observes the leader's exit without reaping it (so its group number stays ours).
+fn watch_exit(pid: i32) -> watch::Receiver<Option<ExitStatus>> {
+    let (tx, rx) = watch::channel(None);
+    let spawned = std::thread::Builder::new()
+        .name(format!("runnable-wait-{pid}"))
+        .spawn(move || {
+            let status = loop {
+                match waitid(
+                    Id::Pid(Pid::from_raw(pid)),
+                    WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT,
+                ) {
+                    Ok(WaitStatus::Exited(_, code)) => {
+                        break ExitStatus {
+                            code: Some(code),
+                            signal: None,
+                        };
+                    }
+                    Ok(WaitStatus::Signaled(_, sig, _)) => {
+                        break ExitStatus {
+                            code: None,
+                            signal: Some(sig as i32),
+                        };
+                    }
+                    Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+                    Err(_) => {
+                        break ExitStatus {
+                            code: None,
+                            signal: None,
+                        };
+                    }
+                }
+            };
+            let _ = tx.send(Some(status));
+        });
+    if let Err(e) = spawned {
+        tracing::error!(pid, error = %e, "cannot start the exit watcher");
+    }
+    rx
+}
+
+async fn wait_exit(rx: &mut watch::Receiver<Option<ExitStatus>>) {
+    loop {
+        if rx.borrow_and_update().is_some() {
+            return;
+        }
+        if rx.changed().await.is_err() {
+            // The watcher is gone; poll /proc instead.
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+fn group_alive(pgid: i32) -> bool {
+    procfs::live_members(pgid)
+        .map(|m| !m.is_empty())
+        .unwrap_or(true)
+}
+
+/// Stops everything in the handler's group: nothing if it is already empty, else SIGTERM,
+/// then SIGKILL after `grace`. Returns once the leader has exited and the group is empty (or
+/// the kill could not be confirmed within a further grace). Called while the leader is still
+/// unreaped, so the group number cannot have been reused.
+async fn stop_group(pgid: i32, exit: &watch::Receiver<Option<ExitStatus>>, grace: Duration) {
+    let quiet = |exit: &watch::Receiver<Option<ExitStatus>>| exit.borrow().is_some() && !group_alive(pgid);
+    if quiet(exit) {
+        return;
+    }
+    let _ = killpg(Pid::from_raw(pgid), Signal::SIGTERM);
+    let until = tokio::time::Instant::now() + grace;
+    while tokio::time::Instant::now() < until {
+        if quiet(exit) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+    let until = tokio::time::Instant::now() + grace.max(Duration::from_secs(1));
+    while tokio::time::Instant::now() < until {
+        if quiet(exit) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tracing::warn!(pgid, "the handler's process group did not empty after SIGKILL");
+}
+
+async fn pump_log(reader: Option<tokio::process::ChildStderr>, path: &Path, bound: u64) {
+    let mut file = match std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
+        Ok(f) => Some(f),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "cannot open the handler log");
+            None
+        }
+    };
+    let Some(mut reader) = reader else { return };
+    let mut written = 0u64;
+    let mut dropped = 0u64;
+    let mut chunk = vec![0u8; 16 * 1024];
+    loop {
+        match reader.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                let room = bound.saturating_sub(written) as usize;
+                let take = n.min(room);
+                if let Some(f) = file.as_mut()
+                    && take > 0
+                {
+                    let _ = f.write_all(&chunk[..take]);
+                }
+                written += take as u64;
+                dropped += (n - take) as u64;
+            }
+        }
+    }
+    if dropped > 0
+        && let Some(f) = file.as_mut()
+    {
+        let _ = writeln!(f, "\n[hostd: {dropped} more byte(s) of stderr were dropped]");
+    }
+}
+
+/// Stops handlers that a crashed invoker left running: every record under `running` whose
+/// process is proven (same pid, start time and boot) gets its group killed; records of
+/// processes that are gone are removed. Returns how many groups were stopped.
+pub fn stop_orphans(running: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(running) else {
+        return 0;
+    };
+    let mut stopped = 0;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Ok(bytes) = std::fs::read(&path) else {
+            continue;
+        };
+        let Ok(record) = serde_json::from_slice::<RunningRecord>(&bytes) else {
+            let _ = std::fs::remove_file(&path);
+            continue;
+        };
+        match procfs::prove(&record.process) {
+            Ok(Ownership::Proven { .. }) => {
+                tracing::warn!(runnable = %record.identity, invocation = %record.invocation_id, pgid = record.process.pgid, "stopping a handler left running by a previous process; its outcome is unknown");
+                let _ = killpg(Pid::from_raw(record.process.pgid), Signal::SIGKILL);
+                stopped += 1;
+                let _ = std::fs::remove_file(&path);
+            }
+            Ok(Ownership::Gone) => {
+                let _ = std::fs::remove_file(&path);
+            }
+            Ok(Ownership::Unproven { reason, .. }) => {
+                tracing::warn!(runnable = %record.identity, %reason, "a recorded handler group cannot be proven ours; leaving it");
+                let _ = std::fs::remove_file(&path);
+            }
+            Err(_) => {}
+        }
+    }
+    stopped
+}
