@@ -68,7 +68,10 @@ impl RunnableOffer {
             (Some(r), true) => {
                 let catalog = r.catalog().map_err(|e| format!("--runnables: {e}"))?;
                 for decl in &catalog.runnables {
-                    releases.push(r.release_of(decl).map_err(|e| format!("[{}] {e}", e.code()))?);
+                    releases.push(
+                        r.release_of(decl)
+                            .map_err(|e| format!("[{}] {e}", e.code()))?,
+                    );
                 }
             }
             _ => {
@@ -94,7 +97,9 @@ impl RunnableOffer {
                             let digest = orchestration::runnable::Digest::parse(&stored.summary.digest)
                                 .ok_or_else(|| format!("--runnable-tool {text}: [integrity] the store records an unreadable digest"))?;
                             Release::from_bytes(&stored.bytes, Some(&digest), &self.state_dir, None)
-                                .map_err(|e| format!("--runnable-tool {text}: [{}] {e}", e.code()))?
+                                .map_err(|e| {
+                                    format!("--runnable-tool {text}: [{}] {e}", e.code())
+                                })?
                         }
                         _ => {
                             return Err(format!(

@@ -28,13 +28,15 @@ const EXIT_UNKNOWN: u8 = 4;
 
 /// Arguments of `hostd runnable`.
 #[derive(Debug, Args)]
-#[command(after_help = "A workspace is a folder whose runnables/<folder>/runnable.yaml files \
+#[command(
+    after_help = "A workspace is a folder whose runnables/<folder>/runnable.yaml files \
 declare runnables; identities read <workspace>/<name>@<version>, where <workspace> is the \
 folder's own name. Try:\n  hostd runnable -w examples/runnables list\n  \
 hostd runnable -w examples/runnables invoke word-count --input '{\"text\":\"a b c\"}'\n\n\
 Refusals print `hostd: [<code>] <reason>` on stderr (and {\"error\": {\"code\", ...}} on stdout \
 with --json); codes: invalid, workspace, bad_reference, not_found, ambiguous, conflict, \
-integrity, build, invalid_input, unresolved_dependency, spawn, not_a_tool, io, store.")]
+integrity, build, invalid_input, unresolved_dependency, spawn, not_a_tool, io, store."
+)]
 pub struct RunnableArgs {
     /// The workspace folder (the one holding runnables/).
     #[arg(
@@ -85,10 +87,12 @@ struct ShowArgs {
 }
 
 #[derive(Debug, Args)]
-#[command(after_help = "Without --output the package is recorded as the release in \
+#[command(
+    after_help = "Without --output the package is recorded as the release in \
 <workspace>/.hostd/runnables/releases: building the same content again changes nothing, and \
 changed content under a recorded version is refused as a conflict (give it a new version). \
---output writes an unreleased package into a new folder, for inspection, and records nothing.")]
+--output writes an unreleased package into a new folder, for inspection, and records nothing."
+)]
 struct BuildArgs {
     /// `name`, `name@version` or `workspace/name@version`.
     reference: String,
@@ -102,14 +106,16 @@ struct BuildArgs {
 
 #[derive(Debug, Args)]
 #[command(disable_version_flag = true)]
-#[command(after_help = "The input is validated before anything starts. The handler runs \
+#[command(
+    after_help = "The input is validated before anything starts. The handler runs \
 once, from the recorded release's package (built first if needed), in its own process group; \
 at its timeout the group gets SIGTERM, then SIGKILL. Ctrl-C (or SIGTERM) cancels the same way.\n\n\
 Exit status: 0 succeeded; 1 refused, nothing ran (bad input, unknown or ambiguous name, \
 conflict, ...); 2 usage error; 3 failed (the handler said so: certain); 4 invalid_output, \
 crashed, timed_out or cancelled (the effect is unknown).\n\n\
 Without --intent-id a fresh intent id is minted and printed: pass it again to retry the same \
-intent, and the handler sees the same effect_id.")]
+intent, and the handler sees the same effect_id."
+)]
 struct InvokeArgs {
     /// `name`, `name@version` or `workspace/name@version`.
     reference: String,
@@ -184,7 +190,11 @@ pub async fn run(args: RunnableArgs) -> Result<ExitCode> {
     };
     match args.command {
         RunnableCommand::List(f) => Ok(list(&runner, f.json)),
-        RunnableCommand::Show(a) => Ok(show(&runner, &with_version(&a.reference, &a.version), a.json)),
+        RunnableCommand::Show(a) => Ok(show(
+            &runner,
+            &with_version(&a.reference, &a.version),
+            a.json,
+        )),
         RunnableCommand::Build(a) => Ok(build(&runner, a)),
         RunnableCommand::Invoke(a) => invoke(&runner, a).await,
         RunnableCommand::Publish(a) => publish(&runner, a).await,
@@ -201,7 +211,13 @@ fn list(runner: &Runner, json: bool) -> ExitCode {
         let rows: Vec<Value> = catalog
             .runnables
             .iter()
-            .map(|d| Value::Object(projection::summary(d, catalog.recorded_digest(d).as_ref(), root)))
+            .map(|d| {
+                Value::Object(projection::summary(
+                    d,
+                    catalog.recorded_digest(d).as_ref(),
+                    root,
+                ))
+            })
             .collect();
         print_json(&Value::Array(rows));
         return ExitCode::SUCCESS;
@@ -269,6 +285,12 @@ fn show(runner: &Runner, reference: &str, json: bool) -> ExitCode {
         Err(e) => return refuse(&e, json),
     };
     let root = &catalog.workspace.root;
+    // A recorded release whose bytes no longer verify is flagged (invoke refuses it).
+    if let Err(e) = orchestration::runnable::package::read_recorded(
+        &catalog.workspace.release_path(&decl.identity),
+    ) {
+        eprintln!("hostd: [{}] {e}", e.code());
+    }
     let report = deps::report(decl, Some(root));
     let doc = projection::show(decl, catalog.recorded_digest(decl).as_ref(), root, &report);
     if json {
@@ -367,8 +389,9 @@ fn read_input(spec: &str) -> Result<Value, RunnableError> {
                 .map_err(|e| bad(format!("cannot read stdin: {e}")))?;
             s
         }
-        Some(path) => std::fs::read_to_string(path)
-            .map_err(|e| bad(format!("cannot read {path}: {e}")))?,
+        Some(path) => {
+            std::fs::read_to_string(path).map_err(|e| bad(format!("cannot read {path}: {e}")))?
+        }
         None => spec.to_owned(),
     };
     // Exactly one JSON value: trailing data is refused.
@@ -430,7 +453,11 @@ fn report_invocation(inv: &Invocation, json: bool, minted: bool) -> ExitCode {
             "hostd: {}: {} ({}) — {}",
             inv.identity,
             inv.outcome,
-            if inv.certain { "certain" } else { "effect unknown" },
+            if inv.certain {
+                "certain"
+            } else {
+                "effect unknown"
+            },
             inv.detail
         );
         if minted {
@@ -439,7 +466,11 @@ fn report_invocation(inv: &Invocation, json: bool, minted: bool) -> ExitCode {
                 inv.intent_id, inv.intent_id
             );
         }
-        eprintln!("hostd: effect {}; handler log: {}", inv.effect_id, inv.log.display());
+        eprintln!(
+            "hostd: effect {}; handler log: {}",
+            inv.effect_id,
+            inv.log.display()
+        );
     }
     match inv.outcome {
         OutcomeClass::Succeeded => ExitCode::SUCCESS,
@@ -493,7 +524,10 @@ async fn publish(runner: &Runner, a: PublishArgs) -> Result<ExitCode> {
         }));
     } else {
         println!("{} {}", summary.identity(), summary.digest);
-        eprintln!("hostd: {status} in the session store ({} bytes)", summary.size);
+        eprintln!(
+            "hostd: {status} in the session store ({} bytes)",
+            summary.size
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -143,7 +143,12 @@ pub struct ServeArgs {
     /// Offer one runnable as a tool: name[@version] from --runnables, or a release published
     /// in the store as workspace/name@version (verified against its digest before use).
     /// Repeatable, or comma-separated.
-    #[arg(long = "runnable-tool", env = "HOST_RUNNABLE_TOOLS", value_delimiter = ',', value_name = "REF")]
+    #[arg(
+        long = "runnable-tool",
+        env = "HOST_RUNNABLE_TOOLS",
+        value_delimiter = ',',
+        value_name = "REF"
+    )]
     runnable_tools: Vec<String>,
 }
 

@@ -93,7 +93,11 @@ fn the_command_offers_exactly_list_show_build_invoke_and_publish_each_with_help(
         .take_while(|w| *w != "Options:")
         .filter(|w| !w.is_empty())
         .collect();
-    assert_eq!(commands, ["list", "show", "build", "invoke", "publish", "help"], "{text}");
+    assert_eq!(
+        commands,
+        ["list", "show", "build", "invoke", "publish", "help"],
+        "{text}"
+    );
     for sub in ["list", "show", "build", "invoke", "publish"] {
         let out = hostd(tmp.path(), &["runnable", sub, "--help"]);
         assert!(out.status.success(), "{sub} --help");
@@ -121,7 +125,11 @@ fn list_rows_and_show_share_one_projection_and_list_is_byte_stable() {
     ws.shell("b", "beta", "2", "5s", OK);
     assert!(ws.run(&["build", "alpha"]).status.success());
     let list = ws.run(&["list", "--json"]);
-    assert_eq!(list.stdout, ws.run(&["list", "--json"]).stdout, "byte-identical");
+    assert_eq!(
+        list.stdout,
+        ws.run(&["list", "--json"]).stdout,
+        "byte-identical"
+    );
     let rows = json(&list);
     let rows = rows.as_array().unwrap();
     assert_eq!(rows.len(), 2);
@@ -154,10 +162,19 @@ fn an_ambiguous_name_is_refused_listing_every_candidate_and_a_version_selects_on
     let out = ws.run(&["show", "wc"]);
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
-    assert!(err.contains("[ambiguous]") && err.contains("shop/wc@1.0.0") && err.contains("shop/wc@2.0.0"), "{err}");
+    assert!(
+        err.contains("[ambiguous]")
+            && err.contains("shop/wc@1.0.0")
+            && err.contains("shop/wc@2.0.0"),
+        "{err}"
+    );
     let out = ws.run(&["show", "wc", "--json"]);
     assert_eq!(json(&out)["error"]["code"], "ambiguous");
-    assert!(ws.run(&["show", "wc", "--version", "2.0.0"]).status.success());
+    assert!(
+        ws.run(&["show", "wc", "--version", "2.0.0"])
+            .status
+            .success()
+    );
     let out = ws.run(&["show", "wc", "--version", "9.9.9", "--json"]);
     let doc = json(&out);
     assert_eq!(doc["error"]["code"], "not_found");
@@ -168,10 +185,20 @@ fn an_ambiguous_name_is_refused_listing_every_candidate_and_a_version_selects_on
 fn invoke_exit_statuses_separate_success_certain_failure_unknown_and_refusal() {
     let ws = Ws::new();
     ws.shell("ok", "ok", "1", "5s", OK);
-    ws.shell("fail", "fail", "1", "5s", "cat >/dev/null; echo '{\"ok\":false,\"error\":{\"code\":\"no\",\"message\":\"m\"}}'\n");
+    ws.shell(
+        "fail",
+        "fail",
+        "1",
+        "5s",
+        "cat >/dev/null; echo '{\"ok\":false,\"error\":{\"code\":\"no\",\"message\":\"m\"}}'\n",
+    );
     ws.shell("crash", "crash", "1", "5s", "cat >/dev/null; exit 5\n");
     let input = ["--input", "{\"n\":1}", "--json"];
-    let cases = [("ok", 0, "succeeded", true), ("fail", 3, "failed", true), ("crash", 4, "crashed", false)];
+    let cases = [
+        ("ok", 0, "succeeded", true),
+        ("fail", 3, "failed", true),
+        ("crash", 4, "crashed", false),
+    ];
     for (name, code, outcome, certain) in cases {
         let mut args = vec!["invoke", name];
         args.extend_from_slice(&input);
@@ -186,40 +213,77 @@ fn invoke_exit_statuses_separate_success_certain_failure_unknown_and_refusal() {
     }
     // Refused before anything starts: bad input, trailing data, an unknown name.
     for (args, code) in [
-        (vec!["invoke", "ok", "--input", "{\"n\":\"1\"}"], "invalid_input"),
-        (vec!["invoke", "ok", "--input", "{\"n\":1} {}"], "bad_reference"),
+        (
+            vec!["invoke", "ok", "--input", "{\"n\":\"1\"}"],
+            "invalid_input",
+        ),
+        (
+            vec!["invoke", "ok", "--input", "{\"n\":1} {}"],
+            "bad_reference",
+        ),
         (vec!["invoke", "nope", "--input", "{}"], "not_found"),
     ] {
         let out = ws.run(&args);
         assert_eq!(out.status.code(), Some(1), "{args:?}");
-        assert!(stderr(&out).contains(&format!("[{code}]")), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains(&format!("[{code}]")),
+            "{}",
+            stderr(&out)
+        );
     }
     // --input @file, and a minted intent id is printed.
     let file = ws._tmp.path().join("input.json");
     std::fs::write(&file, "{\"n\": 1}").unwrap();
     let out = ws.run(&["invoke", "ok", "--input", &format!("@{}", file.display())]);
     assert!(out.status.success());
-    assert!(stderr(&out).contains("--intent-id int-"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("--intent-id int-"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]
 fn sigint_during_invoke_cancels_and_leaves_no_process_behind() {
     let ws = Ws::new();
     let marker = ws._tmp.path().join("pgid");
-    ws.shell("slow", "slow", "1", "60s", &format!("cat >/dev/null; echo $$ > {}; sleep 60\n", marker.display()));
+    ws.shell(
+        "slow",
+        "slow",
+        "1",
+        "60s",
+        &format!("cat >/dev/null; echo $$ > {}; sleep 60\n", marker.display()),
+    );
     let root = ws.root.to_string_lossy().into_owned();
     let child = Command::new(HOSTD)
-        .args(["runnable", "-w", &root, "invoke", "slow", "--input", "{\"n\":1}", "--json"])
+        .args([
+            "runnable",
+            "-w",
+            &root,
+            "invoke",
+            "slow",
+            "--input",
+            "{\"n\":1}",
+            "--json",
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
-    while std::fs::read_to_string(&marker).unwrap_or_default().trim().is_empty() {
+    while std::fs::read_to_string(&marker)
+        .unwrap_or_default()
+        .trim()
+        .is_empty()
+    {
         assert!(Instant::now() < deadline, "the handler never started");
         std::thread::sleep(Duration::from_millis(20));
     }
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGINT).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
     assert_eq!(json(&out)["outcome"], "cancelled");
@@ -316,25 +380,46 @@ fn a_published_package_runs_on_a_host_without_the_workspace_and_a_tampered_one_i
             if let Some(status) = child.try_wait().unwrap() {
                 let mut err = String::new();
                 use std::io::Read;
-                child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+                child
+                    .stderr
+                    .take()
+                    .unwrap()
+                    .read_to_string(&mut err)
+                    .unwrap();
                 return (Some(status), err);
             }
-            if std::fs::read_to_string(data.join("hostd.json")).is_ok() || Instant::now() > deadline {
-                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM);
+            if std::fs::read_to_string(data.join("hostd.json")).is_ok() || Instant::now() > deadline
+            {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(child.id() as i32),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
                 let status = child.wait().unwrap();
                 let mut err = String::new();
                 use std::io::Read;
-                child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+                child
+                    .stderr
+                    .take()
+                    .unwrap()
+                    .read_to_string(&mut err)
+                    .unwrap();
                 return (if status.success() { None } else { Some(status) }, err);
             }
             std::thread::sleep(Duration::from_millis(50));
         }
     };
     let (failed, log) = serve("shop/echoer@1");
-    assert!(failed.is_none(), "the Host should serve the published release:\n{log}");
+    assert!(
+        failed.is_none(),
+        "the Host should serve the published release:\n{log}"
+    );
     assert!(log.contains("offering a runnable as a tool"), "{log}");
     let cache = data.join("runnables/cache");
-    assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 1, "unpacked once into the cache");
+    assert_eq!(
+        std::fs::read_dir(&cache).unwrap().count(),
+        1,
+        "unpacked once into the cache"
+    );
 
     // Alter the stored package consistently (bytes and their store checksum): the store's own
     // check passes, the package's digest does not, and the Host refuses to start with it.
@@ -348,10 +433,21 @@ fn a_published_package_runs_on_a_host_without_the_workspace_and_a_tampered_one_i
          c.commit()\n",
         db = db.to_string_lossy()
     );
-    let py = Command::new("python3").arg("-c").arg(&script).output().unwrap();
-    assert!(py.status.success(), "{}", String::from_utf8_lossy(&py.stderr));
+    let py = Command::new("python3")
+        .arg("-c")
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert!(
+        py.status.success(),
+        "{}",
+        String::from_utf8_lossy(&py.stderr)
+    );
     let _ = std::fs::remove_file(data.join("hostd.json"));
     let (failed, log) = serve("shop/echoer@1");
-    assert!(failed.is_some(), "a tampered package must stop the Host:\n{log}");
+    assert!(
+        failed.is_some(),
+        "a tampered package must stop the Host:\n{log}"
+    );
     assert!(log.contains("integrity"), "{log}");
 }

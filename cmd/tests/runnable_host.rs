@@ -34,7 +34,12 @@ impl Serve {
         let child = Command::new(HOSTD)
             .args(["serve", "--data-dir", ".hostd", "--host-id", host_id])
             .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(["--registry-heartbeat", "300ms", "--registry-expiry", "1200ms"])
+            .args([
+                "--registry-heartbeat",
+                "300ms",
+                "--registry-expiry",
+                "1200ms",
+            ])
             .args(["--drain-grace", "5s", "--drain-idle-boundary", "1s"])
             .arg("--runnables")
             .arg(workspace)
@@ -165,7 +170,10 @@ fn wait_for_line(path: &Path, prefix: &str) {
         .lines()
         .any(|l| l.starts_with(prefix))
     {
-        assert!(Instant::now() < deadline, "{prefix} never appeared in {path:?}");
+        assert!(
+            Instant::now() < deadline,
+            "{prefix} never appeared in {path:?}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -174,7 +182,11 @@ fn wait_for_line(path: &Path, prefix: &str) {
 fn processes_mentioning(needle: &str) -> Vec<i32> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
             continue;
         };
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
@@ -235,9 +247,15 @@ fn the_scripted_agent_calls_a_runnable_and_an_effectful_one_asks_permission_firs
     let ws = workspace(dir, "note", "effectful", 0, &marker);
     let host = Serve::start(dir, "host-one", &ws, &[]);
     let s = ok(session(dir, &["create"]));
-    ok(session(dir, &["send", &s, r#"/tool note {"text":"hello"}"#]));
+    ok(session(
+        dir,
+        &["send", &s, r#"/tool note {"text":"hello"}"#],
+    ));
     let gate = open_gate(dir, &s);
-    assert!(marker_lines(&marker).is_empty(), "nothing ran before approval");
+    assert!(
+        marker_lines(&marker).is_empty(),
+        "nothing ran before approval"
+    );
     ok(session(dir, &["answer", &s, &gate, "approve"]));
     let journal = journal_with(dir, &s, "assistant: Tool note returned:");
     assert!(journal.contains(r#""outcome":"succeeded""#), "{journal}");
@@ -249,11 +267,21 @@ fn the_scripted_agent_calls_a_runnable_and_an_effectful_one_asks_permission_firs
     let gate = open_gate(dir, &s);
     ok(session(dir, &["answer", &s, &gate, "approve"]));
     let journal = journal_with(dir, &s, "invalid_input");
-    assert!(journal.contains(r#"\"ran\":false"#) || journal.contains(r#""ran":false"#), "{journal}");
-    assert_eq!(marker_lines(&marker).len(), 2, "the refused call ran nothing");
+    assert!(
+        journal.contains(r#"\"ran\":false"#) || journal.contains(r#""ran":false"#),
+        "{journal}"
+    );
+    assert_eq!(
+        marker_lines(&marker).len(),
+        2,
+        "the refused call ran nothing"
+    );
 
     // A name that was not offered is not a tool.
-    ok(session(dir, &["send", &s, r#"/tool word-count {"text":"a"}"#]));
+    ok(session(
+        dir,
+        &["send", &s, r#"/tool word-count {"text":"a"}"#],
+    ));
     journal_with(dir, &s, "unknown tool \"word-count\"");
     drop(host);
 }
@@ -266,7 +294,10 @@ fn a_host_killed_mid_invocation_never_runs_an_effectful_runnable_twice() {
     let ws = workspace(dir, "charge", "effectful", 60, &marker);
     let first = Serve::start(dir, "host-one", &ws, &[]);
     let s = ok(session(dir, &["create"]));
-    ok(session(dir, &["send", &s, r#"/tool charge {"text":"once"}"#]));
+    ok(session(
+        dir,
+        &["send", &s, r#"/tool charge {"text":"once"}"#],
+    ));
     let gate = open_gate(dir, &s);
     ok(session(dir, &["answer", &s, &gate, "approve"]));
     wait_for_line(&marker, "start ");
@@ -283,7 +314,10 @@ fn a_host_killed_mid_invocation_never_runs_an_effectful_runnable_twice() {
     // The successor stops what the dead Host left running, without running it.
     let deadline = Instant::now() + WAIT;
     while !processes_mentioning(&needle).is_empty() {
-        assert!(Instant::now() < deadline, "the orphaned handler was never stopped");
+        assert!(
+            Instant::now() < deadline,
+            "the orphaned handler was never stopped"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     // The next message places the session on the new Host; the turn in flight is restored and
@@ -323,8 +357,15 @@ fn a_host_killed_mid_invocation_re_runs_an_idempotent_runnable_with_the_same_eff
     let lines = marker_lines(&marker);
     assert_eq!(lines.len(), 3, "{lines:?}");
     let effect = lines[0].strip_prefix("start ").expect("start line");
-    assert_eq!(lines[1], format!("start {effect}"), "the same effect id: {lines:?}");
+    assert_eq!(
+        lines[1],
+        format!("start {effect}"),
+        "the same effect id: {lines:?}"
+    );
     assert_eq!(lines[2], format!("done {effect}"), "{lines:?}");
-    assert!(journal.contains(effect), "the result carries that effect id:\n{journal}");
+    assert!(
+        journal.contains(effect),
+        "the result carries that effect id:\n{journal}"
+    );
     drop(second);
 }

@@ -152,7 +152,10 @@ pub fn load(text: &str) -> Result<Node, YamlError> {
             Event::DocumentStart(_) => {
                 documents += 1;
                 if documents > 1 {
-                    return Err(at(span, "a file holds one YAML document; found a second `---`"));
+                    return Err(at(
+                        span,
+                        "a file holds one YAML document; found a second `---`",
+                    ));
                 }
             }
             Event::Alias(id) => builder.alias(id, span)?,
@@ -269,7 +272,10 @@ impl Builder {
 
     fn alias(&mut self, id: usize, span: Span) -> Result<(), YamlError> {
         let Some(target) = self.anchors.get(&id).cloned() else {
-            return Err(at(span, "an alias names an anchor that is not defined before it"));
+            return Err(at(
+                span,
+                "an alias names an anchor that is not defined before it",
+            ));
         };
         self.count(size(&target), span)?;
         let node = relocate(target, span.start.line(), span.start.col() + 1);
@@ -662,7 +668,16 @@ mod tests {
     #[test]
     fn aliases_expand_under_a_budget() {
         let doc = load("base: &b {x: 1}\nuse: *b\n").unwrap();
-        assert_eq!(doc.get("use").unwrap().get("x").unwrap().scalar().unwrap().text, "1");
+        assert_eq!(
+            doc.get("use")
+                .unwrap()
+                .get("x")
+                .unwrap()
+                .scalar()
+                .unwrap()
+                .text,
+            "1"
+        );
         let mut bomb = String::from("a: &a [x, x, x, x, x, x, x, x, x, x]\n");
         let mut prev = 'a';
         for c in 'b'..='h' {

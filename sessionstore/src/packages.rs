@@ -91,7 +91,10 @@ pub(crate) fn check_new(p: &NewPackage) -> StoreResult<()> {
     check_identity(&p.workspace, &p.name, &p.version)?;
     let hex = p.digest.strip_prefix("sha256:").unwrap_or_default();
     if hex.len() != 64 || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
-        return Err(StoreError::invalid("digest", "must be sha256:<64 lowercase hex>"));
+        return Err(StoreError::invalid(
+            "digest",
+            "must be sha256:<64 lowercase hex>",
+        ));
     }
     if p.bytes.is_empty() || p.bytes.len() > MAX_PACKAGE_BYTES {
         return Err(StoreError::invalid(
@@ -211,7 +214,8 @@ pub(crate) async fn get<C: Conn>(
 
 /// Every published release, ordered by workspace, name and version.
 pub(crate) async fn list<C: Conn>(tx: &mut SqlTx<C>) -> StoreResult<Vec<PackageSummary>> {
-    let q = format!("SELECT {SUMMARY_COLS} FROM runnable_packages ORDER BY workspace, name, version");
+    let q =
+        format!("SELECT {SUMMARY_COLS} FROM runnable_packages ORDER BY workspace, name, version");
     rows(tx, &q, Vec::new())
         .await?
         .iter()

@@ -35,7 +35,10 @@ use crate::store::StoreOptions;
 
 const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../migrations/postgres/0001_init.sql")),
-    (3, include_str!("../migrations/postgres/0003_runnable_packages.sql")),
+    (
+        3,
+        include_str!("../migrations/postgres/0003_runnable_packages.sql"),
+    ),
 ];
 const MAX_TX_ATTEMPTS: usize = 8;
 const NOW_SQL: &str = "SELECT (floor(extract(epoch from clock_timestamp()) * 1000))::bigint";

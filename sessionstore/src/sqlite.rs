@@ -22,7 +22,10 @@ use crate::store::{StoreOptions, Synchronous};
 /// The migrations this binary knows, in order.
 const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../migrations/sqlite/0001_init.sql")),
-    (3, include_str!("../migrations/sqlite/0003_runnable_packages.sql")),
+    (
+        3,
+        include_str!("../migrations/sqlite/0003_runnable_packages.sql"),
+    ),
 ];
 
 /// A connection usable by the generic SQL layer.

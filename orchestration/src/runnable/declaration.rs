@@ -252,7 +252,9 @@ fn parse_document(
             }
         },
     };
-    let input = doc.get("input").and_then(|n| Schema::parse(n, "input", sink));
+    let input = doc
+        .get("input")
+        .and_then(|n| Schema::parse(n, "input", sink));
     let output = doc
         .get("output")
         .and_then(|n| Schema::parse(n, "output", sink));
@@ -264,8 +266,9 @@ fn parse_document(
     let args = parse_args(doc, sink);
     let env = parse_env(doc, sink);
     let timeout = doc.get("timeout").and_then(|t| parse_timeout(t, sink));
-    let effect = doc.get("effect").and_then(|e| {
-        match e.as_str().and_then(Effect::parse) {
+    let effect = doc
+        .get("effect")
+        .and_then(|e| match e.as_str().and_then(Effect::parse) {
             Some(effect) => Some(effect),
             None => {
                 sink.at(
@@ -279,8 +282,7 @@ fn parse_document(
                 );
                 None
             }
-        }
-    });
+        });
     let dependencies = parse_dependencies(doc, sink);
 
     Some(Declaration {
@@ -334,7 +336,10 @@ fn scalar_text(node: &Node, path: &str, sink: &mut Sink) -> Option<String> {
                 node,
                 codes::WRONG_TYPE,
                 path,
-                format!("must be a string, number or boolean, not {}", node.describe()),
+                format!(
+                    "must be a string, number or boolean, not {}",
+                    node.describe()
+                ),
             );
             None
         }
@@ -393,7 +398,10 @@ fn parse_args(doc: &Node, sink: &mut Sink) -> Vec<String> {
             node,
             codes::WRONG_TYPE,
             "args",
-            format!("must be a list (write `[]` for none), not {}", node.describe()),
+            format!(
+                "must be a list (write `[]` for none), not {}",
+                node.describe()
+            ),
         );
         return Vec::new();
     };
@@ -432,7 +440,10 @@ fn parse_env(doc: &Node, sink: &mut Sink) -> Vec<(String, String)> {
             node,
             codes::WRONG_TYPE,
             "env",
-            format!("must be a mapping (write `{{}}` for none), not {}", node.describe()),
+            format!(
+                "must be a mapping (write `{{}}` for none), not {}",
+                node.describe()
+            ),
         );
         return Vec::new();
     };
@@ -483,16 +494,16 @@ fn parse_timeout(node: &Node, sink: &mut Sink) -> Option<Duration> {
     };
     match humantime::parse_duration(text) {
         Ok(d) if d.is_zero() => {
-            sink.at(node, codes::INVALID_VALUE, "timeout", "must be longer than zero");
-            None
-        }
-        Ok(d) if d > MAX_TIMEOUT => {
             sink.at(
                 node,
                 codes::INVALID_VALUE,
                 "timeout",
-                "may be at most 24h",
+                "must be longer than zero",
             );
+            None
+        }
+        Ok(d) if d > MAX_TIMEOUT => {
+            sink.at(node, codes::INVALID_VALUE, "timeout", "may be at most 24h");
             None
         }
         Ok(d) => Some(d),
@@ -534,7 +545,10 @@ fn parse_dependencies(doc: &Node, sink: &mut Sink) -> Vec<DependencyDecl> {
                 item,
                 codes::WRONG_TYPE,
                 &path,
-                format!("must be a mapping with `service` and `endpoints`, not {}", item.describe()),
+                format!(
+                    "must be a mapping with `service` and `endpoints`, not {}",
+                    item.describe()
+                ),
             );
             continue;
         };

@@ -102,7 +102,9 @@ pub enum RunnableError {
     },
 
     /// The same identity with a different digest.
-    #[error("{identity} is already recorded with digest {recorded}; this content has digest {offered}. A version is an immutable release: give the changed content a new version")]
+    #[error(
+        "{identity} is already recorded with digest {recorded}; this content has digest {offered}. A version is an immutable release: give the changed content a new version"
+    )]
     Conflict {
         identity: String,
         recorded: String,

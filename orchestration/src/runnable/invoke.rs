@@ -284,7 +284,10 @@ async fn invoke_once(
         invocation_id: invocation_id.clone(),
         process,
     };
-    if let Err(e) = std::fs::write(&record_path, serde_json::to_vec(&record).unwrap_or_default()) {
+    if let Err(e) = std::fs::write(
+        &record_path,
+        serde_json::to_vec(&record).unwrap_or_default(),
+    ) {
         tracing::warn!(error = %e, "cannot record the running handler");
     }
 
@@ -344,7 +347,12 @@ async fn invoke_once(
         deadline_passed = false;
     }
     if cancelled || deadline_passed {
-        tracing::info!(pid, cancelled, deadline_passed, "stopping the handler's process group");
+        tracing::info!(
+            pid,
+            cancelled,
+            deadline_passed,
+            "stopping the handler's process group"
+        );
     }
     stop_group(pid, &exit_rx, options.kill_grace).await;
     let exit = (*exit_rx.borrow()).unwrap_or(ExitStatus {
@@ -356,12 +364,12 @@ async fn invoke_once(
         Err(e) => tracing::warn!(pid, error = %e, "cannot reap the handler"),
     }
     let _ = std::fs::remove_file(&record_path);
-    let (stdout_bytes, overflowed) =
-        match tokio::time::timeout(options.kill_grace, out_task).await {
-            Ok(Ok(v)) => v,
-            // Something outside the group still holds stdout: what was read is not a result.
-            _ => (Vec::new(), true),
-        };
+    let (stdout_bytes, overflowed) = match tokio::time::timeout(options.kill_grace, out_task).await
+    {
+        Ok(Ok(v)) => v,
+        // Something outside the group still holds stdout: what was read is not a result.
+        _ => (Vec::new(), true),
+    };
     let _ = tokio::time::timeout(options.kill_grace, err_task).await;
 
     let observation = Observation {
@@ -453,7 +461,8 @@ fn group_alive(pgid: i32) -> bool {
 /// the kill could not be confirmed within a further grace). Called while the leader is still
 /// unreaped, so the group number cannot have been reused.
 async fn stop_group(pgid: i32, exit: &watch::Receiver<Option<ExitStatus>>, grace: Duration) {
-    let quiet = |exit: &watch::Receiver<Option<ExitStatus>>| exit.borrow().is_some() && !group_alive(pgid);
+    let quiet =
+        |exit: &watch::Receiver<Option<ExitStatus>>| exit.borrow().is_some() && !group_alive(pgid);
     if quiet(exit) {
         return;
     }
@@ -473,7 +482,10 @@ async fn stop_group(pgid: i32, exit: &watch::Receiver<Option<ExitStatus>>, grace
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    tracing::warn!(pgid, "the handler's process group did not empty after SIGKILL");
+    tracing::warn!(
+        pgid,
+        "the handler's process group did not empty after SIGKILL"
+    );
 }
 
 async fn pump_log(reader: Option<tokio::process::ChildStderr>, path: &Path, bound: u64) {
@@ -511,7 +523,10 @@ async fn pump_log(reader: Option<tokio::process::ChildStderr>, path: &Path, boun
     if dropped > 0
         && let Some(f) = file.as_mut()
     {
-        let _ = writeln!(f, "\n[hostd: {dropped} more byte(s) of stderr were dropped]");
+        let _ = writeln!(
+            f,
+            "\n[hostd: {dropped} more byte(s) of stderr were dropped]"
+        );
     }
 }
 

@@ -184,8 +184,7 @@ pub fn classify(obs: &Observation, output_schema: &Schema) -> Classified {
                     output: Some(output.clone()),
                     error: None,
                     violations,
-                    detail: "the handler succeeded and its output matches the output schema"
-                        .into(),
+                    detail: "the handler succeeded and its output matches the output schema".into(),
                 }
             } else {
                 Classified {
@@ -238,12 +237,17 @@ pub fn parse_document(stdout: &[u8], overflowed: bool, bound: usize) -> Document
     match stream.next() {
         None => {}
         Some(Ok(_)) => return Document::Malformed("more than one JSON document".into()),
-        Some(Err(e)) => return Document::Malformed(format!("trailing data after the document: {e}")),
+        Some(Err(e)) => {
+            return Document::Malformed(format!("trailing data after the document: {e}"));
+        }
     }
     let Value::Object(doc) = first else {
         return Document::Malformed("the document is not an object".into());
     };
-    if let Some(k) = doc.keys().find(|k| !matches!(k.as_str(), "ok" | "output" | "error")) {
+    if let Some(k) = doc
+        .keys()
+        .find(|k| !matches!(k.as_str(), "ok" | "output" | "error"))
+    {
         return Document::Malformed(format!("unknown member `{k}`"));
     }
     match doc.get("ok") {
@@ -290,10 +294,9 @@ mod tests {
     use serde_json::json;
 
     fn schema() -> Schema {
-        let node = crate::yaml::load(
-            "type: object\nproperties: {n: {type: integer}}\nrequired: [n]\n",
-        )
-        .unwrap();
+        let node =
+            crate::yaml::load("type: object\nproperties: {n: {type: integer}}\nrequired: [n]\n")
+                .unwrap();
         let mut sink = Sink::new("t");
         Schema::parse(&node, "output", &mut sink).unwrap()
     }
@@ -379,7 +382,11 @@ mod tests {
     fn documents_are_read_strictly() {
         assert_eq!(parse_document(b"  \n", false, 10), Document::Absent);
         assert!(matches!(
-            parse_document(br#"{"ok":true,"output":1}{"ok":true,"output":2}"#, false, 99),
+            parse_document(
+                br#"{"ok":true,"output":1}{"ok":true,"output":2}"#,
+                false,
+                99
+            ),
             Document::Malformed(_)
         ));
         assert!(matches!(
@@ -395,7 +402,11 @@ mod tests {
             Document::Success(json!({"a": 1}))
         );
         assert!(matches!(
-            parse_document(br#"{"ok":false,"error":{"code":"x","message":"y"}}"#, false, 99),
+            parse_document(
+                br#"{"ok":false,"error":{"code":"x","message":"y"}}"#,
+                false,
+                99
+            ),
             Document::Failure(_)
         ));
         assert!(matches!(

@@ -206,7 +206,10 @@ impl Package {
             body = &body[size..];
         }
         if !body.is_empty() {
-            return Err(bad(format!("{} trailing byte(s) after the files", body.len())));
+            return Err(bad(format!(
+                "{} trailing byte(s) after the files",
+                body.len()
+            )));
         }
         let sorted = files
             .windows(2)
@@ -321,7 +324,9 @@ fn walk(
             if !tmeta.is_file() {
                 return Err(RunnableError::Build {
                     path: path.clone(),
-                    reason: format!("the symlink `{rel}` points to a folder; only files are packaged through symlinks"),
+                    reason: format!(
+                        "the symlink `{rel}` points to a folder; only files are packaged through symlinks"
+                    ),
                 });
             }
             (tmeta, target)

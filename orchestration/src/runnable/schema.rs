@@ -228,17 +228,32 @@ impl Schema {
                         "an array schema needs `items`, the schema of its elements",
                     ),
                     Some(items) => {
-                        schema.items = Schema::parse(items, &join(path, "items"), sink).map(Box::new)
+                        schema.items =
+                            Schema::parse(items, &join(path, "items"), sink).map(Box::new)
                     }
                 }
                 schema.min_items = count(node, "minItems", path, sink);
                 schema.max_items = count(node, "maxItems", path, sink);
-                check_range(node, path, sink, schema.min_items, schema.max_items, "minItems");
+                check_range(
+                    node,
+                    path,
+                    sink,
+                    schema.min_items,
+                    schema.max_items,
+                    "minItems",
+                );
             }
             SchemaType::String => {
                 schema.min_length = count(node, "minLength", path, sink);
                 schema.max_length = count(node, "maxLength", path, sink);
-                check_range(node, path, sink, schema.min_length, schema.max_length, "minLength");
+                check_range(
+                    node,
+                    path,
+                    sink,
+                    schema.min_length,
+                    schema.max_length,
+                    "minLength",
+                );
             }
             SchemaType::Integer | SchemaType::Number => {
                 schema.minimum = bound(node, "minimum", path, sink);
@@ -421,10 +436,7 @@ fn parse_object(node: &Node, path: &str, sink: &mut Sink, schema: &mut Schema) {
                         );
                         continue;
                     }
-                    let declared = node
-                        .get("properties")
-                        .and_then(|p| p.get(name))
-                        .is_some();
+                    let declared = node.get("properties").and_then(|p| p.get(name)).is_some();
                     if !declared {
                         sink.at(
                             item,
@@ -528,7 +540,12 @@ fn parse_enum(e: &Node, path: &str, sink: &mut Sink, schema: &Schema) -> Option<
         return None;
     };
     if items.is_empty() {
-        sink.at(e, codes::INVALID_VALUE, path, "lists no value, so nothing could pass");
+        sink.at(
+            e,
+            codes::INVALID_VALUE,
+            path,
+            "lists no value, so nothing could pass",
+        );
         return None;
     }
     let mut values = Vec::new();
@@ -566,7 +583,12 @@ fn parse_enum(e: &Node, path: &str, sink: &mut Sink, schema: &Schema) -> Option<
             continue;
         }
         if values.contains(&v) {
-            sink.at(item, codes::INVALID_VALUE, path, format!("{v} is listed twice"));
+            sink.at(
+                item,
+                codes::INVALID_VALUE,
+                path,
+                format!("{v} is listed twice"),
+            );
             continue;
         }
         values.push(v);
@@ -681,7 +703,10 @@ impl<'a> Check<'a> {
                 if let Some(max) = schema.max_items
                     && n > max
                 {
-                    self.report("max_items", format!("has {n} item(s); at most {max} allowed"));
+                    self.report(
+                        "max_items",
+                        format!("has {n} item(s); at most {max} allowed"),
+                    );
                 }
                 if let Some(item_schema) = &schema.items {
                     for (i, item) in items.iter().enumerate() {
@@ -729,7 +754,10 @@ impl<'a> Check<'a> {
                     SchemaType::Object => "an object",
                     SchemaType::Array => "an array",
                 };
-                self.report("type", format!("expected {expected}, got {}", kind_of(other)));
+                self.report(
+                    "type",
+                    format!("expected {expected}, got {}", kind_of(other)),
+                );
             }
         }
     }

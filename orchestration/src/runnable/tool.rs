@@ -48,7 +48,10 @@ pub fn valid_tool_name(name: &str) -> bool {
 
 impl RunnableTool {
     /// Offers `release` as a tool. Effectful runnables ask permission.
-    pub fn new(release: Release, options: Arc<InvokeOptions>) -> Result<RunnableTool, RunnableError> {
+    pub fn new(
+        release: Release,
+        options: Arc<InvokeOptions>,
+    ) -> Result<RunnableTool, RunnableError> {
         let name = &release.identity().name;
         if !valid_tool_name(name) {
             return Err(RunnableError::NotATool {
@@ -82,7 +85,11 @@ impl RunnableTool {
     }
 
     /// Invokes with an explicit intent (the library path; `call_in` derives the intent).
-    pub async fn invoke(&self, arguments: Value, intent_id: Option<String>) -> Result<Invocation, RunnableError> {
+    pub async fn invoke(
+        &self,
+        arguments: Value,
+        intent_id: Option<String>,
+    ) -> Result<Invocation, RunnableError> {
         invoke(
             &self.release,
             InvokeRequest {
@@ -101,7 +108,11 @@ impl RunnableTool {
 pub fn call_intent(context: &CallContext) -> String {
     let mut h = Sha256::new();
     h.update(b"hostd.tool-call/1\0");
-    for part in [context.turn_id.as_str(), &context.step.to_string(), context.call_id.as_str()] {
+    for part in [
+        context.turn_id.as_str(),
+        &context.step.to_string(),
+        context.call_id.as_str(),
+    ] {
         h.update((part.len() as u64).to_be_bytes());
         h.update(part.as_bytes());
     }
