@@ -1558,7 +1558,7 @@ async fn with_the_flow_up_the_injected_address_is_the_live_allocation_a_flow_con
         .lines()
         .find_map(|l| l.strip_prefix("FLOW_DEP_DB_PG_ADDR=").map(str::to_owned))
         .expect("the flow consumer got the address");
-    assert_eq!(ws.marker_lines(), [live.clone()]);
+    assert_eq!(ws.marker_lines(), std::slice::from_ref(&live));
     assert_eq!(consumer, live);
     up.shutdown().await;
 }

@@ -39,6 +39,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::flow::procfs::{self, Ownership, StartIdentity};
+
 use crate::runnable::deps;
 use crate::runnable::error::{HandlerError, RunnableError};
 use crate::runnable::outcome::{self, ExitStatus, Observation, OutcomeClass};
@@ -398,43 +399,39 @@ async fn invoke_once(
     })
 }
 
-/// Observes the leader's exit without reaping it (so its group number stays ours).
+/// Observes the leader's exit without reaping it (so its group number stays ours). The wait
+/// blocks a thread of the runtime's blocking pool (reused across invocations).
 fn watch_exit(pid: i32) -> watch::Receiver<Option<ExitStatus>> {
     let (tx, rx) = watch::channel(None);
-    let spawned = std::thread::Builder::new()
-        .name(format!("runnable-wait-{pid}"))
-        .spawn(move || {
-            let status = loop {
-                match waitid(
-                    Id::Pid(Pid::from_raw(pid)),
-                    WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT,
-                ) {
-                    Ok(WaitStatus::Exited(_, code)) => {
-                        break ExitStatus {
-                            code: Some(code),
-                            signal: None,
-                        };
-                    }
-                    Ok(WaitStatus::Signaled(_, sig, _)) => {
-                        break ExitStatus {
-                            code: None,
-                            signal: Some(sig as i32),
-                        };
-                    }
-                    Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
-                    Err(_) => {
-                        break ExitStatus {
-                            code: None,
-                            signal: None,
-                        };
-                    }
+    tokio::task::spawn_blocking(move || {
+        let status = loop {
+            match waitid(
+                Id::Pid(Pid::from_raw(pid)),
+                WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT,
+            ) {
+                Ok(WaitStatus::Exited(_, code)) => {
+                    break ExitStatus {
+                        code: Some(code),
+                        signal: None,
+                    };
                 }
-            };
-            let _ = tx.send(Some(status));
-        });
-    if let Err(e) = spawned {
-        tracing::error!(pid, error = %e, "cannot start the exit watcher");
-    }
+                Ok(WaitStatus::Signaled(_, sig, _)) => {
+                    break ExitStatus {
+                        code: None,
+                        signal: Some(sig as i32),
+                    };
+                }
+                Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+                Err(_) => {
+                    break ExitStatus {
+                        code: None,
+                        signal: None,
+                    };
+                }
+            }
+        };
+        let _ = tx.send(Some(status));
+    });
     rx
 }
 
@@ -444,16 +441,51 @@ async fn wait_exit(rx: &mut watch::Receiver<Option<ExitStatus>>) {
             return;
         }
         if rx.changed().await.is_err() {
-            // The watcher is gone; poll /proc instead.
+            // The watcher cannot go away before it sends; should it, the deadline still ends
+            // the invocation.
             std::future::pending::<()>().await;
         }
     }
 }
 
+/// Whether any process of group `pgid` other than a zombie still runs: one pass over
+/// `/proc`, stopping at the first live member, reading each `stat` into one reused buffer.
+/// Unreadable `/proc` counts as alive (never conclude "empty" without proof).
 fn group_alive(pgid: i32) -> bool {
-    procfs::live_members(pgid)
-        .map(|m| !m.is_empty())
-        .unwrap_or(true)
+    use std::io::Read as _;
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return true;
+    };
+    let mut buf = Vec::with_capacity(512);
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        buf.clear();
+        let Ok(mut f) = std::fs::File::open(format!("/proc/{pid}/stat")) else {
+            continue; // gone meanwhile
+        };
+        if f.read_to_end(&mut buf).is_err() {
+            continue;
+        }
+        // `pid (comm) state ppid pgrp ...`; comm may hold spaces and parentheses.
+        let Some(close) = buf.iter().rposition(|b| *b == b')') else {
+            continue;
+        };
+        let mut fields = buf[close + 1..]
+            .split(|b| *b == b' ')
+            .filter(|f| !f.is_empty());
+        let state = fields.next().and_then(|f| f.first().copied());
+        let pgrp = fields
+            .nth(1)
+            .and_then(|f| std::str::from_utf8(f).ok())
+            .and_then(|f| f.parse::<i32>().ok());
+        if pgrp == Some(pgid) && !matches!(state, Some(b'Z' | b'X' | b'x')) {
+            return true;
+        }
+    }
+    false
 }
 
 /// Stops everything in the handler's group: nothing if it is already empty, else SIGTERM,
