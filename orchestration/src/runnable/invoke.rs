@@ -256,6 +256,8 @@ async fn invoke_once(
         .stderr(Stdio::piped())
         .process_group(0);
     let started = tokio::time::Instant::now();
+    // Real time (not the runtime's clock): how long the pid counter had to wrap.
+    let spawned_at = std::time::Instant::now();
     let mut child = command.spawn().map_err(|e| RunnableError::Spawn {
         identity: identity.clone(),
         command: decl.command.clone(),
@@ -355,7 +357,7 @@ async fn invoke_once(
             "stopping the handler's process group"
         );
     }
-    stop_group(pid, &exit_rx, options.kill_grace).await;
+    stop_group(pid, &exit_rx, options.kill_grace, spawned_at).await;
     let exit = (*exit_rx.borrow()).unwrap_or(ExitStatus {
         code: None,
         signal: None,
@@ -448,20 +450,51 @@ async fn wait_exit(rx: &mut watch::Receiver<Option<ExitStatus>>) {
     }
 }
 
-/// Whether any process of group `pgid` other than a zombie still runs: one pass over
-/// `/proc`, stopping at the first live member, reading each `stat` into one reused buffer.
-/// Unreadable `/proc` counts as alive (never conclude "empty" without proof).
-fn group_alive(pgid: i32) -> bool {
+/// The fastest pid allocation the scan shortcut below assumes (pids per second). Far above
+/// what a machine sustains; it only bounds how long the shortcut stays valid.
+const MAX_PID_RATE: u64 = 100_000;
+
+/// Whether `/proc` entries below `pgid` can be skipped when looking for members of the group
+/// led by `pgid`, spawned `elapsed` ago. Every member is a descendant of the leader, so it got
+/// its pid after the leader's; Linux allocates pids upwards and wraps at `pid_max`. If the last
+/// pid allocated is not below the leader's and too little time passed for a whole wrap, every
+/// member's pid is above the leader's.
+fn only_newer_pids(pgid: i32, elapsed: Duration) -> bool {
+    let read = |path: &str| {
+        std::fs::read_to_string(path)
+            .ok()
+            .and_then(|t| t.trim().parse::<u64>().ok())
+    };
+    let (Some(pid_max), Some(last)) = (
+        read("/proc/sys/kernel/pid_max"),
+        read("/proc/sys/kernel/ns_last_pid"),
+    ) else {
+        return false;
+    };
+    // Pids wrap to 300 (the kernel's reserved range) after `pid_max`.
+    let wrap = Duration::from_secs_f64(pid_max.saturating_sub(300) as f64 / MAX_PID_RATE as f64);
+    last >= pgid as u64 && elapsed < wrap
+}
+
+/// Whether any process of group `pgid` other than a zombie still runs: one pass over `/proc`
+/// (only pids from the leader's up when [`only_newer_pids`] allows), stopping at the first
+/// live member, reading each `stat` into one reused buffer. An unreadable `/proc` counts as
+/// alive: "empty" is never concluded without proof.
+fn group_alive(pgid: i32, elapsed: Duration) -> bool {
     use std::io::Read as _;
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return true;
     };
+    let skip_older = only_newer_pids(pgid, elapsed);
     let mut buf = Vec::with_capacity(512);
     for entry in entries.flatten() {
         let name = entry.file_name();
         let Some(pid) = name.to_str().and_then(|n| n.parse::<i32>().ok()) else {
             continue;
         };
+        if skip_older && pid < pgid {
+            continue;
+        }
         buf.clear();
         let Ok(mut f) = std::fs::File::open(format!("/proc/{pid}/stat")) else {
             continue; // gone meanwhile
@@ -492,9 +525,15 @@ fn group_alive(pgid: i32) -> bool {
 /// then SIGKILL after `grace`. Returns once the leader has exited and the group is empty (or
 /// the kill could not be confirmed within a further grace). Called while the leader is still
 /// unreaped, so the group number cannot have been reused.
-async fn stop_group(pgid: i32, exit: &watch::Receiver<Option<ExitStatus>>, grace: Duration) {
-    let quiet =
-        |exit: &watch::Receiver<Option<ExitStatus>>| exit.borrow().is_some() && !group_alive(pgid);
+async fn stop_group(
+    pgid: i32,
+    exit: &watch::Receiver<Option<ExitStatus>>,
+    grace: Duration,
+    spawned: std::time::Instant,
+) {
+    let quiet = |exit: &watch::Receiver<Option<ExitStatus>>| {
+        exit.borrow().is_some() && !group_alive(pgid, spawned.elapsed())
+    };
     if quiet(exit) {
         return;
     }
@@ -597,4 +636,38 @@ pub fn stop_orphans(running: &Path) -> usize {
         }
     }
     stopped
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_scan_skips_older_pids_only_while_no_wrap_can_have_happened() {
+        assert!(only_newer_pids(1, Duration::ZERO));
+        assert!(
+            !only_newer_pids(i32::MAX, Duration::ZERO),
+            "the counter is below the leader"
+        );
+        assert!(
+            !only_newer_pids(1, Duration::from_secs(24 * 3600)),
+            "a day is long enough to wrap"
+        );
+    }
+
+    #[test]
+    fn a_group_with_a_live_member_is_alive_and_an_unused_number_is_not() {
+        let me = nix::unistd::getpgrp().as_raw();
+        assert!(group_alive(me, Duration::from_secs(24 * 3600)));
+        assert!(!group_alive(i32::MAX - 7, Duration::ZERO));
+    }
+
+    #[test]
+    fn effect_ids_follow_the_intent_and_the_release() {
+        let a = effect_id("i1", "w/n@1", "sha256:aa");
+        assert_eq!(a, effect_id("i1", "w/n@1", "sha256:aa"));
+        assert_ne!(a, effect_id("i2", "w/n@1", "sha256:aa"));
+        assert_ne!(a, effect_id("i1", "w/n@2", "sha256:aa"));
+        assert_ne!(a, effect_id("i1", "w/n@1", "sha256:bb"));
+    }
 }
