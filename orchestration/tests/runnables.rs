@@ -1313,6 +1313,22 @@ async fn handlers_left_running_by_a_dead_invoker_are_stopped_from_their_records(
     task.abort();
     let pgid: i32 = ws.marker_lines()[0].parse().unwrap();
     assert!(!group_members(pgid).is_empty());
+    // Its invoker (this process) still lives: not an orphan, left alone.
+    assert_eq!(
+        orchestration::runnable::stop_orphans(&release.running_dir()),
+        0
+    );
+    assert!(!group_members(pgid).is_empty());
+    // Make the record name an invoker that no longer exists (as after a SIGKILL).
+    let record = std::fs::read_dir(release.running_dir())
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let mut doc: Value = serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
+    doc["invoker"]["start_time"] = json!(1);
+    std::fs::write(&record, serde_json::to_vec(&doc).unwrap()).unwrap();
     let stopped = orchestration::runnable::stop_orphans(&release.running_dir());
     assert_eq!(stopped, 1);
     let deadline = std::time::Instant::now() + Duration::from_secs(5);

@@ -151,6 +151,8 @@ struct RunningRecord {
     identity: String,
     invocation_id: String,
     process: StartIdentity,
+    /// The process that invoked it: while it lives, the handler is not an orphan.
+    invoker: Option<StartIdentity>,
 }
 
 /// Invokes `release` once. Refusals before the start (invalid input, an unresolved
@@ -286,6 +288,7 @@ async fn invoke_once(
         identity: identity.clone(),
         invocation_id: invocation_id.clone(),
         process,
+        invoker: procfs::identity(std::process::id() as i32).ok(),
     };
     if let Err(e) = std::fs::write(
         &record_path,
@@ -295,85 +298,111 @@ async fn invoke_once(
     }
 
     let exit_rx = watch_exit(pid);
-    let writer = stdin.and_then(|s| tokio::process::ChildStdin::from_std(s).ok());
-    tokio::spawn(async move {
-        if let Some(mut w) = writer {
-            // A handler that never reads stdin, or exits early, is not an error here.
-            let _ = w.write_all(&request_bytes).await;
-            let _ = w.shutdown().await;
-        }
-    });
-    let max_out = options.max_output_bytes;
-    let out_task = tokio::spawn(async move {
-        let mut buf = Vec::new();
-        let mut overflowed = false;
-        if let Some(s) = stdout.and_then(|s| tokio::process::ChildStdout::from_std(s).ok()) {
-            let mut reader = s;
-            let mut chunk = vec![0u8; 16 * 1024];
-            loop {
-                match reader.read(&mut chunk).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => {
-                        if buf.len() + n > max_out {
-                            overflowed = true;
-                        } else {
-                            buf.extend_from_slice(&chunk[..n]);
-                        }
-                    }
+    // Everything below runs in this one task (no hops between tasks): the request written,
+    // stdout read, stderr logged, and the handler supervised. Reads and the write give up
+    // `kill_grace` after the group was stopped and reaped (something that left the group
+    // may still hold a pipe).
+    let (stopped_tx, stopped_rx) = watch::channel(false);
+    let grace = options.kill_grace;
+    let write_in = {
+        let stopped = stopped_rx.clone();
+        async move {
+            if let Some(mut w) = stdin.and_then(|s| tokio::process::ChildStdin::from_std(s).ok()) {
+                // A handler that never reads stdin, or exits early, is not an error here.
+                let writing = async {
+                    let _ = w.write_all(&request_bytes).await;
+                    let _ = w.shutdown().await;
+                };
+                tokio::select! {
+                    _ = writing => {}
+                    _ = after_stop(stopped, grace) => {}
                 }
             }
         }
-        (buf, overflowed)
-    });
-    let log_bound = options.max_log_bytes;
-    let log_for_task = log_path.clone();
-    let err_task = tokio::spawn(async move {
-        pump_log(
-            stderr.and_then(|s| tokio::process::ChildStderr::from_std(s).ok()),
-            &log_for_task,
-            log_bound,
-        )
-        .await;
-    });
-
-    let deadline = started + decl.timeout;
-    let mut exit_watch = exit_rx.clone();
-    let (mut cancelled, mut deadline_passed) = (false, false);
-    tokio::select! {
-        _ = wait_exit(&mut exit_watch) => {}
-        _ = tokio::time::sleep_until(deadline) => deadline_passed = true,
-        _ = cancel.cancelled() => cancelled = true,
-    }
-    // A race: if the leader had already exited on its own, the exit counts.
-    if (cancelled || deadline_passed) && exit_rx.borrow().is_some() {
-        cancelled = false;
-        deadline_passed = false;
-    }
-    if cancelled || deadline_passed {
-        tracing::info!(
-            pid,
-            cancelled,
-            deadline_passed,
-            "stopping the handler's process group"
-        );
-    }
-    stop_group(pid, &exit_rx, options.kill_grace, spawned_at).await;
-    let exit = (*exit_rx.borrow()).unwrap_or(ExitStatus {
-        code: None,
-        signal: None,
-    });
-    match waitpid(Pid::from_raw(pid), None) {
-        Ok(_) | Err(nix::errno::Errno::ECHILD) => {}
-        Err(e) => tracing::warn!(pid, error = %e, "cannot reap the handler"),
-    }
-    let _ = std::fs::remove_file(&record_path);
-    let (stdout_bytes, overflowed) = match tokio::time::timeout(options.kill_grace, out_task).await
-    {
-        Ok(Ok(v)) => v,
-        // Something outside the group still holds stdout: what was read is not a result.
-        _ => (Vec::new(), true),
     };
-    let _ = tokio::time::timeout(options.kill_grace, err_task).await;
+    let max_out = options.max_output_bytes;
+    let read_out = {
+        let stopped = stopped_rx.clone();
+        async move {
+            let Some(mut reader) =
+                stdout.and_then(|s| tokio::process::ChildStdout::from_std(s).ok())
+            else {
+                return (Vec::new(), false);
+            };
+            let reading = async move {
+                let mut buf = Vec::new();
+                let mut overflowed = false;
+                let mut chunk = vec![0u8; 16 * 1024];
+                loop {
+                    match reader.read(&mut chunk).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            if buf.len() + n > max_out {
+                                overflowed = true;
+                            } else {
+                                buf.extend_from_slice(&chunk[..n]);
+                            }
+                        }
+                    }
+                }
+                (buf, overflowed)
+            };
+            tokio::select! {
+                r = reading => r,
+                // Still held open: what was read is not a result.
+                _ = after_stop(stopped, grace) => (Vec::new(), true),
+            }
+        }
+    };
+    let log_bound = options.max_log_bytes;
+    let pump = {
+        let stopped = stopped_rx.clone();
+        let log_path = log_path.clone();
+        async move {
+            let reader = stderr.and_then(|s| tokio::process::ChildStderr::from_std(s).ok());
+            tokio::select! {
+                _ = pump_log(reader, &log_path, log_bound) => {}
+                _ = after_stop(stopped, grace) => {}
+            }
+        }
+    };
+    let deadline = started + decl.timeout;
+    let supervise = async {
+        let mut exit_watch = exit_rx.clone();
+        let (mut cancelled, mut deadline_passed) = (false, false);
+        tokio::select! {
+            _ = wait_exit(&mut exit_watch) => {}
+            _ = tokio::time::sleep_until(deadline) => deadline_passed = true,
+            _ = cancel.cancelled() => cancelled = true,
+        }
+        // A race: if the leader had already exited on its own, the exit counts.
+        if (cancelled || deadline_passed) && exit_rx.borrow().is_some() {
+            cancelled = false;
+            deadline_passed = false;
+        }
+        if cancelled || deadline_passed {
+            tracing::info!(
+                pid,
+                cancelled,
+                deadline_passed,
+                "stopping the handler's process group"
+            );
+        }
+        stop_group(pid, &exit_rx, grace, spawned_at).await;
+        let exit = (*exit_rx.borrow()).unwrap_or(ExitStatus {
+            code: None,
+            signal: None,
+        });
+        match waitpid(Pid::from_raw(pid), None) {
+            Ok(_) | Err(nix::errno::Errno::ECHILD) => {}
+            Err(e) => tracing::warn!(pid, error = %e, "cannot reap the handler"),
+        }
+        let _ = std::fs::remove_file(&record_path);
+        let _ = stopped_tx.send(true);
+        (cancelled, deadline_passed, exit)
+    };
+    let ((), (stdout_bytes, overflowed), (), (cancelled, deadline_passed, exit)) =
+        tokio::join!(write_in, read_out, pump, supervise);
 
     let observation = Observation {
         cancelled,
@@ -435,6 +464,14 @@ fn watch_exit(pid: i32) -> watch::Receiver<Option<ExitStatus>> {
         let _ = tx.send(Some(status));
     });
     rx
+}
+
+/// Resolves `grace` after `stopped` turned true.
+async fn after_stop(mut stopped: watch::Receiver<bool>, grace: Duration) {
+    if stopped.wait_for(|s| *s).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+    tokio::time::sleep(grace).await;
 }
 
 async fn wait_exit(rx: &mut watch::Receiver<Option<ExitStatus>>) {
@@ -602,8 +639,9 @@ async fn pump_log(reader: Option<tokio::process::ChildStderr>, path: &Path, boun
 }
 
 /// Stops handlers that a crashed invoker left running: every record under `running` whose
-/// process is proven (same pid, start time and boot) gets its group killed; records of
-/// processes that are gone are removed. Returns how many groups were stopped.
+/// invoker is gone and whose handler is proven (same pid, start time and boot) gets its group
+/// killed; records of processes that are gone are removed; handlers of a live invoker (another
+/// `hostd` using the same folder) are left alone. Returns how many groups were stopped.
 pub fn stop_orphans(running: &Path) -> usize {
     let Ok(entries) = std::fs::read_dir(running) else {
         return 0;
@@ -618,6 +656,13 @@ pub fn stop_orphans(running: &Path) -> usize {
             let _ = std::fs::remove_file(&path);
             continue;
         };
+        let invoker_alive = record
+            .invoker
+            .as_ref()
+            .is_some_and(|inv| matches!(procfs::prove(inv), Ok(Ownership::Proven { .. })));
+        if invoker_alive {
+            continue;
+        }
         match procfs::prove(&record.process) {
             Ok(Ownership::Proven { .. }) => {
                 tracing::warn!(runnable = %record.identity, invocation = %record.invocation_id, pgid = record.process.pgid, "stopping a handler left running by a previous process; its outcome is unknown");
