@@ -157,7 +157,8 @@ struct RunningRecord {
 
 /// Invokes `release` once. Refusals before the start (invalid input, an unresolved
 /// dependency, a handler that cannot start) are `Err`; everything after the start is an
-/// [`Invocation`] with its class.
+/// [`Invocation`] with its class. Runs on a tokio runtime with IO and time enabled (the pipes
+/// and SIGCHLD go through its drivers).
 pub async fn invoke(
     release: &Release,
     request: InvokeRequest,
@@ -257,6 +258,8 @@ async fn invoke_once(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
+    // Registered before the spawn so the handler's exit cannot be missed.
+    let sigchld = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child()).ok();
     let started = tokio::time::Instant::now();
     // Real time (not the runtime's clock): how long the pid counter had to wrap.
     let spawned_at = std::time::Instant::now();
@@ -297,7 +300,7 @@ async fn invoke_once(
         tracing::warn!(error = %e, "cannot record the running handler");
     }
 
-    let exit_rx = watch_exit(pid);
+    let mut exits = ExitWaiter::new(pid, sigchld);
     // Everything below runs in this one task (no hops between tasks): the request written,
     // stdout read, stderr logged, and the handler supervised. Reads and the write give up
     // `kill_grace` after the group was stopped and reaped (something that left the group
@@ -368,15 +371,14 @@ async fn invoke_once(
     };
     let deadline = started + decl.timeout;
     let supervise = async {
-        let mut exit_watch = exit_rx.clone();
         let (mut cancelled, mut deadline_passed) = (false, false);
         tokio::select! {
-            _ = wait_exit(&mut exit_watch) => {}
+            _ = exits.wait() => {}
             _ = tokio::time::sleep_until(deadline) => deadline_passed = true,
             _ = cancel.cancelled() => cancelled = true,
         }
         // A race: if the leader had already exited on its own, the exit counts.
-        if (cancelled || deadline_passed) && exit_rx.borrow().is_some() {
+        if (cancelled || deadline_passed) && peek_exit(pid).is_some() {
             cancelled = false;
             deadline_passed = false;
         }
@@ -388,8 +390,8 @@ async fn invoke_once(
                 "stopping the handler's process group"
             );
         }
-        stop_group(pid, &exit_rx, grace, spawned_at).await;
-        let exit = (*exit_rx.borrow()).unwrap_or(ExitStatus {
+        stop_group(pid, grace, spawned_at).await;
+        let exit = peek_exit(pid).unwrap_or(ExitStatus {
             code: None,
             signal: None,
         });
@@ -430,40 +432,83 @@ async fn invoke_once(
     })
 }
 
-/// Observes the leader's exit without reaping it (so its group number stays ours). The wait
-/// blocks a thread of the runtime's blocking pool (reused across invocations).
-fn watch_exit(pid: i32) -> watch::Receiver<Option<ExitStatus>> {
-    let (tx, rx) = watch::channel(None);
-    tokio::task::spawn_blocking(move || {
-        let status = loop {
-            match waitid(
-                Id::Pid(Pid::from_raw(pid)),
-                WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT,
-            ) {
-                Ok(WaitStatus::Exited(_, code)) => {
-                    break ExitStatus {
-                        code: Some(code),
-                        signal: None,
-                    };
-                }
-                Ok(WaitStatus::Signaled(_, sig, _)) => {
-                    break ExitStatus {
-                        code: None,
-                        signal: Some(sig as i32),
-                    };
-                }
-                Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
-                Err(_) => {
-                    break ExitStatus {
-                        code: None,
-                        signal: None,
-                    };
-                }
-            }
+/// How the leader ended, if it has, without reaping it (its group number stays ours while
+/// it is an unreaped zombie).
+fn peek_exit(pid: i32) -> Option<ExitStatus> {
+    loop {
+        return match waitid(
+            Id::Pid(Pid::from_raw(pid)),
+            WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT,
+        ) {
+            Ok(WaitStatus::Exited(_, code)) => Some(ExitStatus {
+                code: Some(code),
+                signal: None,
+            }),
+            Ok(WaitStatus::Signaled(_, sig, _)) => Some(ExitStatus {
+                code: None,
+                signal: Some(sig as i32),
+            }),
+            Ok(_) => None,
+            Err(nix::errno::Errno::EINTR) => continue,
+            // Not our child any more (cannot happen before we reap it): it has ended.
+            Err(_) => Some(ExitStatus {
+                code: None,
+                signal: None,
+            }),
         };
-        let _ = tx.send(Some(status));
-    });
-    rx
+    }
+}
+
+/// Waits for the leader's exit: woken by SIGCHLD through the runtime's signal driver, or, if
+/// SIGCHLD cannot be listened to, by a blocking-pool thread in `waitid`.
+struct ExitWaiter {
+    pid: i32,
+    sigchld: Option<tokio::signal::unix::Signal>,
+    thread: Option<watch::Receiver<bool>>,
+}
+
+impl ExitWaiter {
+    fn new(pid: i32, sigchld: Option<tokio::signal::unix::Signal>) -> ExitWaiter {
+        let thread = if sigchld.is_some() {
+            None
+        } else {
+            let (tx, rx) = watch::channel(false);
+            tokio::task::spawn_blocking(move || {
+                while let Err(nix::errno::Errno::EINTR) = waitid(
+                    Id::Pid(Pid::from_raw(pid)),
+                    WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT,
+                ) {}
+                let _ = tx.send(true);
+            });
+            Some(rx)
+        };
+        ExitWaiter {
+            pid,
+            sigchld,
+            thread,
+        }
+    }
+
+    async fn wait(&mut self) {
+        loop {
+            if peek_exit(self.pid).is_some() {
+                return;
+            }
+            match (&mut self.sigchld, &mut self.thread) {
+                (Some(signals), _) => {
+                    if signals.recv().await.is_none() {
+                        std::future::pending::<()>().await;
+                    }
+                }
+                (None, Some(rx)) => {
+                    if rx.wait_for(|done| *done).await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                }
+                (None, None) => std::future::pending::<()>().await,
+            }
+        }
+    }
 }
 
 /// Resolves `grace` after `stopped` turned true.
@@ -472,19 +517,6 @@ async fn after_stop(mut stopped: watch::Receiver<bool>, grace: Duration) {
         std::future::pending::<()>().await;
     }
     tokio::time::sleep(grace).await;
-}
-
-async fn wait_exit(rx: &mut watch::Receiver<Option<ExitStatus>>) {
-    loop {
-        if rx.borrow_and_update().is_some() {
-            return;
-        }
-        if rx.changed().await.is_err() {
-            // The watcher cannot go away before it sends; should it, the deadline still ends
-            // the invocation.
-            std::future::pending::<()>().await;
-        }
-    }
 }
 
 /// The fastest pid allocation the scan shortcut below assumes (pids per second). Far above
@@ -562,22 +594,15 @@ fn group_alive(pgid: i32, elapsed: Duration) -> bool {
 /// then SIGKILL after `grace`. Returns once the leader has exited and the group is empty (or
 /// the kill could not be confirmed within a further grace). Called while the leader is still
 /// unreaped, so the group number cannot have been reused.
-async fn stop_group(
-    pgid: i32,
-    exit: &watch::Receiver<Option<ExitStatus>>,
-    grace: Duration,
-    spawned: std::time::Instant,
-) {
-    let quiet = |exit: &watch::Receiver<Option<ExitStatus>>| {
-        exit.borrow().is_some() && !group_alive(pgid, spawned.elapsed())
-    };
-    if quiet(exit) {
+async fn stop_group(pgid: i32, grace: Duration, spawned: std::time::Instant) {
+    let quiet = || peek_exit(pgid).is_some() && !group_alive(pgid, spawned.elapsed());
+    if quiet() {
         return;
     }
     let _ = killpg(Pid::from_raw(pgid), Signal::SIGTERM);
     let until = tokio::time::Instant::now() + grace;
     while tokio::time::Instant::now() < until {
-        if quiet(exit) {
+        if quiet() {
             return;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -585,7 +610,7 @@ async fn stop_group(
     let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
     let until = tokio::time::Instant::now() + grace.max(Duration::from_secs(1));
     while tokio::time::Instant::now() < until {
-        if quiet(exit) {
+        if quiet() {
             return;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
