@@ -6,6 +6,7 @@
 mod agents;
 mod flow;
 mod local;
+mod runnable;
 mod serve;
 mod session;
 
@@ -54,6 +55,8 @@ enum Command {
     /// Run a local multi-service flow: start services in dependency order, wait for their
     /// readiness, supervise them, tear them down in reverse layers.
     Flow(flow::FlowArgs),
+    /// Typed, versioned operations: list, show, build, invoke and publish runnables.
+    Runnable(runnable::RunnableArgs),
 }
 
 fn main() -> ExitCode {
@@ -76,6 +79,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Flow(args) => flow::run(args).await,
+            Command::Runnable(args) => runnable::run(args).await,
             Command::Serve(args) => serve::run(*args).await,
             Command::Session(args) => session::run(args).await,
         }

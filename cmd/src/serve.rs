@@ -136,6 +136,20 @@ pub struct ServeArgs {
     /// The model name the `openai` agent asks for.
     #[arg(long, env = "HOST_OPENAI_MODEL", default_value = "gpt-4o-mini")]
     openai_model: String,
+    /// A runnables workspace: its runnables are offered to the agents as tools (all of them,
+    /// unless --runnable-tool picks some). Effectful ones ask permission first.
+    #[arg(long, env = "HOST_RUNNABLES", value_name = "DIR")]
+    runnables: Option<PathBuf>,
+    /// Offer one runnable as a tool: name[@version] from --runnables, or a release published
+    /// in the store as workspace/name@version (verified against its digest before use).
+    /// Repeatable, or comma-separated.
+    #[arg(
+        long = "runnable-tool",
+        env = "HOST_RUNNABLE_TOOLS",
+        value_delimiter = ',',
+        value_name = "REF"
+    )]
+    runnable_tools: Vec<String>,
 }
 
 fn hostname() -> String {
@@ -246,6 +260,11 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode> {
         registrar: Box::new(DefaultDepartment {
             openai,
             permission_timeout: args.permission_timeout,
+            runnables: crate::agents::RunnableOffer {
+                workspace: args.runnables.clone(),
+                tools: args.runnable_tools.clone(),
+                state_dir: data.root.join("runnables"),
+            },
         }),
         profile: RuntimeProfile::Durable,
         version: format!("hostd {}", env!("CARGO_PKG_VERSION")),

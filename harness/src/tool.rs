@@ -17,6 +17,18 @@ pub const ASK_USER: &str = "ask_user";
 #[error("{0}")]
 pub struct ToolError(pub String);
 
+/// Where a call comes from. Stable across a restore: a call re-run after a restore carries the
+/// same context as its first run, so a tool can derive an idempotency key from it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CallContext {
+    /// The turn's id (unique across sessions).
+    pub turn_id: String,
+    /// The model step (1-based) that asked for the call.
+    pub step: u32,
+    /// The call's id, as the model minted it.
+    pub call_id: String,
+}
+
 /// A tool the model may call.
 #[async_trait::async_trait]
 pub trait Tool: Send + Sync {
@@ -36,6 +48,13 @@ pub trait Tool: Send + Sync {
 
     /// Runs the call.
     async fn call(&self, arguments: Value) -> Result<String, ToolError>;
+
+    /// Runs the call knowing where it comes from. The turn loop calls this; the default
+    /// ignores the context.
+    async fn call_in(&self, context: &CallContext, arguments: Value) -> Result<String, ToolError> {
+        let _ = context;
+        self.call(arguments).await
+    }
 }
 
 /// The tools an agent has, by name. `ask_user` is always present.

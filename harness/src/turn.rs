@@ -109,6 +109,8 @@ struct Run<'a> {
     waiting: Vec<ToolCall>,
     /// Where `waiting[0]` stands.
     phase: CallPhase,
+    /// The model step whose calls are running (tools see it in their `CallContext`).
+    step: u32,
 }
 
 /// Decides where a turn the journal holds in flight resumes.
@@ -194,6 +196,7 @@ pub(crate) async fn run(ctx: TurnCtx, plan: TurnPlan) {
         prefix: Vec::new(),
         waiting: Vec::new(),
         phase: CallPhase::Waiting,
+        step: 0,
     };
     let result = run.drive(plan).await;
     if let Err(Stop::Cancelled) = result {
@@ -241,6 +244,7 @@ impl Run<'_> {
                     self.waiting = calls[start..].to_vec();
                     self.phase = CallPhase::Waiting;
                     let mut entry = Some(entry);
+                    self.step = steps;
                     for call in &calls[start..] {
                         let e = entry.take().unwrap_or(CallEntry::Fresh);
                         self.run_call(call, e).await?;
@@ -291,6 +295,7 @@ impl Run<'_> {
             }
             self.waiting = calls.clone();
             self.phase = CallPhase::Waiting;
+            self.step = step;
             for call in &calls {
                 self.run_call(call, CallEntry::Fresh).await?;
             }
@@ -553,8 +558,13 @@ impl Run<'_> {
         };
         self.phase = CallPhase::Running;
         let cancel = &self.ctx.cancel;
+        let context = crate::tool::CallContext {
+            turn_id: self.ctx.turn_id.clone(),
+            step: self.step,
+            call_id: call.id.clone(),
+        };
         let outcome = tokio::select! {
-            r = tool.call(call.arguments.clone()) => r,
+            r = tool.call_in(&context, call.arguments.clone()) => r,
             _ = cancel.cancelled() => return Err(Stop::Cancelled),
         };
         match outcome {

@@ -14,6 +14,7 @@ pub mod limits;
 pub mod machine;
 pub mod model;
 mod ops;
+pub mod packages;
 mod postgres;
 mod sql;
 mod sqlite;
@@ -29,6 +30,7 @@ pub use evidence::{EvidenceReader, EvidenceRouter, FixedEvidenceRouter};
 pub use ids::*;
 pub use journal::*;
 pub use model::*;
+pub use packages::{NewPackage, PackageSummary, Publication, StoredPackage};
 pub use store::{
     BackendKind, LOCAL_STORAGE_BINDING, Store, StoreOptions, Synchronous, local_binding,
 };

@@ -33,7 +33,13 @@ use crate::ids::{CommandId, HostId, RuntimeSessionId, SessionId, TenantId};
 use crate::sql::{Conn, Dialect, Param, Row, SqlTx, Value};
 use crate::store::StoreOptions;
 
-const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("../migrations/postgres/0001_init.sql"))];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("../migrations/postgres/0001_init.sql")),
+    (
+        3,
+        include_str!("../migrations/postgres/0003_runnable_packages.sql"),
+    ),
+];
 const MAX_TX_ATTEMPTS: usize = 8;
 const NOW_SQL: &str = "SELECT (floor(extract(epoch from clock_timestamp()) * 1000))::bigint";
 /// Opens a lane's transaction and reads its `now` in one round trip.
@@ -108,6 +114,16 @@ impl WriteKey {
     /// The journal of one runtime session: its lease row and its records.
     pub(crate) fn journal(rs: RuntimeSessionId) -> WriteKey {
         WriteKey(fnv1a(&[b"journal", rs.uuid().as_bytes()]))
+    }
+
+    /// One published runnable release.
+    pub(crate) fn package(workspace: &str, name: &str, version: &str) -> WriteKey {
+        WriteKey(fnv1a(&[
+            b"package",
+            workspace.as_bytes(),
+            name.as_bytes(),
+            version.as_bytes(),
+        ]))
     }
 
     /// One Host's advertisement.
@@ -529,22 +545,26 @@ async fn migrate(pool: &PgPool) -> StoreResult<()> {
     )
     .await
     .map_err(map_err)?;
-    let current: i64 =
-        sqlx::query_scalar("SELECT coalesce(max(version), 0)::bigint FROM schema_migrations")
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(map_err)?;
+    // Applied by set, not by maximum: migrations are independent, so one numbered below an
+    // applied one (merged later) is still applied.
+    let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM schema_migrations")
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(map_err)?;
     let latest = MIGRATIONS.last().map_or(0, |m| m.0);
-    if current > latest {
+    if let Some(unknown) = applied
+        .iter()
+        .find(|v| !MIGRATIONS.iter().any(|m| m.0 == **v))
+    {
         return Err(StoreError::state(
             "schema",
-            format!("version {current}"),
+            format!("version {unknown}"),
             format!(
-                "the database was written by a newer build (schema version {current}); this binary knows up to {latest}. Upgrade hostd or use another database."
+                "the database was written by a newer build (schema version {unknown}); this binary knows up to {latest}. Upgrade hostd or use another database."
             ),
         ));
     }
-    for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
+    for (version, sql) in MIGRATIONS.iter().filter(|m| !applied.contains(&m.0)) {
         sqlx::raw_sql(AssertSqlSafe(*sql))
             .execute(&mut *tx)
             .await

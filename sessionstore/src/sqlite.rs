@@ -20,7 +20,13 @@ use crate::sql::{Conn, Dialect, Param, Row, SqlTx, Value};
 use crate::store::{StoreOptions, Synchronous};
 
 /// The migrations this binary knows, in order.
-const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("../migrations/sqlite/0001_init.sql"))];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("../migrations/sqlite/0001_init.sql")),
+    (
+        3,
+        include_str!("../migrations/sqlite/0003_runnable_packages.sql"),
+    ),
+];
 
 /// A connection usable by the generic SQL layer.
 pub(crate) struct SqliteConn<'a> {
@@ -225,24 +231,29 @@ fn migrate(conn: &Connection, now: Millis) -> StoreResult<()> {
             "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)",
         )
         .map_err(map_err)?;
-        let current: i64 = conn
-            .query_row(
-                "SELECT coalesce(max(version), 0) FROM schema_migrations",
-                [],
-                |r| r.get(0),
-            )
-            .map_err(map_err)?;
+        // Applied by set, not by maximum: migrations are independent, so one numbered
+        // below an applied one (merged later) is still applied.
+        let applied: Vec<i64> = {
+            let mut stmt = conn
+                .prepare("SELECT version FROM schema_migrations")
+                .map_err(map_err)?;
+            let rows = stmt.query_map([], |r| r.get(0)).map_err(map_err)?;
+            rows.collect::<Result<_, _>>().map_err(map_err)?
+        };
         let latest = MIGRATIONS.last().map_or(0, |m| m.0);
-        if current > latest {
+        if let Some(unknown) = applied
+            .iter()
+            .find(|v| !MIGRATIONS.iter().any(|m| m.0 == **v))
+        {
             return Err(StoreError::state(
                 "schema",
-                format!("version {current}"),
+                format!("version {unknown}"),
                 format!(
-                    "the database was written by a newer build (schema version {current}); this binary knows up to {latest}. Upgrade hostd or use another database."
+                    "the database was written by a newer build (schema version {unknown}); this binary knows up to {latest}. Upgrade hostd or use another database."
                 ),
             ));
         }
-        for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
+        for (version, sql) in MIGRATIONS.iter().filter(|m| !applied.contains(&m.0)) {
             conn.execute_batch(sql).map_err(map_err)?;
             conn.execute(
                 "INSERT INTO schema_migrations (version, applied_at) VALUES (?1, ?2)",

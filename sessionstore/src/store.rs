@@ -1113,3 +1113,40 @@ fn check_endpoint(endpoint: &str) -> StoreResult<()> {
     }
     check_short_text("endpoint", endpoint)
 }
+
+// ---- runnable packages (see `crate::packages`) ----------------------------------------------
+
+impl Store {
+    /// Publishes a runnable package. A release is immutable: the same digest again is
+    /// [`crate::Publication::Unchanged`], another digest is [`crate::Publication::Conflict`];
+    /// neither changes anything.
+    pub async fn publish_package(
+        &self,
+        p: crate::packages::NewPackage,
+    ) -> StoreResult<crate::packages::Publication> {
+        crate::packages::check_new(&p)?;
+        write_op!(
+            self,
+            WriteKey::package(&p.workspace, &p.name, &p.version),
+            [p],
+            |tx, now| crate::packages::publish(tx, p, now)
+        )
+    }
+
+    /// One published release with its bytes (checked against the stored SHA-256).
+    pub async fn package(
+        &self,
+        workspace: &str,
+        name: &str,
+        version: &str,
+    ) -> StoreResult<Option<crate::packages::StoredPackage>> {
+        crate::packages::check_identity(workspace, name, version)?;
+        let (w, n, v) = (workspace.to_owned(), name.to_owned(), version.to_owned());
+        read_op!(self, |tx| crate::packages::get(tx, &w, &n, &v))
+    }
+
+    /// Every published release (without bytes).
+    pub async fn packages(&self) -> StoreResult<Vec<crate::packages::PackageSummary>> {
+        read_op!(self, |tx| crate::packages::list(tx))
+    }
+}

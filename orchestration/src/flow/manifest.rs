@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde_yaml::{Mapping, Value};
+use crate::yaml::{Mapping, Value};
 
 use crate::flow::error::{ManifestError, ManifestProblem};
 use crate::flow::graph::DependencyKind;
@@ -467,7 +467,7 @@ fn scalar_text(value: &Value) -> Option<String> {
 fn read_yaml(path: &Path) -> Result<Value, ManifestError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| Ctx::file(path).problem(ManifestProblem::Unreadable(e.to_string())))?;
-    serde_yaml::from_str(&text)
+    crate::yaml::load_value(&text)
         .map_err(|e| Ctx::file(path).problem(ManifestProblem::Syntax(e.to_string())))
 }
 

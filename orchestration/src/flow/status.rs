@@ -48,6 +48,30 @@ pub struct FlowStatus {
 /// The recorded flow of the workspace at `root`, if any. A service recorded running is
 /// probed once, each probe bounded by `probe_timeout`.
 pub async fn status(root: &Path, probe_timeout: Duration) -> Result<Option<FlowStatus>, FlowError> {
+    let Some((mut status, records)) = read(root)? else {
+        return Ok(None);
+    };
+    for (view, record) in status.services.iter_mut().zip(&records) {
+        if view.state == "running"
+            && view.pid.is_some()
+            && let Some(identity) = &record.process
+            && let Err(failure) = probe_once(record, identity.pgid, probe_timeout).await
+        {
+            view.state = "not-ready".into();
+            view.detail = Some(failure);
+        }
+    }
+    Ok(Some(status))
+}
+
+/// The recorded flow of the workspace at `root`, if any, with each process's ownership proven
+/// from `/proc` but no endpoint probed (callers that only need recorded addresses, such as a
+/// runnable's dependency environment).
+pub fn recorded(root: &Path) -> Result<Option<FlowStatus>, FlowError> {
+    Ok(read(root)?.map(|(status, _)| status))
+}
+
+fn read(root: &Path) -> Result<Option<(FlowStatus, Vec<ServiceRecord>)>, FlowError> {
     let paths = StatePaths::for_workspace(root);
     let Some(recorded) = state::read_state(&paths)? else {
         return Ok(None);
@@ -56,21 +80,21 @@ pub async fn status(root: &Path, probe_timeout: Duration) -> Result<Option<FlowS
         procfs::prove(&recorded.supervisor),
         Ok(Ownership::Proven { .. })
     );
-    let mut services = Vec::new();
-    for s in &recorded.services {
-        services.push(service_now(s, probe_timeout).await);
-    }
-    Ok(Some(FlowStatus {
-        flow: recorded.flow,
-        supervisor_pid: recorded.supervisor.pid,
-        supervisor_alive,
-        up: recorded.up,
-        started_at: recorded.started_at,
-        services,
-    }))
+    let services = recorded.services.iter().map(service_now).collect();
+    Ok(Some((
+        FlowStatus {
+            flow: recorded.flow,
+            supervisor_pid: recorded.supervisor.pid,
+            supervisor_alive,
+            up: recorded.up,
+            started_at: recorded.started_at,
+            services,
+        },
+        recorded.services,
+    )))
 }
 
-async fn service_now(s: &ServiceRecord, probe_timeout: Duration) -> RecordedService {
+fn service_now(s: &ServiceRecord) -> RecordedService {
     let mut view = RecordedService {
         name: s.name.clone(),
         state: s.state.clone(),
@@ -89,15 +113,7 @@ async fn service_now(s: &ServiceRecord, probe_timeout: Duration) -> RecordedServ
     };
     let running_state = matches!(s.state.as_str(), "starting" | "running" | "stopping");
     match procfs::prove(identity) {
-        Ok(Ownership::Proven { .. }) => {
-            view.pid = Some(identity.pid);
-            if s.state == "running"
-                && let Err(failure) = probe_once(s, identity.pgid, probe_timeout).await
-            {
-                view.state = "not-ready".into();
-                view.detail = Some(failure);
-            }
-        }
+        Ok(Ownership::Proven { .. }) => view.pid = Some(identity.pid),
         Ok(Ownership::Unproven { reason, remaining }) => {
             view.state = "leader-exited".into();
             view.detail = Some(format!(
