@@ -12,11 +12,11 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use department::RuntimeProfile;
 use harness::model::OpenAiConfig;
-use host::hostlink::auth::CredentialStore;
-use host::hostlink::options::LinkOptions;
+use host::link::options::LinkOptions;
 use host::options::parse_placement;
 use host::server::Server;
 use host::{Composition, IsolationClass, Options};
+use hostlink::auth::CredentialStore;
 use sessionstore::{HostId, SessionId, StoreOptions, Synchronous};
 use tokio::signal::unix::{SignalKind, signal};
 

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
-use host::client::Publication;
-use host::controller::{Controller, Placed};
+use controller::client::Publication;
+use controller::{Controller, Placed};
 use serde_json::Value;
 use sessionstore::wire::CommandBodyV1;
 use sessionstore::{

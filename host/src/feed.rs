@@ -10,11 +10,11 @@ use std::sync::Arc;
 use serde_json::value::RawValue;
 use tokio::sync::broadcast;
 
-use crate::hostlink::backend::FeedItem;
-use crate::hostlink::records::{EnduringPublication, EphemeralPublication, PreviewStream};
-use crate::public_body::PublicJournal;
+use crate::link::backend::FeedItem;
 use crate::resident::Resident;
 use crate::service::Core;
+use hostlink::public_journal::PublicJournal;
+use hostlink::records::{EnduringPublication, EphemeralPublication, PreviewStream};
 
 /// How many feed items a slow link may fall behind before it is disconnected.
 pub const RELAY_BUFFER: usize = 1024;

@@ -5,17 +5,14 @@
 //! only through `department`'s traits and its durable state only through `sessionstore`.
 
 mod admission;
-pub mod client;
 mod consumer;
-pub mod controller;
 pub mod error;
 pub mod failpoints;
 pub mod feed;
-pub mod hostlink;
+pub mod link;
 mod link_backend;
 pub mod metrics;
 pub mod options;
-pub mod public_body;
 mod publisher;
 mod release;
 mod resident;

@@ -13,15 +13,15 @@ use sessionstore::{CommandId, CompatibilityId, Placement, SessionId, TenantId};
 use tokio::sync::broadcast;
 
 use crate::error::HostError;
-use crate::hostlink::auth::AuthVerifier;
-use crate::hostlink::backend::{LinkBackend, LinkCtx, LinkId, Refusal, SessionFeed};
-use crate::hostlink::records::{
+use crate::link::backend::{LinkBackend, LinkCtx, LinkId, Refusal, SessionFeed};
+use crate::resident::ResidentState;
+use crate::service::{AttachRequest as HostAttach, Observation, Service};
+use hostlink::auth::AuthVerifier;
+use hostlink::records::{
     AttachMode, AttachRequest, BindRequest, DrainObservation, DrainRequest, DrainState,
     HostLinkError, RegistryObservation, SessionScope, UnbindRequest,
 };
-use crate::hostlink::timestamp::Timestamp;
-use crate::resident::ResidentState;
-use crate::service::{AttachRequest as HostAttach, Observation, Service};
+use hostlink::timestamp::Timestamp;
 
 /// The capability tokens this Host advertises after the reserved methods.
 pub const CAPABILITIES: [&str; 3] = [

@@ -96,7 +96,7 @@ pub(crate) struct Resident {
     /// Guards the single end of this residency (release, drain, fault or loss).
     pub ending: AtomicBool,
     /// Projected committed events, relayed to every subscriber of this session.
-    pub relay: tokio::sync::broadcast::Sender<crate::hostlink::backend::FeedItem>,
+    pub relay: tokio::sync::broadcast::Sender<crate::link::backend::FeedItem>,
 }
 
 impl std::fmt::Debug for Resident {

@@ -353,7 +353,7 @@ impl Service {
         session: &SessionId,
     ) -> Option<(
         CompatibilityId,
-        broadcast::Receiver<crate::hostlink::backend::FeedItem>,
+        broadcast::Receiver<crate::link::backend::FeedItem>,
     )> {
         let key = SessionKey {
             tenant: tenant.clone(),
@@ -368,7 +368,7 @@ impl Service {
         &self,
         tenant: &TenantId,
         session: &SessionId,
-    ) -> Option<broadcast::Receiver<crate::hostlink::backend::FeedItem>> {
+    ) -> Option<broadcast::Receiver<crate::link::backend::FeedItem>> {
         self.live_feed(tenant, session).map(|(_, rx)| rx)
     }
 }

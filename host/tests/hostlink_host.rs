@@ -7,10 +7,10 @@ mod support;
 
 pub mod served {
 
-    use host::hostlink::auth::{CredentialStore, mint_credential};
-    use host::hostlink::options::LinkOptions;
+    use host::link::options::LinkOptions;
     use host::server::Server;
     use host::{Options, Service};
+    use hostlink::auth::{CredentialStore, mint_credential};
     use sessionstore::TenantId;
     use sessionstore::testing::TestStore;
     use tokio::net::TcpListener;
@@ -100,9 +100,9 @@ pub mod served {
 mod cases {
     use std::time::Duration;
 
-    use host::client::{HostLinkClient, Publication};
-    use host::controller::{Controller as Factory, ControllerError};
-    use host::hostlink::records::{
+    use controller::client::{HostLinkClient, Publication};
+    use controller::{Controller as Factory, ControllerError};
+    use hostlink::records::{
         ActorId, AttachMode, AttachRequest, BindRequest, DrainRequest, DrainState, HostLinkError,
         IdempotencyKey, SessionScope,
     };
@@ -307,7 +307,10 @@ mod cases {
         // A subscribe without a bind is refused with 103.
         let err = globex.subscribe(&session, false).await.unwrap_err();
         assert!(
-            matches!(err, host::client::ClientError::Reply { code: 103, .. }),
+            matches!(
+                err,
+                controller::client::ClientError::Reply { code: 103, .. }
+            ),
             "{err}"
         );
         // A bad token is refused with 4500.
@@ -318,7 +321,7 @@ mod cases {
         assert!(
             matches!(
                 bad,
-                host::client::ClientError::Disconnected { code: 4500, .. }
+                controller::client::ClientError::Disconnected { code: 4500, .. }
             ),
             "{bad}"
         );
@@ -526,7 +529,7 @@ mod cases {
         let f = factory(ts, &s, "acme");
         let session = sid("sdk");
         create(&f, &session, None, "create").await;
-        let url = host::client::hostlink_url(&s.base, &TenantId::new("acme").unwrap());
+        let url = controller::client::hostlink_url(&s.base, &TenantId::new("acme").unwrap());
         let generation = s.service.generation().to_string();
         let host_id = s.service.config().host_id.to_string();
         let token = s.token("acme");

@@ -6,7 +6,8 @@ mod support;
 
 use std::time::Duration;
 
-use host::hostlink::{Disconnect, LinkOptions};
+use host::link::LinkOptions;
+use hostlink::Disconnect;
 use serde_json::{Value, json};
 use support::*;
 

@@ -332,11 +332,11 @@ impl Controller {
 }
 
 /// Waits until a turn of the fed session streams a preview (a turn is in flight).
-pub async fn streaming(feed: &mut tokio::sync::broadcast::Receiver<host::hostlink::FeedItem>) {
+pub async fn streaming(feed: &mut tokio::sync::broadcast::Receiver<host::link::FeedItem>) {
     tokio::time::timeout(WAIT, async {
         loop {
             match feed.recv().await {
-                Ok(host::hostlink::FeedItem::Ephemeral(_)) => return,
+                Ok(host::link::FeedItem::Ephemeral(_)) => return,
                 Ok(_) => continue,
                 Err(e) => panic!("the live feed ended: {e}"),
             }
