@@ -15,9 +15,11 @@ pub mod metrics;
 pub mod options;
 mod publisher;
 mod release;
+mod residency;
 mod resident;
 pub mod server;
 mod service;
+mod upkeep;
 
 pub use error::HostError;
 pub use link_backend::{CAPABILITIES, HostBackend};

@@ -43,6 +43,8 @@ mod cases {
         let again = c.attach(&svc, &s).await;
         assert!(!again.attached);
         assert_eq!(again.observation.lease_epoch, ResidencyEpoch(1));
+        // The per-session attach locks live only while an attach holds or waits for them.
+        assert_eq!(svc.session_locks(), 0);
         svc.stop().await;
     }
 
