@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 mod agents;
+mod config;
 mod flow;
 mod local;
 mod serve;
@@ -11,7 +12,7 @@ mod session;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// hostd: the Host command line.
 ///
@@ -57,7 +58,13 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command()
+        .mut_subcommand("serve", config::document_defaults)
+        .get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     let default_level = match cli.command {
         Command::Serve(_) => "info",
         _ => "warn",
@@ -76,7 +83,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Flow(args) => flow::run(args).await,
-            Command::Serve(args) => serve::run(*args).await,
+            Command::Serve(args) => serve::run(*args, matches.subcommand_matches("serve")).await,
             Command::Session(args) => session::run(args).await,
         }
     });
@@ -103,4 +110,35 @@ fn init_tracing(filter: Option<&str>, format: LogFormat, default_level: &str) {
         LogFormat::Human => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn undocumented(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {
+        for a in cmd.get_arguments() {
+            let id = a.get_id().as_str();
+            if id == "help" || id == "version" {
+                continue;
+            }
+            if a.get_help().is_none_or(|h| h.to_string().trim().is_empty()) {
+                out.push(format!("{path} {id}"));
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            undocumented(sub, &format!("{path} {}", sub.get_name()), out);
+        }
+    }
+
+    #[test]
+    fn every_flag_and_argument_of_serve_and_session_has_help() {
+        let cmd = Cli::command();
+        let mut missing = Vec::new();
+        for name in ["serve", "session"] {
+            let sub = cmd.find_subcommand(name).expect("the subcommand exists");
+            undocumented(sub, &format!("hostd {name}"), &mut missing);
+        }
+        assert!(missing.is_empty(), "without help: {missing:?}");
+    }
 }

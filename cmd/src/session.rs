@@ -67,25 +67,35 @@ enum SessionCommand {
     },
     /// Send a message and wait until the Host has applied it.
     Send {
+        /// The session id (as `hostd session create` printed it).
         session: String,
+        /// The message text.
         text: String,
         /// A command id, to make retries idempotent (default: a fresh one).
         #[arg(long)]
         command_id: Option<String>,
     },
     /// Interrupt the turn in flight.
-    Interrupt { session: String },
+    Interrupt {
+        /// The session id.
+        session: String,
+    },
     /// Answer a gate: approve/deny a permission, or `answer --text ...` a question. GATE is a
     /// gate id from `hostd session gates`, or `next` for the oldest open gate.
     Answer {
+        /// The session id.
         session: String,
+        /// A gate id from `hostd session gates`, or `next` for the oldest open gate.
         gate: String,
+        /// The answer: approve or deny (a permission), answer (a question).
         action: String,
+        /// The answer's text (for `answer`).
         #[arg(long)]
         text: Option<String>,
     },
     /// List the session's open gates.
     Gates {
+        /// The session id.
         session: String,
         /// Wait (up to 30 s) until at least one gate is open.
         #[arg(long)]
@@ -93,6 +103,7 @@ enum SessionCommand {
     },
     /// Stream the session's events as they are committed (Ctrl-C to stop).
     Watch {
+        /// The session id.
         session: String,
         /// Also show the live text as it is generated.
         #[arg(long)]
@@ -100,6 +111,7 @@ enum SessionCommand {
     },
     /// Print the session's durable public journal.
     Journal {
+        /// The session id.
         session: String,
         /// Only events after this journal sequence.
         #[arg(long, default_value_t = 0)]

@@ -1,11 +1,19 @@
-//! The HostLink surface's options. Owns every bound a link runs under, its default, and the
-//! one validation that turns [`LinkOptions`] into an immutable [`LinkConfig`]; a refusal is a
-//! [`LinkOptionsError`] with a stable code and the field it concerns. Never reads the
-//! environment (the Host maps its `HOST_*` variables and flags onto these fields).
+//! The HostLink surface's options. Owns every bound a link runs under, its type and default (a
+//! serde type: a config file's `[link]` section), and the one validation that turns
+//! [`LinkOptions`] into an immutable [`LinkConfig`]; a refusal is a [`LinkOptionsError`] with a
+//! stable code and the field it concerns. Never reads the environment (the binary layers its
+//! `HOST_*` variables and flags over these fields).
 
 use std::time::Duration;
 
-use hostlink::frame::{DEFAULT_MAX_FRAME_BYTES, MAX_FRAME_BYTES_CEILING};
+use hostlink::frame::MAX_FRAME_BYTES_CEILING;
+use serde::{Deserialize, Serialize};
+
+use crate::options::duration_text;
+
+/// The default largest inbound message a link accepts (1 MiB: above Centrifuge's 64 KiB read
+/// limit, so a command body near the inline limit still fits in one frame).
+pub const DEFAULT_MAX_FRAME_BYTES: usize = 1024 * 1024;
 
 /// Upper bounds (named so refusals can say them).
 pub mod bounds {
@@ -49,14 +57,17 @@ pub struct LinkOptionsError {
 }
 
 /// Everything the HostLink surface is configured with. Build one, then
-/// [`LinkOptions::validate`] it.
-#[derive(Clone, Debug)]
+/// [`LinkOptions::validate`] it. Absent members of a config file take the defaults below.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct LinkOptions {
     /// How often the server sends an application ping (`{}`); advertised in the connect reply
     /// in whole seconds, rounded up. Paired with `pong_timeout`.
+    #[serde(with = "duration_text")]
     pub ping_interval: Duration,
     /// How long after a ping the client's pong (`{}`) may arrive before the link is closed
     /// with 3012. Shorter than `ping_interval`.
+    #[serde(with = "duration_text")]
     pub pong_timeout: Duration,
     /// The largest inbound WebSocket message; a larger one closes the link (1009).
     pub max_frame_bytes: usize,
@@ -71,14 +82,17 @@ pub struct LinkOptions {
     pub outbound_queue: usize,
     /// How long an enduring record or reply may wait for room in a full outbound queue
     /// before the link is closed as slow (3008).
+    #[serde(with = "duration_text")]
     pub slow_consumer_timeout: Duration,
     /// How long a new WebSocket may take to send its connect command (else 3502).
+    #[serde(with = "duration_text")]
     pub handshake_timeout: Duration,
     /// Previews: per-link rate in bytes per second.
     pub preview_rate_bytes_per_sec: u64,
     /// Previews: per-link burst in bytes (also the most preview text held for a flush).
     pub preview_burst_bytes: usize,
     /// Previews: how long deltas are merged before they are flushed.
+    #[serde(with = "duration_text")]
     pub preview_flush_interval: Duration,
 }
 

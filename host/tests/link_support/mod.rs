@@ -404,6 +404,7 @@ pub fn quiet_options() -> LinkOptions {
     LinkOptions {
         ping_interval: Duration::from_secs(60),
         pong_timeout: Duration::from_secs(30),
+        max_frame_bytes: hostlink::frame::DEFAULT_MAX_FRAME_BYTES,
         ..LinkOptions::default()
     }
 }
