@@ -1,6 +1,6 @@
-//! Shared fixtures for the Host suites: a Host composed with the real harness over a real
-//! store, and a controller's-eye view of the store.
-#![allow(dead_code)]
+//! A Host composed in-process with the real harness over a real store (SQLite or PostgreSQL
+//! through [`TestStore`]), and a controller's-eye view of the store that admits commands,
+//! waits for their outcomes and checks that every command ended exactly once, honestly.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -18,7 +18,8 @@ use sessionstore::wire::{CommandBodyV1, GateAnswer, encode_command_body};
 use sessionstore::*;
 use uuid::Uuid;
 
-pub const WAIT: Duration = Duration::from_secs(20);
+use crate::poll::{WAIT, check, eventually};
+
 pub const AGENT: &str = "assistant";
 pub const BUILD: &str = "harness-1";
 
@@ -161,16 +162,14 @@ impl Controller {
 
     /// Attaches, retrying while a crashed predecessor's lease has not lapsed.
     pub async fn attach_eventually(&self, svc: &Service, s: &SessionRecord) -> Attached {
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
+        eventually("the predecessor's lease to lapse", async || {
             match svc.attach(self.attach_request(s)).await {
-                Ok(a) => return a,
-                Err(HostError::EpochMismatch { .. }) if tokio::time::Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
+                Ok(a) => Ok(a),
+                Err(e @ HostError::EpochMismatch { .. }) => Err(e.to_string()),
                 Err(e) => panic!("attach failed: {e}"),
             }
-        }
+        })
+        .await
     }
 
     pub fn next_id(&self) -> CommandId {
@@ -220,21 +219,7 @@ impl Controller {
     }
 
     pub async fn terminal(&self, s: &SessionRecord, c: &CommandRecord) -> CommandRecord {
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
-            let rec = self
-                .store
-                .command(&s.tenant, &s.session, &c.command)
-                .await
-                .unwrap();
-            if rec.state.is_terminal() {
-                return rec;
-            }
-            if tokio::time::Instant::now() > deadline {
-                panic!("command {} never ended: {rec:?}", c.command);
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        terminal(&self.store, s, &c.command).await
     }
 
     pub async fn events(&self, s: &SessionRecord) -> Vec<HarnessEvent> {
@@ -255,80 +240,47 @@ impl Controller {
         what: &str,
         pred: impl Fn(&[HarnessEvent]) -> bool,
     ) -> Vec<HarnessEvent> {
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
+        eventually(what, async || {
             let evs = self.events(s).await;
             if pred(&evs) {
-                return evs;
+                Ok(evs)
+            } else {
+                Err(format!("{evs:#?}"))
             }
-            if tokio::time::Instant::now() > deadline {
-                panic!("timed out waiting for {what}: {evs:#?}");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        })
+        .await
     }
 
     /// The gate the session has open now (waits for one).
     pub async fn open_gate(&self, s: &SessionRecord) -> Uuid {
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
+        eventually("a gate to be projected", async || {
             let gates = self.store.gates(&s.tenant, &s.session, true).await.unwrap();
-            if let Some(g) = gates.first() {
-                return Uuid::parse_str(g.gate.as_str()).unwrap();
+            match gates.first() {
+                Some(g) => Ok(Uuid::parse_str(g.gate.as_str()).unwrap()),
+                None => Err("no open gate".into()),
             }
-            if tokio::time::Instant::now() > deadline {
-                panic!("no gate was projected");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        })
+        .await
     }
 
-    /// Checks that every admitted command of the session reached exactly one terminal state,
-    /// honestly: the journal holds at most one disposition per command, and every settled
-    /// command's outcome is the one its evidence proves.
+    /// See [`check_exactly_once`].
     pub async fn check_exactly_once(&self, s: &SessionRecord) {
-        let commands = self
-            .store
-            .list_commands(&s.tenant, &s.session, 0, 1000)
-            .await
-            .unwrap();
-        let journal = self
-            .store
-            .journal_runtime_page(&s.tenant, s.binding.runtime_session_id, 0, 1000)
-            .await
-            .unwrap();
-        let mut dispositions: std::collections::HashMap<RuntimeCommandId, Vec<DispositionFrame>> =
-            Default::default();
-        for r in &journal {
-            if let Some(f) = r.disposition_frame() {
-                dispositions
-                    .entry(f.identity.runtime_command)
-                    .or_default()
-                    .push(f);
-            }
-        }
-        for c in &commands {
-            let c = self.terminal(s, c).await;
-            let frames = dispositions
-                .get(&c.runtime_command)
-                .cloned()
-                .unwrap_or_default();
-            assert!(
-                frames.len() <= 1,
-                "command {} has {} dispositions",
-                c.command,
-                frames.len()
-            );
-            match &c.attempt {
-                Some(_) => {
-                    let f = frames.first().expect("a settled attempt has its evidence");
-                    assert_eq!(Some(f.seq), c.evidence_seq);
-                    assert_eq!(Some(f.disposition.outcome()), c.outcome);
-                }
-                None => assert_eq!(c.outcome, Some(Outcome::Rejected), "{c:?}"),
-            }
-        }
+        check_exactly_once(&self.store, s).await
     }
+}
+
+/// Waits until `command` is terminal, and returns it.
+pub async fn terminal(store: &Store, s: &SessionRecord, command: &CommandId) -> CommandRecord {
+    let what = format!("command {command} to end");
+    eventually(&what, async || {
+        let rec = store.command(&s.tenant, &s.session, command).await.unwrap();
+        if rec.state.is_terminal() {
+            Ok(rec)
+        } else {
+            Err(format!("{rec:?}"))
+        }
+    })
+    .await
 }
 
 /// Waits until a turn of the fed session streams a preview (a turn is in flight).
@@ -389,11 +341,50 @@ pub fn metric(svc: &Service, name: &str) -> f64 {
 
 /// Waits until the Host's resident set satisfies `pred`.
 pub async fn wait_until(what: &str, mut pred: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !pred() {
-        if tokio::time::Instant::now() > deadline {
-            panic!("timed out waiting for {what}");
+    eventually(what, async || check(pred(), || "not yet".into())).await
+}
+
+/// Checks that every admitted command of the session reached exactly one terminal state,
+/// honestly: the journal holds at most one disposition per command, and every settled
+/// command's outcome is the one its evidence proves.
+pub async fn check_exactly_once(store: &Store, s: &SessionRecord) {
+    let commands = store
+        .list_commands(&s.tenant, &s.session, 0, 1000)
+        .await
+        .unwrap();
+    let journal = store
+        .journal_runtime_page(&s.tenant, s.binding.runtime_session_id, 0, 1000)
+        .await
+        .unwrap();
+    let mut dispositions: std::collections::HashMap<RuntimeCommandId, Vec<DispositionFrame>> =
+        Default::default();
+    for r in &journal {
+        if let Some(f) = r.disposition_frame() {
+            dispositions
+                .entry(f.identity.runtime_command)
+                .or_default()
+                .push(f);
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for c in &commands {
+        let c = terminal(store, s, &c.command).await;
+        let frames = dispositions
+            .get(&c.runtime_command)
+            .cloned()
+            .unwrap_or_default();
+        assert!(
+            frames.len() <= 1,
+            "command {} has {} dispositions",
+            c.command,
+            frames.len()
+        );
+        match &c.attempt {
+            Some(_) => {
+                let f = frames.first().expect("a settled attempt has its evidence");
+                assert_eq!(Some(f.seq), c.evidence_seq);
+                assert_eq!(Some(f.disposition.outcome()), c.outcome);
+            }
+            None => assert_eq!(c.outcome, Some(Outcome::Rejected), "{c:?}"),
+        }
     }
 }
