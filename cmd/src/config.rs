@@ -580,9 +580,11 @@ mod tests {
     }
 
     fn filled() -> ServeOptions {
-        let mut o = ServeOptions::default();
-        o.store = Some("sqlite:///x".into());
-        o.credentials_file = Some("c".into());
+        let mut o = ServeOptions {
+            store: Some("sqlite:///x".into()),
+            credentials_file: Some("c".into()),
+            ..ServeOptions::default()
+        };
         o.host.host_id = Some(HostId::new("h").unwrap());
         o.host.internal_endpoint = Some("ws://h:1".into());
         o.host.fixed_session = Some(SessionId::new("s").unwrap());

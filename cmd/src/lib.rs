@@ -9,8 +9,10 @@ mod agents;
 mod config;
 mod flow;
 mod local;
+mod output;
 mod serve;
 mod session;
+mod signals;
 
 use std::process::ExitCode;
 
@@ -36,6 +38,10 @@ struct Cli {
         default_value = "human"
     )]
     log_format: LogFormat,
+
+    /// Print data as JSON (one value per line) instead of text; diagnostics stay on stderr.
+    #[arg(long, global = true)]
+    json: bool,
 
     #[command(subcommand)]
     command: Command,
@@ -72,34 +78,44 @@ pub fn main() -> ExitCode {
         Command::Serve(_) => "info",
         _ => "warn",
     };
-    init_tracing(cli.log.as_deref(), cli.log_format, default_level);
+    let out = output::Output::new(cli.json);
+    init_tracing(
+        cli.log.as_deref(),
+        cli.log_format,
+        default_level,
+        out.colour_stderr(),
+    );
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("hostd: cannot start the async runtime: {e}");
+            out.error(format_args!("cannot start the async runtime: {e}"));
             return ExitCode::FAILURE;
         }
     };
     let result = runtime.block_on(async {
         match cli.command {
             Command::Flow(args) => flow::run(args).await,
-            Command::Serve(args) => serve::run(*args, matches.subcommand_matches("serve")).await,
-            Command::Session(args) => session::run(args).await,
+            Command::Serve(args) => {
+                serve::run(*args, matches.subcommand_matches("serve"), out).await
+            }
+            Command::Session(args) => session::run(args, out).await,
         }
     });
     match result {
         Ok(code) => code,
+        // The reader went away (`hostd session ls | head -1`): nothing more to say.
+        Err(e) if output::is_closed_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("hostd: {e:#}");
+            out.error(format_args!("{e:#}"));
             ExitCode::FAILURE
         }
     }
 }
 
-fn init_tracing(filter: Option<&str>, format: LogFormat, default_level: &str) {
+fn init_tracing(filter: Option<&str>, format: LogFormat, default_level: &str, colour: bool) {
     use tracing_subscriber::EnvFilter;
     let filter = match filter {
         Some(f) => EnvFilter::new(f),
@@ -108,6 +124,7 @@ fn init_tracing(filter: Option<&str>, format: LogFormat, default_level: &str) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(colour)
         .with_target(false);
     let _ = match format {
         LogFormat::Human => builder.try_init(),

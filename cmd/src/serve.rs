@@ -14,11 +14,12 @@ use host::Composition;
 use host::server::Server;
 use hostlink::auth::CredentialStore;
 use sessionstore::{StoreOptions, Synchronous};
-use tokio::signal::unix::{SignalKind, signal};
 
 use crate::agents::DefaultDepartment;
 use crate::config::{ServeFlags, SyncMode, load};
 use crate::local::{DataDir, LOCAL_TENANT, Runtime, redacted};
+use crate::output::Output;
+use crate::signals::StopSignals;
 
 /// Run a Host: HostLink, /readyz, /healthz and /metrics on one listener.
 #[derive(Debug, Args)]
@@ -42,12 +43,14 @@ pub struct ServeArgs {
     flags: ServeFlags,
 }
 
-pub async fn run(args: ServeArgs, matches: Option<&ArgMatches>) -> Result<ExitCode> {
+pub async fn run(args: ServeArgs, matches: Option<&ArgMatches>, out: Output) -> Result<ExitCode> {
     let effective = load(args.config.as_deref(), args.flags, matches)?;
     if args.print_config {
-        print!("{}", effective.render()?);
+        out.partial(&effective.render()?)?;
         return Ok(ExitCode::SUCCESS);
     }
+    // Listen from the start, so a stop signal during start-up is a drain, not a kill.
+    let mut stop = StopSignals::listen()?;
     let options = effective.options.clone();
     let data = DataDir::new(&options.data_dir);
     data.ensure()?;
@@ -151,22 +154,21 @@ pub async fn run(args: ServeArgs, matches: Option<&ArgMatches>) -> Result<ExitCo
         store = %if embedded { store_url.as_str() } else { "postgres" },
         "hostd is serving HostLink, /readyz, /healthz and /metrics"
     );
-    eprintln!("hostd: serving on {} (host {host_id})", server.local_addr());
+    out.note(format_args!(
+        "serving on {} (host {host_id})",
+        server.local_addr()
+    ));
 
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: draining"),
-        _ = int.recv() => tracing::info!("SIGINT: draining"),
-    }
+    let signal = stop.next().await;
+    tracing::info!(signal, "draining");
     server.shutdown();
     // A second signal during the drain exits at once.
-    let wait = server.wait();
-    tokio::pin!(wait);
     let report = tokio::select! {
-        r = &mut wait => r,
-        _ = term.recv() => { eprintln!("hostd: second signal; exiting without finishing the drain"); return Ok(ExitCode::from(2)); }
-        _ = int.recv() => { eprintln!("hostd: second signal; exiting without finishing the drain"); return Ok(ExitCode::from(2)); }
+        r = server.wait() => r,
+        _ = stop.next() => {
+            out.warn("second signal; exiting without finishing the drain");
+            return Ok(ExitCode::from(2));
+        }
     };
     data.remove_runtime();
     for f in &report.failures {
@@ -177,13 +179,13 @@ pub async fn run(args: ServeArgs, matches: Option<&ArgMatches>) -> Result<ExitCo
             .unwrap_or_default();
         tracing::error!(step = f.step, session = %session, reason = %f.reason, "drain step failed");
     }
-    eprintln!(
-        "hostd: drained: {} released, {} abandoned, {} parked, {} failures",
+    out.note(format_args!(
+        "drained: {} released, {} abandoned, {} parked, {} failures",
         report.released.len(),
         report.abandoned.len(),
         report.parked.len(),
         report.failures.len()
-    );
+    ));
     Ok(if report.is_clean() {
         ExitCode::SUCCESS
     } else {

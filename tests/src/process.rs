@@ -72,7 +72,9 @@ const SCRUBBED: [&str; 6] = [
     "HOST_ID",
 ];
 
-fn hostd_command(dir: &Path) -> Command {
+/// A `hostd` command run in `dir`, with none of the caller's `HOST_*` settings that would
+/// point it elsewhere.
+pub fn hostd_command(dir: &Path) -> Command {
     let mut c = Command::new(hostd());
     c.current_dir(dir);
     for v in SCRUBBED {

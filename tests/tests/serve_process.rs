@@ -179,3 +179,26 @@ fn session_without_a_local_host_explains_what_to_do() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("hostd serve"), "{err}");
 }
+
+#[test]
+fn a_listing_whose_reader_went_away_ends_quietly() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let host = serve(dir, "host-pipe");
+    for _ in 0..3 {
+        ok(session(dir, &["create"]));
+    }
+    // `hostd session ls | head -0`: the read end is closed before anything is written.
+    let mut child = testkit::process::hostd_command(dir)
+        .args(["session", "ls"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("hostd session ls starts");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("it ends");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}: {err}", out.status);
+    assert!(!err.contains("panicked"), "{err}");
+    drop(host);
+}
