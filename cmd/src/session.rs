@@ -411,7 +411,8 @@ pub async fn run(args: SessionArgs, out: Output) -> Result<ExitCode> {
             } else if gates.is_empty() {
                 ctx.out.line("no open gates")?;
             } else {
-                ctx.out.line(format_args!("{:<38} {:<11} PROMPT", "GATE", "KIND"))?;
+                ctx.out
+                    .line(format_args!("{:<38} {:<11} PROMPT", "GATE", "KIND"))?;
                 for g in gates {
                     ctx.out.line(format_args!(
                         "{:<38} {:<11} {}",
@@ -556,8 +557,7 @@ fn print_event(ctx: &Ctx, seq: u64, body: &[u8]) -> Result<()> {
         Err(_) => return Ok(()),
     };
     if ctx.out.is_json() {
-        ctx.out
-            .line(serde_json::json!({"seq": seq, "body": value}))
+        ctx.out.line(serde_json::json!({"seq": seq, "body": value}))
     } else if let Some(line) = render(&value) {
         ctx.out.line(line)
     } else {

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use hostlink::channel::session_channel;
 use hostlink::records::{
     AttachRequest, BindRequest, DrainObservation, DrainRequest, EnduringPublication,
-    EphemeralPublication, HostLinkError, RegistryObservation, SubscribeOptions, UnbindRequest,
+    EphemeralPublication, HostLinkError, RegistryObservation, SubscribeOptions, UnbindRequest, V1,
 };
 
 /// How long a request waits for its reply.
@@ -432,6 +432,7 @@ impl HostLinkClient {
         lock(&self.subscriptions).insert(channel.clone(), tx);
         let data: Value = serde_json::from_str(
             &SubscribeOptions {
+                version: V1,
                 ephemeral: previews,
             }
             .encode(),

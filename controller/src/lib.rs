@@ -26,7 +26,7 @@ use crate::client::{ClientError, HostLinkClient, Publication, idempotency_key, n
 use hostlink::public_journal::{PublicJournal, PublicJournalError, PublicJournalPage};
 use hostlink::records::{
     ActorId, AttachMode, AttachRequest, BindRequest, HostLinkError, IdempotencyKey,
-    RegistryObservation,
+    RegistryObservation, V1,
 };
 
 /// The inline body limit; larger bodies are stored as payload objects.
@@ -228,6 +228,7 @@ impl Controller {
             HostLinkClient::connect(&target.endpoint, &self.tenant, &self.token, &self.name)
                 .await?;
         let req = AttachRequest {
+            version: V1,
             tenant_id: self.tenant.clone(),
             session_id: record.session.clone(),
             host_id: target.host.clone(),
@@ -258,6 +259,7 @@ impl Controller {
     ) -> Result<mpsc::Receiver<Publication>, ControllerError> {
         let o = &placed.observation;
         let req = BindRequest {
+            version: V1,
             tenant_id: self.tenant.clone(),
             session_id: o.session_id.clone(),
             host_id: o.host_id.clone(),

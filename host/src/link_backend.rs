@@ -19,7 +19,7 @@ use crate::service::{AttachRequest as HostAttach, Observation, Service};
 use hostlink::auth::AuthVerifier;
 use hostlink::records::{
     AttachMode, AttachRequest, BindRequest, DrainObservation, DrainRequest, DrainState,
-    HostLinkError, RegistryObservation, SessionScope, UnbindRequest,
+    HostLinkError, RegistryObservation, SessionScope, UnbindRequest, V1,
 };
 use hostlink::timestamp::Timestamp;
 
@@ -79,6 +79,7 @@ impl HostBackend {
                 .ok_or_else(|| Refusal::Internal(format!("zero in an observation: {v}")))
         };
         Ok(RegistryObservation {
+            version: V1,
             tenant_id: o.tenant.clone(),
             session_id: o.session.clone(),
             host_id: o.host.clone(),

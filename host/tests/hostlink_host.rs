@@ -11,7 +11,7 @@ mod cases {
     use controller::{Controller as Factory, ControllerError};
     use hostlink::records::{
         ActorId, AttachMode, AttachRequest, BindRequest, DrainRequest, DrainState, HostLinkError,
-        IdempotencyKey, SessionScope,
+        IdempotencyKey, SessionScope, V1,
     };
     use serde_json::Value;
     use sessionstore::testing::TestStore;
@@ -151,6 +151,7 @@ mod cases {
         .await
         .unwrap();
         let attach = |session: &SessionId| AttachRequest {
+            version: V1,
             tenant_id: TenantId::new("globex").unwrap(),
             session_id: session.clone(),
             host_id: placed.observation.host_id.clone(),
@@ -170,6 +171,7 @@ mod cases {
         );
         assert_eq!(existing, missing, "identical refusals");
         let bind = |session: &SessionId| BindRequest {
+            version: V1,
             tenant_id: TenantId::new("globex").unwrap(),
             session_id: session.clone(),
             host_id: placed.observation.host_id.clone(),

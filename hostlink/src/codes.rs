@@ -80,6 +80,20 @@ impl FromStr for HostLinkErrorCode {
     }
 }
 
+impl serde::Serialize for HostLinkErrorCode {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for HostLinkErrorCode {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        text.parse()
+            .map_err(|_| serde::de::Error::custom("unknown code"))
+    }
+}
+
 /// A code string no HostLink build defines.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, thiserror::Error)]
 #[error("unknown HostLink error code")]

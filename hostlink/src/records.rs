@@ -1,8 +1,10 @@
 //! HostLink records: every object carried in a command's `data`, an RPC reply or a push.
-//! Owns their strict decoding (one object, no duplicate or unknown members, no trailing data,
-//! `null` refused, `version` exactly 1 where a record is versioned, zero epochs and
-//! generations refused, ids by the id rule) and their encoding with a fixed member order.
-//! Never performs I/O and never decides what a request means.
+//! Each record is a serde type whose fields are its members in wire order, so its decoding and
+//! encoding are derived from one declaration. Owns their strictness (one object, no duplicate
+//! or unknown members, no trailing data, `null` refused, `version` exactly 1 where a record is
+//! versioned, zero epochs and generations refused, ids by the id rule, and the few rules
+//! between members checked after decoding). Never performs I/O and never decides what a
+//! request means.
 //!
 //! | record | members, in wire order |
 //! |---|---|
@@ -28,17 +30,17 @@
 
 use std::num::NonZeroU64;
 
-use serde_json::Value;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::value::RawValue;
 use sessionstore::ids::check_opaque_id;
-use sessionstore::wire::{DecodeError, StrictObject};
 use sessionstore::{
     AgentId, CommandId, CompatibilityId, EventId, HostId, Placement, ResidencyState, SessionId,
     TenantId,
 };
 
 use super::codes::HostLinkErrorCode;
-use super::json::{ObjectWriter, RawObject, is_null};
+use super::json::is_null;
 use super::timestamp::Timestamp;
 
 /// The one HostLink wire version this build speaks.
@@ -67,14 +69,82 @@ fn fail(record: &'static str, reason: impl Into<String>) -> RecordError {
     }
 }
 
-fn from_decode(record: &'static str) -> impl Fn(DecodeError) -> RecordError {
-    move |e| fail(record, e.to_string())
+/// A record's wire name, its strict decoding and its encoding, all from its serde derivation.
+trait Record: Serialize + DeserializeOwned {
+    const NAME: &'static str;
+
+    /// The rules between members that a field's type cannot say.
+    fn check(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn decode_strict(bytes: &[u8]) -> Result<Self, RecordError> {
+        // Exactly one JSON object: derived structs would also take a positional array.
+        let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
+        if first != Some(&b'{') {
+            return Err(fail(Self::NAME, "not a single JSON object"));
+        }
+        let mut de = serde_json::Deserializer::from_slice(bytes);
+        let record = Self::deserialize(&mut de).map_err(|e| fail(Self::NAME, e.to_string()))?;
+        de.end()
+            .map_err(|_| fail(Self::NAME, "trailing data after the object"))?;
+        record.check().map_err(|reason| fail(Self::NAME, reason))?;
+        Ok(record)
+    }
+
+    fn encode_compact(&self) -> String {
+        // Every member is a string, a number, a boolean or already-valid raw JSON.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
+
+/// `decode` and `encode` as inherent methods (what callers and the fuzz targets name).
+macro_rules! codec {
+    ($($ty:ident),+ $(,)?) => {$(
+        impl $ty {
+            /// Decodes strictly.
+            pub fn decode(bytes: &[u8]) -> Result<$ty, RecordError> {
+                <$ty as Record>::decode_strict(bytes)
+            }
+
+            /// Encodes with the fixed member order.
+            pub fn encode(&self) -> String {
+                self.encode_compact()
+            }
+        }
+    )+};
+}
+
+/// The `version` member: exactly 1 on the wire, both ways.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
+pub struct V1;
+
+impl Serialize for V1 {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(WIRE_VERSION)
+    }
+}
+
+impl<'de> Deserialize<'de> for V1 {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<V1, D::Error> {
+        match u64::deserialize(d)? {
+            WIRE_VERSION => Ok(V1),
+            _ => Err(serde::de::Error::custom("version must be 1")),
+        }
+    }
+}
+
+/// An optional member that, when present, must not be `null` (serde would read `null` as
+/// absent). Used as `#[serde(default, deserialize_with = "present")]`.
+fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
 }
 
 macro_rules! opaque_text_id {
     ($(#[$doc:meta])* $name:ident, $field:literal) => {
         $(#[$doc])*
-        #[derive(Clone, PartialEq, Eq, Hash, Debug)]
+        #[derive(Clone, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+        #[serde(try_from = "String", into = "String")]
         pub struct $name(String);
 
         impl $name {
@@ -91,6 +161,19 @@ macro_rules! opaque_text_id {
             /// The id as text.
             pub fn as_str(&self) -> &str {
                 &self.0
+            }
+        }
+
+        impl TryFrom<String> for $name {
+            type Error = RecordError;
+            fn try_from(value: String) -> Result<Self, RecordError> {
+                Self::new(value)
+            }
+        }
+
+        impl From<$name> for String {
+            fn from(id: $name) -> String {
+                id.0
             }
         }
     };
@@ -112,190 +195,44 @@ opaque_text_id!(
     "idempotency_key"
 );
 
-/// Strict member access for one record, in terms of the session store's [`StrictObject`].
-struct Reader {
-    record: &'static str,
-    obj: StrictObject,
-}
-
-impl Reader {
-    fn parse(record: &'static str, bytes: &[u8], known: &[&str]) -> Result<Reader, RecordError> {
-        let obj = StrictObject::parse(bytes).map_err(from_decode(record))?;
-        obj.only(known).map_err(from_decode(record))?;
-        Ok(Reader { record, obj })
-    }
-
-    fn member(&self, key: &str) -> Option<&Value> {
-        self.obj
-            .members()
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v)
-    }
-
-    fn version(&self) -> Result<(), RecordError> {
-        let v = self
-            .obj
-            .version(WIRE_VERSION)
-            .map_err(from_decode(self.record))?;
-        if v != WIRE_VERSION {
-            return Err(fail(self.record, "version must be 1"));
-        }
-        Ok(())
-    }
-
-    fn optional_version(&self) -> Result<(), RecordError> {
-        match self.member("version") {
-            None => Ok(()),
-            Some(_) => self.version(),
-        }
-    }
-
-    fn string(&self, key: &str) -> Result<String, RecordError> {
-        self.obj.string(key).map_err(from_decode(self.record))
-    }
-
-    fn opt_string(&self, key: &str) -> Result<Option<String>, RecordError> {
-        self.obj.opt_string(key).map_err(from_decode(self.record))
-    }
-
-    fn positive(&self, key: &str) -> Result<NonZeroU64, RecordError> {
-        let n = self.obj.positive(key).map_err(from_decode(self.record))?;
-        NonZeroU64::new(n).ok_or_else(|| fail(self.record, format!("{key} must be positive")))
-    }
-
-    fn unsigned(&self, key: &str) -> Result<u64, RecordError> {
-        match self.member(key) {
-            None => Err(fail(self.record, format!("missing {key}"))),
-            Some(v) => v
-                .as_u64()
-                .ok_or_else(|| fail(self.record, format!("{key} must be an unsigned integer"))),
-        }
-    }
-
-    fn boolean(&self, key: &str) -> Result<bool, RecordError> {
-        self.obj
-            .opt_bool(key)
-            .map_err(from_decode(self.record))?
-            .ok_or_else(|| fail(self.record, format!("missing {key}")))
-    }
-
-    fn opt_boolean(&self, key: &str) -> Result<Option<bool>, RecordError> {
-        self.obj.opt_bool(key).map_err(from_decode(self.record))
-    }
-
-    fn timestamp(&self, key: &str) -> Result<Timestamp, RecordError> {
-        let text = self.string(key)?;
-        Timestamp::parse(&text).map_err(|e| fail(self.record, format!("{key}: {e}")))
-    }
-
-    fn id<T>(
-        &self,
-        key: &str,
-        make: impl Fn(String) -> Result<T, sessionstore::StoreError>,
-    ) -> Result<T, RecordError> {
-        let text = self.string(key)?;
-        make(text).map_err(|e| fail(self.record, e.to_string()))
-    }
-
-    fn opt_id<T>(
-        &self,
-        key: &str,
-        make: impl Fn(String) -> Result<T, sessionstore::StoreError>,
-    ) -> Result<Option<T>, RecordError> {
-        match self.opt_string(key)? {
-            None => Ok(None),
-            Some(text) => make(text)
-                .map(Some)
-                .map_err(|e| fail(self.record, e.to_string())),
-        }
-    }
-
-    fn text_id<T>(
-        &self,
-        key: &str,
-        make: impl Fn(String) -> Result<T, RecordError>,
-    ) -> Result<T, RecordError> {
-        make(self.string(key)?)
-    }
-
-    fn scope(&self) -> Result<Option<SessionScope>, RecordError> {
-        let tenant = self.opt_id("tenant_id", TenantId::new)?;
-        let session = self.opt_id("session_id", SessionId::new)?;
-        match (tenant, session) {
-            (Some(tenant_id), Some(session_id)) => Ok(Some(SessionScope {
-                tenant_id,
-                session_id,
-            })),
-            (None, None) => Ok(None),
-            _ => Err(fail(
-                self.record,
-                "tenant_id and session_id come together or not at all",
-            )),
-        }
-    }
-}
-
 /// The `data` of a connect command: which HostLink wire versions the client speaks.
-#[derive(Clone, PartialEq, Eq, Debug)]
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ConnectData {
     /// Non-empty, no 0, no duplicates, in the client's order.
     pub supported_versions: Vec<NonZeroU64>,
 }
 
 impl ConnectData {
-    const NAME: &'static str = "connect_data";
-
     /// Whether the client offers this build's wire version.
     pub fn offers_wire_version(&self) -> bool {
         self.supported_versions
             .iter()
             .any(|v| v.get() == WIRE_VERSION)
     }
+}
 
-    /// Decodes strictly.
-    pub fn decode(bytes: &[u8]) -> Result<ConnectData, RecordError> {
-        let r = Reader::parse(Self::NAME, bytes, &["supported_versions"])?;
-        let list = match r.member("supported_versions") {
-            None => return Err(fail(Self::NAME, "missing supported_versions")),
-            Some(Value::Array(list)) => list,
-            Some(_) => return Err(fail(Self::NAME, "supported_versions must be a list")),
-        };
-        if list.is_empty() {
-            return Err(fail(Self::NAME, "supported_versions must not be empty"));
-        }
-        if list.len() > MAX_SUPPORTED_VERSIONS {
-            return Err(fail(Self::NAME, "supported_versions is too long"));
-        }
-        let mut versions: Vec<NonZeroU64> = Vec::with_capacity(list.len());
-        for v in list {
-            let n = v
-                .as_u64()
-                .and_then(NonZeroU64::new)
-                .ok_or_else(|| fail(Self::NAME, "a version must be a positive integer"))?;
-            if versions.contains(&n) {
-                return Err(fail(Self::NAME, "supported_versions has a duplicate"));
-            }
-            versions.push(n);
-        }
-        Ok(ConnectData {
-            supported_versions: versions,
-        })
-    }
+impl Record for ConnectData {
+    const NAME: &'static str = "connect_data";
 
-    /// Encodes with the fixed member order.
-    pub fn encode(&self) -> String {
-        ObjectWriter::new()
-            .numbers(
-                "supported_versions",
-                self.supported_versions.iter().map(|v| v.get()),
-            )
-            .finish()
+    fn check(&self) -> Result<(), String> {
+        let v = &self.supported_versions;
+        if v.is_empty() {
+            return Err("supported_versions must not be empty".into());
+        }
+        if v.len() > MAX_SUPPORTED_VERSIONS {
+            return Err("supported_versions is too long".into());
+        }
+        if v.iter().enumerate().any(|(i, x)| v[..i].contains(x)) {
+            return Err("supported_versions has a duplicate".into());
+        }
+        Ok(())
     }
 }
 
 /// How an attach asks for the session (the Host decides create vs restore from the journal).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum AttachMode {
     Create,
     Restore,
@@ -309,19 +246,13 @@ impl AttachMode {
             AttachMode::Restore => "restore",
         }
     }
-
-    fn parse(record: &'static str, s: &str) -> Result<AttachMode, RecordError> {
-        match s {
-            "create" => Ok(AttachMode::Create),
-            "restore" => Ok(AttachMode::Restore),
-            _ => Err(fail(record, "mode must be create or restore")),
-        }
-    }
 }
 
 /// `hostlink.attach`: make the session resident here.
-#[derive(Clone, PartialEq, Eq, Debug)]
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct AttachRequest {
+    pub version: V1,
     pub tenant_id: TenantId,
     pub session_id: SessionId,
     pub host_id: HostId,
@@ -330,73 +261,24 @@ pub struct AttachRequest {
     pub runtime_compatibility_id: CompatibilityId,
     pub mode: AttachMode,
     pub actor_id: ActorId,
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub trace_id: Option<TraceId>,
     pub idempotency_key: IdempotencyKey,
 }
 
-impl AttachRequest {
+impl Record for AttachRequest {
     const NAME: &'static str = "attach_request";
-    const MEMBERS: &'static [&'static str] = &[
-        "version",
-        "tenant_id",
-        "session_id",
-        "host_id",
-        "host_generation",
-        "agent_id",
-        "runtime_compatibility_id",
-        "mode",
-        "actor_id",
-        "trace_id",
-        "idempotency_key",
-    ];
-
-    /// Decodes strictly.
-    pub fn decode(bytes: &[u8]) -> Result<AttachRequest, RecordError> {
-        let r = Reader::parse(Self::NAME, bytes, Self::MEMBERS)?;
-        r.version()?;
-        Ok(AttachRequest {
-            tenant_id: r.id("tenant_id", TenantId::new)?,
-            session_id: r.id("session_id", SessionId::new)?,
-            host_id: r.id("host_id", HostId::new)?,
-            host_generation: r.positive("host_generation")?,
-            agent_id: r.id("agent_id", AgentId::new)?,
-            runtime_compatibility_id: r.id("runtime_compatibility_id", CompatibilityId::new)?,
-            mode: AttachMode::parse(Self::NAME, &r.string("mode")?)?,
-            actor_id: r.text_id("actor_id", ActorId::new)?,
-            trace_id: match r.opt_string("trace_id")? {
-                None => None,
-                Some(t) => Some(TraceId::new(t)?),
-            },
-            idempotency_key: r.text_id("idempotency_key", IdempotencyKey::new)?,
-        })
-    }
-
-    /// Encodes with the fixed member order.
-    pub fn encode(&self) -> String {
-        let mut w = ObjectWriter::new();
-        w.number("version", WIRE_VERSION)
-            .string("tenant_id", self.tenant_id.as_str())
-            .string("session_id", self.session_id.as_str())
-            .string("host_id", self.host_id.as_str())
-            .number("host_generation", self.host_generation.get())
-            .string("agent_id", self.agent_id.as_str())
-            .string(
-                "runtime_compatibility_id",
-                self.runtime_compatibility_id.as_str(),
-            )
-            .string("mode", self.mode.as_str())
-            .string("actor_id", self.actor_id.as_str());
-        if let Some(t) = &self.trace_id {
-            w.string("trace_id", t.as_str());
-        }
-        w.string("idempotency_key", self.idempotency_key.as_str())
-            .finish()
-    }
 }
 
 /// `hostlink.bind`: route this link to a resident session. Grants nothing.
-#[derive(Clone, PartialEq, Eq, Debug)]
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct BindRequest {
+    pub version: V1,
     pub tenant_id: TenantId,
     pub session_id: SessionId,
     pub host_id: HostId,
@@ -406,56 +288,16 @@ pub struct BindRequest {
     pub idempotency_key: IdempotencyKey,
 }
 
-impl BindRequest {
+impl Record for BindRequest {
     const NAME: &'static str = "bind_request";
-    const MEMBERS: &'static [&'static str] = &[
-        "version",
-        "tenant_id",
-        "session_id",
-        "host_id",
-        "host_generation",
-        "lease_epoch",
-        "runtime_compatibility_id",
-        "idempotency_key",
-    ];
-
-    /// Decodes strictly.
-    pub fn decode(bytes: &[u8]) -> Result<BindRequest, RecordError> {
-        let r = Reader::parse(Self::NAME, bytes, Self::MEMBERS)?;
-        r.version()?;
-        Ok(BindRequest {
-            tenant_id: r.id("tenant_id", TenantId::new)?,
-            session_id: r.id("session_id", SessionId::new)?,
-            host_id: r.id("host_id", HostId::new)?,
-            host_generation: r.positive("host_generation")?,
-            lease_epoch: r.positive("lease_epoch")?,
-            runtime_compatibility_id: r.id("runtime_compatibility_id", CompatibilityId::new)?,
-            idempotency_key: r.text_id("idempotency_key", IdempotencyKey::new)?,
-        })
-    }
-
-    /// Encodes with the fixed member order.
-    pub fn encode(&self) -> String {
-        ObjectWriter::new()
-            .number("version", WIRE_VERSION)
-            .string("tenant_id", self.tenant_id.as_str())
-            .string("session_id", self.session_id.as_str())
-            .string("host_id", self.host_id.as_str())
-            .number("host_generation", self.host_generation.get())
-            .number("lease_epoch", self.lease_epoch.get())
-            .string(
-                "runtime_compatibility_id",
-                self.runtime_compatibility_id.as_str(),
-            )
-            .string("idempotency_key", self.idempotency_key.as_str())
-            .finish()
-    }
 }
 
 /// `hostlink.unbind`: drop this link's route to a session. Idempotent; never releases
 /// residency.
-#[derive(Clone, PartialEq, Eq, Debug)]
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct UnbindRequest {
+    pub version: V1,
     pub tenant_id: TenantId,
     pub session_id: SessionId,
     pub host_id: HostId,
@@ -464,44 +306,8 @@ pub struct UnbindRequest {
     pub idempotency_key: IdempotencyKey,
 }
 
-impl UnbindRequest {
+impl Record for UnbindRequest {
     const NAME: &'static str = "unbind_request";
-    const MEMBERS: &'static [&'static str] = &[
-        "version",
-        "tenant_id",
-        "session_id",
-        "host_id",
-        "host_generation",
-        "lease_epoch",
-        "idempotency_key",
-    ];
-
-    /// Decodes strictly.
-    pub fn decode(bytes: &[u8]) -> Result<UnbindRequest, RecordError> {
-        let r = Reader::parse(Self::NAME, bytes, Self::MEMBERS)?;
-        r.version()?;
-        Ok(UnbindRequest {
-            tenant_id: r.id("tenant_id", TenantId::new)?,
-            session_id: r.id("session_id", SessionId::new)?,
-            host_id: r.id("host_id", HostId::new)?,
-            host_generation: r.positive("host_generation")?,
-            lease_epoch: r.positive("lease_epoch")?,
-            idempotency_key: r.text_id("idempotency_key", IdempotencyKey::new)?,
-        })
-    }
-
-    /// Encodes with the fixed member order.
-    pub fn encode(&self) -> String {
-        ObjectWriter::new()
-            .number("version", WIRE_VERSION)
-            .string("tenant_id", self.tenant_id.as_str())
-            .string("session_id", self.session_id.as_str())
-            .string("host_id", self.host_id.as_str())
-            .number("host_generation", self.host_generation.get())
-            .number("lease_epoch", self.lease_epoch.get())
-            .string("idempotency_key", self.idempotency_key.as_str())
-            .finish()
-    }
 }
 
 /// A tenant and one of its sessions, named together (drain scope, drain observation).
@@ -511,8 +317,31 @@ pub struct SessionScope {
     pub session_id: SessionId,
 }
 
+/// The two scope members as they travel: together or not at all.
+fn scope_of(
+    tenant_id: Option<TenantId>,
+    session_id: Option<SessionId>,
+) -> Result<Option<SessionScope>, &'static str> {
+    match (tenant_id, session_id) {
+        (Some(tenant_id), Some(session_id)) => Ok(Some(SessionScope {
+            tenant_id,
+            session_id,
+        })),
+        (None, None) => Ok(None),
+        _ => Err("tenant_id and session_id come together or not at all"),
+    }
+}
+
+fn scope_members(scope: Option<SessionScope>) -> (Option<TenantId>, Option<SessionId>) {
+    match scope {
+        Some(s) => (Some(s.tenant_id), Some(s.session_id)),
+        None => (None, None),
+    }
+}
+
 /// `hostlink.drain` and `hostlink.drain_status`.
-#[derive(Clone, PartialEq, Eq, Debug)]
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+#[serde(try_from = "DrainRequestWire", into = "DrainRequestWire")]
 pub struct DrainRequest {
     pub host_id: HostId,
     pub host_generation: NonZeroU64,
@@ -521,90 +350,76 @@ pub struct DrainRequest {
     pub scope: Option<SessionScope>,
 }
 
-impl DrainRequest {
-    const NAME: &'static str = "drain_request";
-    const MEMBERS: &'static [&'static str] = &[
-        "version",
-        "host_id",
-        "host_generation",
-        "idempotency_key",
-        "tenant_id",
-        "session_id",
-    ];
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DrainRequestWire {
+    version: V1,
+    host_id: HostId,
+    host_generation: NonZeroU64,
+    idempotency_key: IdempotencyKey,
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    tenant_id: Option<TenantId>,
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    session_id: Option<SessionId>,
+}
 
-    /// Decodes strictly (`tenant_id` and `session_id` together or not at all).
-    pub fn decode(bytes: &[u8]) -> Result<DrainRequest, RecordError> {
-        let r = Reader::parse(Self::NAME, bytes, Self::MEMBERS)?;
-        r.version()?;
+impl TryFrom<DrainRequestWire> for DrainRequest {
+    type Error = &'static str;
+    fn try_from(w: DrainRequestWire) -> Result<Self, &'static str> {
         Ok(DrainRequest {
-            host_id: r.id("host_id", HostId::new)?,
-            host_generation: r.positive("host_generation")?,
-            idempotency_key: r.text_id("idempotency_key", IdempotencyKey::new)?,
-            scope: r.scope()?,
+            host_id: w.host_id,
+            host_generation: w.host_generation,
+            idempotency_key: w.idempotency_key,
+            scope: scope_of(w.tenant_id, w.session_id)?,
         })
     }
+}
 
-    /// Encodes with the fixed member order.
-    pub fn encode(&self) -> String {
-        let mut w = ObjectWriter::new();
-        w.number("version", WIRE_VERSION)
-            .string("host_id", self.host_id.as_str())
-            .number("host_generation", self.host_generation.get())
-            .string("idempotency_key", self.idempotency_key.as_str());
-        if let Some(s) = &self.scope {
-            w.string("tenant_id", s.tenant_id.as_str())
-                .string("session_id", s.session_id.as_str());
+impl From<DrainRequest> for DrainRequestWire {
+    fn from(r: DrainRequest) -> Self {
+        let (tenant_id, session_id) = scope_members(r.scope);
+        DrainRequestWire {
+            version: V1,
+            host_id: r.host_id,
+            host_generation: r.host_generation,
+            idempotency_key: r.idempotency_key,
+            tenant_id,
+            session_id,
         }
-        w.finish()
     }
+}
+
+impl Record for DrainRequest {
+    const NAME: &'static str = "drain_request";
 }
 
 /// A delivery: published on the session channel to wake the session's consumer. The command
-/// itself is already in the durable inbox.
-#[derive(Clone, PartialEq, Eq, Debug)]
+/// itself is already in the durable inbox. A `version` of 1 is accepted and never written.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Delivery {
+    #[serde(default, skip_serializing)]
+    pub version: V1,
     pub command_id: CommandId,
 }
 
-impl Delivery {
+impl Record for Delivery {
     const NAME: &'static str = "delivery";
-
-    /// Decodes strictly; a `version` member, if present, must be 1.
-    pub fn decode(bytes: &[u8]) -> Result<Delivery, RecordError> {
-        let r = Reader::parse(Self::NAME, bytes, &["version", "command_id"])?;
-        r.optional_version()?;
-        Ok(Delivery {
-            command_id: r.id("command_id", CommandId::new)?,
-        })
-    }
-
-    /// Encodes as `{"command_id":"..."}`.
-    pub fn encode(&self) -> String {
-        ObjectWriter::new()
-            .string("command_id", self.command_id.as_str())
-            .finish()
-    }
-}
-
-fn parse_placement(record: &'static str, s: &str) -> Result<Placement, RecordError> {
-    Placement::ALL
-        .iter()
-        .copied()
-        .find(|p| p.as_str() == s)
-        .ok_or_else(|| fail(record, "placement must be pooled or dedicated"))
-}
-
-fn parse_residency(record: &'static str, s: &str) -> Result<ResidencyState, RecordError> {
-    ResidencyState::ALL
-        .iter()
-        .copied()
-        .find(|p| p.as_str() == s)
-        .ok_or_else(|| fail(record, "unknown residency"))
 }
 
 /// What `hostlink.attach` answers: the session's registration as this Host sees it.
-#[derive(Clone, PartialEq, Eq, Debug)]
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RegistryObservation {
+    pub version: V1,
     pub tenant_id: TenantId,
     pub session_id: SessionId,
     pub host_id: HostId,
@@ -620,76 +435,21 @@ pub struct RegistryObservation {
     pub expires_at: Timestamp,
 }
 
-impl RegistryObservation {
+impl Record for RegistryObservation {
     const NAME: &'static str = "registry_observation";
-    const MEMBERS: &'static [&'static str] = &[
-        "version",
-        "tenant_id",
-        "session_id",
-        "host_id",
-        "host_generation",
-        "agent_id",
-        "runtime_compatibility_id",
-        "placement",
-        "internal_endpoint",
-        "residency",
-        "accepting",
-        "lease_epoch",
-        "observed_at",
-        "expires_at",
-    ];
 
-    /// Decodes strictly.
-    pub fn decode(bytes: &[u8]) -> Result<RegistryObservation, RecordError> {
-        let r = Reader::parse(Self::NAME, bytes, Self::MEMBERS)?;
-        r.version()?;
-        let internal_endpoint = r.string("internal_endpoint")?;
-        if internal_endpoint.is_empty() || internal_endpoint.len() > MAX_ENDPOINT_BYTES {
-            return Err(fail(Self::NAME, "internal_endpoint must be 1-2048 bytes"));
+    fn check(&self) -> Result<(), String> {
+        let n = self.internal_endpoint.len();
+        if n == 0 || n > MAX_ENDPOINT_BYTES {
+            return Err("internal_endpoint must be 1-2048 bytes".into());
         }
-        Ok(RegistryObservation {
-            tenant_id: r.id("tenant_id", TenantId::new)?,
-            session_id: r.id("session_id", SessionId::new)?,
-            host_id: r.id("host_id", HostId::new)?,
-            host_generation: r.positive("host_generation")?,
-            agent_id: r.id("agent_id", AgentId::new)?,
-            runtime_compatibility_id: r.id("runtime_compatibility_id", CompatibilityId::new)?,
-            placement: parse_placement(Self::NAME, &r.string("placement")?)?,
-            internal_endpoint,
-            residency: parse_residency(Self::NAME, &r.string("residency")?)?,
-            accepting: r.boolean("accepting")?,
-            lease_epoch: r.positive("lease_epoch")?,
-            observed_at: r.timestamp("observed_at")?,
-            expires_at: r.timestamp("expires_at")?,
-        })
-    }
-
-    /// Encodes with the fixed member order.
-    pub fn encode(&self) -> String {
-        ObjectWriter::new()
-            .number("version", WIRE_VERSION)
-            .string("tenant_id", self.tenant_id.as_str())
-            .string("session_id", self.session_id.as_str())
-            .string("host_id", self.host_id.as_str())
-            .number("host_generation", self.host_generation.get())
-            .string("agent_id", self.agent_id.as_str())
-            .string(
-                "runtime_compatibility_id",
-                self.runtime_compatibility_id.as_str(),
-            )
-            .string("placement", self.placement.as_str())
-            .string("internal_endpoint", &self.internal_endpoint)
-            .string("residency", self.residency.as_str())
-            .boolean("accepting", self.accepting)
-            .number("lease_epoch", self.lease_epoch.get())
-            .string("observed_at", &self.observed_at.to_string())
-            .string("expires_at", &self.expires_at.to_string())
-            .finish()
+        Ok(())
     }
 }
 
 /// Where a drain is.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum DrainState {
     Draining,
     Drained,
@@ -706,7 +466,8 @@ impl DrainState {
 }
 
 /// What `hostlink.drain` and `hostlink.drain_status` answer.
-#[derive(Clone, PartialEq, Eq, Debug)]
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+#[serde(try_from = "DrainObservationWire", into = "DrainObservationWire")]
 pub struct DrainObservation {
     pub host_id: HostId,
     pub host_generation: NonZeroU64,
@@ -715,52 +476,62 @@ pub struct DrainObservation {
     pub scope: Option<SessionScope>,
 }
 
-impl DrainObservation {
-    const NAME: &'static str = "drain_observation";
-    const MEMBERS: &'static [&'static str] = &[
-        "host_id",
-        "host_generation",
-        "drain_generation",
-        "state",
-        "tenant_id",
-        "session_id",
-    ];
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DrainObservationWire {
+    host_id: HostId,
+    host_generation: NonZeroU64,
+    drain_generation: NonZeroU64,
+    state: DrainState,
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    tenant_id: Option<TenantId>,
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    session_id: Option<SessionId>,
+}
 
-    /// Decodes strictly.
-    pub fn decode(bytes: &[u8]) -> Result<DrainObservation, RecordError> {
-        let r = Reader::parse(Self::NAME, bytes, Self::MEMBERS)?;
-        let state = match r.string("state")?.as_str() {
-            "draining" => DrainState::Draining,
-            "drained" => DrainState::Drained,
-            _ => return Err(fail(Self::NAME, "state must be draining or drained")),
-        };
+impl TryFrom<DrainObservationWire> for DrainObservation {
+    type Error = &'static str;
+    fn try_from(w: DrainObservationWire) -> Result<Self, &'static str> {
         Ok(DrainObservation {
-            host_id: r.id("host_id", HostId::new)?,
-            host_generation: r.positive("host_generation")?,
-            drain_generation: r.positive("drain_generation")?,
-            state,
-            scope: r.scope()?,
+            host_id: w.host_id,
+            host_generation: w.host_generation,
+            drain_generation: w.drain_generation,
+            state: w.state,
+            scope: scope_of(w.tenant_id, w.session_id)?,
         })
     }
+}
 
-    /// Encodes with the fixed member order.
-    pub fn encode(&self) -> String {
-        let mut w = ObjectWriter::new();
-        w.string("host_id", self.host_id.as_str())
-            .number("host_generation", self.host_generation.get())
-            .number("drain_generation", self.drain_generation.get())
-            .string("state", self.state.as_str());
-        if let Some(s) = &self.scope {
-            w.string("tenant_id", s.tenant_id.as_str())
-                .string("session_id", s.session_id.as_str());
+impl From<DrainObservation> for DrainObservationWire {
+    fn from(o: DrainObservation) -> Self {
+        let (tenant_id, session_id) = scope_members(o.scope);
+        DrainObservationWire {
+            host_id: o.host_id,
+            host_generation: o.host_generation,
+            drain_generation: o.drain_generation,
+            state: o.state,
+            tenant_id,
+            session_id,
         }
-        w.finish()
     }
+}
+
+impl Record for DrainObservation {
+    const NAME: &'static str = "drain_observation";
 }
 
 /// A HostLink refusal: the data of a *successful* RPC reply. The extra member exists only
 /// (and always) where its code needs it, so a record that breaks the rule cannot be built.
-#[derive(Clone, PartialEq, Eq, Debug)]
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+#[serde(try_from = "ErrorWire", into = "ErrorWire")]
 pub enum HostLinkError {
     NotAdmitting,
     Releasing,
@@ -775,9 +546,75 @@ pub enum HostLinkError {
     RuntimeUnavailable,
 }
 
-impl HostLinkError {
-    const NAME: &'static str = "error";
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ErrorWire {
+    code: HostLinkErrorCode,
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    current_lease_epoch: Option<NonZeroU64>,
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    runtime_compatibility_id: Option<CompatibilityId>,
+}
 
+impl TryFrom<ErrorWire> for HostLinkError {
+    type Error = &'static str;
+    fn try_from(w: ErrorWire) -> Result<Self, &'static str> {
+        use HostLinkErrorCode as C;
+        match (w.code, w.current_lease_epoch, w.runtime_compatibility_id) {
+            (C::EpochMismatch, Some(current_lease_epoch), None) => {
+                Ok(HostLinkError::EpochMismatch {
+                    current_lease_epoch,
+                })
+            }
+            (C::EpochMismatch, _, _) => {
+                Err("epoch_mismatch takes current_lease_epoch and nothing else")
+            }
+            (C::RuntimeMismatch, None, Some(runtime_compatibility_id)) => {
+                Ok(HostLinkError::RuntimeMismatch {
+                    runtime_compatibility_id,
+                })
+            }
+            (C::RuntimeMismatch, _, _) => {
+                Err("runtime_mismatch takes runtime_compatibility_id and nothing else")
+            }
+            (_, Some(_), _) | (_, _, Some(_)) => Err("only code is allowed for this code"),
+            (C::NotAdmitting, None, None) => Ok(HostLinkError::NotAdmitting),
+            (C::Releasing, None, None) => Ok(HostLinkError::Releasing),
+            (C::NoCapacity, None, None) => Ok(HostLinkError::NoCapacity),
+            (C::RuntimeUnavailable, None, None) => Ok(HostLinkError::RuntimeUnavailable),
+        }
+    }
+}
+
+impl From<HostLinkError> for ErrorWire {
+    fn from(e: HostLinkError) -> Self {
+        let code = e.code();
+        let (current_lease_epoch, runtime_compatibility_id) = match e {
+            HostLinkError::EpochMismatch {
+                current_lease_epoch,
+            } => (Some(current_lease_epoch), None),
+            HostLinkError::RuntimeMismatch {
+                runtime_compatibility_id,
+            } => (None, Some(runtime_compatibility_id)),
+            _ => (None, None),
+        };
+        ErrorWire {
+            code,
+            current_lease_epoch,
+            runtime_compatibility_id,
+        }
+    }
+}
+
+impl HostLinkError {
     /// The record's code.
     pub fn code(&self) -> HostLinkErrorCode {
         match self {
@@ -789,114 +626,37 @@ impl HostLinkError {
             HostLinkError::RuntimeUnavailable => HostLinkErrorCode::RuntimeUnavailable,
         }
     }
+}
 
-    /// Decodes strictly: the extra member is refused where the code does not take it and
-    /// required where it does.
-    pub fn decode(bytes: &[u8]) -> Result<HostLinkError, RecordError> {
-        let r = Reader::parse(
-            Self::NAME,
-            bytes,
-            &["code", "current_lease_epoch", "runtime_compatibility_id"],
-        )?;
-        let code: HostLinkErrorCode = r
-            .string("code")?
-            .parse()
-            .map_err(|_| fail(Self::NAME, "unknown code"))?;
-        let has_epoch = r.member("current_lease_epoch").is_some();
-        let has_build = r.member("runtime_compatibility_id").is_some();
-        let error = match code {
-            HostLinkErrorCode::EpochMismatch => {
-                if has_build {
-                    return Err(fail(
-                        Self::NAME,
-                        "runtime_compatibility_id is not allowed here",
-                    ));
-                }
-                HostLinkError::EpochMismatch {
-                    current_lease_epoch: r.positive("current_lease_epoch")?,
-                }
-            }
-            HostLinkErrorCode::RuntimeMismatch => {
-                if has_epoch {
-                    return Err(fail(Self::NAME, "current_lease_epoch is not allowed here"));
-                }
-                HostLinkError::RuntimeMismatch {
-                    runtime_compatibility_id: r
-                        .id("runtime_compatibility_id", CompatibilityId::new)?,
-                }
-            }
-            other => {
-                if has_epoch || has_build {
-                    return Err(fail(Self::NAME, "only code is allowed for this code"));
-                }
-                match other {
-                    HostLinkErrorCode::NotAdmitting => HostLinkError::NotAdmitting,
-                    HostLinkErrorCode::Releasing => HostLinkError::Releasing,
-                    HostLinkErrorCode::NoCapacity => HostLinkError::NoCapacity,
-                    _ => HostLinkError::RuntimeUnavailable,
-                }
-            }
-        };
-        Ok(error)
-    }
-
-    /// Encodes with the fixed member order.
-    pub fn encode(&self) -> String {
-        let mut w = ObjectWriter::new();
-        w.string("code", self.code().as_str());
-        match self {
-            HostLinkError::EpochMismatch {
-                current_lease_epoch,
-            } => {
-                w.number("current_lease_epoch", current_lease_epoch.get());
-            }
-            HostLinkError::RuntimeMismatch {
-                runtime_compatibility_id,
-            } => {
-                w.string(
-                    "runtime_compatibility_id",
-                    runtime_compatibility_id.as_str(),
-                );
-            }
-            _ => {}
-        }
-        w.finish()
-    }
+impl Record for HostLinkError {
+    const NAME: &'static str = "error";
 }
 
 /// The `data` of a subscribe to a session channel (optional): the preview opt-in.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SubscribeOptions {
+    pub version: V1,
     /// Push `ephemeral_publication` previews too (default false).
+    #[serde(default, deserialize_with = "present_bool")]
     pub ephemeral: bool,
 }
 
-impl SubscribeOptions {
+/// A boolean member that may be absent (false) but never `null`.
+fn present_bool<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    bool::deserialize(d)
+}
+
+impl Record for SubscribeOptions {
     const NAME: &'static str = "subscribe_options";
-
-    /// Decodes strictly.
-    pub fn decode(bytes: &[u8]) -> Result<SubscribeOptions, RecordError> {
-        let r = Reader::parse(Self::NAME, bytes, &["version", "ephemeral"])?;
-        r.version()?;
-        Ok(SubscribeOptions {
-            ephemeral: r.opt_boolean("ephemeral")?.unwrap_or(false),
-        })
-    }
-
-    /// Encodes with the fixed member order.
-    pub fn encode(&self) -> String {
-        ObjectWriter::new()
-            .number("version", WIRE_VERSION)
-            .boolean("ephemeral", self.ephemeral)
-            .finish()
-    }
 }
 
 /// A committed journal event, pushed on the session channel. The body is kept as the exact
 /// JSON text it was given (member order and every byte). On the wire the one exception is a
 /// raw line break, which in JSON can only be insignificant whitespace: the frame encoder turns
 /// it into a space because Centrifuge batching is line-delimited.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct EnduringPublication {
     pub tenant_id: TenantId,
     pub session_id: SessionId,
@@ -921,16 +681,6 @@ impl PartialEq for EnduringPublication {
 impl Eq for EnduringPublication {}
 
 impl EnduringPublication {
-    const NAME: &'static str = "enduring_publication";
-    const MEMBERS: &'static [&'static str] = &[
-        "tenant_id",
-        "session_id",
-        "event_id",
-        "journal_seq",
-        "covered_through",
-        "body",
-    ];
-
     /// Builds one; the body must be JSON other than `null` (it is emitted as given).
     pub fn new(
         tenant_id: TenantId,
@@ -940,56 +690,38 @@ impl EnduringPublication {
         covered_through: u64,
         body: Box<RawValue>,
     ) -> Result<EnduringPublication, RecordError> {
-        if is_null(&body) {
-            return Err(fail(Self::NAME, "body must not be null"));
-        }
-        Ok(EnduringPublication {
+        let p = EnduringPublication {
             tenant_id,
             session_id,
             event_id,
             journal_seq,
             covered_through,
             body,
-        })
+        };
+        p.check().map_err(|reason| fail(Self::NAME, reason))?;
+        Ok(p)
     }
 
     /// The body, exactly as given.
     pub fn body(&self) -> &RawValue {
         &self.body
     }
+}
 
-    /// Decodes strictly, keeping the body's bytes.
-    pub fn decode(bytes: &[u8]) -> Result<EnduringPublication, RecordError> {
-        let r = Reader::parse(Self::NAME, bytes, Self::MEMBERS)?;
-        let mut raw = RawObject::parse(bytes).map_err(|e| fail(Self::NAME, e.0))?;
-        let body = raw
-            .take("body")
-            .ok_or_else(|| fail(Self::NAME, "missing body"))?;
-        EnduringPublication::new(
-            r.id("tenant_id", TenantId::new)?,
-            r.id("session_id", SessionId::new)?,
-            r.id("event_id", EventId::new)?,
-            r.positive("journal_seq")?,
-            r.unsigned("covered_through")?,
-            body,
-        )
-    }
+impl Record for EnduringPublication {
+    const NAME: &'static str = "enduring_publication";
 
-    /// Encodes with the fixed member order; the body byte for byte.
-    pub fn encode(&self) -> String {
-        ObjectWriter::new()
-            .string("tenant_id", self.tenant_id.as_str())
-            .string("session_id", self.session_id.as_str())
-            .string("event_id", self.event_id.as_str())
-            .number("journal_seq", self.journal_seq.get())
-            .number("covered_through", self.covered_through)
-            .raw("body", self.body.get())
-            .finish()
+    fn check(&self) -> Result<(), String> {
+        if is_null(&self.body) {
+            return Err("body must not be null".into());
+        }
+        Ok(())
     }
 }
 
 /// Which live text a preview belongs to.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum PreviewStream {
     /// The model's visible answer text.
     Text,
@@ -1009,7 +741,8 @@ impl PreviewStream {
 
 /// A live text preview (token deltas merged in a flush window): transient, never retried,
 /// superseded by the next enduring record.
-#[derive(Clone, PartialEq, Eq, Debug)]
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct EphemeralPublication {
     pub tenant_id: TenantId,
     pub session_id: SessionId,
@@ -1021,8 +754,6 @@ pub struct EphemeralPublication {
 }
 
 impl EphemeralPublication {
-    const NAME: &'static str = "ephemeral_publication";
-
     /// A delta as a runtime produces it (no gap).
     pub fn delta(
         tenant_id: TenantId,
@@ -1038,43 +769,33 @@ impl EphemeralPublication {
             gap: false,
         }
     }
+}
 
-    /// Decodes strictly.
-    pub fn decode(bytes: &[u8]) -> Result<EphemeralPublication, RecordError> {
-        let r = Reader::parse(
-            Self::NAME,
-            bytes,
-            &["tenant_id", "session_id", "stream", "text", "gap"],
-        )?;
-        let stream = match r.string("stream")?.as_str() {
-            "text" => PreviewStream::Text,
-            "reasoning" => PreviewStream::Reasoning,
-            _ => return Err(fail(Self::NAME, "stream must be text or reasoning")),
-        };
-        let text = r.string("text")?;
-        if text.is_empty() || text.len() > MAX_PREVIEW_TEXT_BYTES {
-            return Err(fail(Self::NAME, "text must be 1-65536 bytes"));
+impl Record for EphemeralPublication {
+    const NAME: &'static str = "ephemeral_publication";
+
+    fn check(&self) -> Result<(), String> {
+        if self.text.is_empty() || self.text.len() > MAX_PREVIEW_TEXT_BYTES {
+            return Err("text must be 1-65536 bytes".into());
         }
-        Ok(EphemeralPublication {
-            tenant_id: r.id("tenant_id", TenantId::new)?,
-            session_id: r.id("session_id", SessionId::new)?,
-            stream,
-            text,
-            gap: r.boolean("gap")?,
-        })
-    }
-
-    /// Encodes with the fixed member order.
-    pub fn encode(&self) -> String {
-        ObjectWriter::new()
-            .string("tenant_id", self.tenant_id.as_str())
-            .string("session_id", self.session_id.as_str())
-            .string("stream", self.stream.as_str())
-            .string("text", &self.text)
-            .boolean("gap", self.gap)
-            .finish()
+        Ok(())
     }
 }
+
+codec!(
+    ConnectData,
+    AttachRequest,
+    BindRequest,
+    UnbindRequest,
+    DrainRequest,
+    Delivery,
+    RegistryObservation,
+    DrainObservation,
+    HostLinkError,
+    SubscribeOptions,
+    EnduringPublication,
+    EphemeralPublication,
+);
 
 #[cfg(test)]
 mod tests {
@@ -1153,6 +874,7 @@ mod tests {
 
     fn bind() -> BindRequest {
         BindRequest {
+            version: V1,
             tenant_id: TenantId::new("t").unwrap(),
             session_id: SessionId::new("s").unwrap(),
             host_id: HostId::new("h").unwrap(),
@@ -1302,6 +1024,7 @@ mod tests {
     #[test]
     fn a_registry_observation_round_trips_with_rfc3339_times() {
         let o = RegistryObservation {
+            version: V1,
             tenant_id: TenantId::new("t").unwrap(),
             session_id: SessionId::new("s").unwrap(),
             host_id: HostId::new("h").unwrap(),
@@ -1323,6 +1046,37 @@ mod tests {
         assert_eq!(RegistryObservation::decode(text.as_bytes()), Ok(o));
         let offset = text.replace("22:13:20Z", "22:13:20+00:00");
         assert!(RegistryObservation::decode(offset.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn records_refuse_arrays_nulls_duplicates_and_unknown_members_everywhere() {
+        let drain = r#"{"version":1,"host_id":"h","host_generation":1,"idempotency_key":"k""#;
+        for bad in [
+            // A positional array is not an object, even with the right values in order.
+            r#"[1,"h",1,"k"]"#.to_owned(),
+            format!("{drain},\"extra\":1}}"),
+            format!("{drain},\"tenant_id\":null,\"session_id\":\"s\"}}"),
+            format!("{drain},\"host_id\":\"h\"}}"),
+        ] {
+            assert!(DrainRequest::decode(bad.as_bytes()).is_err(), "{bad}");
+        }
+        assert!(SubscribeOptions::decode(br#"{"version":1,"ephemeral":null}"#).is_err());
+        assert!(SubscribeOptions::decode(br#"{"version":1}"#).is_ok());
+        let attach = r#"{"version":1,"tenant_id":"t","session_id":"s","host_id":"h","host_generation":1,"agent_id":"a","runtime_compatibility_id":"b","mode":"create","actor_id":"x","idempotency_key":"k""#;
+        assert!(AttachRequest::decode(format!("{attach}}}").as_bytes()).is_ok());
+        for bad in [
+            format!("{attach},\"trace_id\":null}}"),
+            format!("{attach},\"mode\":\"create\"}}"),
+            format!("{attach}}}").replace("create", "resume"),
+        ] {
+            assert!(AttachRequest::decode(bad.as_bytes()).is_err(), "{bad}");
+        }
+        assert!(
+            DrainObservation::decode(
+                br#"{"host_id":"h","host_generation":1,"drain_generation":1,"state":"drained","x":1}"#
+            )
+            .is_err()
+        );
     }
 
     #[test]

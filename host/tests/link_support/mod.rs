@@ -18,7 +18,7 @@ use hostlink::auth::{AuthVerifier, CredentialStore, credential_digest_hex};
 use hostlink::records::{
     AttachRequest, BindRequest, DrainObservation, DrainRequest, DrainState, EnduringPublication,
     EphemeralPublication, HostLinkError, PreviewStream, RegistryObservation, SessionScope,
-    UnbindRequest,
+    UnbindRequest, V1,
 };
 use hostlink::timestamp::Timestamp;
 use serde_json::Value;
@@ -242,6 +242,7 @@ impl LinkBackend for TestBackend {
         }
         let r = &st.residents[&key];
         Ok(RegistryObservation {
+            version: V1,
             tenant_id: req.tenant_id,
             session_id: req.session_id,
             host_id: req.host_id,
