@@ -18,8 +18,9 @@ use tokio_util::task::task_tracker::TaskTrackerToken;
 use tracing::Instrument;
 
 use super::Core;
+use super::closer::Closer;
 use super::pump::{Pump, TokenBucket};
-use super::transport::{Closer, Heartbeat, Outbound, WriterTiming, read_loop, write_loop};
+use super::transport::{Heartbeat, Outbound, WriterTiming, read_loop, write_loop};
 use crate::link::backend::{ExtensionReply, FeedItem, LinkBackend, LinkCtx, LinkId, Refusal};
 use hostlink::channel::{parse_session_channel, session_channel};
 use hostlink::codes::{Disconnect, ReplyError};

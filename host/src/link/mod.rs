@@ -11,7 +11,9 @@
 //! a Tokio runtime. Setting `TCP_NODELAY` is the owner's listener's job.
 
 pub mod backend;
+mod closer;
 mod connection;
+mod encode;
 pub mod options;
 mod pump;
 mod registry;
@@ -29,8 +31,8 @@ use tracing::Instrument;
 
 pub use backend::{ExtensionReply, FeedItem, LinkBackend, LinkCtx, LinkId, Refusal, SessionFeed};
 pub use connection::{RESERVED_METHODS, UNSUBSCRIBE_BINDING_DROPPED};
+pub use encode::{ENDURING_RECORD, EPHEMERAL_RECORD, RECORD_TAG};
 pub use options::{LinkConfig, LinkOptions, LinkOptionsError};
-pub use pump::{ENDURING_RECORD, EPHEMERAL_RECORD, RECORD_TAG};
 
 use hostlink::codes::Disconnect;
 use registry::Registry;

@@ -5,7 +5,6 @@
 //! waits without bound: an enduring record that cannot be queued in time, or a feed that
 //! overflowed, ends the link as slow (3008).
 
-use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,22 +14,16 @@ use tokio::sync::{broadcast, mpsc};
 use tokio::time::{Instant, sleep_until, timeout};
 use tokio_util::sync::CancellationToken;
 
+use super::closer::Closer;
+use super::encode::{EPHEMERAL_RECORD, EnduringEncoder, RECORD_TAG};
 use super::registry::Registry;
-use super::transport::{Closer, Outbound};
+use super::transport::Outbound;
 use crate::link::backend::{FeedItem, LinkId};
 use hostlink::codes::Disconnect;
 use hostlink::frame::encode_publication_push;
-use hostlink::json::push_json_string;
 use hostlink::records::{
     EnduringPublication, EphemeralPublication, MAX_PREVIEW_TEXT_BYTES, PreviewStream,
 };
-
-/// The Centrifuge publication tag that names a push's record type.
-pub const RECORD_TAG: &str = "record";
-/// The tag value of an enduring record.
-pub const ENDURING_RECORD: &str = "enduring_publication";
-/// The tag value of a preview.
-pub const EPHEMERAL_RECORD: &str = "ephemeral_publication";
 
 /// A per-link byte budget for previews.
 pub(crate) struct TokenBucket {
@@ -63,82 +56,6 @@ impl TokenBucket {
         } else {
             false
         }
-    }
-}
-
-/// Encodes one subscription's enduring pushes: byte for byte what
-/// `encode_publication_push(channel, &record.encode(), &[(RECORD_TAG, ENDURING_RECORD)])`
-/// gives, with everything fixed for the subscription (channel, tenant, session, tags) encoded
-/// once. The pump hands the record itself to the writer ([`Outbound::Enduring`]), which
-/// encodes it straight into the frame it goes out in: on a session with many links this is
-/// the per-link hot path, so it costs one copy of the body and no allocation of its own.
-pub(crate) struct EnduringEncoder {
-    /// `{"push":{"channel":…,"pub":{"data":{"tenant_id":…,"session_id":…,"event_id":`
-    head: String,
-    /// `},"tags":{"record":"enduring_publication"}}}}`
-    tail: String,
-}
-
-/// Room for `,"journal_seq":N,"covered_through":N,"body":` with two 20-digit numbers.
-const ENDURING_MIDDLE_BYTES: usize = 80;
-
-impl EnduringEncoder {
-    pub(crate) fn new(channel: &str, tenant: &TenantId, session: &SessionId) -> EnduringEncoder {
-        let mut head = String::from(r#"{"push":{"channel":"#);
-        push_json_string(&mut head, channel);
-        head.push_str(r#","pub":{"data":{"tenant_id":"#);
-        push_json_string(&mut head, tenant.as_str());
-        head.push_str(r#","session_id":"#);
-        push_json_string(&mut head, session.as_str());
-        head.push_str(r#","event_id":"#);
-        let mut tail = String::from(r#"},"tags":{"#);
-        push_json_string(&mut tail, RECORD_TAG);
-        tail.push(':');
-        push_json_string(&mut tail, ENDURING_RECORD);
-        tail.push_str("}}}}");
-        EnduringEncoder { head, tail }
-    }
-
-    /// About how many bytes the push for `record` takes (exact unless the event id needs
-    /// escaping): for sizing frames and batches.
-    pub(crate) fn encoded_len(&self, record: &EnduringPublication) -> usize {
-        self.head.len()
-            + record.event_id.as_str().len()
-            + 2
-            + ENDURING_MIDDLE_BYTES
-            + record.body().get().len()
-            + self.tail.len()
-    }
-
-    /// Appends the push for `record`, which belongs to the encoder's tenant and session.
-    pub(crate) fn encode_into(&self, out: &mut String, record: &EnduringPublication) {
-        let body = record.body().get();
-        out.push_str(&self.head);
-        push_json_string(out, record.event_id.as_str());
-        let _ = write!(
-            out,
-            r#","journal_seq":{},"covered_through":{},"body":"#,
-            record.journal_seq.get(),
-            record.covered_through
-        );
-        // Batching is line-delimited: a raw line break (only ever insignificant whitespace in
-        // valid JSON, and only the body can hold one) goes out as a space, as `one_line` does.
-        if body.as_bytes().contains(&b'\n') || body.as_bytes().contains(&b'\r') {
-            out.extend(body.chars().map(|c| match c {
-                '\n' | '\r' => ' ',
-                c => c,
-            }));
-        } else {
-            out.push_str(body);
-        }
-        out.push_str(&self.tail);
-    }
-
-    #[cfg(test)]
-    fn encode(&self, record: &EnduringPublication) -> String {
-        let mut out = String::with_capacity(self.encoded_len(record));
-        self.encode_into(&mut out, record);
-        out
     }
 }
 
@@ -317,6 +234,7 @@ impl Pump {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::link::encode::ENDURING_RECORD;
     use serde_json::value::RawValue;
     use sessionstore::EventId;
     use std::num::NonZeroU64;

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use sessionstore::{SessionId, TenantId};
 use tokio::sync::Notify;
 
-use super::transport::Closer;
+use super::closer::Closer;
 use crate::link::backend::LinkId;
 use hostlink::codes::Disconnect;
 

@@ -1,12 +1,11 @@
 //! One link's WebSocket transport: the reader (frames in, commands to the link, pongs
 //! recorded), the writer (the bounded outbound queue out, batched, enduring records encoded
 //! straight into their frame; the application ping and the pong deadline; the close frame
-//! last) and the [`Closer`] every part uses to end the
-//! link with one reason. Never interprets a command and never buffers without bound: a full
+//! last). The link ends through its [`Closer`]. Never interprets a command and never buffers without bound: a full
 //! queue or a stalled socket ends the link as slow.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
@@ -16,7 +15,8 @@ use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep_until, timeout_at};
 use tokio_util::sync::CancellationToken;
 
-use super::pump::EnduringEncoder;
+use super::closer::Closer;
+use super::encode::EnduringEncoder;
 use hostlink::codes::Disconnect;
 use hostlink::frame::{
     Command, FrameError, Inbound, MAX_OUTBOUND_BATCH_BYTES, MAX_OUTBOUND_BATCH_MESSAGES, PING,
@@ -27,48 +27,6 @@ use hostlink::records::EnduringPublication;
 /// How long closing may take: writing what is owed, the close frame, and waiting for the
 /// client's close frame in answer.
 pub(crate) const CLOSE_GRACE: Duration = Duration::from_secs(5);
-
-/// Ends a link once, with the first reason given.
-pub(crate) struct Closer {
-    token: CancellationToken,
-    reason: OnceLock<Disconnect>,
-}
-
-impl Closer {
-    pub(crate) fn new() -> Closer {
-        Closer {
-            token: CancellationToken::new(),
-            reason: OnceLock::new(),
-        }
-    }
-
-    /// Ends the link (the first reason wins).
-    pub(crate) fn close(&self, disconnect: Disconnect) {
-        let _ = self.reason.set(disconnect);
-        self.token.cancel();
-    }
-
-    pub(crate) fn is_closed(&self) -> bool {
-        self.token.is_cancelled()
-    }
-
-    /// The reason the link ended (the peer going away if none was given).
-    pub(crate) fn reason(&self) -> Disconnect {
-        self.reason
-            .get()
-            .copied()
-            .unwrap_or(Disconnect::CONNECTION_CLOSED)
-    }
-
-    pub(crate) async fn closed(&self) {
-        self.token.cancelled().await
-    }
-
-    /// A token cancelled when the link ends (for the link's subordinate tasks).
-    pub(crate) fn child_token(&self) -> CancellationToken {
-        self.token.child_token()
-    }
-}
 
 /// What the link hands its writer.
 pub(crate) enum Outbound {
