@@ -40,6 +40,9 @@ fn fleet_host(dir: &Path, name: &str, store: &str, credentials: &Path) -> Serve 
             "1200ms",
             "--reconcile-interval",
             "200ms",
+            // A claim the dead Host held blocks its command until the claim expires.
+            "--claim-ttl",
+            "2s",
         ],
     )
 }
