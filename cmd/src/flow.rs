@@ -101,9 +101,8 @@ struct UpArgs {
     /// its own output goes to .hostd/flow/up.log).
     #[arg(short, long)]
     detach: bool,
-    /// Events as JSON lines on stdout (service output included); errors as one JSON object
-    /// on stderr. With --detach or --dry-run: one JSON document.
-    #[arg(long)]
+    /// Set from the global `--json` flag.
+    #[arg(skip)]
     json: bool,
     /// How long each start of a service (or run of a one-shot job) may take to be ready.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "2m")]
@@ -124,15 +123,15 @@ struct DownArgs {
     /// Show what would be signalled (and what would be refused), signal nothing.
     #[arg(long)]
     dry_run: bool,
-    /// Print the receipts as one JSON document; errors as one JSON object on stderr.
-    #[arg(long)]
+    /// Set from the global `--json` flag.
+    #[arg(skip)]
     json: bool,
 }
 
 #[derive(Debug, Args)]
 struct StatusArgs {
-    /// Print the status as one JSON document; errors as one JSON object on stderr.
-    #[arg(long)]
+    /// Set from the global `--json` flag.
+    #[arg(skip)]
     json: bool,
 }
 
@@ -171,8 +170,8 @@ struct GraphArgs {
 struct EnvArgs {
     /// The service.
     service: String,
-    /// One JSON object instead of KEY=VALUE lines.
-    #[arg(long)]
+    /// Set from the global `--json` flag.
+    #[arg(skip)]
     json: bool,
 }
 
@@ -232,15 +231,15 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 
 /// Runs one `hostd flow` command. Refusals are printed here, each with its stable code, so
 /// the caller only sees an exit code.
-pub async fn run(args: FlowArgs) -> Result<ExitCode> {
+pub async fn run(mut args: FlowArgs, json: bool) -> Result<ExitCode> {
+    match &mut args.command {
+        FlowCommand::Up(a) => a.json = json,
+        FlowCommand::Down(a) => a.json = json,
+        FlowCommand::Status(a) => a.json = json,
+        FlowCommand::Env(a) => a.json = json,
+        _ => {}
+    }
     let root = args.workspace;
-    let json = match &args.command {
-        FlowCommand::Up(a) => a.json,
-        FlowCommand::Down(a) => a.json,
-        FlowCommand::Status(a) => a.json,
-        FlowCommand::Env(a) => a.json,
-        _ => false,
-    };
     let result = match args.command {
         FlowCommand::Up(a) => up(&root, a).await,
         FlowCommand::Down(a) => down(&root, a).await,

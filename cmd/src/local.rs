@@ -74,7 +74,7 @@ impl DataDir {
         if token_path.exists() {
             return Ok(false);
         }
-        let (token, digest) = host::hostlink::auth::mint_credential();
+        let (token, digest) = hostlink::auth::mint_credential();
         write_private(&token_path, token.expose_secret().as_bytes())?;
         let creds = self.credentials_path();
         let mut f = fs::OpenOptions::new()

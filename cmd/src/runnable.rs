@@ -68,8 +68,8 @@ enum RunnableCommand {
 
 #[derive(Debug, Args)]
 struct JsonFlag {
-    /// Print JSON instead of text.
-    #[arg(long)]
+    /// Set from the global `--json` flag.
+    #[arg(skip)]
     json: bool,
 }
 
@@ -81,8 +81,8 @@ struct ShowArgs {
     /// Select this version (the same as `name@version`).
     #[arg(long, value_name = "VERSION")]
     version: Option<String>,
-    /// Print JSON instead of text.
-    #[arg(long)]
+    /// Set from the global `--json` flag.
+    #[arg(skip)]
     json: bool,
 }
 
@@ -99,8 +99,8 @@ struct BuildArgs {
     /// Write an unreleased package into this folder, which must not exist yet.
     #[arg(long, value_name = "DIR")]
     output: Option<PathBuf>,
-    /// Print JSON instead of text.
-    #[arg(long)]
+    /// Set from the global `--json` flag.
+    #[arg(skip)]
     json: bool,
 }
 
@@ -131,8 +131,8 @@ struct InvokeArgs {
     /// An explicit idempotency key (default: derived from the intent and the release).
     #[arg(long, value_name = "ID")]
     effect_id: Option<String>,
-    /// Print the whole result as JSON on stdout.
-    #[arg(long)]
+    /// Set from the global `--json` flag.
+    #[arg(skip)]
     json: bool,
 }
 
@@ -146,8 +146,8 @@ struct PublishArgs {
     /// The data folder whose embedded store to use when --store is not given.
     #[arg(long, env = "HOST_DATA_DIR", default_value = "./.hostd")]
     data_dir: PathBuf,
-    /// Print JSON instead of text.
-    #[arg(long)]
+    /// Set from the global `--json` flag.
+    #[arg(skip)]
     json: bool,
 }
 
@@ -174,7 +174,14 @@ fn print_json(v: &Value) {
     let _ = writeln!(out);
 }
 
-pub async fn run(args: RunnableArgs) -> Result<ExitCode> {
+pub async fn run(mut args: RunnableArgs, json: bool) -> Result<ExitCode> {
+    match &mut args.command {
+        RunnableCommand::List(f) => f.json = json,
+        RunnableCommand::Show(a) => a.json = json,
+        RunnableCommand::Build(a) => a.json = json,
+        RunnableCommand::Invoke(a) => a.json = json,
+        RunnableCommand::Publish(a) => a.json = json,
+    }
     let runner = match Runner::open(&args.workspace) {
         Ok(r) => r,
         Err(e) => {

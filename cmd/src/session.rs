@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
-use host::client::Publication;
-use host::controller::{Controller, Placed};
+use controller::client::Publication;
+use controller::{Controller, Placed};
 use serde_json::Value;
 use sessionstore::wire::CommandBodyV1;
 use sessionstore::{
@@ -19,6 +19,8 @@ use sessionstore::{
 
 use crate::agents::{SCRIPTED_AGENT, build_of};
 use crate::local::{DataDir, LOCAL_TENANT};
+use crate::output::Output;
+use crate::signals::StopSignals;
 
 /// Create sessions, send them messages, answer their gates, and watch them — as a controller.
 #[derive(Debug, Args)]
@@ -40,10 +42,6 @@ pub struct SessionArgs {
     /// The tenant's HostLink token (default: read from the data folder).
     #[arg(long, global = true, env = "HOST_TENANT_TOKEN", hide_env_values = true)]
     token: Option<String>,
-    /// Print JSON instead of text.
-    #[arg(long, global = true)]
-    json: bool,
-
     #[command(subcommand)]
     command: SessionCommand,
 }
@@ -67,25 +65,35 @@ enum SessionCommand {
     },
     /// Send a message and wait until the Host has applied it.
     Send {
+        /// The session id (as `hostd session create` printed it).
         session: String,
+        /// The message text.
         text: String,
         /// A command id, to make retries idempotent (default: a fresh one).
         #[arg(long)]
         command_id: Option<String>,
     },
     /// Interrupt the turn in flight.
-    Interrupt { session: String },
+    Interrupt {
+        /// The session id.
+        session: String,
+    },
     /// Answer a gate: approve/deny a permission, or `answer --text ...` a question. GATE is a
     /// gate id from `hostd session gates`, or `next` for the oldest open gate.
     Answer {
+        /// The session id.
         session: String,
+        /// A gate id from `hostd session gates`, or `next` for the oldest open gate.
         gate: String,
+        /// The answer: approve or deny (a permission), answer (a question).
         action: String,
+        /// The answer's text (for `answer`).
         #[arg(long)]
         text: Option<String>,
     },
     /// List the session's open gates.
     Gates {
+        /// The session id.
         session: String,
         /// Wait (up to 30 s) until at least one gate is open.
         #[arg(long)]
@@ -93,6 +101,7 @@ enum SessionCommand {
     },
     /// Stream the session's events as they are committed (Ctrl-C to stop).
     Watch {
+        /// The session id.
         session: String,
         /// Also show the live text as it is generated.
         #[arg(long)]
@@ -100,6 +109,7 @@ enum SessionCommand {
     },
     /// Print the session's durable public journal.
     Journal {
+        /// The session id.
         session: String,
         /// Only events after this journal sequence.
         #[arg(long, default_value_t = 0)]
@@ -111,10 +121,10 @@ enum SessionCommand {
 
 struct Ctx {
     controller: Controller,
-    json: bool,
+    out: Output,
 }
 
-async fn context(args: &SessionArgs) -> Result<Ctx> {
+async fn context(args: &SessionArgs, out: Output) -> Result<Ctx> {
     let data = DataDir::new(&args.data_dir);
     let runtime = data.read_runtime()?;
     let store_url = match (&args.store, &runtime) {
@@ -157,7 +167,7 @@ async fn context(args: &SessionArgs) -> Result<Ctx> {
         })?;
     Ok(Ctx {
         controller: Controller::new(store, TenantId::new(tenant).context("--tenant")?, token),
-        json: args.json,
+        out,
     })
 }
 
@@ -220,14 +230,9 @@ async fn deliver_and_report(
         .await?
     {
         Some(done) => {
-            if ctx.json {
-                println!(
-                    "{}",
-                    serde_json::json!({"command_id": done.command.as_str(), "kind": done.kind.as_str(), "state": done.state.as_str(), "outcome": done.outcome.map(|o| o.as_str()), "reason": done.reason})
-                );
-            } else {
-                println!("{}", outcome_line(&done));
-            }
+            ctx.out.record(outcome_line(&done), || {
+                serde_json::json!({"command_id": done.command.as_str(), "kind": done.kind.as_str(), "state": done.state.as_str(), "outcome": done.outcome.map(|o| o.as_str()), "reason": done.reason})
+            })?;
             Ok(if done.state == sessionstore::CommandState::Applied {
                 ExitCode::SUCCESS
             } else {
@@ -235,10 +240,10 @@ async fn deliver_and_report(
             })
         }
         None => {
-            eprintln!(
-                "hostd: command {} admitted but not yet applied (it stays in the inbox)",
+            ctx.out.warn(format_args!(
+                "command {} admitted but not yet applied (it stays in the inbox)",
                 rec.command
-            );
+            ));
             Ok(ExitCode::FAILURE)
         }
     }
@@ -312,8 +317,8 @@ fn render(body: &Value) -> Option<String> {
     })
 }
 
-pub async fn run(args: SessionArgs) -> Result<ExitCode> {
-    let ctx = context(&args).await?;
+pub async fn run(args: SessionArgs, out: Output) -> Result<ExitCode> {
+    let ctx = context(&args, out).await?;
     match args.command {
         SessionCommand::Create {
             session,
@@ -339,14 +344,9 @@ pub async fn run(args: SessionArgs) -> Result<ExitCode> {
                 .await?;
             let placed = place(&ctx, &session).await?;
             let _ = ctx.controller.deliver(&placed, &create.command).await;
-            if ctx.json {
-                println!(
-                    "{}",
-                    serde_json::json!({"session_id": session.as_str(), "host_id": placed.observation.host_id.as_str(), "lease_epoch": placed.observation.lease_epoch.get()})
-                );
-            } else {
-                println!("{session}");
-            }
+            ctx.out.record(&session, || {
+                serde_json::json!({"session_id": session.as_str(), "host_id": placed.observation.host_id.as_str(), "lease_epoch": placed.observation.lease_epoch.get()})
+            })?;
             Ok(ExitCode::SUCCESS)
         }
         SessionCommand::Send {
@@ -402,18 +402,22 @@ pub async fn run(args: SessionArgs) -> Result<ExitCode> {
         SessionCommand::Gates { session, wait } => {
             let bound = wait.then_some(Duration::from_secs(30));
             let gates = open_gates(&ctx, &session_id(&session)?, bound).await?;
-            if ctx.json {
+            if ctx.out.is_json() {
                 let v: Vec<Value> = gates
                     .iter()
                     .map(|g| serde_json::json!({"gate_id": g.gate.as_str(), "kind": g.kind, "prompt": g.prompt_summary, "opened_seq": g.opened_seq, "deadline_ms": g.deadline_ms}))
                     .collect();
-                println!("{}", Value::Array(v));
+                ctx.out.line(Value::Array(v))?;
             } else if gates.is_empty() {
-                println!("no open gates");
+                ctx.out.line("no open gates")?;
             } else {
-                println!("{:<38} {:<11} PROMPT", "GATE", "KIND");
+                ctx.out
+                    .line(format_args!("{:<38} {:<11} PROMPT", "GATE", "KIND"))?;
                 for g in gates {
-                    println!("{:<38} {:<11} {}", g.gate, g.kind, g.prompt_summary);
+                    ctx.out.line(format_args!(
+                        "{:<38} {:<11} {}",
+                        g.gate, g.kind, g.prompt_summary
+                    ))?;
                 }
             }
             Ok(ExitCode::SUCCESS)
@@ -425,7 +429,7 @@ pub async fn run(args: SessionArgs) -> Result<ExitCode> {
             let mut last = 0;
             for e in &page.events {
                 last = e.seq;
-                print_event(&ctx, e.seq, &e.body);
+                print_event(&ctx, e.seq, &e.body)?;
             }
             let placed = place(&ctx, &session).await?;
             let mut rx = ctx.controller.bind_and_stream(&placed, previews).await?;
@@ -434,15 +438,16 @@ pub async fn run(args: SessionArgs) -> Result<ExitCode> {
             let page = ctx.controller.journal(&session, last, None, 1000).await?;
             for e in &page.events {
                 last = e.seq;
-                print_event(&ctx, e.seq, &e.body);
+                print_event(&ctx, e.seq, &e.body)?;
             }
             let mut mid_preview = false;
+            let mut stop = StopSignals::listen()?;
             loop {
                 tokio::select! {
-                    _ = tokio::signal::ctrl_c() => return Ok(ExitCode::SUCCESS),
+                    _ = stop.next() => return Ok(ExitCode::SUCCESS),
                     p = rx.recv() => match p {
                         None => {
-                            eprintln!("hostd: the Host ended the stream; run watch again to continue");
+                            ctx.out.warn("the Host ended the stream; run watch again to continue");
                             return Ok(ExitCode::FAILURE);
                         }
                         Some(Publication::Enduring(e)) => {
@@ -450,19 +455,17 @@ pub async fn run(args: SessionArgs) -> Result<ExitCode> {
                             if seq <= last { continue; }
                             last = seq;
                             if mid_preview {
-                                println!();
+                                ctx.out.line("")?;
                                 mid_preview = false;
                             }
-                            print_event(&ctx, seq, e.body().get().as_bytes());
+                            print_event(&ctx, seq, e.body().get().as_bytes())?;
                         }
                         Some(Publication::Ephemeral(p)) => {
-                            if ctx.json {
-                                println!("{}", serde_json::json!({"preview": p.text}));
+                            if ctx.out.is_json() {
+                                ctx.out.line(serde_json::json!({"preview": p.text}))?;
                             } else {
-                                use std::io::Write;
                                 mid_preview = true;
-                                print!("{}", p.text);
-                                let _ = std::io::stdout().flush();
+                                ctx.out.partial(&p.text)?;
                             }
                         }
                     }
@@ -476,7 +479,7 @@ pub async fn run(args: SessionArgs) -> Result<ExitCode> {
             loop {
                 let page = ctx.controller.journal(&session, after, tip, 500).await?;
                 for e in &page.events {
-                    print_event(&ctx, e.seq, &e.body);
+                    print_event(&ctx, e.seq, &e.body)?;
                 }
                 tip = Some(page.tip);
                 if page.next_after >= page.tip || page.events.is_empty() {
@@ -498,8 +501,11 @@ pub async fn run(args: SessionArgs) -> Result<ExitCode> {
                 .max()
                 .unwrap_or(7)
                 .max(7);
-            if !ctx.json {
-                println!("{:<w$} {:<12} {:<10} HOST", "SESSION", "AGENT", "RESIDENCY");
+            if !ctx.out.is_json() {
+                ctx.out.line(format_args!(
+                    "{:<w$} {:<12} {:<10} HOST",
+                    "SESSION", "AGENT", "RESIDENCY"
+                ))?;
             }
             for s in sessions {
                 let reg = ctx
@@ -512,20 +518,16 @@ pub async fn run(args: SessionArgs) -> Result<ExitCode> {
                     .map(|r| r.host.to_string())
                     .unwrap_or_else(|| "-".into());
                 let residency = reg.as_ref().map(|r| r.residency.as_str()).unwrap_or("none");
-                if ctx.json {
-                    println!(
-                        "{}",
-                        serde_json::json!({"session_id": s.session.as_str(), "agent_id": s.agent.as_str(), "residency": residency, "host_id": host})
-                    );
-                } else {
-                    println!(
+                ctx.out.record(
+                    format_args!(
                         "{:<w$} {:<12} {:<10} {}",
                         s.session.as_str(),
                         s.agent.as_str(),
                         residency,
                         host
-                    );
-                }
+                    ),
+                    || serde_json::json!({"session_id": s.session.as_str(), "agent_id": s.agent.as_str(), "residency": residency, "host_id": host}),
+                )?;
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -549,14 +551,16 @@ async fn open_gates(
     }
 }
 
-fn print_event(ctx: &Ctx, seq: u64, body: &[u8]) {
+fn print_event(ctx: &Ctx, seq: u64, body: &[u8]) -> Result<()> {
     let value: Value = match serde_json::from_slice(body) {
         Ok(v) => v,
-        Err(_) => return,
+        Err(_) => return Ok(()),
     };
-    if ctx.json {
-        println!("{}", serde_json::json!({"seq": seq, "body": value}));
+    if ctx.out.is_json() {
+        ctx.out.line(serde_json::json!({"seq": seq, "body": value}))
     } else if let Some(line) = render(&value) {
-        println!("{line}");
+        ctx.out.line(line)
+    } else {
+        Ok(())
     }
 }

@@ -30,17 +30,17 @@ use axum::response::Response;
 use axum::routing::get;
 use axum::serve::ListenerExt as _;
 use futures::{SinkExt, StreamExt};
-use host::hostlink::auth::{AuthVerifier, CredentialStore, credential_digest_hex};
-use host::hostlink::backend::{FeedItem, LinkBackend, LinkCtx, Refusal, SessionFeed};
-use host::hostlink::channel::session_channel;
-use host::hostlink::codes::Disconnect;
-use host::hostlink::frame::{PING, encode_publication_push};
-use host::hostlink::link::{ENDURING_RECORD, RECORD_TAG};
-use host::hostlink::records::{
+use host::link::backend::{FeedItem, LinkBackend, LinkCtx, Refusal, SessionFeed};
+use host::link::{ENDURING_RECORD, RECORD_TAG};
+use host::link::{LinkOptions, hostlink_router};
+use hostlink::auth::{AuthVerifier, CredentialStore, credential_digest_hex};
+use hostlink::channel::session_channel;
+use hostlink::codes::Disconnect;
+use hostlink::frame::{PING, encode_publication_push};
+use hostlink::records::{
     AttachRequest, BindRequest, DrainObservation, DrainRequest, EnduringPublication, HostLinkError,
     RegistryObservation, UnbindRequest,
 };
-use host::hostlink::{LinkOptions, hostlink_router};
 use serde_json::Value;
 use serde_json::value::RawValue;
 use sessionstore::{CommandId, EventId, SessionId, TenantId};

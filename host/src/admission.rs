@@ -46,6 +46,11 @@ impl Admission {
         self.consumed
     }
 
+    /// The sessions holding a charge now.
+    pub fn charged(&self) -> impl Iterator<Item = &SessionKey> {
+        self.charges.keys()
+    }
+
     /// Charges `weight` for `key` under `generation`.
     pub fn admit(
         &mut self,

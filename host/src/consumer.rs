@@ -21,8 +21,8 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::failpoints::{self, steps};
+use crate::residency::{EndReason, SessionCtx};
 use crate::resident::Resident;
-use crate::service::{Core, EndReason};
 
 /// Why a pass stopped early.
 #[derive(Debug)]
@@ -43,7 +43,8 @@ enum Check {
 }
 
 /// Runs the consumer until the residency's tasks are cancelled.
-pub(crate) async fn run(core: Arc<Core>, resident: Arc<Resident>, mut hints: mpsc::Receiver<()>) {
+pub(crate) async fn run(ctx: SessionCtx, mut hints: mpsc::Receiver<()>) {
+    let resident = ctx.resident().clone();
     let span = tracing::info_span!(
         "consumer",
         tenant = %resident.key.tenant,
@@ -51,22 +52,19 @@ pub(crate) async fn run(core: Arc<Core>, resident: Arc<Resident>, mut hints: mps
         epoch = resident.epoch.0
     );
     let mut c = Consumer {
-        core,
+        ctx,
         resident,
         tokens: HashMap::new(),
     };
     async move {
-        let interval = c.core.config.reconcile_interval;
+        let interval = c.ctx.config().reconcile_interval;
         let cancel = c.resident.cancel.clone();
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 h = hints.recv() => {
                     if h.is_none() { break; }
-                    c.drained_hint();
-                    while hints.try_recv().is_ok() {
-                        c.drained_hint();
-                    }
+                    while hints.try_recv().is_ok() {}
                 }
                 _ = tokio::time::sleep(interval) => {}
             }
@@ -95,7 +93,7 @@ pub(crate) async fn run(core: Arc<Core>, resident: Arc<Resident>, mut hints: mps
 }
 
 struct Consumer {
-    core: Arc<Core>,
+    ctx: SessionCtx,
     resident: Arc<Resident>,
     /// Claim tokens of this residency, by command.
     tokens: HashMap<CommandId, Uuid>,
@@ -112,32 +110,15 @@ fn store_stop(e: StoreError) -> Stop {
 }
 
 impl Consumer {
-    fn drained_hint(&self) {
-        let q = &self.resident.consumer.queued;
-        if q.load(Ordering::SeqCst) > 0 {
-            q.fetch_sub(1, Ordering::SeqCst);
-            self.core.metrics.queue_depth.dec();
-        }
-    }
-
     fn set_blocked(&self, blocked: bool) {
-        let was = self
-            .resident
+        self.resident
             .consumer
             .blocked
-            .swap(blocked, Ordering::SeqCst);
-        if was != blocked {
-            if blocked {
-                self.core.metrics.command_blocked.inc();
-            } else {
-                self.core.metrics.command_blocked.dec();
-            }
-        }
+            .store(blocked, Ordering::SeqCst);
     }
 
     fn set_lag(&self, lag: i64) {
-        let old = self.resident.consumer.lag.swap(lag, Ordering::SeqCst);
-        self.core.metrics.command_lag.add(lag - old);
+        self.resident.consumer.lag.store(lag, Ordering::SeqCst);
     }
 
     fn stopped(&mut self, stop: Stop) {
@@ -149,24 +130,20 @@ impl Consumer {
             Stop::Retry(reason) => {
                 tracing::warn!(reason = %reason, "command pass failed on a store fault; retrying");
             }
-            Stop::End(reason) => {
-                self.core
-                    .clone()
-                    .end_residency_later(self.resident.clone(), reason);
-            }
+            Stop::End(reason) => self.ctx.end_later(reason),
         }
     }
 
     /// One pass. Ok(true) when the page was full (run again at once).
     async fn pass(&mut self) -> Result<bool, Stop> {
         let r = self.resident.clone();
-        let store = self.core.store.clone();
+        let store = self.ctx.store().clone();
         let cursor = store
             .cursor(&r.key.tenant, &r.key.session)
             .await
             .map_err(store_stop)?;
         let mut consumed = cursor.map_or(0, |c| c.consumed_order);
-        let batch = self.core.config.reconcile_batch;
+        let batch = self.ctx.config().reconcile_batch;
         let page = store
             .list_commands(&r.key.tenant, &r.key.session, consumed, batch)
             .await
@@ -213,8 +190,8 @@ impl Consumer {
                     outcome = Err(stop);
                     break;
                 }
-                self.core
-                    .metrics
+                self.ctx
+                    .metrics()
                     .apply_seconds
                     .with_label_values(&[kind.as_str()])
                     .observe(started.elapsed().as_secs_f64());
@@ -259,7 +236,7 @@ impl Consumer {
 
     async fn claim_and_apply(&mut self, rec: CommandRecord) -> Result<(), Stop> {
         let r = self.resident.clone();
-        let store = self.core.store.clone();
+        let store = self.ctx.store().clone();
         let token = self.token(&rec.command);
         let claimed = match store
             .claim(ClaimRequest {
@@ -268,7 +245,7 @@ impl Consumer {
                 command: rec.command.clone(),
                 epoch: r.epoch,
                 token,
-                ttl: self.core.config.claim_ttl,
+                ttl: self.ctx.config().claim_ttl,
                 expected_revision: rec.revision,
             })
             .await
@@ -288,7 +265,7 @@ impl Consumer {
             }
             Err(e) => return Err(store_stop(e)),
         };
-        failpoints::hit(self.core.config.host_id.as_str(), steps::AFTER_CLAIM).await;
+        failpoints::hit(self.ctx.config().host_id.as_str(), steps::AFTER_CLAIM).await;
         let body = match self.check(&claimed).await? {
             Check::Apply(b) => b,
             Check::Reject(reason) => return self.reject(&claimed, &reason).await,
@@ -320,7 +297,7 @@ impl Consumer {
             Err(e) => return Err(store_stop(e)),
         };
         failpoints::hit(
-            self.core.config.host_id.as_str(),
+            self.ctx.config().host_id.as_str(),
             steps::AFTER_BEGIN_ATTEMPT,
         )
         .await;
@@ -348,13 +325,13 @@ impl Consumer {
         };
         tracing::debug!(disposition = %recorded.disposition, seq = recorded.seq, "runtime disposed the command");
         failpoints::hit(
-            self.core.config.host_id.as_str(),
+            self.ctx.config().host_id.as_str(),
             steps::AFTER_DISPATCH_BEFORE_SETTLE,
         )
         .await;
         self.settle(applying).await?;
         failpoints::hit(
-            self.core.config.host_id.as_str(),
+            self.ctx.config().host_id.as_str(),
             steps::AFTER_SETTLE_BEFORE_CURSOR,
         )
         .await;
@@ -363,8 +340,8 @@ impl Consumer {
 
     async fn settle(&self, rec: &CommandRecord) -> Result<(), Stop> {
         match self
-            .core
-            .store
+            .ctx
+            .store()
             .settle(SettleRequest {
                 tenant: rec.tenant.clone(),
                 session: rec.session.clone(),
@@ -398,7 +375,7 @@ impl Consumer {
             epoch: r.epoch,
             expected_revision: rec.revision,
         };
-        match self.core.store.settle(req.clone()).await {
+        match self.ctx.store().settle(req.clone()).await {
             Ok(_) => return Ok(()),
             Err(e) if e.code() == ErrorCode::Evidence => {}
             Err(e) => return Err(store_stop(e)),
@@ -454,8 +431,8 @@ impl Consumer {
     async fn reject(&mut self, rec: &CommandRecord, reason: &str) -> Result<(), Stop> {
         tracing::info!(command = %rec.command, reason, "rejecting a command no Host could apply");
         match self
-            .core
-            .store
+            .ctx
+            .store()
             .reject(RejectRequest {
                 tenant: rec.tenant.clone(),
                 session: rec.session.clone(),
@@ -481,7 +458,7 @@ impl Consumer {
         let bytes = match &rec.body {
             CommandBody::Inline(b) => b.clone(),
             CommandBody::Object(reference) => {
-                match self.core.store.get_object(&rec.tenant, reference).await {
+                match self.ctx.store().get_object(&rec.tenant, reference).await {
                     Ok(obj) if obj.session != rec.session => {
                         return Ok(Check::Reject(
                             "payload object belongs to another session".into(),
@@ -506,7 +483,12 @@ impl Consumer {
             Err(e) => return Ok(Check::Block(format!("unreadable_command: {e}"))),
         };
         if let CommandBodyV1::GateResponse(answer) = &body {
-            let session = match self.core.store.session(&r.key.tenant, &r.key.session).await {
+            let session = match self
+                .ctx
+                .store()
+                .session(&r.key.tenant, &r.key.session)
+                .await
+            {
                 Ok(s) => s,
                 Err(e) => return Ok(Check::Block(format!("gate projection unreadable: {e}"))),
             };
@@ -518,8 +500,8 @@ impl Consumer {
             }
             if let Some(expected) = answer.expected_gate_seq {
                 let gates = match self
-                    .core
-                    .store
+                    .ctx
+                    .store()
                     .gates(&r.key.tenant, &r.key.session, false)
                     .await
                 {

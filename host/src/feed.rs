@@ -10,30 +10,26 @@ use std::sync::Arc;
 use serde_json::value::RawValue;
 use tokio::sync::broadcast;
 
-use crate::hostlink::backend::FeedItem;
-use crate::hostlink::records::{EnduringPublication, EphemeralPublication, PreviewStream};
-use crate::public_body::PublicJournal;
-use crate::resident::Resident;
-use crate::service::Core;
+use crate::link::FeedItem;
+use crate::residency::SessionCtx;
+use hostlink::public_journal::PublicJournal;
+use hostlink::records::{EnduringPublication, EphemeralPublication, PreviewStream};
 
 /// How many feed items a slow link may fall behind before it is disconnected.
 pub const RELAY_BUFFER: usize = 1024;
 
 /// Projects and relays committed events and previews until the residency ends.
-pub(crate) async fn relay(core: Arc<Core>, r: Arc<Resident>) {
+pub(crate) async fn relay(ctx: SessionCtx) {
+    let r = ctx.resident().clone();
     let mut committed = r.runtime.events.committed();
     let mut previews = r.runtime.events.previews();
     let mut journal = PublicJournal::new(
-        core.store.clone(),
+        ctx.store().clone(),
         r.key.tenant.clone(),
         r.key.session.clone(),
         r.binding.clone(),
     );
-    let invalidate = || {
-        let _ = core
-            .invalidations
-            .send((r.key.tenant.clone(), r.key.session.clone()));
-    };
+    let invalidate = || ctx.invalidate_routes();
     loop {
         tokio::select! {
             biased;

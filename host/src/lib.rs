@@ -5,22 +5,21 @@
 //! only through `department`'s traits and its durable state only through `sessionstore`.
 
 mod admission;
-pub mod client;
 mod consumer;
-pub mod controller;
 pub mod error;
 pub mod failpoints;
 pub mod feed;
-pub mod hostlink;
+pub mod link;
 mod link_backend;
 pub mod metrics;
 pub mod options;
-pub mod public_body;
 mod publisher;
 mod release;
+mod residency;
 mod resident;
 pub mod server;
 mod service;
+mod upkeep;
 
 pub use error::HostError;
 pub use link_backend::{CAPABILITIES, HostBackend};

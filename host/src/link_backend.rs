@@ -13,15 +13,15 @@ use sessionstore::{CommandId, CompatibilityId, Placement, SessionId, TenantId};
 use tokio::sync::broadcast;
 
 use crate::error::HostError;
-use crate::hostlink::auth::AuthVerifier;
-use crate::hostlink::backend::{LinkBackend, LinkCtx, LinkId, Refusal, SessionFeed};
-use crate::hostlink::records::{
-    AttachMode, AttachRequest, BindRequest, DrainObservation, DrainRequest, DrainState,
-    HostLinkError, RegistryObservation, SessionScope, UnbindRequest,
-};
-use crate::hostlink::timestamp::Timestamp;
+use crate::link::backend::{LinkBackend, LinkCtx, LinkId, Refusal, SessionFeed};
 use crate::resident::ResidentState;
 use crate::service::{AttachRequest as HostAttach, Observation, Service};
+use hostlink::auth::AuthVerifier;
+use hostlink::records::{
+    AttachMode, AttachRequest, BindRequest, DrainObservation, DrainRequest, DrainState,
+    HostLinkError, RegistryObservation, SessionScope, UnbindRequest, V1,
+};
+use hostlink::timestamp::Timestamp;
 
 /// The capability tokens this Host advertises after the reserved methods.
 pub const CAPABILITIES: [&str; 3] = [
@@ -79,6 +79,7 @@ impl HostBackend {
                 .ok_or_else(|| Refusal::Internal(format!("zero in an observation: {v}")))
         };
         Ok(RegistryObservation {
+            version: V1,
             tenant_id: o.tenant.clone(),
             session_id: o.session.clone(),
             host_id: o.host.clone(),

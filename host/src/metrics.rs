@@ -1,7 +1,13 @@
 //! The Host's own Prometheus registry. Owns every series name and help text (named here once)
-//! and the rendering of `/metrics`; nothing else registers a series. Never exports process or
-//! controller series: only this Host's local state.
+//! and the rendering of `/metrics`; nothing else registers a series. Gauges are computed at
+//! scrape time from the state that owns them (a [`GaugeSource`]); counters and histograms are
+//! recorded as things happen. Never exports process or controller series: only this Host's
+//! local state.
 
+use std::sync::{Arc, Mutex, Weak};
+
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounter, IntGauge, IntGaugeVec, Opts, Registry,
     TextEncoder,
@@ -21,20 +27,145 @@ pub const COMMAND_APPLY_SECONDS: &str = "host_command_apply_seconds";
 /// The residency states `host_sessions` is labelled with.
 pub const SESSION_STATES: [&str; 3] = ["attaching", "resident", "releasing"];
 
-/// The Host's metrics.
+/// What the gauges read from the state that owns it, at every scrape.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GaugeSample {
+    pub attaching: i64,
+    pub resident: i64,
+    pub releasing: i64,
+    pub gate_waiting: i64,
+    pub command_blocked: i64,
+    pub weight_consumed: i64,
+    pub weight_capacity: i64,
+    pub command_lag: i64,
+    pub queue_depth: i64,
+}
+
+/// The state the gauges describe (the residency table). Sampled at scrape time, so no gauge
+/// is ever kept in step by hand.
+pub trait GaugeSource: Send + Sync {
+    fn sample(&self) -> GaugeSample;
+}
+
+/// The Host's metrics: counters and histograms its parts record, and gauges computed from a
+/// [`GaugeSource`] when `/metrics` is rendered.
 #[derive(Clone)]
 pub struct Metrics {
     registry: Registry,
-    pub sessions: IntGaugeVec,
-    pub gate_waiting: IntGauge,
-    pub command_blocked: IntGauge,
-    pub weight_consumed: IntGauge,
-    pub weight_capacity: IntGauge,
-    pub command_lag: IntGauge,
-    pub queue_depth: IntGauge,
+    gauges: Arc<Gauges>,
     pub release_failures: IntCounter,
     pub attach_seconds: HistogramVec,
     pub apply_seconds: HistogramVec,
+}
+
+/// The gauge series, owned by the collector and set from a fresh sample at each scrape.
+struct Gauges {
+    source: Mutex<Option<Weak<dyn GaugeSource>>>,
+    sessions: IntGaugeVec,
+    gate_waiting: IntGauge,
+    command_blocked: IntGauge,
+    weight_consumed: IntGauge,
+    weight_capacity: IntGauge,
+    command_lag: IntGauge,
+    queue_depth: IntGauge,
+    descs: Vec<Desc>,
+}
+
+impl Gauges {
+    fn new() -> Result<Gauges, MetricsError> {
+        let sessions = m(IntGaugeVec::new(
+            Opts::new(SESSIONS, "Sessions on this Host by residency state."),
+            &["state"],
+        ))?;
+        let gate_waiting = m(IntGauge::new(
+            SESSIONS_GATE_WAITING,
+            "Resident sessions parked at one or more open gates.",
+        ))?;
+        let command_blocked = m(IntGauge::new(
+            SESSIONS_COMMAND_BLOCKED,
+            "Resident sessions whose next command cannot progress on this Host (non-zero is a fault to look at).",
+        ))?;
+        let weight_consumed = m(IntGauge::new(
+            ADMISSION_WEIGHT_CONSUMED,
+            "Admission weight held by resident and attaching sessions.",
+        ))?;
+        let weight_capacity = m(IntGauge::new(
+            ADMISSION_WEIGHT_CAPACITY,
+            "Admission weight this Host offers.",
+        ))?;
+        let command_lag = m(IntGauge::new(
+            COMMAND_LAG,
+            "Commands admitted to resident sessions and not yet consumed, as of each session's last pass.",
+        ))?;
+        let queue_depth = m(IntGauge::new(
+            COMMAND_QUEUE_DEPTH,
+            "Wake-ups queued for resident sessions' command consumers.",
+        ))?;
+        let mut descs = Vec::new();
+        for c in [
+            &sessions as &dyn Collector,
+            &gate_waiting,
+            &command_blocked,
+            &weight_consumed,
+            &weight_capacity,
+            &command_lag,
+            &queue_depth,
+        ] {
+            descs.extend(c.desc().into_iter().cloned());
+        }
+        Ok(Gauges {
+            source: Mutex::new(None),
+            sessions,
+            gate_waiting,
+            command_blocked,
+            weight_consumed,
+            weight_capacity,
+            command_lag,
+            queue_depth,
+            descs,
+        })
+    }
+}
+
+impl Collector for Gauges {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let source = match self.source.lock() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        };
+        let s = source
+            .and_then(|w| w.upgrade())
+            .map(|src| src.sample())
+            .unwrap_or_default();
+        for (state, v) in SESSION_STATES
+            .iter()
+            .zip([s.attaching, s.resident, s.releasing])
+        {
+            self.sessions.with_label_values(&[state]).set(v);
+        }
+        self.gate_waiting.set(s.gate_waiting);
+        self.command_blocked.set(s.command_blocked);
+        self.weight_consumed.set(s.weight_consumed);
+        self.weight_capacity.set(s.weight_capacity);
+        self.command_lag.set(s.command_lag);
+        self.queue_depth.set(s.queue_depth);
+        let mut out = self.sessions.collect();
+        for g in [
+            &self.gate_waiting,
+            &self.command_blocked,
+            &self.weight_consumed,
+            &self.weight_capacity,
+            &self.command_lag,
+            &self.queue_depth,
+        ] {
+            out.extend(g.collect());
+        }
+        out
+    }
 }
 
 impl std::fmt::Debug for Metrics {
@@ -58,71 +189,37 @@ fn reg<T: prometheus::core::Collector + Clone + 'static>(
     Ok(c)
 }
 
+/// The registry owns its collectors by value; the metrics keep a second handle on the gauges
+/// to name their source later.
+struct SharedGauges(Arc<Gauges>);
+
+impl Collector for SharedGauges {
+    fn desc(&self) -> Vec<&Desc> {
+        self.0.desc()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        self.0.collect()
+    }
+}
+
 fn m<T>(r: prometheus::Result<T>) -> Result<T, MetricsError> {
     r.map_err(|e| MetricsError(e.to_string()))
 }
 
 impl Metrics {
-    /// A fresh registry with every series at zero.
+    /// A fresh registry; the gauges read zero until [`Metrics::sample_from`] names their
+    /// source.
     pub fn new() -> Result<Metrics, MetricsError> {
         let r = Registry::new();
-        let sessions = reg(
-            &r,
-            m(IntGaugeVec::new(
-                Opts::new(SESSIONS, "Sessions on this Host by residency state."),
-                &["state"],
-            ))?,
-        )?;
-        for s in SESSION_STATES {
-            sessions.with_label_values(&[s]).set(0);
-        }
+        let gauges = Arc::new(Gauges::new()?);
+        r.register(Box::new(SharedGauges(gauges.clone())))
+            .map_err(|e| MetricsError(e.to_string()))?;
         let latency = vec![
             0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
         ];
         Ok(Metrics {
-            sessions,
-            gate_waiting: reg(
-                &r,
-                m(IntGauge::new(
-                    SESSIONS_GATE_WAITING,
-                    "Resident sessions parked at one or more open gates.",
-                ))?,
-            )?,
-            command_blocked: reg(
-                &r,
-                m(IntGauge::new(
-                    SESSIONS_COMMAND_BLOCKED,
-                    "Resident sessions whose next command cannot progress on this Host (non-zero is a fault to look at).",
-                ))?,
-            )?,
-            weight_consumed: reg(
-                &r,
-                m(IntGauge::new(
-                    ADMISSION_WEIGHT_CONSUMED,
-                    "Admission weight held by resident and attaching sessions.",
-                ))?,
-            )?,
-            weight_capacity: reg(
-                &r,
-                m(IntGauge::new(
-                    ADMISSION_WEIGHT_CAPACITY,
-                    "Admission weight this Host offers.",
-                ))?,
-            )?,
-            command_lag: reg(
-                &r,
-                m(IntGauge::new(
-                    COMMAND_LAG,
-                    "Commands admitted to resident sessions and not yet consumed, as of each session's last pass.",
-                ))?,
-            )?,
-            queue_depth: reg(
-                &r,
-                m(IntGauge::new(
-                    COMMAND_QUEUE_DEPTH,
-                    "Wake-ups queued for resident sessions' command consumers.",
-                ))?,
-            )?,
+            gauges,
             release_failures: reg(
                 &r,
                 m(IntCounter::new(
@@ -151,6 +248,15 @@ impl Metrics {
             )?,
             registry: r,
         })
+    }
+
+    /// Names the state the gauges are computed from at each scrape. Held weakly: the owner of
+    /// that state also owns these metrics.
+    pub fn sample_from(&self, source: Weak<dyn GaugeSource>) {
+        match self.gauges.source.lock() {
+            Ok(mut g) => *g = Some(source),
+            Err(p) => *p.into_inner() = Some(source),
+        }
     }
 
     /// The text exposition of this registry.

@@ -1,15 +1,40 @@
-//! Host options. Owns every bound a Host runs under, its default, and the one validation that
-//! turns [`Options`] into an immutable [`Config`]; every refusal is an [`OptionsError`] with a
-//! stable code and the field it concerns. Never performs I/O.
+//! Host options. Owns every bound a Host runs under, its type and default (a serde type, so a
+//! config file is this same type), and the one validation that turns [`Options`] into an
+//! immutable [`Config`]; every refusal is an [`OptionsError`] with a stable code and the field
+//! it concerns. Flags and environment variables are layered over these defaults by the
+//! binary (`hostd serve`); this module never reads either, and never performs I/O.
 
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
 use sessionstore::{HostId, Placement, SessionId};
 
+/// Durations as human-readable text (`500ms`, `30s`, `5m`) in config files, both ways.
+pub mod duration_text {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer, de};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*d).to_string())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let text = String::deserialize(d)?;
+        parse(&text).map_err(de::Error::custom)
+    }
+
+    /// Parses a duration as a flag or a config file spells it.
+    pub fn parse(text: &str) -> Result<Duration, String> {
+        humantime::parse_duration(text).map_err(|e| format!("{e} (e.g. 500ms, 30s, 5m)"))
+    }
+}
+
 /// How the Host admits tenants next to each other.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum IsolationClass {
     /// Any tenants may be resident together.
     #[default]
@@ -120,32 +145,46 @@ impl OptionsError {
     }
 }
 
-/// Everything a Host is configured with. Build one, then [`Options::validate`] it.
-#[derive(Clone, Debug)]
+/// Everything a Host is configured with. Build one (or read it from a config file's `[host]`
+/// section), then [`Options::validate`] it. Absent members take the defaults below.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Options {
     /// This Host's stable identity (required).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub host_id: Option<HostId>,
     /// The HostLink base a controller dials: `ws://` or `wss://` plus an authority, nothing
     /// else (required).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub internal_endpoint: Option<String>,
     pub isolation_class: IsolationClass,
     pub placement: Placement,
     /// How much admission weight the Host holds (dedicated: exactly 1).
     pub capacity: u32,
     /// The one session of a dedicated Host (required for dedicated, refused for pooled).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub fixed_session: Option<SessionId>,
     /// How long a pooled session stays resident while whole-session idle.
+    #[serde(with = "duration_text")]
     pub warm_ttl: Duration,
+    #[serde(with = "duration_text")]
     pub registry_heartbeat: Duration,
+    #[serde(with = "duration_text")]
     pub registry_expiry: Duration,
+    #[serde(with = "duration_text")]
     pub claim_ttl: Duration,
+    #[serde(with = "duration_text")]
     pub apply_deadline: Duration,
     /// The bound of each session's wake-up queue.
     pub command_queue_size: usize,
+    #[serde(with = "duration_text")]
     pub reconcile_interval: Duration,
     pub reconcile_batch: usize,
+    #[serde(with = "duration_text")]
     pub drain_grace: Duration,
+    #[serde(with = "duration_text")]
     pub idle_boundary: Duration,
+    #[serde(with = "duration_text")]
     pub publish_bound: Duration,
 }
 

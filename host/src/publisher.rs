@@ -6,7 +6,6 @@
 //! the publisher for good. Committed events are only hints to run a pass.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -15,8 +14,8 @@ use sessionstore::{ErrorCode, EventId, GateId, GateState, OpenGate, RecordKind};
 use tokio::sync::broadcast;
 use tracing::Instrument;
 
+use crate::residency::{EndReason, SessionCtx};
 use crate::resident::Resident;
-use crate::service::{Core, EndReason};
 
 /// Per-kind deadlines for a gate that declares no timeout.
 pub fn default_timeout(kind: &str) -> Duration {
@@ -43,7 +42,8 @@ struct Fold {
 }
 
 /// Runs the publisher until the residency's tasks are cancelled.
-pub(crate) async fn run(core: Arc<Core>, r: Arc<Resident>) {
+pub(crate) async fn run(ctx: SessionCtx) {
+    let r = ctx.resident().clone();
     let span = tracing::info_span!(
         "gate_publisher",
         tenant = %r.key.tenant,
@@ -58,20 +58,19 @@ pub(crate) async fn run(core: Arc<Core>, r: Arc<Resident>) {
             resolved: BTreeMap::new(),
         };
         let mut full_logged = false;
-        let mut tick = tokio::time::interval(core.config.reconcile_interval);
+        let mut tick = tokio::time::interval(ctx.config().reconcile_interval);
         let mut due = true;
         loop {
             if due {
-                match converge(&core, &r, &mut fold, &mut full_logged).await {
+                match converge(&ctx, &r, &mut fold, &mut full_logged).await {
                     Ok(changed) => {
-                        if changed && r.consumer.wake() {
-                            core.metrics.queue_depth.inc();
+                        if changed {
+                            r.consumer.wake();
                         }
                     }
                     Err(Stopped::Superseded(reason)) => {
                         tracing::warn!(reason = %reason, "gate publisher superseded; stopping for good");
-                        core.clone()
-                            .end_residency_later(r.clone(), EndReason::Lost(reason));
+                        ctx.end_later(EndReason::Lost(reason));
                         return;
                     }
                     Err(Stopped::Retry(reason)) => {
@@ -106,12 +105,12 @@ enum Stopped {
 }
 
 async fn converge(
-    core: &Core,
+    ctx: &SessionCtx,
     r: &Resident,
     fold: &mut Fold,
     full_logged: &mut bool,
 ) -> Result<bool, Stopped> {
-    let store = &core.store;
+    let store = ctx.store();
     // Fold the journal from where the last pass stopped.
     loop {
         let page = store
@@ -165,14 +164,8 @@ async fn converge(
             break;
         }
     }
-    // Waiting-at-a-gate, as a gauge of sessions.
-    let now_open = fold.open.len();
-    let before = r.gates_open.swap(now_open, Ordering::SeqCst);
-    if before == 0 && now_open > 0 {
-        core.metrics.gate_waiting.inc();
-    } else if before > 0 && now_open == 0 {
-        core.metrics.gate_waiting.dec();
-    }
+    // Waiting-at-a-gate, read by the gauges at scrape time.
+    r.gates_open.store(fold.open.len(), Ordering::SeqCst);
     let projected = store
         .gates(&r.key.tenant, &r.key.session, false)
         .await

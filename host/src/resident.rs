@@ -1,6 +1,8 @@
 //! A resident session: what the Host holds for one session it applies commands for. Owns the
-//! session's in-memory record (grant, runtime, state, task handles); the residency manager in
-//! `service` owns the table of them. Nothing here is durable: it is rebuilt by the next attach.
+//! session's in-memory record (grant, runtime, state, task handles, and the per-session
+//! figures the gauges read at scrape time); the residency owner (`residency`) owns the table
+//! of them. Nothing here is durable: it is rebuilt by the next attach. Never reaches the table
+//! or any other session.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
@@ -45,21 +47,21 @@ pub(crate) struct ConsumerControl {
     pub halted: AtomicBool,
     /// Held for the whole of a pass; a halt takes it to wait out the pass in flight.
     pub pass: Mutex<()>,
+    /// Whether the session's command stream is blocked (read at scrape time).
     pub blocked: AtomicBool,
+    /// Commands not yet consumed as of the last pass (read at scrape time).
     pub lag: AtomicI64,
-    pub queued: AtomicUsize,
 }
 
 impl ConsumerControl {
     /// A wake-up hint; never blocks (a full queue already guarantees a pass).
-    pub fn wake(&self) -> bool {
-        match self.hints.try_send(()) {
-            Ok(()) => {
-                self.queued.fetch_add(1, Ordering::SeqCst);
-                true
-            }
-            Err(_) => false,
-        }
+    pub fn wake(&self) {
+        let _ = self.hints.try_send(());
+    }
+
+    /// How many wake-ups wait in the queue now.
+    pub fn queued(&self) -> usize {
+        self.hints.max_capacity() - self.hints.capacity()
     }
 
     /// Stops new passes and waits (at most `bound`) for the pass in flight. True when no pass
@@ -96,7 +98,7 @@ pub(crate) struct Resident {
     /// Guards the single end of this residency (release, drain, fault or loss).
     pub ending: AtomicBool,
     /// Projected committed events, relayed to every subscriber of this session.
-    pub relay: tokio::sync::broadcast::Sender<crate::hostlink::backend::FeedItem>,
+    pub relay: tokio::sync::broadcast::Sender<crate::link::FeedItem>,
 }
 
 impl std::fmt::Debug for Resident {

@@ -19,13 +19,13 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::hostlink::auth::AuthVerifier;
-use crate::hostlink::codes::Disconnect;
-use crate::hostlink::link::{HostLinkHandle, hostlink_router};
-use crate::hostlink::options::LinkConfig;
+use crate::link::options::LinkConfig;
+use crate::link::{HostLinkHandle, hostlink_router};
 use crate::link_backend::HostBackend;
 use crate::release::DrainReport;
 use crate::service::Service;
+use hostlink::auth::AuthVerifier;
+use hostlink::codes::Disconnect;
 
 /// How long closing links may take after the drain before the stop goes on without them.
 pub const LINK_CLOSE_GRACE: Duration = Duration::from_secs(5);

@@ -1,33 +1,35 @@
 //! Composition and the running Host. `Composition::build` validates the options, opens the
 //! store (migrations), builds the department from a registrar and checks its recovery
-//! declarations, and returns a [`Service`] with nothing running. The service's core owns the
-//! table of resident sessions (the residency manager): attach in the order SEMANTICS.md gives,
-//! serialized per session and unwound on failure; the heartbeats; the fault supervision; and
-//! the single end of every residency. The drain and the warm release live in `release`.
+//! declarations, and returns a [`Service`] with nothing running. The service starts the Host
+//! (advertisement, heartbeat, admission hints) and attaches sessions in the order SEMANTICS.md
+//! gives, serialized per session and unwound on failure; an attach launches the runtime and
+//! starts the session's tasks (consumer, gate publisher, relay, upkeep, warm release), each
+//! given only its [`SessionCtx`]. The table of residents and everything kept consistent with it
+//! belong to the residency owner (`residency`); the drain and the warm release live in
+//! `release`.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use department::{
     Department, LaunchMode, LaunchRequest, Registration, RuntimeProfile, launch_verified,
 };
 use sessionstore::{
-    AgentId, CompatibilityId, ErrorCode, HostAdvertisement, Placement, RecordKind,
-    RegistrationUpdate, ResidencyEpoch, ResidencyRequest, ResidencyState, SessionId,
-    SessionProjection, StorageBindingId, Store, StoreError, StoreOptions, TenantId,
+    AgentId, CompatibilityId, ErrorCode, Placement, RecordKind, ResidencyEpoch, ResidencyRequest,
+    ResidencyState, SessionId, SessionProjection, StorageBindingId, Store, StoreError,
+    StoreOptions, TenantId,
 };
 use tokio::sync::{broadcast, mpsc, watch};
-use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use crate::admission::Admission;
 use crate::error::HostError;
+use crate::link::FeedItem;
 use crate::metrics::Metrics;
 use crate::options::{Config, Options, OptionsError};
+use crate::release::{DrainOnce, DrainReport};
+use crate::residency::{Residency, SessionCtx};
 use crate::resident::{ConsumerControl, Resident, ResidentState, SessionKey};
 
 /// Produces the department's registrations, once, at composition. It is given the store so a
@@ -119,57 +121,24 @@ pub struct Attached {
     pub launched: LaunchMode,
 }
 
-/// Why a residency ends abnormally.
-#[derive(Clone, Debug)]
-pub(crate) enum EndReason {
-    /// The residency lease was lost: write nothing more under it.
-    Lost(String),
-    /// The runtime faulted or is unsound: abandon it, tombstone, release.
-    Fault(String),
-}
-
-impl std::fmt::Display for EndReason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            EndReason::Lost(r) => write!(f, "residency lost: {r}"),
-            EndReason::Fault(r) => write!(f, "runtime fault: {r}"),
-        }
-    }
-}
-
-/// The running Host's shared state.
-pub(crate) struct Core {
-    pub config: Config,
-    pub store: Store,
-    pub department: Department,
-    pub metrics: Metrics,
-    pub version: String,
-    pub local_bindings: Vec<StorageBindingId>,
-    pub generation: AtomicU64,
-    pub residents: Mutex<HashMap<SessionKey, Arc<Resident>>>,
-    locks: Mutex<HashMap<SessionKey, Arc<tokio::sync::Mutex<()>>>>,
-    pub admission: Mutex<Admission>,
-    pub started: AtomicBool,
-    pub draining: AtomicBool,
-    pub live: AtomicBool,
-    pub shutdown: CancellationToken,
-    pub tasks: TaskTracker,
-    attach_counter: AtomicU64,
-    pub invalidations: broadcast::Sender<(TenantId, SessionId)>,
-    pub drain_report: Mutex<Option<crate::release::DrainReport>>,
-    pub drain_done: watch::Sender<bool>,
-}
-
 /// A composed Host. Cheap to clone.
 #[derive(Clone)]
 pub struct Service {
-    pub(crate) core: Arc<Core>,
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    host: Arc<Residency>,
+    department: Department,
+    version: String,
+    local_bindings: Vec<StorageBindingId>,
+    drain: DrainOnce,
 }
 
 impl std::fmt::Debug for Service {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Service")
-            .field("host", &self.core.config.host_id)
+            .field("host", &self.inner.host.config().host_id)
             .finish()
     }
 }
@@ -188,137 +157,107 @@ impl Composition {
         let department = Department::new(registrations)?;
         department.check_profile(self.profile)?;
         let metrics = Metrics::new()?;
-        metrics.weight_capacity.set(i64::from(config.capacity));
-        let admission = Admission::new(config.capacity, config.isolation_class);
-        let (invalidations, _) = broadcast::channel(1024);
-        let (drain_done, _) = watch::channel(false);
         Ok(Service {
-            core: Arc::new(Core {
-                config,
-                store,
+            inner: Arc::new(Inner {
+                host: Residency::new(config, store, metrics),
                 department,
-                metrics,
                 version: self.version,
                 local_bindings,
-                generation: AtomicU64::new(0),
-                residents: Mutex::new(HashMap::new()),
-                locks: Mutex::new(HashMap::new()),
-                admission: Mutex::new(admission),
-                started: AtomicBool::new(false),
-                draining: AtomicBool::new(false),
-                live: AtomicBool::new(true),
-                shutdown: CancellationToken::new(),
-                tasks: TaskTracker::new(),
-                attach_counter: AtomicU64::new(0),
-                invalidations,
-                drain_report: Mutex::new(None),
-                drain_done,
+                drain: DrainOnce::default(),
             }),
         })
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    }
-}
-
 impl Service {
+    fn host(&self) -> &Arc<Residency> {
+        &self.inner.host
+    }
+
     /// The validated configuration.
     pub fn config(&self) -> &Config {
-        &self.core.config
+        self.host().config()
     }
 
     /// The store this Host uses.
     pub fn store(&self) -> &Store {
-        &self.core.store
+        self.host().store()
     }
 
     /// The Host's metrics.
     pub fn metrics(&self) -> &Metrics {
-        &self.core.metrics
+        self.host().metrics()
     }
 
     /// The department this Host serves.
     pub fn department(&self) -> &Department {
-        &self.core.department
+        &self.inner.department
     }
 
     /// The build string.
     pub fn version(&self) -> &str {
-        &self.core.version
+        &self.inner.version
     }
 
     /// This process's Host generation (0 before start).
     pub fn generation(&self) -> u64 {
-        self.core.generation.load(Ordering::SeqCst)
+        self.host().generation()
     }
 
     /// `/readyz`: admitting (false from the instant a drain begins).
     pub fn ready(&self) -> bool {
-        self.core.started.load(Ordering::SeqCst) && !self.core.draining.load(Ordering::SeqCst)
+        self.host().started() && !self.host().draining()
     }
 
     /// `/healthz`: the process should keep running (true until stop completes).
     pub fn live(&self) -> bool {
-        self.core.live.load(Ordering::SeqCst)
+        self.host().live()
     }
 
     /// True once a drain has begun.
     pub fn draining(&self) -> bool {
-        self.core.draining.load(Ordering::SeqCst)
+        self.host().draining()
     }
 
     /// Sessions a route should be dropped for (tail lost, refused or released).
     pub fn route_invalidations(&self) -> broadcast::Receiver<(TenantId, SessionId)> {
-        self.core.invalidations.subscribe()
+        self.host().route_invalidations()
     }
 
     /// Publishes the advertisement synchronously (a refused first publication fails start),
     /// then keeps it alive with a heartbeat.
     pub async fn start(&self) -> Result<(), HostError> {
-        let core = &self.core;
-        if core.started.load(Ordering::SeqCst) {
+        let host = self.host();
+        if host.started() {
             return Ok(());
         }
-        let previous = core.store.target(&core.config.host_id).await?;
+        let previous = host.store().target(&host.config().host_id).await?;
         let generation = previous.map_or(1, |t| t.generation + 1);
-        core.generation.store(generation, Ordering::SeqCst);
-        core.store
-            .advertise(self.core.advertisement(true))
-            .await
-            .map_err(|e| {
-                HostError::internal(format!("the first advertisement was refused: {e}"))
-            })?;
-        lock(&core.admission).set_accepting(true);
-        core.started.store(true, Ordering::SeqCst);
-        let me = self.core.clone();
-        core.tasks.spawn(async move { me.advertise_loop().await });
-        let me = self.core.clone();
-        core.tasks.spawn(async move { me.admission_hints().await });
-        tracing::info!(host = %core.config.host_id, generation, "host started");
+        let mut first = host.advertisement(true);
+        first.generation = generation;
+        host.store().advertise(first).await.map_err(|e| {
+            HostError::internal(format!("the first advertisement was refused: {e}"))
+        })?;
+        host.mark_started(generation);
+        let me = self.inner.clone();
+        host.spawn(async move { me.advertise_loop().await });
+        let me = self.inner.clone();
+        host.spawn(async move { me.admission_hints().await });
+        tracing::info!(host = %host.config().host_id, generation, "host started");
         Ok(())
     }
 
     /// Makes a session resident (idempotent for a resident session).
     pub async fn attach(&self, req: AttachRequest) -> Result<Attached, HostError> {
         let span = tracing::info_span!("attach", tenant = %req.tenant, session = %req.session);
-        self.core.clone().attach(req).instrument(span).await
+        self.inner.attach(req).instrument(span).await
     }
 
     /// A wake-up hint for a resident session's consumer (a HostLink delivery).
     pub fn deliver(&self, tenant: &TenantId, session: &SessionId) -> Result<(), HostError> {
-        let key = SessionKey {
-            tenant: tenant.clone(),
-            session: session.clone(),
-        };
-        match self.core.resident(&key) {
+        match self.host().resident(&key(tenant, session)) {
             Some(r) if r.state() == ResidentState::Resident => {
-                if r.consumer.wake() {
-                    self.core.metrics.queue_depth.inc();
-                }
+                r.consumer.wake();
                 Ok(())
             }
             _ => Err(HostError::RuntimeUnavailable(
@@ -333,16 +272,19 @@ impl Service {
         tenant: &TenantId,
         session: &SessionId,
     ) -> Option<(ResidencyEpoch, ResidentState)> {
-        let key = SessionKey {
-            tenant: tenant.clone(),
-            session: session.clone(),
-        };
-        self.core.resident(&key).map(|r| (r.epoch, r.state()))
+        self.host()
+            .resident(&key(tenant, session))
+            .map(|r| (r.epoch, r.state()))
     }
 
     /// The sessions resident now.
     pub fn residents(&self) -> Vec<SessionKey> {
-        lock(&self.core.residents).keys().cloned().collect()
+        self.host().keys()
+    }
+
+    /// How many per-session attach locks exist now (only those held or waited for).
+    pub fn session_locks(&self) -> usize {
+        self.host().session_locks()
     }
 
     /// The live feed of a resident session (projected committed events and previews, in
@@ -351,15 +293,8 @@ impl Service {
         &self,
         tenant: &TenantId,
         session: &SessionId,
-    ) -> Option<(
-        CompatibilityId,
-        broadcast::Receiver<crate::hostlink::backend::FeedItem>,
-    )> {
-        let key = SessionKey {
-            tenant: tenant.clone(),
-            session: session.clone(),
-        };
-        let r = self.core.resident(&key)?;
+    ) -> Option<(CompatibilityId, broadcast::Receiver<FeedItem>)> {
+        let r = self.host().resident(&key(tenant, session))?;
         Some((r.compatibility.clone(), r.relay.subscribe()))
     }
 
@@ -368,45 +303,61 @@ impl Service {
         &self,
         tenant: &TenantId,
         session: &SessionId,
-    ) -> Option<broadcast::Receiver<crate::hostlink::backend::FeedItem>> {
+    ) -> Option<broadcast::Receiver<FeedItem>> {
         self.live_feed(tenant, session).map(|(_, rx)| rx)
+    }
+
+    /// Drains the whole Host (what SIGTERM does): admission off at once, advertisement
+    /// withdrawn, every resident session released within the grace. Calling it again returns
+    /// the first drain's report once it finishes.
+    pub async fn drain(&self) -> DrainReport {
+        crate::release::drain(self.host(), &self.inner.drain).await
+    }
+
+    /// Drains, then stops everything and closes the store last. `/healthz` turns false when
+    /// this returns.
+    pub async fn stop(&self) -> DrainReport {
+        let report = self.drain().await;
+        self.host().stop().await;
+        report
     }
 }
 
-impl Core {
-    pub(crate) fn resident(&self, key: &SessionKey) -> Option<Arc<Resident>> {
-        lock(&self.residents).get(key).cloned()
+fn key(tenant: &TenantId, session: &SessionId) -> SessionKey {
+    SessionKey {
+        tenant: tenant.clone(),
+        session: session.clone(),
     }
+}
 
-    pub(crate) fn session_lock_for_drain(&self, key: &SessionKey) -> Arc<tokio::sync::Mutex<()>> {
-        self.session_lock(key)
+/// Starts a residency's tasks, each with only the session's context.
+fn start_tasks(ctx: SessionCtx, hints: mpsc::Receiver<()>) {
+    let tasks = ctx.resident().tasks.clone();
+    tasks.spawn(crate::consumer::run(ctx.clone(), hints));
+    tasks.spawn(crate::publisher::run(ctx.clone()));
+    tasks.spawn(crate::feed::relay(ctx.clone()));
+    tasks.spawn(crate::upkeep::renew(ctx.clone()));
+    tasks.spawn(crate::upkeep::supervise(ctx.clone()));
+    if ctx.config().placement == Placement::Pooled {
+        tasks.spawn(crate::release::warm_watch(ctx));
     }
+    tasks.close();
+}
 
-    fn session_lock(&self, key: &SessionKey) -> Arc<tokio::sync::Mutex<()>> {
-        lock(&self.locks).entry(key.clone()).or_default().clone()
-    }
-
-    pub(crate) fn advertisement(&self, accepting: bool) -> HostAdvertisement {
-        HostAdvertisement {
-            host: self.config.host_id.clone(),
-            endpoint: self.config.internal_endpoint.clone(),
-            placement: self.config.placement,
-            isolation_class: self.config.isolation_class.as_str().to_owned(),
-            capacity: self.config.capacity,
-            accepting,
-            generation: self.generation.load(Ordering::SeqCst),
-            ttl: self.config.registry_expiry,
-        }
-    }
-
+impl Inner {
     async fn advertise_loop(self: Arc<Self>) {
         loop {
             tokio::select! {
-                _ = self.shutdown.cancelled() => return,
-                _ = tokio::time::sleep(self.config.registry_heartbeat) => {}
+                _ = self.host.shutdown().cancelled() => return,
+                _ = tokio::time::sleep(self.host.config().registry_heartbeat) => {}
             }
-            let accepting = !self.draining.load(Ordering::SeqCst);
-            if let Err(e) = self.store.advertise(self.advertisement(accepting)).await {
+            let accepting = !self.host.draining();
+            if let Err(e) = self
+                .host
+                .store()
+                .advertise(self.host.advertisement(accepting))
+                .await
+            {
                 tracing::warn!(error = %e, "advertisement heartbeat failed");
             }
         }
@@ -416,10 +367,10 @@ impl Core {
     /// (PostgreSQL `LISTEN/NOTIFY`, SQLite's in-process notifier). A hint only: the
     /// reconcile interval covers a lost one.
     async fn admission_hints(self: Arc<Self>) {
-        let mut admissions = self.store.admissions();
+        let mut admissions = self.host.store().admissions();
         loop {
             let a = tokio::select! {
-                _ = self.shutdown.cancelled() => return,
+                _ = self.host.shutdown().cancelled() => return,
                 a = admissions.recv() => a,
             };
             match a {
@@ -428,20 +379,16 @@ impl Core {
                         tenant: a.tenant,
                         session: a.session,
                     };
-                    if let Some(r) = self.resident(&key)
+                    if let Some(r) = self.host.resident(&key)
                         && r.state() == ResidentState::Resident
-                        && r.consumer.wake()
                     {
-                        self.metrics.queue_depth.inc();
+                        r.consumer.wake();
                     }
                 }
                 Err(broadcast::error::RecvError::Lagged(_)) => {
                     // Hints were lost: wake everyone once.
-                    let all: Vec<_> = lock(&self.residents).values().cloned().collect();
-                    for r in all {
-                        if r.consumer.wake() {
-                            self.metrics.queue_depth.inc();
-                        }
+                    for r in self.host.residents() {
+                        r.consumer.wake();
                     }
                 }
                 Err(broadcast::error::RecvError::Closed) => return,
@@ -449,40 +396,16 @@ impl Core {
         }
     }
 
-    fn update_session_gauges(&self) {
-        let residents = lock(&self.residents);
-        let mut resident = 0;
-        let mut releasing = 0;
-        for r in residents.values() {
-            match r.state() {
-                ResidentState::Resident => resident += 1,
-                ResidentState::Releasing => releasing += 1,
-                ResidentState::Ended => {}
-            }
-        }
-        self.metrics
-            .sessions
-            .with_label_values(&["resident"])
-            .set(resident);
-        self.metrics
-            .sessions
-            .with_label_values(&["releasing"])
-            .set(releasing);
-        self.metrics
-            .weight_consumed
-            .set(i64::from(lock(&self.admission).consumed()));
-    }
-
     fn observation(&self, r: &Resident, reg: &sessionstore::HostRegistration) -> Observation {
         Observation {
             tenant: r.key.tenant.clone(),
             session: r.key.session.clone(),
-            host: self.config.host_id.clone(),
-            host_generation: self.generation.load(Ordering::SeqCst),
+            host: self.host.config().host_id.clone(),
+            host_generation: self.host.generation(),
             agent: r.agent.clone(),
             compatibility: r.compatibility.clone(),
-            placement: self.config.placement,
-            internal_endpoint: self.config.internal_endpoint.clone(),
+            placement: self.host.config().placement,
+            internal_endpoint: self.host.config().internal_endpoint.clone(),
             residency: reg.residency,
             accepting: reg.accepting,
             lease_epoch: r.epoch,
@@ -491,29 +414,15 @@ impl Core {
         }
     }
 
-    fn registration(&self, r: &Resident, residency: ResidencyState) -> RegistrationUpdate {
-        RegistrationUpdate {
-            tenant: r.key.tenant.clone(),
-            session: r.key.session.clone(),
-            host: self.config.host_id.clone(),
-            host_generation: self.generation.load(Ordering::SeqCst),
-            endpoint: self.config.internal_endpoint.clone(),
-            residency,
-            accepting: residency == ResidencyState::Resident
-                && !self.draining.load(Ordering::SeqCst),
-            lease_epoch: r.epoch,
-            ttl: self.config.registry_expiry,
-        }
-    }
-
     /// Attach, in the order SEMANTICS.md gives, serialized per session.
-    async fn attach(self: Arc<Self>, req: AttachRequest) -> Result<Attached, HostError> {
+    async fn attach(&self, req: AttachRequest) -> Result<Attached, HostError> {
         let started = Instant::now();
-        if !self.started.load(Ordering::SeqCst) {
+        let host = &self.host;
+        if !host.started() {
             return Err(HostError::NotAdmitting("this Host has not started".into()));
         }
         // 1. Validate.
-        if let Some(fixed) = &self.config.fixed_session
+        if let Some(fixed) = &host.config().fixed_session
             && fixed != &req.session
         {
             return Err(HostError::RuntimeUnavailable(
@@ -529,13 +438,9 @@ impl Core {
                 runtime_compatibility_id: compatibility.to_string(),
             });
         }
-        let key = SessionKey {
-            tenant: req.tenant.clone(),
-            session: req.session.clone(),
-        };
-        let session_lock = self.session_lock(&key);
-        let _serial = session_lock.lock().await;
-        if let Some(r) = self.resident(&key) {
+        let key = key(&req.tenant, &req.session);
+        let _serial = host.lock_session(&key, None).await;
+        if let Some(r) = host.resident(&key) {
             return match r.state() {
                 ResidentState::Resident => {
                     if r.agent != req.agent || r.compatibility != req.compatibility {
@@ -543,8 +448,8 @@ impl Core {
                             runtime_compatibility_id: r.compatibility.to_string(),
                         });
                     }
-                    let reg = self
-                        .store
+                    let reg = host
+                        .store()
                         .registration(&key.tenant, &key.session)
                         .await?
                         .ok_or_else(|| {
@@ -560,62 +465,49 @@ impl Core {
                 _ => Err(HostError::Releasing),
             };
         }
-        if self.draining.load(Ordering::SeqCst) {
+        if host.draining() {
             return Err(HostError::NotAdmitting("this Host is draining".into()));
         }
         // 2. Admit against capacity, charged to this attach's generation.
-        let generation = self.attach_counter.fetch_add(1, Ordering::SeqCst) + 1;
         let weight = target.capabilities().admission_weight.max(1);
-        if self.config.placement == Placement::Pooled && !target.capabilities().supports_pooled {
+        if host.config().placement == Placement::Pooled && !target.capabilities().supports_pooled {
             return Err(HostError::RuntimeUnavailable(
                 "this agent cannot share a pooled Host".into(),
             ));
         }
-        lock(&self.admission).admit(&key, generation, weight)?;
-        self.metrics
-            .sessions
-            .with_label_values(&["attaching"])
-            .inc();
+        let generation = host.admit(&key, weight)?;
         let result = self
-            .clone()
-            .attach_admitted(&req, key.clone(), generation, weight, target)
+            .attach_admitted(&req, key.clone(), generation, target)
             .await;
-        self.metrics
-            .sessions
-            .with_label_values(&["attaching"])
-            .dec();
-        if result.is_err() {
-            lock(&self.admission).credit(&key, generation);
-        }
-        self.update_session_gauges();
-        if let Ok(a) = &result {
-            let mode = match a.launched {
-                LaunchMode::Create => "create",
-                LaunchMode::Restore => "restore",
-            };
-            self.metrics
-                .attach_seconds
-                .with_label_values(&[mode])
-                .observe(started.elapsed().as_secs_f64());
+        match &result {
+            Err(_) => host.credit(&key, generation),
+            Ok(a) => {
+                let mode = match a.launched {
+                    LaunchMode::Create => "create",
+                    LaunchMode::Restore => "restore",
+                };
+                host.metrics()
+                    .attach_seconds
+                    .with_label_values(&[mode])
+                    .observe(started.elapsed().as_secs_f64());
+            }
         }
         result
     }
 
     async fn attach_admitted(
-        self: Arc<Self>,
+        &self,
         req: &AttachRequest,
         key: SessionKey,
         generation: u64,
-        weight: u32,
         target: Arc<dyn department::LaunchTarget>,
     ) -> Result<Attached, HostError> {
-        let _ = weight;
-        let store = self.store.clone();
+        let store = self.host.store().clone();
         // 3. The residency lease: a new, strictly higher epoch.
         let holder = format!(
             "{}/{}/{}",
-            self.config.host_id,
-            self.generation.load(Ordering::SeqCst),
+            self.host.config().host_id,
+            self.host.generation(),
             Uuid::now_v7()
         );
         let grant = match store
@@ -623,9 +515,9 @@ impl Core {
                 tenant: key.tenant.clone(),
                 session: key.session.clone(),
                 holder: holder.clone(),
-                host: self.config.host_id.clone(),
-                host_generation: self.generation.load(Ordering::SeqCst),
-                ttl: self.config.registry_expiry,
+                host: self.host.config().host_id.clone(),
+                host_generation: self.host.generation(),
+                ttl: self.host.config().registry_expiry,
             })
             .await
         {
@@ -654,7 +546,7 @@ impl Core {
             // SQLite's group-commit writer).
             let (fenced, registered) = tokio::join!(
                 store.fence_gate_mark(&key.tenant, &key.session, epoch),
-                store.put_registration(self.registration_for(
+                store.put_registration(self.host.registration(
                     &key,
                     epoch,
                     ResidencyState::Attaching
@@ -715,7 +607,7 @@ impl Core {
             .map_err(|e| HostError::internal(format!("launch ({mode:?}) failed: {e}")))?;
             unwind.runtime = Some(runtime.clone());
             // 7. Register resident, then start the session's tasks.
-            let (hints_tx, hints_rx) = mpsc::channel(self.config.command_queue_size);
+            let (hints_tx, hints_rx) = mpsc::channel(self.host.config().command_queue_size);
             let (state, _) = watch::channel(ResidentState::Resident);
             let resident = Arc::new(Resident {
                 key: key.clone(),
@@ -733,16 +625,19 @@ impl Core {
                     pass: tokio::sync::Mutex::new(()),
                     blocked: std::sync::atomic::AtomicBool::new(false),
                     lag: std::sync::atomic::AtomicI64::new(0),
-                    queued: std::sync::atomic::AtomicUsize::new(0),
                 }),
-                cancel: self.shutdown.child_token(),
+                cancel: self.host.shutdown().child_token(),
                 tasks: TaskTracker::new(),
                 gates_open: std::sync::atomic::AtomicUsize::new(0),
                 ending: std::sync::atomic::AtomicBool::new(false),
                 relay: broadcast::channel(crate::feed::RELAY_BUFFER).0,
             });
             let (reg, projected) = tokio::join!(
-                store.put_registration(self.registration(&resident, ResidencyState::Resident)),
+                store.put_registration(self.host.registration(
+                    &key,
+                    epoch,
+                    ResidencyState::Resident
+                )),
                 store.update_projection(
                     &key.tenant,
                     &key.session,
@@ -756,11 +651,9 @@ impl Core {
             );
             let reg = reg?;
             projected?;
-            lock(&self.residents).insert(key.clone(), resident.clone());
-            self.clone().start_tasks(resident.clone(), hints_rx);
-            if resident.consumer.wake() {
-                self.metrics.queue_depth.inc();
-            }
+            self.host.insert(resident.clone());
+            start_tasks(self.host.session(resident.clone()), hints_rx);
+            resident.consumer.wake();
             tracing::info!(epoch = epoch.0, mode = ?mode, "session attached");
             Ok(Attached {
                 observation: self.observation(&resident, &reg),
@@ -792,25 +685,6 @@ impl Core {
         }
     }
 
-    fn registration_for(
-        &self,
-        key: &SessionKey,
-        epoch: ResidencyEpoch,
-        residency: ResidencyState,
-    ) -> RegistrationUpdate {
-        RegistrationUpdate {
-            tenant: key.tenant.clone(),
-            session: key.session.clone(),
-            host: self.config.host_id.clone(),
-            host_generation: self.generation.load(Ordering::SeqCst),
-            endpoint: self.config.internal_endpoint.clone(),
-            residency,
-            accepting: false,
-            lease_epoch: epoch,
-            ttl: self.config.registry_expiry,
-        }
-    }
-
     /// A conversation exists when the journal holds any public event.
     async fn has_conversation(
         &self,
@@ -820,7 +694,8 @@ impl Core {
         let mut after = 0;
         loop {
             let page = self
-                .store
+                .host
+                .store()
                 .journal_runtime_page(tenant, rs, after, 1000)
                 .await
                 .map_err(|e| HostError::internal(format!("reading the journal failed: {e}")))?;
@@ -835,176 +710,6 @@ impl Core {
                 _ => return Ok(false),
             }
         }
-    }
-
-    fn start_tasks(self: Arc<Self>, r: Arc<Resident>, hints: mpsc::Receiver<()>) {
-        let tasks = r.tasks.clone();
-        tasks.spawn(crate::consumer::run(self.clone(), r.clone(), hints));
-        tasks.spawn(crate::publisher::run(self.clone(), r.clone()));
-        tasks.spawn(crate::feed::relay(self.clone(), r.clone()));
-        tasks.spawn(self.clone().renew_loop(r.clone()));
-        tasks.spawn(self.clone().supervise(r.clone()));
-        if self.config.placement == Placement::Pooled {
-            tasks.spawn(crate::release::warm_watch(self.clone(), r.clone()));
-        }
-        tasks.close();
-    }
-
-    /// Renews the residency lease and refreshes the registration every heartbeat.
-    async fn renew_loop(self: Arc<Self>, r: Arc<Resident>) {
-        loop {
-            tokio::select! {
-                _ = r.cancel.cancelled() => return,
-                _ = tokio::time::sleep(self.config.registry_heartbeat) => {}
-            }
-            let grant = r.grant();
-            match self
-                .store
-                .renew_residency(&grant, self.config.registry_expiry)
-                .await
-            {
-                Ok(g) => {
-                    if let Ok(mut held) = r.grant.lock() {
-                        *held = g;
-                    }
-                }
-                Err(e)
-                    if matches!(
-                        e.code(),
-                        ErrorCode::Epoch | ErrorCode::ClaimLost | ErrorCode::NotFound
-                    ) =>
-                {
-                    self.end_residency_later(
-                        r.clone(),
-                        EndReason::Lost(format!("renewal refused: {e}")),
-                    );
-                    return;
-                }
-                Err(e) => {
-                    let now = sessionstore::Clock::now_ms(&sessionstore::SystemClock);
-                    if now >= grant.expires_at_ms {
-                        self.end_residency_later(
-                            r.clone(),
-                            EndReason::Lost(format!(
-                                "the lease expired while renewals failed: {e}"
-                            )),
-                        );
-                        return;
-                    }
-                    tracing::warn!(error = %e, "residency renewal failed; retrying");
-                    continue;
-                }
-            }
-            if r.state() == ResidentState::Resident
-                && let Err(e) = self
-                    .store
-                    .put_registration(self.registration(&r, ResidencyState::Resident))
-                    .await
-                && e.code() == ErrorCode::Epoch
-            {
-                self.end_residency_later(
-                    r.clone(),
-                    EndReason::Lost(format!("registration fenced: {e}")),
-                );
-                return;
-            }
-        }
-    }
-
-    /// Watches the runtime's persistence faults and liveness.
-    async fn supervise(self: Arc<Self>, r: Arc<Resident>) {
-        let mut alive = r.runtime.liveness.alive();
-        let mut faults = r.runtime.faults.as_ref().map(|f| f.faults());
-        loop {
-            let fault = async {
-                match faults.as_mut() {
-                    Some(rx) => {
-                        let _ = rx.wait_for(|f| f.is_some()).await;
-                        rx.borrow().clone()
-                    }
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                _ = r.cancel.cancelled() => return,
-                f = fault => {
-                    let reason = f.map_or_else(|| "fault channel closed".to_owned(), |f| f.reason);
-                    self.end_residency_later(r.clone(), EndReason::Fault(format!("persistence fault: {reason}")));
-                    return;
-                }
-                changed = alive.changed() => {
-                    if changed.is_err() || !*alive.borrow() {
-                        if r.state() == ResidentState::Resident {
-                            self.end_residency_later(r.clone(), EndReason::Fault("the runtime stopped".into()));
-                        }
-                        return;
-                    }
-                }
-            }
-        }
-    }
-
-    /// Ends a residency abnormally, on a task of its own.
-    pub(crate) fn end_residency_later(self: Arc<Self>, r: Arc<Resident>, reason: EndReason) {
-        let me = self.clone();
-        self.tasks
-            .spawn(async move { me.end_residency(r, reason).await });
-    }
-
-    /// Lost residency or a runtime fault: stop the work, abandon the runtime, and (only when
-    /// the grant is still ours) tombstone and release; credit capacity.
-    async fn end_residency(self: Arc<Self>, r: Arc<Resident>, reason: EndReason) {
-        if !r.begin_end() {
-            return;
-        }
-        let lost = matches!(reason, EndReason::Lost(_));
-        tracing::error!(tenant = %r.key.tenant, session = %r.key.session, epoch = r.epoch.0, reason = %reason, "ending residency");
-        r.set_state(ResidentState::Releasing);
-        self.update_session_gauges();
-        let _ = self
-            .invalidations
-            .send((r.key.tenant.clone(), r.key.session.clone()));
-        r.consumer.halt(self.config.idle_boundary).await;
-        r.cancel.cancel();
-        if let Err(e) = r.runtime.stop().await {
-            tracing::error!(error = %e, "abandoning the runtime failed");
-        }
-        if !lost {
-            if let Err(e) = self
-                .store
-                .tombstone_registration(&r.key.tenant, &r.key.session, r.epoch)
-                .await
-            {
-                tracing::warn!(error = %e, "tombstoning the registration failed");
-            }
-            if let Err(e) = self.store.release_residency(&r.grant()).await {
-                tracing::warn!(error = %e, "releasing the residency lease failed");
-            }
-        }
-        self.forget(&r);
-    }
-
-    /// Drops a residency's record and credits its charge (only its own generation's).
-    pub(crate) fn forget(&self, r: &Arc<Resident>) {
-        r.set_state(ResidentState::Ended);
-        {
-            let mut residents = lock(&self.residents);
-            if residents.get(&r.key).is_some_and(|cur| Arc::ptr_eq(cur, r)) {
-                residents.remove(&r.key);
-            }
-        }
-        lock(&self.admission).credit(&r.key, r.generation);
-        if r.consumer.blocked.swap(false, Ordering::SeqCst) {
-            self.metrics.command_blocked.dec();
-        }
-        let lag = r.consumer.lag.swap(0, Ordering::SeqCst);
-        self.metrics.command_lag.sub(lag);
-        let queued = r.consumer.queued.swap(0, Ordering::SeqCst);
-        self.metrics.queue_depth.sub(queued as i64);
-        if r.gates_open.swap(0, Ordering::SeqCst) > 0 {
-            self.metrics.gate_waiting.dec();
-        }
-        self.update_session_gauges();
     }
 }
 

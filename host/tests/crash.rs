@@ -4,8 +4,6 @@
 //! confirms that every admitted command reached exactly one terminal state, honestly, that the
 //! journal holds at most one application per command, and that the session is not wedged.
 
-mod support;
-
 mod cases {
     use std::time::Duration;
 
@@ -13,7 +11,7 @@ mod cases {
     use sessionstore::testing::TestStore;
     use sessionstore::*;
 
-    use super::support::*;
+    use testkit::*;
 
     /// Runs a Host in a runtime of its own until `step` fires on it, then kills the runtime.
     /// Returns the commands admitted before the crash.
@@ -62,14 +60,10 @@ mod cases {
             rt.spawn(async move { drainer.drain().await });
         }
         let key = format!("{host}:{step}");
-        let deadline = tokio::time::Instant::now() + WAIT;
-        while failpoints::hits(&key) == 0 {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "failpoint {key} never fired"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        wait_until(&format!("failpoint {key} to fire"), || {
+            failpoints::hits(&key) > 0
+        })
+        .await;
         // Give a paused task no chance to move: the "process" dies here.
         rt.shutdown_background();
         drop(svc);

@@ -1,8 +1,6 @@
 //! A composed Host with the real harness over a real store, driven as a controller would
 //! (admitting into the store and attaching), every case on SQLite and PostgreSQL.
 
-mod support;
-
 mod cases {
     use std::sync::atomic::Ordering;
     use std::time::Duration;
@@ -12,7 +10,7 @@ mod cases {
     use sessionstore::wire::CommandBodyV1;
     use sessionstore::*;
 
-    use super::support::*;
+    use testkit::*;
 
     pub async fn create_with_a_first_message_is_applied_and_the_reply_is_journaled(ts: &TestStore) {
         let (svc, _) = started(ts, options("h-create")).await;
@@ -43,6 +41,8 @@ mod cases {
         let again = c.attach(&svc, &s).await;
         assert!(!again.attached);
         assert_eq!(again.observation.lease_epoch, ResidencyEpoch(1));
+        // The per-session attach locks live only while an attach holds or waits for them.
+        assert_eq!(svc.session_locks(), 0);
         svc.stop().await;
     }
 
@@ -77,18 +77,11 @@ mod cases {
             .await;
         assert_eq!(rocket.runs.load(Ordering::SeqCst), 1);
         // The projection followed the journal: open, then resolved.
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
+        eventually("the gate to be resolved in the projection", async || {
             let open = c.store.gates(&s.tenant, &s.session, true).await.unwrap();
-            if open.is_empty() {
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "gate still projected open"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+            check(open.is_empty(), || format!("{open:?}"))
+        })
+        .await;
         c.check_exactly_once(&s).await;
         svc.stop().await;
     }

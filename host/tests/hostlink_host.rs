@@ -1,143 +1,24 @@
 //! The composed Host behind its one listener, over real sockets: the controller library end to
 //! end, refusals that must not disclose another tenant's sessions, the probes around a drain,
-//! `/metrics` checked by Prometheus's own `promtool`, the drain scope rules, and the official
-//! JavaScript Centrifuge SDK driving the real Host. Every case runs on SQLite and PostgreSQL.
-
-mod support;
-
-pub mod served {
-
-    use host::hostlink::auth::{CredentialStore, mint_credential};
-    use host::hostlink::options::LinkOptions;
-    use host::server::Server;
-    use host::{Options, Service};
-    use sessionstore::TenantId;
-    use sessionstore::testing::TestStore;
-    use tokio::net::TcpListener;
-
-    use super::support::*;
-
-    pub struct Served {
-        pub service: Service,
-        pub server: Server,
-        pub base: String,
-        pub tokens: Vec<(TenantId, String)>,
-    }
-
-    impl Served {
-        pub fn token(&self, tenant: &str) -> String {
-            self.tokens
-                .iter()
-                .find(|(t, _)| t.as_str() == tenant)
-                .map(|(_, k)| k.clone())
-                .expect("a token for the tenant")
-        }
-
-        pub fn http(&self, path: &str) -> String {
-            format!("http://{}{path}", self.server.local_addr())
-        }
-    }
-
-    /// A started Host serving HostLink and its probes on a free loopback port, with
-    /// credentials for tenants `acme` and `globex`.
-    pub async fn serve(ts: &TestStore, host: &str, adjust: impl FnOnce(&mut Options)) -> Served {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let mut opts = options(host);
-        opts.internal_endpoint = Some(format!("ws://{addr}"));
-        adjust(&mut opts);
-        let (service, _) = started(ts, opts).await;
-        let mut creds = CredentialStore::empty();
-        let mut tokens = Vec::new();
-        for t in ["acme", "globex"] {
-            let (token, digest) = mint_credential();
-            creds.add(TenantId::new(t).unwrap(), &digest).unwrap();
-            tokens.push((TenantId::new(t).unwrap(), token.expose_secret().to_owned()));
-        }
-        let link = LinkOptions::default().validate().unwrap();
-        let server = Server::from_listener(service.clone(), Box::new(creds), link, listener)
-            .await
-            .unwrap();
-        Served {
-            service,
-            server,
-            base: format!("ws://{addr}"),
-            tokens,
-        }
-    }
-
-    pub async fn get(url: &str) -> (u16, String) {
-        // A minimal HTTP/1.1 GET over a real socket (no client library needed).
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let rest = url.trim_start_matches("http://");
-        let (authority, path) = rest
-            .split_once('/')
-            .map(|(a, p)| (a, format!("/{p}")))
-            .unwrap();
-        let mut s = tokio::net::TcpStream::connect(authority).await.unwrap();
-        s.write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n")
-                .as_bytes(),
-        )
-        .await
-        .unwrap();
-        let mut buf = Vec::new();
-        s.read_to_end(&mut buf).await.unwrap();
-        let text = String::from_utf8_lossy(&buf).to_string();
-        let status = text
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
-        let body = text
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_owned())
-            .unwrap_or_default();
-        (status, body)
-    }
-}
+//! `/metrics` checked by Prometheus's own `promtool` and the drain scope rules. (The official
+//! JavaScript SDK's run against the real Host is a whole-system test: `tests/tests/sdk.rs`.)
+//! Every case runs on SQLite and PostgreSQL.
 
 mod cases {
     use std::time::Duration;
 
-    use host::client::{HostLinkClient, Publication};
-    use host::controller::{Controller as Factory, ControllerError};
-    use host::hostlink::records::{
+    use controller::client::{HostLinkClient, Publication};
+    use controller::{Controller as Factory, ControllerError};
+    use hostlink::records::{
         ActorId, AttachMode, AttachRequest, BindRequest, DrainRequest, DrainState, HostLinkError,
-        IdempotencyKey, SessionScope,
+        IdempotencyKey, SessionScope, V1,
     };
     use serde_json::Value;
     use sessionstore::testing::TestStore;
     use sessionstore::wire::CommandBodyV1;
     use sessionstore::*;
 
-    use super::served::*;
-    use super::support::*;
-
-    fn factory(ts: &TestStore, s: &Served, tenant: &str) -> Factory {
-        Factory::new(
-            ts.store.clone(),
-            TenantId::new(tenant).unwrap(),
-            s.token(tenant),
-        )
-    }
-
-    /// Creates `session` for the test agent (idempotent), optionally with a first message.
-    async fn create(f: &Factory, session: &SessionId, first: Option<String>, create: &str) {
-        f.create_session(
-            session.clone(),
-            AgentId::new(AGENT).unwrap(),
-            CompatibilityId::new(BUILD).unwrap(),
-            first,
-            CommandId::new(create).unwrap(),
-        )
-        .await
-        .unwrap();
-    }
-
-    fn sid(name: &str) -> SessionId {
-        SessionId::new(format!("{name}-{}", uuid::Uuid::now_v7())).unwrap()
-    }
+    use testkit::*;
 
     async fn enduring_until(
         rx: &mut tokio::sync::mpsc::Receiver<Publication>,
@@ -228,14 +109,11 @@ mod cases {
             .await
             .unwrap();
         f.deliver(&placed, &ask.command).await.unwrap();
-        let deadline = tokio::time::Instant::now() + WAIT;
-        let gate = loop {
-            if let Some(g) = f.gates(&session).await.unwrap().first() {
-                break g.clone();
-            }
-            assert!(tokio::time::Instant::now() < deadline, "no gate projected");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
+        let gate = eventually("a gate to be projected", async || {
+            let gates = f.gates(&session).await.unwrap();
+            gates.first().cloned().ok_or_else(|| "none".to_owned())
+        })
+        .await;
         let gate_id = uuid::Uuid::parse_str(gate.gate.as_str()).unwrap();
         let ans = f
             .answer(
@@ -273,6 +151,7 @@ mod cases {
         .await
         .unwrap();
         let attach = |session: &SessionId| AttachRequest {
+            version: V1,
             tenant_id: TenantId::new("globex").unwrap(),
             session_id: session.clone(),
             host_id: placed.observation.host_id.clone(),
@@ -292,6 +171,7 @@ mod cases {
         );
         assert_eq!(existing, missing, "identical refusals");
         let bind = |session: &SessionId| BindRequest {
+            version: V1,
             tenant_id: TenantId::new("globex").unwrap(),
             session_id: session.clone(),
             host_id: placed.observation.host_id.clone(),
@@ -307,7 +187,10 @@ mod cases {
         // A subscribe without a bind is refused with 103.
         let err = globex.subscribe(&session, false).await.unwrap_err();
         assert!(
-            matches!(err, host::client::ClientError::Reply { code: 103, .. }),
+            matches!(
+                err,
+                controller::client::ClientError::Reply { code: 103, .. }
+            ),
             "{err}"
         );
         // A bad token is refused with 4500.
@@ -318,7 +201,7 @@ mod cases {
         assert!(
             matches!(
                 bad,
-                host::client::ClientError::Disconnected { code: 4500, .. }
+                controller::client::ClientError::Disconnected { code: 4500, .. }
             ),
             "{bad}"
         );
@@ -340,20 +223,17 @@ mod cases {
         let session = sid("gated");
         create(&f, &session, Some("/tool launch_rocket {}".into()), "c").await;
         f.place(&session).await.unwrap();
-        let deadline = tokio::time::Instant::now() + WAIT;
-        while f.gates(&session).await.unwrap().is_empty() {
-            assert!(tokio::time::Instant::now() < deadline, "no gate");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        eventually("a gate to open", async || {
+            let gates = f.gates(&session).await.unwrap();
+            check(!gates.is_empty(), || "none".into())
+        })
+        .await;
         s.server.shutdown();
-        let deadline = tokio::time::Instant::now() + WAIT;
-        while get(&s.http("/readyz")).await.0 != 503 {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "readyz never turned 503"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        eventually("readyz to turn 503", async || {
+            let (code, _) = get(&s.http("/readyz")).await;
+            check(code == 503, || code.to_string())
+        })
+        .await;
         assert_eq!(
             get(&s.http("/healthz")).await.0,
             200,
@@ -481,20 +361,16 @@ mod cases {
         let began = placed.client.drain(&req("acme")).await.unwrap().unwrap();
         assert_eq!(began.state, DrainState::Draining);
         // The caller that began it may observe it even after the session was released.
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
+        eventually("the drain to finish", async || {
             let o = placed
                 .client
                 .drain_status(&req("acme"))
                 .await
                 .unwrap()
                 .unwrap();
-            if o.state == DrainState::Drained {
-                break;
-            }
-            assert!(tokio::time::Instant::now() < deadline, "never drained");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+            check(o.state == DrainState::Drained, || format!("{o:?}"))
+        })
+        .await;
         assert!(s.service.residents().is_empty());
         // Another link of the same tenant, which no longer holds the session, is refused.
         let other = HostLinkClient::connect(
@@ -508,110 +384,6 @@ mod cases {
         assert_eq!(
             other.drain_status(&req("acme")).await.unwrap(),
             Err(HostLinkError::RuntimeUnavailable)
-        );
-        s.server.shutdown();
-        s.server.wait().await;
-    }
-
-    pub async fn the_official_javascript_sdk_drives_the_real_host(ts: &TestStore) {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk");
-        assert!(
-            dir.join("node_modules/centrifuge").is_dir(),
-            "the SDK is not installed: run `npm ci` in host/tests/sdk (.ci/run does)"
-        );
-        let s = serve(ts, "link-sdk", |o| {
-            o.reconcile_interval = Duration::from_millis(100)
-        })
-        .await;
-        let f = factory(ts, &s, "acme");
-        let session = sid("sdk");
-        create(&f, &session, None, "create").await;
-        let url = host::client::hostlink_url(&s.base, &TenantId::new("acme").unwrap());
-        let generation = s.service.generation().to_string();
-        let host_id = s.service.config().host_id.to_string();
-        let token = s.token("acme");
-        let script = dir.join("hostlink_client.mjs");
-        let session_arg = session.to_string();
-        let node = tokio::spawn(async move {
-            tokio::process::Command::new("node")
-                .arg(script)
-                .args([
-                    &url,
-                    &token,
-                    "acme",
-                    &session_arg,
-                    &host_id,
-                    &generation,
-                    BUILD,
-                    AGENT,
-                    "4",
-                    "500",
-                ])
-                .output()
-                .await
-        });
-        // Once the SDK holds the bind, admit an input: the Host applies it and pushes its events.
-        let deadline = tokio::time::Instant::now() + WAIT;
-        while s
-            .server
-            .links()
-            .tenant_bindings(&TenantId::new("acme").unwrap())
-            == 0
-        {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the SDK never bound"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        f.admit(
-            &session,
-            CommandId::new("sdk-command-1").unwrap(),
-            input("hello from the SDK"),
-        )
-        .await
-        .unwrap();
-        let output = tokio::time::timeout(Duration::from_secs(40), node)
-            .await
-            .expect("the SDK script finished")
-            .unwrap()
-            .expect("node runs");
-        let stdout = String::from_utf8_lossy(&output.stdout).to_string();
-        assert!(
-            output.status.success(),
-            "SDK script failed:\n{stdout}\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let events: Vec<Value> = stdout
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
-        let of = |name: &str| {
-            events
-                .iter()
-                .filter(|e| e["event"] == name)
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(of("connected")[0]["data"]["version"], 1);
-        assert_eq!(of("attach")[0]["data"]["residency"], "resident");
-        let bodies: Vec<&Value> = of("publication")
-            .iter()
-            .map(|p| &p["data"]["body"])
-            .collect();
-        assert_eq!(bodies.len(), 4, "{stdout}");
-        assert_eq!(bodies[0]["type"], "user_message");
-        assert_eq!(bodies[0]["cause"]["command_id"], "sdk-command-1");
-        assert!(
-            bodies
-                .iter()
-                .any(|b| b["type"] == "assistant_message"
-                    && b["text"] == "You said: hello from the SDK"),
-            "{stdout}"
-        );
-        assert!(
-            of("publication")
-                .iter()
-                .all(|p| p["tags"]["record"] == "enduring_publication")
         );
         s.server.shutdown();
         s.server.wait().await;
@@ -636,6 +408,5 @@ sessionstore::both_backends!(cases =>
     metrics_pass_promtools_own_check,
     a_pooled_host_answers_no_hostlink_drain,
     a_dedicated_hosts_fixed_session_drains_only_for_its_tenant,
-    the_official_javascript_sdk_drives_the_real_host,
     placement_with_no_live_host_is_a_clear_refusal,
 );

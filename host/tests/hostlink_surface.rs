@@ -6,7 +6,8 @@ mod support;
 
 use std::time::Duration;
 
-use host::hostlink::{Disconnect, LinkOptions};
+use host::link::LinkOptions;
+use hostlink::Disconnect;
 use serde_json::{Value, json};
 use support::*;
 
@@ -912,14 +913,10 @@ async fn bindings_are_bounded_per_link_and_per_tenant() {
     assert_eq!(reply_data(&r), &json!({}));
     assert_eq!(s.handle.tenant_bindings(&tenant("acme")), 3);
     drop(b);
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while s.handle.tenant_bindings(&tenant("acme")) != 1 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "a closed link keeps its bindings"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    testkit::wait_until("a closed link to give its bindings back", || {
+        s.handle.tenant_bindings(&tenant("acme")) == 1
+    })
+    .await;
 }
 
 // ---------------------------------------------------------------- previews
@@ -1016,10 +1013,10 @@ async fn close_all_closes_every_link_last_and_wait_returns() {
 
 // ---------------------------------------------------------------- an SDK no one here wrote
 
-/// Runs `npm ci` in `tests/sdk` when its `node_modules` is missing. Node and npm are required:
+/// Runs `npm ci` in the top-level `tests/sdk` when its `node_modules` is missing. Node and npm are required:
 /// their absence fails the test loudly.
 async fn prepare_sdk() -> std::path::PathBuf {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/sdk");
     let node = tokio::process::Command::new("node")
         .arg("--version")
         .output()

@@ -12,17 +12,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::{SinkExt, StreamExt};
-use host::hostlink::auth::{AuthVerifier, CredentialStore, credential_digest_hex};
-use host::hostlink::backend::{
-    ExtensionReply, FeedItem, LinkBackend, LinkCtx, Refusal, SessionFeed,
-};
-use host::hostlink::records::{
+use host::link::backend::{ExtensionReply, FeedItem, LinkBackend, LinkCtx, Refusal, SessionFeed};
+use host::link::{HostLinkHandle, LinkOptions, hostlink_router};
+use hostlink::auth::{AuthVerifier, CredentialStore, credential_digest_hex};
+use hostlink::records::{
     AttachRequest, BindRequest, DrainObservation, DrainRequest, DrainState, EnduringPublication,
     EphemeralPublication, HostLinkError, PreviewStream, RegistryObservation, SessionScope,
-    UnbindRequest,
+    UnbindRequest, V1,
 };
-use host::hostlink::timestamp::Timestamp;
-use host::hostlink::{HostLinkHandle, LinkOptions, hostlink_router};
+use hostlink::timestamp::Timestamp;
 use serde_json::Value;
 use serde_json::value::RawValue;
 use sessionstore::{
@@ -244,6 +242,7 @@ impl LinkBackend for TestBackend {
         }
         let r = &st.residents[&key];
         Ok(RegistryObservation {
+            version: V1,
             tenant_id: req.tenant_id,
             session_id: req.session_id,
             host_id: req.host_id,
@@ -406,6 +405,7 @@ pub fn quiet_options() -> LinkOptions {
     LinkOptions {
         ping_interval: Duration::from_secs(60),
         pong_timeout: Duration::from_secs(30),
+        max_frame_bytes: hostlink::frame::DEFAULT_MAX_FRAME_BYTES,
         ..LinkOptions::default()
     }
 }
@@ -659,7 +659,7 @@ pub fn drain_data(scope: Option<(&str, &str)>) -> String {
 }
 
 pub fn channel(t: &str, s: &str) -> String {
-    host::hostlink::channel::session_channel(&tenant(t), &session(s))
+    hostlink::channel::session_channel(&tenant(t), &session(s))
 }
 
 /// Attaches and binds `s` for `t` on `c`, returning the lease epoch.

@@ -1,0 +1,756 @@
+//! `hostd serve`'s options, declared once each. The serde types own every option's type,
+//! default and validation: [`ServeOptions`] (the process: listener, data folder, store) with a
+//! nested section per component — `[host]` is `host::Options`, `[link]` is
+//! `host::link::LinkOptions`, `[agents]` is [`AgentOptions`], `[model]` is the model client's
+//! `harness::model::OpenAiOptions` — so a config file (`--config
+//! host.toml`) is that same type and a new component adds one more section. [`ServeFlags`]
+//! owns each option's flag, environment variable and help text as an `Option<T>` override
+//! whose clap id is the option's path in the file (`host.capacity`); it carries no defaults.
+//!
+//! Precedence: flag > environment > file > default. [`load`] layers them and remembers where
+//! each effective value came from, which `--print-config` shows. This module never opens the
+//! store or binds a socket.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args, ValueEnum};
+use harness::model::OpenAiOptions;
+use host::link::LinkOptions;
+use host::options::{duration_text, parse_placement};
+use host::{IsolationClass, Options};
+use serde::{Deserialize, Serialize};
+use sessionstore::{HostId, Placement, SessionId};
+
+use crate::local::DataDir;
+
+/// SQLite durability.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SyncMode {
+    /// Every commit is on disk before it is acknowledged.
+    Full,
+    /// Faster; the last commits may be lost on power failure or an OS crash.
+    Normal,
+}
+
+/// The agents the default department runs (`[agents]`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AgentOptions {
+    #[serde(with = "duration_text")]
+    pub permission_timeout: Duration,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub openai_endpoint: Option<String>,
+    pub openai_model: String,
+    /// A runnables workspace whose runnables are offered to the agents as tools.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runnables: Option<PathBuf>,
+    /// The runnables offered (`name[@version]` from the workspace, or a published
+    /// `workspace/name@version`); empty offers every runnable of the workspace.
+    pub runnable_tools: Vec<String>,
+}
+
+impl Default for AgentOptions {
+    fn default() -> Self {
+        AgentOptions {
+            permission_timeout: Duration::from_secs(5 * 60),
+            openai_endpoint: None,
+            openai_model: "gpt-4o-mini".into(),
+            runnables: None,
+            runnable_tools: Vec::new(),
+        }
+    }
+}
+
+/// Everything `hostd serve` runs with; a config file is this type in TOML.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServeOptions {
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub store: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub credentials_file: Option<PathBuf>,
+    pub sqlite_synchronous: SyncMode,
+    pub host: Options,
+    pub link: LinkOptions,
+    pub agents: AgentOptions,
+    pub model: OpenAiOptions,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7400)),
+            data_dir: PathBuf::from("./.hostd"),
+            store: None,
+            credentials_file: None,
+            sqlite_synchronous: SyncMode::Full,
+            host: Options::default(),
+            link: LinkOptions::default(),
+            agents: AgentOptions::default(),
+            model: OpenAiOptions::default(),
+        }
+    }
+}
+
+fn duration(s: &str) -> Result<Duration, String> {
+    duration_text::parse(s)
+}
+
+fn host_id(s: &str) -> Result<HostId, String> {
+    HostId::new(s).map_err(|e| e.to_string())
+}
+
+fn session_id(s: &str) -> Result<SessionId, String> {
+    SessionId::new(s).map_err(|e| e.to_string())
+}
+
+fn placement(s: &str) -> Result<Placement, String> {
+    parse_placement(s).map_err(|e| e.to_string())
+}
+
+fn isolation(s: &str) -> Result<IsolationClass, String> {
+    s.parse::<IsolationClass>().map_err(|e| e.to_string())
+}
+
+/// The flag and environment overrides of every option. Each is `None` unless given; the
+/// defaults are [`ServeOptions`]'s and `hostd serve --help` shows them.
+#[derive(Clone, Debug, Default, Args)]
+pub struct ServeFlags {
+    /// Address to listen on: HostLink, /readyz, /healthz and /metrics.
+    #[arg(id = "listen", long = "listen", env = "HOST_LISTEN_ADDRESS")]
+    listen: Option<SocketAddr>,
+    /// The data folder (embedded store, local tenant, runtime info).
+    #[arg(id = "data_dir", long = "data-dir", env = "HOST_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// Store URL: postgres://... for a fleet [default: a SQLite file in the data folder].
+    #[arg(id = "store", long = "store", env = "HOST_STORE_URL")]
+    store: Option<String>,
+    /// Tenant credentials: one `tenant sha256hex` per line [default: the data folder's].
+    #[arg(
+        id = "credentials_file",
+        long = "credentials-file",
+        env = "HOST_CREDENTIALS_FILE"
+    )]
+    credentials_file: Option<PathBuf>,
+    /// SQLite durability: full, or normal (faster; may lose the last commits on power loss).
+    #[arg(
+        id = "sqlite_synchronous",
+        long = "sqlite-synchronous",
+        env = "HOST_SQLITE_SYNCHRONOUS",
+        value_enum
+    )]
+    sqlite_synchronous: Option<SyncMode>,
+
+    /// This Host's stable id, unique in a fleet [default: hostd-<hostname>].
+    #[arg(id = "host.host_id", long = "host-id", env = "HOST_ID", value_parser = host_id)]
+    host_id: Option<HostId>,
+    /// The HostLink base controllers dial: ws://host:port, nothing else [default: ws://<the
+    /// bound listen address>].
+    #[arg(
+        id = "host.internal_endpoint",
+        long = "internal-endpoint",
+        env = "HOST_INTERNAL_ENDPOINT"
+    )]
+    internal_endpoint: Option<String>,
+    /// shared, cross_tenant_isolated or tenant_exclusive.
+    #[arg(id = "host.isolation_class", long = "isolation-class", env = "HOST_ISOLATION_CLASS", value_parser = isolation)]
+    isolation_class: Option<IsolationClass>,
+    /// pooled (any session) or dedicated (one fixed session).
+    #[arg(id = "host.placement", long = "placement", env = "HOST_PLACEMENT", value_parser = placement)]
+    placement: Option<Placement>,
+    /// Admission capacity (dedicated: 1).
+    #[arg(id = "host.capacity", long = "capacity", env = "HOST_CAPACITY")]
+    capacity: Option<u32>,
+    /// The one session a dedicated Host serves.
+    #[arg(id = "host.fixed_session", long = "fixed-session", env = "HOST_FIXED_SESSION_ID", value_parser = session_id)]
+    fixed_session: Option<SessionId>,
+    /// How long an idle pooled session stays resident.
+    #[arg(id = "host.warm_ttl", long = "warm-ttl", env = "HOST_WARM_TTL", value_parser = duration)]
+    warm_ttl: Option<Duration>,
+    /// How often the Host renews its advertisement and each residency lease.
+    #[arg(id = "host.registry_heartbeat", long = "registry-heartbeat", env = "HOST_REGISTRY_HEARTBEAT", value_parser = duration)]
+    registry_heartbeat: Option<Duration>,
+    /// How long an advertisement or a residency lease lives unrenewed (at least 3 heartbeats).
+    #[arg(id = "host.registry_expiry", long = "registry-expiry", env = "HOST_REGISTRY_EXPIRY", value_parser = duration)]
+    registry_expiry: Option<Duration>,
+    /// How long a command claim lives before another consumer may take it.
+    #[arg(id = "host.claim_ttl", long = "claim-ttl", env = "HOST_CLAIM_TTL", value_parser = duration)]
+    claim_ttl: Option<Duration>,
+    /// How long an admitted command may wait to be applied (at least 2 claim TTLs).
+    #[arg(id = "host.apply_deadline", long = "apply-deadline", env = "HOST_APPLY_DEADLINE", value_parser = duration)]
+    apply_deadline: Option<Duration>,
+    /// The bound of each session's wake-up queue.
+    #[arg(
+        id = "host.command_queue_size",
+        long = "command-queue-size",
+        env = "HOST_COMMAND_QUEUE_SIZE"
+    )]
+    command_queue_size: Option<usize>,
+    /// How often each session's inbox and gates are reconciled without a wake-up.
+    #[arg(id = "host.reconcile_interval", long = "reconcile-interval", env = "HOST_RECONCILE_INTERVAL", value_parser = duration)]
+    reconcile_interval: Option<Duration>,
+    /// How many commands one consumer pass reads.
+    #[arg(
+        id = "host.reconcile_batch",
+        long = "reconcile-batch",
+        env = "HOST_RECONCILE_BATCH"
+    )]
+    reconcile_batch: Option<usize>,
+    /// The drain's whole budget; keep it inside the platform's termination grace.
+    #[arg(id = "host.drain_grace", long = "drain-grace", env = "HOST_DRAIN_GRACE", value_parser = duration)]
+    drain_grace: Option<Duration>,
+    /// How long a drain or release waits for a session to go idle.
+    #[arg(id = "host.idle_boundary", long = "drain-idle-boundary", env = "HOST_DRAIN_IDLE_BOUNDARY", value_parser = duration)]
+    idle_boundary: Option<Duration>,
+    /// How long a drain waits to publish that the Host no longer accepts sessions.
+    #[arg(id = "host.publish_bound", long = "drain-publish-bound", env = "HOST_DRAIN_PUBLISH_BOUND", value_parser = duration)]
+    publish_bound: Option<Duration>,
+
+    /// HostLink application ping interval.
+    #[arg(id = "link.ping_interval", long = "link-ping", env = "HOST_LINK_PING", value_parser = duration)]
+    link_ping: Option<Duration>,
+    /// HostLink pong timeout (shorter than the ping interval).
+    #[arg(id = "link.pong_timeout", long = "link-pong", env = "HOST_LINK_PONG", value_parser = duration)]
+    link_pong: Option<Duration>,
+    /// The largest inbound HostLink message, in bytes.
+    #[arg(
+        id = "link.max_frame_bytes",
+        long = "max-frame-bytes",
+        env = "HOST_MAX_FRAME_BYTES"
+    )]
+    max_frame_bytes: Option<usize>,
+    /// The most sessions one link may have bound.
+    #[arg(
+        id = "link.max_bindings_per_link",
+        long = "max-bindings-per-link",
+        env = "HOST_MAX_BINDINGS_PER_LINK"
+    )]
+    max_bindings_per_link: Option<usize>,
+    /// The most bindings one tenant may hold across its links.
+    #[arg(
+        id = "link.max_bindings_per_tenant",
+        long = "max-bindings-per-tenant",
+        env = "HOST_MAX_BINDINGS_PER_TENANT"
+    )]
+    max_bindings_per_tenant: Option<usize>,
+    /// The most authenticated links at once (the least recently used idle one is evicted).
+    #[arg(
+        id = "link.max_tenant_links",
+        long = "max-tenant-links",
+        env = "HOST_MAX_TENANT_LINKS"
+    )]
+    max_tenant_links: Option<usize>,
+    /// Each link's outbound queue, in messages (a slow consumer is disconnected).
+    #[arg(
+        id = "link.outbound_queue",
+        long = "outbound-queue",
+        env = "HOST_OUTBOUND_QUEUE"
+    )]
+    outbound_queue: Option<usize>,
+    /// How long an enduring record may wait for room in a full outbound queue.
+    #[arg(id = "link.slow_consumer_timeout", long = "link-slow-consumer-timeout", env = "HOST_LINK_SLOW_CONSUMER_TIMEOUT", value_parser = duration)]
+    slow_consumer_timeout: Option<Duration>,
+    /// How long a new link may take to send its connect command.
+    #[arg(id = "link.handshake_timeout", long = "link-handshake-timeout", env = "HOST_LINK_HANDSHAKE_TIMEOUT", value_parser = duration)]
+    handshake_timeout: Option<Duration>,
+    /// Live previews: each link's rate, in bytes per second.
+    #[arg(
+        id = "link.preview_rate_bytes_per_sec",
+        long = "preview-rate-bytes-per-sec",
+        env = "HOST_PREVIEW_RATE_BYTES_PER_SEC"
+    )]
+    preview_rate_bytes_per_sec: Option<u64>,
+    /// Live previews: each link's burst, in bytes.
+    #[arg(
+        id = "link.preview_burst_bytes",
+        long = "preview-burst-bytes",
+        env = "HOST_PREVIEW_BURST_BYTES"
+    )]
+    preview_burst_bytes: Option<usize>,
+    /// Live previews: how long deltas are merged before they are sent.
+    #[arg(id = "link.preview_flush_interval", long = "preview-flush-interval", env = "HOST_PREVIEW_FLUSH_INTERVAL", value_parser = duration)]
+    preview_flush_interval: Option<Duration>,
+
+    /// How long a permission gate waits before denying.
+    #[arg(id = "agents.permission_timeout", long = "permission-timeout", env = "HOST_PERMISSION_TIMEOUT", value_parser = duration)]
+    permission_timeout: Option<Duration>,
+    /// An OpenAI-compatible endpoint (e.g. http://127.0.0.1:8080/v1) for the `openai` agent;
+    /// its key is read from HOST_OPENAI_API_KEY.
+    #[arg(
+        id = "agents.openai_endpoint",
+        long = "openai-endpoint",
+        env = "HOST_OPENAI_ENDPOINT"
+    )]
+    openai_endpoint: Option<String>,
+    /// The model name the `openai` agent asks for.
+    #[arg(
+        id = "agents.openai_model",
+        long = "openai-model",
+        env = "HOST_OPENAI_MODEL"
+    )]
+    openai_model: Option<String>,
+    /// A runnables workspace: its runnables are offered to the agents as tools (all of them,
+    /// unless --runnable-tool picks some). Effectful ones ask permission first.
+    #[arg(
+        id = "agents.runnables",
+        long = "runnables",
+        env = "HOST_RUNNABLES",
+        value_name = "DIR"
+    )]
+    runnables: Option<PathBuf>,
+    /// Offer one runnable as a tool: name[@version] from --runnables, or a release published
+    /// in the store as workspace/name@version (verified against its digest before use).
+    /// Repeatable, or comma-separated.
+    #[arg(
+        id = "agents.runnable_tools",
+        long = "runnable-tool",
+        env = "HOST_RUNNABLE_TOOLS",
+        value_delimiter = ',',
+        value_name = "REF"
+    )]
+    runnable_tools: Option<Vec<String>>,
+
+    /// Model client: how long connecting to the model endpoint may take.
+    #[arg(id = "model.connect_timeout", long = "model-connect-timeout", env = "HOST_MODEL_CONNECT_TIMEOUT", value_parser = duration)]
+    model_connect_timeout: Option<Duration>,
+    /// Model client: how long the endpoint may take to start answering a request.
+    #[arg(id = "model.request_timeout", long = "model-request-timeout", env = "HOST_MODEL_REQUEST_TIMEOUT", value_parser = duration)]
+    model_request_timeout: Option<Duration>,
+    /// Model client: the longest pause allowed inside a streamed answer.
+    #[arg(id = "model.idle_timeout", long = "model-idle-timeout", env = "HOST_MODEL_IDLE_TIMEOUT", value_parser = duration)]
+    model_idle_timeout: Option<Duration>,
+    /// Model client: retries after a 429, a 5xx or a failed connect (at most 10).
+    #[arg(
+        id = "model.max_retries",
+        long = "model-max-retries",
+        env = "HOST_MODEL_MAX_RETRIES"
+    )]
+    model_max_retries: Option<u32>,
+    /// Model client: the wait before the first retry (doubled each time, with jitter).
+    #[arg(id = "model.backoff_initial", long = "model-backoff-initial", env = "HOST_MODEL_BACKOFF_INITIAL", value_parser = duration)]
+    model_backoff_initial: Option<Duration>,
+    /// Model client: the longest wait between two attempts.
+    #[arg(id = "model.backoff_max", long = "model-backoff-max", env = "HOST_MODEL_BACKOFF_MAX", value_parser = duration)]
+    model_backoff_max: Option<Duration>,
+    /// Model client: the most tokens the model may write in one step (unset: the endpoint's).
+    #[arg(
+        id = "model.max_tokens",
+        long = "model-max-tokens",
+        env = "HOST_MODEL_MAX_TOKENS"
+    )]
+    model_max_tokens: Option<u32>,
+    /// Model client: the sampling temperature, 0 to 2 (unset: the endpoint's default).
+    #[arg(
+        id = "model.temperature",
+        long = "model-temperature",
+        env = "HOST_MODEL_TEMPERATURE"
+    )]
+    model_temperature: Option<f32>,
+}
+
+impl ServeFlags {
+    /// Replaces every option this carries a value for.
+    fn overlay(self, o: &mut ServeOptions) {
+        macro_rules! set {
+            ($($flag:ident => $($path:ident).+;)*) => {
+                $(if let Some(v) = self.$flag { o.$($path).+ = v; })*
+            };
+        }
+        macro_rules! set_some {
+            ($($flag:ident => $($path:ident).+;)*) => {
+                $(if let Some(v) = self.$flag { o.$($path).+ = Some(v); })*
+            };
+        }
+        set! {
+            listen => listen;
+            data_dir => data_dir;
+            sqlite_synchronous => sqlite_synchronous;
+            isolation_class => host.isolation_class;
+            placement => host.placement;
+            capacity => host.capacity;
+            warm_ttl => host.warm_ttl;
+            registry_heartbeat => host.registry_heartbeat;
+            registry_expiry => host.registry_expiry;
+            claim_ttl => host.claim_ttl;
+            apply_deadline => host.apply_deadline;
+            command_queue_size => host.command_queue_size;
+            reconcile_interval => host.reconcile_interval;
+            reconcile_batch => host.reconcile_batch;
+            drain_grace => host.drain_grace;
+            idle_boundary => host.idle_boundary;
+            publish_bound => host.publish_bound;
+            link_ping => link.ping_interval;
+            link_pong => link.pong_timeout;
+            max_frame_bytes => link.max_frame_bytes;
+            max_bindings_per_link => link.max_bindings_per_link;
+            max_bindings_per_tenant => link.max_bindings_per_tenant;
+            max_tenant_links => link.max_tenant_links;
+            outbound_queue => link.outbound_queue;
+            slow_consumer_timeout => link.slow_consumer_timeout;
+            handshake_timeout => link.handshake_timeout;
+            preview_rate_bytes_per_sec => link.preview_rate_bytes_per_sec;
+            preview_burst_bytes => link.preview_burst_bytes;
+            preview_flush_interval => link.preview_flush_interval;
+            permission_timeout => agents.permission_timeout;
+            openai_model => agents.openai_model;
+            runnable_tools => agents.runnable_tools;
+            model_connect_timeout => model.connect_timeout;
+            model_request_timeout => model.request_timeout;
+            model_idle_timeout => model.idle_timeout;
+            model_max_retries => model.max_retries;
+            model_backoff_initial => model.backoff_initial;
+            model_backoff_max => model.backoff_max;
+        }
+        set_some! {
+            store => store;
+            credentials_file => credentials_file;
+            host_id => host.host_id;
+            internal_endpoint => host.internal_endpoint;
+            fixed_session => host.fixed_session;
+            openai_endpoint => agents.openai_endpoint;
+            runnables => agents.runnables;
+            model_max_tokens => model.max_tokens;
+            model_temperature => model.temperature;
+        }
+    }
+}
+
+/// Where an effective value came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Source {
+    Default,
+    /// A default computed from another option or the machine.
+    Derived(&'static str),
+    File,
+    Env,
+    Flag,
+}
+
+/// The layered options and where each value came from.
+#[derive(Debug)]
+pub struct Effective {
+    pub options: ServeOptions,
+    /// True when no store was given: a SQLite file in the data folder, with a local tenant.
+    pub embedded: bool,
+    /// True when no credentials file was given (the data folder's is used).
+    pub default_credentials: bool,
+    /// True when no internal endpoint was given (it follows the bound listen address).
+    pub default_endpoint: bool,
+    config_file: Option<PathBuf>,
+    sources: BTreeMap<String, Source>,
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "local".into())
+}
+
+/// The dotted paths of every leaf of a TOML table, with their values, in table order.
+fn leaves(prefix: &str, table: &toml::Table, out: &mut Vec<(String, toml::Value)>) {
+    for (k, v) in table {
+        let path = if prefix.is_empty() {
+            k.clone()
+        } else {
+            format!("{prefix}.{k}")
+        };
+        match v {
+            toml::Value::Table(t) => leaves(&path, t, out),
+            other => out.push((path, other.clone())),
+        }
+    }
+}
+
+/// Layers default < file < environment < flag. `matches` are `serve`'s, to tell a flag from
+/// an environment variable.
+pub fn load(
+    config: Option<&Path>,
+    flags: ServeFlags,
+    matches: Option<&ArgMatches>,
+) -> Result<Effective> {
+    let (mut options, in_file) = match config {
+        None => (ServeOptions::default(), Vec::new()),
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read the config file {}", path.display()))?;
+            let options: ServeOptions = toml::from_str(&text)
+                .with_context(|| format!("the config file {} is refused", path.display()))?;
+            let table: toml::Table = toml::from_str(&text)?;
+            let mut in_file = Vec::new();
+            leaves("", &table, &mut in_file);
+            (options, in_file.into_iter().map(|(k, _)| k).collect())
+        }
+    };
+    flags.overlay(&mut options);
+    options
+        .model
+        .validate()
+        .context("the model client's options ([model])")?;
+    let mut sources = BTreeMap::new();
+    for path in in_file {
+        sources.insert(path, Source::File);
+    }
+    if let Some(m) = matches {
+        for id in m.ids() {
+            let id = id.as_str();
+            match m.value_source(id) {
+                Some(ValueSource::CommandLine) => {
+                    sources.insert(id.to_owned(), Source::Flag);
+                }
+                Some(ValueSource::EnvVariable) => {
+                    sources.insert(id.to_owned(), Source::Env);
+                }
+                _ => {}
+            }
+        }
+    }
+    let embedded = options.store.is_none();
+    let default_credentials = options.credentials_file.is_none();
+    let default_endpoint = options.host.internal_endpoint.is_none();
+    let data = DataDir::new(&options.data_dir);
+    if embedded {
+        options.store = Some(data.store_url()?);
+        sources.insert(
+            "store".into(),
+            Source::Derived("the data folder's SQLite file"),
+        );
+    }
+    if default_credentials {
+        options.credentials_file = Some(data.credentials_path());
+        sources.insert(
+            "credentials_file".into(),
+            Source::Derived("the data folder's"),
+        );
+    }
+    if options.host.host_id.is_none() {
+        options.host.host_id = Some(HostId::new(format!("hostd-{}", hostname()))?);
+        sources.insert("host.host_id".into(), Source::Derived("hostd-<hostname>"));
+    }
+    if default_endpoint {
+        sources.insert(
+            "host.internal_endpoint".into(),
+            Source::Derived("ws://<the bound listen address>"),
+        );
+    }
+    Ok(Effective {
+        options,
+        embedded,
+        default_credentials,
+        default_endpoint,
+        config_file: config.map(Path::to_path_buf),
+        sources,
+    })
+}
+
+impl Effective {
+    /// Where the value at `path` came from.
+    pub fn source(&self, path: &str) -> Source {
+        self.sources.get(path).cloned().unwrap_or(Source::Default)
+    }
+
+    /// The effective options as TOML (a valid config file), each value followed by where it
+    /// came from.
+    pub fn render(&self) -> Result<String> {
+        let mut options = self.options.clone();
+        if self.default_endpoint {
+            options.host.internal_endpoint = Some(format!("ws://{}", options.listen));
+        }
+        let table = toml::Table::try_from(&options)?;
+        let mut out = String::from(
+            "# hostd serve: the effective value of every option and where it came from\n\
+             # (precedence: flag > environment > file > default)\n",
+        );
+        let mut section = String::new();
+        let mut rows = Vec::new();
+        leaves("", &table, &mut rows);
+        // Top-level values first, then one table per section, as TOML requires.
+        rows.sort_by_key(|(path, _)| path.contains('.'));
+        for (path, value) in rows {
+            let (head, key) = match path.rsplit_once('.') {
+                Some((h, k)) => (h.to_owned(), k.to_owned()),
+                None => (String::new(), path.clone()),
+            };
+            if head != section {
+                out.push_str(&format!("\n[{head}]\n"));
+                section = head;
+            }
+            let line = format!("{key} = {value}");
+            let from = match self.source(&path) {
+                Source::Default => "default".to_owned(),
+                Source::Derived(how) => format!("default: {how}"),
+                Source::File => format!(
+                    "file {}",
+                    self.config_file
+                        .as_deref()
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_default()
+                ),
+                Source::Env => "environment".to_owned(),
+                Source::Flag => "flag".to_owned(),
+            };
+            out.push_str(&format!("{line:<48} # {from}\n"));
+        }
+        Ok(out)
+    }
+}
+
+/// Appends each option's default (from [`ServeOptions::default`]) to its help text, so
+/// `hostd serve --help` shows defaults that are declared only once.
+pub fn document_defaults(mut cmd: clap::Command) -> clap::Command {
+    let Ok(table) = toml::Table::try_from(ServeOptions::default()) else {
+        return cmd;
+    };
+    let mut rows = Vec::new();
+    leaves("", &table, &mut rows);
+    for (path, value) in rows {
+        if !cmd.get_arguments().any(|a| a.get_id() == path.as_str()) {
+            continue;
+        }
+        let shown = match &value {
+            toml::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        cmd = cmd.mut_arg(path, |a| {
+            let help = a.get_help().map(|h| h.to_string()).unwrap_or_default();
+            a.help(format!("{help} [default: {shown}]"))
+        });
+    }
+    // A value is named after its option's last segment (`--capacity <CAPACITY>`), not its id.
+    let named: Vec<(String, String)> = cmd
+        .get_arguments()
+        .filter(|a| {
+            a.get_action().takes_values()
+                && a.get_value_names()
+                    .is_none_or(|v| v.len() == 1 && v[0] == a.get_id().as_str())
+        })
+        .map(|a| {
+            let id = a.get_id().to_string();
+            let last = id.rsplit('.').next().unwrap_or(&id).to_uppercase();
+            (id, last)
+        })
+        .collect();
+    for (id, name) in named {
+        cmd = cmd.mut_arg(id, |a| a.value_name(name));
+    }
+    cmd
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, FromArgMatches, Parser};
+
+    #[derive(Parser)]
+    struct Probe {
+        #[command(flatten)]
+        flags: ServeFlags,
+    }
+
+    fn every_path(o: &ServeOptions) -> Vec<String> {
+        let mut rows = Vec::new();
+        leaves("", &toml::Table::try_from(o).unwrap(), &mut rows);
+        rows.into_iter().map(|(k, _)| k).collect()
+    }
+
+    fn filled() -> ServeOptions {
+        let mut o = ServeOptions {
+            store: Some("sqlite:///x".into()),
+            credentials_file: Some("c".into()),
+            ..ServeOptions::default()
+        };
+        o.host.host_id = Some(HostId::new("h").unwrap());
+        o.host.internal_endpoint = Some("ws://h:1".into());
+        o.host.fixed_session = Some(SessionId::new("s").unwrap());
+        o.agents.openai_endpoint = Some("http://m".into());
+        o.agents.runnables = Some("r".into());
+        o.agents.runnable_tools = vec!["t".into()];
+        o.model.max_tokens = Some(1);
+        o.model.temperature = Some(0.5);
+        o
+    }
+
+    #[test]
+    fn every_option_has_exactly_one_flag_with_help_and_every_flag_names_an_option() {
+        let cmd = Probe::command();
+        let paths = every_path(&filled());
+        let ids: Vec<String> = cmd
+            .get_arguments()
+            .filter(|a| a.get_id() != "help")
+            .map(|a| a.get_id().to_string())
+            .collect();
+        for p in &paths {
+            assert!(ids.contains(p), "option {p} has no flag");
+        }
+        for a in cmd.get_arguments().filter(|a| a.get_id() != "help") {
+            let id = a.get_id().to_string();
+            assert!(paths.contains(&id), "flag {id} names no option");
+            assert!(
+                a.get_env().is_some(),
+                "flag {id} has no environment variable"
+            );
+            assert!(
+                a.get_help().is_some_and(|h| !h.to_string().is_empty()),
+                "flag {id} has no help"
+            );
+        }
+    }
+
+    #[test]
+    fn a_flag_overrides_the_file_and_the_file_overrides_the_default() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("host.toml");
+        std::fs::write(
+            &file,
+            "listen = \"127.0.0.1:9000\"\n[host]\ncapacity = 8\nwarm_ttl = \"90s\"\n[link]\nmax_tenant_links = 7\n",
+        )
+        .unwrap();
+        let matches = Probe::command()
+            .try_get_matches_from(["probe", "--capacity", "9"])
+            .unwrap();
+        let probe = Probe::from_arg_matches(&matches).unwrap();
+        let e = load(Some(&file), probe.flags, Some(&matches)).unwrap();
+        assert_eq!(e.options.host.capacity, 9);
+        assert_eq!(e.source("host.capacity"), Source::Flag);
+        assert_eq!(e.options.host.warm_ttl, Duration::from_secs(90));
+        assert_eq!(e.source("host.warm_ttl"), Source::File);
+        assert_eq!(e.options.link.max_tenant_links, 7);
+        assert_eq!(e.options.listen.port(), 9000);
+        assert_eq!(e.options.host.claim_ttl, Options::default().claim_ttl);
+        assert_eq!(e.source("host.claim_ttl"), Source::Default);
+        let text = e.render().unwrap();
+        assert!(text.contains("capacity = 9"), "{text}");
+        // What --print-config shows is itself a config file that gives the same options.
+        let again: ServeOptions = toml::from_str(&text).unwrap();
+        assert_eq!(again.host.capacity, 9);
+        assert_eq!(again.host.warm_ttl, Duration::from_secs(90));
+    }
+
+    #[test]
+    fn an_unknown_or_mistyped_member_of_the_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        for text in [
+            "[host]\ncapacityy = 8\n",
+            "[host]\ncapacity = \"eight\"\n",
+            "[host]\nwarm_ttl = \"soon\"\n",
+            "[host]\nplacement = \"shared\"\n",
+            "[nope]\nx = 1\n",
+        ] {
+            let file = dir.path().join("bad.toml");
+            std::fs::write(&file, text).unwrap();
+            assert!(
+                load(Some(&file), ServeFlags::default(), None).is_err(),
+                "{text}"
+            );
+        }
+    }
+}

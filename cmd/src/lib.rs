@@ -1,0 +1,168 @@
+//! `hostd`: the Host command line, as a library whose one entry point is [`main`] (the
+//! `hostd` binary is only that call, and the whole-system tests build the same entry point
+//! into their own binary). This file only parses the top-level command and hands each
+//! subcommand to its own module; it must never hold a subcommand's behaviour.
+
+#![forbid(unsafe_code)]
+
+mod agents;
+mod config;
+mod flow;
+mod local;
+mod output;
+mod runnable;
+mod serve;
+mod session;
+mod signals;
+
+use std::process::ExitCode;
+
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+
+/// hostd: the Host command line.
+///
+/// Every subcommand has its own help: `hostd <command> --help`.
+#[derive(Debug, Parser)]
+#[command(name = "hostd", version, propagate_version = true)]
+struct Cli {
+    /// Log filter for hostd's own diagnostics (e.g. `info`, `host=debug`); defaults to the
+    /// RUST_LOG variable, else `info` for serve and `warn` otherwise.
+    #[arg(long, global = true, value_name = "FILTER")]
+    log: Option<String>,
+
+    /// Log format: human-readable lines or JSON objects (one per line, on stderr).
+    #[arg(
+        long,
+        global = true,
+        env = "HOST_LOG_FORMAT",
+        value_enum,
+        default_value = "human"
+    )]
+    log_format: LogFormat,
+
+    /// Print data as JSON (one value per line) instead of text; diagnostics stay on stderr.
+    #[arg(long, global = true)]
+    json: bool,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum LogFormat {
+    Human,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a Host: keep agent sessions resident, apply their commands exactly once, serve
+    /// HostLink, /readyz, /healthz and /metrics on one listener; drain on SIGTERM.
+    Serve(Box<serve::ServeArgs>),
+    /// Act as a controller: create sessions, send messages, answer gates, watch replies.
+    Session(session::SessionArgs),
+    /// Run a local multi-service flow: start services in dependency order, wait for their
+    /// readiness, supervise them, tear them down in reverse layers.
+    Flow(flow::FlowArgs),
+    /// Typed, versioned operations: list, show, build, invoke and publish runnables.
+    Runnable(runnable::RunnableArgs),
+}
+
+/// Runs the `hostd` command line on this process's arguments.
+pub fn main() -> ExitCode {
+    let matches = Cli::command()
+        .mut_subcommand("serve", config::document_defaults)
+        .get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    let default_level = match cli.command {
+        Command::Serve(_) => "info",
+        _ => "warn",
+    };
+    let out = output::Output::new(cli.json);
+    init_tracing(
+        cli.log.as_deref(),
+        cli.log_format,
+        default_level,
+        out.colour_stderr(),
+    );
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            out.error(format_args!("cannot start the async runtime: {e}"));
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Flow(args) => flow::run(args, out.is_json()).await,
+            Command::Runnable(args) => runnable::run(args, out.is_json()).await,
+            Command::Serve(args) => {
+                serve::run(*args, matches.subcommand_matches("serve"), out).await
+            }
+            Command::Session(args) => session::run(args, out).await,
+        }
+    });
+    match result {
+        Ok(code) => code,
+        // The reader went away (`hostd session ls | head -1`): nothing more to say.
+        Err(e) if output::is_closed_pipe(&e) => ExitCode::SUCCESS,
+        Err(e) => {
+            out.error(format_args!("{e:#}"));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_tracing(filter: Option<&str>, format: LogFormat, default_level: &str, colour: bool) {
+    use tracing_subscriber::EnvFilter;
+    let filter = match filter {
+        Some(f) => EnvFilter::new(f),
+        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level)),
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(colour)
+        .with_target(false);
+    let _ = match format {
+        LogFormat::Human => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn undocumented(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {
+        for a in cmd.get_arguments() {
+            let id = a.get_id().as_str();
+            if id == "help" || id == "version" {
+                continue;
+            }
+            if a.get_help().is_none_or(|h| h.to_string().trim().is_empty()) {
+                out.push(format!("{path} {id}"));
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            undocumented(sub, &format!("{path} {}", sub.get_name()), out);
+        }
+    }
+
+    #[test]
+    fn every_flag_and_argument_of_serve_and_session_has_help() {
+        let cmd = Cli::command();
+        let mut missing = Vec::new();
+        for name in ["serve", "session"] {
+            let sub = cmd.find_subcommand(name).expect("the subcommand exists");
+            undocumented(sub, &format!("hostd {name}"), &mut missing);
+        }
+        assert!(missing.is_empty(), "without help: {missing:?}");
+    }
+}

@@ -1,0 +1,541 @@
+//! The residency owner: the one owner of this Host's table of resident sessions and of
+//! everything that must stay consistent with it — the admission ledger, the per-session attach
+//! locks, the Host's generation and lifecycle flags (started, draining, live), the route
+//! invalidations, and the task tracker every residency's work runs under. It also owns the
+//! single abnormal end of a residency (lost lease or runtime fault).
+//!
+//! Every other part reaches it through methods, never its fields: a session's tasks (consumer,
+//! gate publisher, relay, warm release, upkeep) through the narrow per-session [`SessionCtx`],
+//! and the composition (`service`) and the drain (`release`) through the methods below. This
+//! module imports none of those parts: they import it. It never launches a runtime or starts a
+//! session's tasks (that is the attach's job, in `service`).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use sessionstore::{
+    HostAdvertisement, RegistrationUpdate, ResidencyEpoch, ResidencyState, SessionId, Store,
+    TenantId,
+};
+use tokio::sync::{OwnedMutexGuard, broadcast};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::admission::Admission;
+use crate::error::HostError;
+use crate::metrics::{GaugeSample, GaugeSource, Metrics};
+use crate::options::Config;
+use crate::resident::{Resident, ResidentState, SessionKey};
+
+/// How many route invalidations may queue before a slow listener misses some (it then drops
+/// every route, which is safe).
+const INVALIDATION_BUFFER: usize = 1024;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+/// Why a residency ends abnormally.
+#[derive(Clone, Debug)]
+pub(crate) enum EndReason {
+    /// The residency lease was lost: write nothing more under it.
+    Lost(String),
+    /// The runtime faulted or is unsound: abandon it, tombstone, release.
+    Fault(String),
+}
+
+impl std::fmt::Display for EndReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EndReason::Lost(r) => write!(f, "residency lost: {r}"),
+            EndReason::Fault(r) => write!(f, "runtime fault: {r}"),
+        }
+    }
+}
+
+/// Per-session locks that serialize attach (and a drain waiting for an attach) on one session.
+/// An entry lives only while someone holds or waits for it, so the map never outgrows the
+/// sessions being attached or drained at this instant.
+#[derive(Default)]
+struct SessionLocks {
+    map: Mutex<HashMap<SessionKey, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// A held per-session lock; dropping it removes the entry when nobody else waits on it.
+pub(crate) struct SessionGuard<'a> {
+    locks: &'a SessionLocks,
+    key: SessionKey,
+    entry: Arc<tokio::sync::Mutex<()>>,
+    held: Option<OwnedMutexGuard<()>>,
+}
+
+impl SessionLocks {
+    fn entry(&self, key: &SessionKey) -> Arc<tokio::sync::Mutex<()>> {
+        lock(&self.map).entry(key.clone()).or_default().clone()
+    }
+
+    /// Waits for the session's lock, at most `bound` when one is given. The guard is returned
+    /// either way; `held()` says whether the lock was taken.
+    async fn acquire(&self, key: &SessionKey, bound: Option<Duration>) -> SessionGuard<'_> {
+        let entry = self.entry(key);
+        let wait = entry.clone().lock_owned();
+        let held = match bound {
+            None => Some(wait.await),
+            Some(b) => tokio::time::timeout(b, wait).await.ok(),
+        };
+        SessionGuard {
+            locks: self,
+            key: key.clone(),
+            entry,
+            held,
+        }
+    }
+
+    fn len(&self) -> usize {
+        lock(&self.map).len()
+    }
+}
+
+#[cfg(test)]
+impl SessionGuard<'_> {
+    /// True when the lock was taken (false when a bounded wait ran out).
+    pub fn held(&self) -> bool {
+        self.held.is_some()
+    }
+}
+
+impl Drop for SessionGuard<'_> {
+    fn drop(&mut self) {
+        self.held.take();
+        let mut map = lock(&self.locks.map);
+        // Two handles left: the map's and ours. Anyone else waiting holds a third.
+        if map
+            .get(&self.key)
+            .is_some_and(|cur| Arc::ptr_eq(cur, &self.entry))
+            && Arc::strong_count(&self.entry) == 2
+        {
+            map.remove(&self.key);
+        }
+    }
+}
+
+/// The residency owner. Cheap to share (`Arc`); its fields are private to this module.
+pub(crate) struct Residency {
+    config: Config,
+    store: Store,
+    metrics: Metrics,
+    generation: AtomicU64,
+    started: AtomicBool,
+    draining: AtomicBool,
+    live: AtomicBool,
+    residents: Mutex<HashMap<SessionKey, Arc<Resident>>>,
+    admission: Mutex<Admission>,
+    locks: SessionLocks,
+    attach_counter: AtomicU64,
+    invalidations: broadcast::Sender<(TenantId, SessionId)>,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl Residency {
+    /// A new owner with nothing resident; its metrics' gauges are computed from it.
+    pub fn new(config: Config, store: Store, metrics: Metrics) -> Arc<Residency> {
+        let admission = Admission::new(config.capacity, config.isolation_class);
+        let (invalidations, _) = broadcast::channel(INVALIDATION_BUFFER);
+        let me = Arc::new(Residency {
+            config,
+            store,
+            metrics,
+            generation: AtomicU64::new(0),
+            started: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
+            live: AtomicBool::new(true),
+            residents: Mutex::new(HashMap::new()),
+            admission: Mutex::new(admission),
+            locks: SessionLocks::default(),
+            attach_counter: AtomicU64::new(0),
+            invalidations,
+            shutdown: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+        });
+        let source: Arc<dyn GaugeSource> = me.clone();
+        me.metrics.sample_from(Arc::downgrade(&source));
+        me
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    // ---------------------------------------------------------------- lifecycle
+
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
+    }
+
+    pub fn started(&self) -> bool {
+        self.started.load(Ordering::SeqCst)
+    }
+
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    pub fn live(&self) -> bool {
+        self.live.load(Ordering::SeqCst)
+    }
+
+    /// Marks the Host started under `generation` and opens admission.
+    pub fn mark_started(&self, generation: u64) {
+        self.generation.store(generation, Ordering::SeqCst);
+        lock(&self.admission).set_accepting(true);
+        self.started.store(true, Ordering::SeqCst);
+    }
+
+    /// Begins the drain: admission off at once. False when a drain had already begun.
+    pub fn begin_drain(&self) -> bool {
+        if self.draining.swap(true, Ordering::SeqCst) {
+            return false;
+        }
+        lock(&self.admission).set_accepting(false);
+        true
+    }
+
+    /// Stops every task (bounded by the idle boundary), closes the store last and turns
+    /// `/healthz` false.
+    pub async fn stop(&self) {
+        self.shutdown.cancel();
+        self.tasks.close();
+        let _ = tokio::time::timeout(self.config.idle_boundary, self.tasks.wait()).await;
+        self.store.close().await;
+        self.live.store(false, Ordering::SeqCst);
+    }
+
+    /// Cancelled when the Host stops.
+    pub fn shutdown(&self) -> &CancellationToken {
+        &self.shutdown
+    }
+
+    /// Spawns Host-wide work under the tracker the stop waits for.
+    pub fn spawn<F>(&self, work: F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.tasks.spawn(work);
+    }
+
+    pub fn advertisement(&self, accepting: bool) -> HostAdvertisement {
+        HostAdvertisement {
+            host: self.config.host_id.clone(),
+            endpoint: self.config.internal_endpoint.clone(),
+            placement: self.config.placement,
+            isolation_class: self.config.isolation_class.as_str().to_owned(),
+            capacity: self.config.capacity,
+            accepting,
+            generation: self.generation(),
+            ttl: self.config.registry_expiry,
+        }
+    }
+
+    /// This Host's registration of a session at `epoch`. It accepts commands only while
+    /// resident and not draining.
+    pub fn registration(
+        &self,
+        key: &SessionKey,
+        epoch: ResidencyEpoch,
+        residency: ResidencyState,
+    ) -> RegistrationUpdate {
+        RegistrationUpdate {
+            tenant: key.tenant.clone(),
+            session: key.session.clone(),
+            host: self.config.host_id.clone(),
+            host_generation: self.generation(),
+            endpoint: self.config.internal_endpoint.clone(),
+            residency,
+            accepting: residency == ResidencyState::Resident && !self.draining(),
+            lease_epoch: epoch,
+            ttl: self.config.registry_expiry,
+        }
+    }
+
+    pub fn route_invalidations(&self) -> broadcast::Receiver<(TenantId, SessionId)> {
+        self.invalidations.subscribe()
+    }
+
+    /// Asks every link to drop its route to `key` (tail lost, refused or released).
+    pub fn invalidate_routes(&self, key: &SessionKey) {
+        let _ = self
+            .invalidations
+            .send((key.tenant.clone(), key.session.clone()));
+    }
+
+    // ---------------------------------------------------------------- the table
+
+    pub fn resident(&self, key: &SessionKey) -> Option<Arc<Resident>> {
+        lock(&self.residents).get(key).cloned()
+    }
+
+    pub fn residents(&self) -> Vec<Arc<Resident>> {
+        lock(&self.residents).values().cloned().collect()
+    }
+
+    pub fn keys(&self) -> Vec<SessionKey> {
+        lock(&self.residents).keys().cloned().collect()
+    }
+
+    /// Serializes attach on one session (and lets a drain wait, bounded, for one in flight).
+    pub async fn lock_session(
+        &self,
+        key: &SessionKey,
+        bound: Option<Duration>,
+    ) -> SessionGuard<'_> {
+        self.locks.acquire(key, bound).await
+    }
+
+    /// How many per-session locks exist now (only those held or waited for).
+    pub fn session_locks(&self) -> usize {
+        self.locks.len()
+    }
+
+    /// Charges `weight` for `key` to a fresh attach generation, which is returned.
+    pub fn admit(&self, key: &SessionKey, weight: u32) -> Result<u64, HostError> {
+        let generation = self.attach_counter.fetch_add(1, Ordering::SeqCst) + 1;
+        lock(&self.admission).admit(key, generation, weight)?;
+        Ok(generation)
+    }
+
+    /// Returns an attach generation's charge (only while it still owns it).
+    pub fn credit(&self, key: &SessionKey, generation: u64) {
+        lock(&self.admission).credit(key, generation);
+    }
+
+    /// Records a residency in the table.
+    pub fn insert(&self, resident: Arc<Resident>) {
+        lock(&self.residents).insert(resident.key.clone(), resident);
+    }
+
+    /// Drops a residency's record and credits its charge (only its own generation's), in one
+    /// step as the gauges see it.
+    pub fn forget(&self, r: &Arc<Resident>) {
+        r.set_state(ResidentState::Ended);
+        let mut residents = lock(&self.residents);
+        if residents.get(&r.key).is_some_and(|cur| Arc::ptr_eq(cur, r)) {
+            residents.remove(&r.key);
+        }
+        lock(&self.admission).credit(&r.key, r.generation);
+    }
+
+    /// The per-session context a residency's tasks work through.
+    pub fn session(self: &Arc<Self>, resident: Arc<Resident>) -> SessionCtx {
+        SessionCtx {
+            host: self.clone(),
+            resident,
+        }
+    }
+
+    // ---------------------------------------------------------------- abnormal end
+
+    /// Ends a residency abnormally, on a task of its own.
+    pub fn end_later(self: &Arc<Self>, r: Arc<Resident>, reason: EndReason) {
+        let me = self.clone();
+        self.tasks.spawn(async move { me.end(r, reason).await });
+    }
+
+    /// Lost residency or a runtime fault: stop the work, abandon the runtime, and (only when
+    /// the grant is still ours) tombstone and release; credit capacity.
+    async fn end(&self, r: Arc<Resident>, reason: EndReason) {
+        if !r.begin_end() {
+            return;
+        }
+        let lost = matches!(reason, EndReason::Lost(_));
+        tracing::error!(tenant = %r.key.tenant, session = %r.key.session, epoch = r.epoch.0, reason = %reason, "ending residency");
+        r.set_state(ResidentState::Releasing);
+        self.invalidate_routes(&r.key);
+        r.consumer.halt(self.config.idle_boundary).await;
+        r.cancel.cancel();
+        if let Err(e) = r.runtime.stop().await {
+            tracing::error!(error = %e, "abandoning the runtime failed");
+        }
+        if !lost {
+            if let Err(e) = self
+                .store
+                .tombstone_registration(&r.key.tenant, &r.key.session, r.epoch)
+                .await
+            {
+                tracing::warn!(error = %e, "tombstoning the registration failed");
+            }
+            if let Err(e) = self.store.release_residency(&r.grant()).await {
+                tracing::warn!(error = %e, "releasing the residency lease failed");
+            }
+        }
+        self.forget(&r);
+    }
+}
+
+impl GaugeSource for Residency {
+    fn sample(&self) -> GaugeSample {
+        let residents = lock(&self.residents);
+        let admission = lock(&self.admission);
+        let mut s = GaugeSample {
+            weight_consumed: i64::from(admission.consumed()),
+            weight_capacity: i64::from(self.config.capacity),
+            // A charge with no residency in the table is an attach in flight.
+            attaching: admission
+                .charged()
+                .filter(|k| !residents.contains_key(*k))
+                .count() as i64,
+            ..GaugeSample::default()
+        };
+        for r in residents.values() {
+            match r.state() {
+                ResidentState::Resident => s.resident += 1,
+                ResidentState::Releasing => s.releasing += 1,
+                ResidentState::Ended => continue,
+            }
+            if r.gates_open.load(Ordering::SeqCst) > 0 {
+                s.gate_waiting += 1;
+            }
+            if r.consumer.blocked.load(Ordering::SeqCst) {
+                s.command_blocked += 1;
+            }
+            s.command_lag += r.consumer.lag.load(Ordering::SeqCst);
+            s.queue_depth += r.consumer.queued() as i64;
+        }
+        s
+    }
+}
+
+/// What one residency's tasks may do to the Host: read the store and the options, wake their
+/// own consumer, record their figures, drop their routes, give their residency back, or ask
+/// for its abnormal end. Nothing else of the owner is reachable from here.
+#[derive(Clone)]
+pub(crate) struct SessionCtx {
+    host: Arc<Residency>,
+    resident: Arc<Resident>,
+}
+
+impl SessionCtx {
+    pub fn resident(&self) -> &Arc<Resident> {
+        &self.resident
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.host.store
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.host.config
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.host.metrics
+    }
+
+    /// True once the Host has begun to drain.
+    pub fn draining(&self) -> bool {
+        self.host.draining()
+    }
+
+    /// This Host's registration of the session in `residency`.
+    pub fn registration(&self, residency: ResidencyState) -> RegistrationUpdate {
+        self.host
+            .registration(&self.resident.key, self.resident.epoch, residency)
+    }
+
+    /// Drops every link's route to this session.
+    pub fn invalidate_routes(&self) {
+        self.host.invalidate_routes(&self.resident.key);
+    }
+
+    /// Ends this residency abnormally, on a task of its own.
+    pub fn end_later(&self, reason: EndReason) {
+        self.host.end_later(self.resident.clone(), reason);
+    }
+
+    /// Gives back what a released residency held: tombstone, stop its tasks, release the
+    /// lease, credit capacity, forget it. Failures are returned as (step, reason).
+    pub async fn give_back(&self) -> Vec<(&'static str, String)> {
+        let r = &self.resident;
+        let store = &self.host.store;
+        let mut failures = Vec::new();
+        if let Err(e) = store
+            .tombstone_registration(&r.key.tenant, &r.key.session, r.epoch)
+            .await
+        {
+            failures.push(("tombstone", e.to_string()));
+        }
+        r.cancel.cancel();
+        self.invalidate_routes();
+        if let Err(e) = store.release_residency(&r.grant()).await {
+            failures.push(("release_lease", e.to_string()));
+        }
+        self.host.forget(r);
+        failures
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(s: &str) -> SessionKey {
+        SessionKey {
+            tenant: TenantId::new("t").unwrap(),
+            session: SessionId::new(s).unwrap(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_session_lock_is_forgotten_once_nobody_holds_or_waits_for_it() {
+        let locks = SessionLocks::default();
+        for i in 0..100 {
+            let g = locks.acquire(&key(&format!("s{i}")), None).await;
+            assert!(g.held());
+        }
+        assert_eq!(locks.len(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_session_lock_stays_while_another_attach_waits_for_it() {
+        let locks = Arc::new(SessionLocks::default());
+        let first = locks.acquire(&key("s"), None).await;
+        let waiter = {
+            let locks = locks.clone();
+            tokio::spawn(async move {
+                let g = locks.acquire(&key("s"), None).await;
+                g.held()
+            })
+        };
+        tokio::task::yield_now().await;
+        drop(first);
+        assert!(waiter.await.unwrap());
+        assert_eq!(locks.len(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_bounded_wait_for_a_held_lock_gives_up_and_leaves_the_holder_its_entry() {
+        let locks = SessionLocks::default();
+        let first = locks.acquire(&key("s"), None).await;
+        let late = locks
+            .acquire(&key("s"), Some(Duration::from_millis(10)))
+            .await;
+        assert!(!late.held());
+        drop(late);
+        assert_eq!(locks.len(), 1);
+        drop(first);
+        assert_eq!(locks.len(), 0);
+    }
+}

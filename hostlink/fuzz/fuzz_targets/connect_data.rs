@@ -1,0 +1,11 @@
+#![no_main]
+
+#[path = "common/mod.rs"]
+mod common;
+
+use libfuzzer_sys::fuzz_target;
+use hostlink::records::ConnectData;
+
+fuzz_target!(|data: &[u8]| {
+    common::roundtrip(data, ConnectData::decode, ConnectData::encode);
+});

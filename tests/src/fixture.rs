@@ -1,0 +1,390 @@
+//! A Host composed in-process with the real harness over a real store (SQLite or PostgreSQL
+//! through [`TestStore`]), and a controller's-eye view of the store that admits commands,
+//! waits for their outcomes and checks that every command ended exactly once, honestly.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use department::{LaunchMode, Registration, RuntimeProfile};
+use harness::events::HarnessEvent;
+use harness::model::ScriptedModel;
+use harness::tool::{EchoTool, Tool, ToolError, ToolRegistry};
+use harness::{AgentConfig, HarnessTarget};
+use host::{AttachRequest, Attached, Composition, HostError, Options, Registrar, Service};
+use serde_json::{Value, json};
+use sessionstore::testing::TestStore;
+use sessionstore::wire::{CommandBodyV1, GateAnswer, encode_command_body};
+use sessionstore::*;
+use uuid::Uuid;
+
+use crate::poll::{WAIT, check, eventually};
+
+pub const AGENT: &str = "assistant";
+pub const BUILD: &str = "harness-1";
+
+/// A tool with an effect that counts its runs (needs approval).
+#[derive(Default)]
+pub struct Rocket {
+    pub runs: AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl Tool for Rocket {
+    fn spec(&self) -> harness::model::ToolSpec {
+        harness::model::ToolSpec {
+            name: "launch_rocket".into(),
+            description: "Has an effect; asks first.".into(),
+            parameters: json!({"type": "object"}),
+        }
+    }
+    fn needs_approval(&self) -> bool {
+        true
+    }
+    async fn call(&self, _arguments: Value) -> Result<String, ToolError> {
+        let n = self.runs.fetch_add(1, Ordering::SeqCst) + 1;
+        Ok(format!("launched (run {n})"))
+    }
+}
+
+/// Registers the harness agent, journaling into the Host's own store.
+pub struct HarnessRegistrar {
+    pub rocket: Arc<Rocket>,
+}
+
+#[async_trait::async_trait]
+impl Registrar for HarnessRegistrar {
+    async fn register(&self, store: &Store) -> Result<Vec<Registration>, String> {
+        let tools = ToolRegistry::new(vec![
+            Arc::new(EchoTool::new("echo", false)),
+            self.rocket.clone(),
+        ])
+        .map_err(|e| e.to_string())?;
+        let mut agent = AgentConfig::new(Arc::new(ScriptedModel::new()), tools);
+        agent.permission_timeout = Duration::from_secs(600);
+        let target = HarnessTarget::new(store.clone(), agent, CompatibilityId::new(BUILD).unwrap())
+            .map_err(|e| e.to_string())?;
+        Ok(vec![Registration {
+            agent: AgentId::new(AGENT).unwrap(),
+            target: Arc::new(target),
+        }])
+    }
+}
+
+/// Options tuned for tests: short heartbeats so a crashed Host's lease lapses quickly.
+pub fn options(host: &str) -> Options {
+    Options {
+        host_id: Some(HostId::new(host).unwrap()),
+        internal_endpoint: Some("ws://127.0.0.1:7400".into()),
+        capacity: 16,
+        warm_ttl: Duration::from_secs(600),
+        registry_heartbeat: Duration::from_millis(200),
+        registry_expiry: Duration::from_millis(800),
+        claim_ttl: Duration::from_secs(5),
+        apply_deadline: Duration::from_secs(600),
+        reconcile_interval: Duration::from_millis(200),
+        drain_grace: Duration::from_secs(5),
+        idle_boundary: Duration::from_secs(2),
+        publish_bound: Duration::from_secs(2),
+        ..Options::default()
+    }
+}
+
+pub async fn compose(ts: &TestStore, opts: Options, rocket: Arc<Rocket>) -> Service {
+    Composition {
+        options: opts,
+        store: ts.options(),
+        registrar: Box::new(HarnessRegistrar { rocket }),
+        profile: RuntimeProfile::Durable,
+        version: "test".into(),
+    }
+    .build()
+    .await
+    .expect("the Host composes")
+}
+
+/// A composed and started Host.
+pub async fn started(ts: &TestStore, opts: Options) -> (Service, Arc<Rocket>) {
+    let rocket = Arc::new(Rocket::default());
+    let svc = compose(ts, opts, rocket.clone()).await;
+    svc.start().await.expect("the Host starts");
+    (svc, rocket)
+}
+
+/// The controller: creates sessions and admits commands straight into the store.
+pub struct Controller {
+    pub store: Store,
+    pub tenant: TenantId,
+    next: AtomicUsize,
+}
+
+impl Controller {
+    pub fn new(ts: &TestStore) -> Controller {
+        Controller {
+            store: ts.store.clone(),
+            tenant: TenantId::new("acme").unwrap(),
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    pub async fn session(&self) -> SessionRecord {
+        self.store
+            .create_session(NewSession {
+                tenant: self.tenant.clone(),
+                session: SessionId::new(format!("s-{}", Uuid::now_v7())).unwrap(),
+                agent: AgentId::new(AGENT).unwrap(),
+                compatibility: CompatibilityId::new(BUILD).unwrap(),
+                binding: SessionBinding {
+                    runtime_session_id: RuntimeSessionId::mint(),
+                    storage_binding_id: local_binding(),
+                    binding_version: 1,
+                },
+            })
+            .await
+            .unwrap()
+    }
+
+    pub fn attach_request(&self, s: &SessionRecord) -> AttachRequest {
+        AttachRequest {
+            tenant: s.tenant.clone(),
+            session: s.session.clone(),
+            agent: s.agent.clone(),
+            compatibility: s.compatibility.clone(),
+            mode: LaunchMode::Create,
+            actor: Some("test".into()),
+            trace: None,
+        }
+    }
+
+    pub async fn attach(&self, svc: &Service, s: &SessionRecord) -> Attached {
+        svc.attach(self.attach_request(s)).await.expect("attach")
+    }
+
+    /// Attaches, retrying while a crashed predecessor's lease has not lapsed.
+    pub async fn attach_eventually(&self, svc: &Service, s: &SessionRecord) -> Attached {
+        eventually("the predecessor's lease to lapse", async || {
+            match svc.attach(self.attach_request(s)).await {
+                Ok(a) => Ok(a),
+                Err(e @ HostError::EpochMismatch { .. }) => Err(e.to_string()),
+                Err(e) => panic!("attach failed: {e}"),
+            }
+        })
+        .await
+    }
+
+    pub fn next_id(&self) -> CommandId {
+        CommandId::new(format!("cmd-{}", self.next.fetch_add(1, Ordering::SeqCst))).unwrap()
+    }
+
+    pub async fn admit_raw(
+        &self,
+        s: &SessionRecord,
+        kind: CommandKind,
+        body: CommandBody,
+    ) -> CommandRecord {
+        self.store
+            .admit(NewCommand {
+                tenant: s.tenant.clone(),
+                session: s.session.clone(),
+                command: self.next_id(),
+                kind,
+                body,
+                principal: Some("user:1".into()),
+                metadata: None,
+                apply_within: Duration::from_secs(600),
+            })
+            .await
+            .unwrap()
+    }
+
+    pub async fn admit(&self, s: &SessionRecord, body: CommandBodyV1) -> CommandRecord {
+        self.admit_raw(
+            s,
+            body.kind(),
+            CommandBody::Inline(encode_command_body(&body)),
+        )
+        .await
+    }
+
+    /// Admits and wakes the resident consumer (what a HostLink delivery does).
+    pub async fn send(
+        &self,
+        svc: &Service,
+        s: &SessionRecord,
+        body: CommandBodyV1,
+    ) -> CommandRecord {
+        let rec = self.admit(s, body).await;
+        let _ = svc.deliver(&s.tenant, &s.session);
+        rec
+    }
+
+    pub async fn terminal(&self, s: &SessionRecord, c: &CommandRecord) -> CommandRecord {
+        terminal(&self.store, s, &c.command).await
+    }
+
+    pub async fn events(&self, s: &SessionRecord) -> Vec<HarnessEvent> {
+        let page = self
+            .store
+            .journal_public_page(&s.tenant, s.binding.runtime_session_id, 0, None, 1000)
+            .await
+            .unwrap();
+        page.events
+            .iter()
+            .map(|e| HarnessEvent::decode(&e.body).unwrap())
+            .collect()
+    }
+
+    pub async fn wait_events(
+        &self,
+        s: &SessionRecord,
+        what: &str,
+        pred: impl Fn(&[HarnessEvent]) -> bool,
+    ) -> Vec<HarnessEvent> {
+        eventually(what, async || {
+            let evs = self.events(s).await;
+            if pred(&evs) {
+                Ok(evs)
+            } else {
+                Err(format!("{evs:#?}"))
+            }
+        })
+        .await
+    }
+
+    /// The gate the session has open now (waits for one).
+    pub async fn open_gate(&self, s: &SessionRecord) -> Uuid {
+        eventually("a gate to be projected", async || {
+            let gates = self.store.gates(&s.tenant, &s.session, true).await.unwrap();
+            match gates.first() {
+                Some(g) => Ok(Uuid::parse_str(g.gate.as_str()).unwrap()),
+                None => Err("no open gate".into()),
+            }
+        })
+        .await
+    }
+
+    /// See [`check_exactly_once`].
+    pub async fn check_exactly_once(&self, s: &SessionRecord) {
+        check_exactly_once(&self.store, s).await
+    }
+}
+
+/// Waits until `command` is terminal, and returns it.
+pub async fn terminal(store: &Store, s: &SessionRecord, command: &CommandId) -> CommandRecord {
+    let what = format!("command {command} to end");
+    eventually(&what, async || {
+        let rec = store.command(&s.tenant, &s.session, command).await.unwrap();
+        if rec.state.is_terminal() {
+            Ok(rec)
+        } else {
+            Err(format!("{rec:?}"))
+        }
+    })
+    .await
+}
+
+/// Waits until a turn of the fed session streams a preview (a turn is in flight).
+pub async fn streaming(feed: &mut tokio::sync::broadcast::Receiver<host::link::FeedItem>) {
+    tokio::time::timeout(WAIT, async {
+        loop {
+            match feed.recv().await {
+                Ok(host::link::FeedItem::Ephemeral(_)) => return,
+                Ok(_) => continue,
+                Err(e) => panic!("the live feed ended: {e}"),
+            }
+        }
+    })
+    .await
+    .expect("a preview within the wait");
+}
+
+pub fn input(text: &str) -> CommandBodyV1 {
+    CommandBodyV1::Input { text: text.into() }
+}
+
+pub fn answer(gate: Uuid, action: &str, text: Option<&str>) -> CommandBodyV1 {
+    CommandBodyV1::GateResponse(GateAnswer {
+        gate_id: gate,
+        action: action.into(),
+        text: text.map(str::to_owned),
+        expected_gate_seq: None,
+    })
+}
+
+pub fn replies(evs: &[HarnessEvent]) -> Vec<String> {
+    evs.iter()
+        .filter_map(|e| match e {
+            HarnessEvent::AssistantMessage { text, .. } if !text.is_empty() => Some(text.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+pub fn count(evs: &[HarnessEvent], ty: &str) -> usize {
+    evs.iter().filter(|e| e.type_name() == ty).count()
+}
+
+pub fn metric(svc: &Service, name: &str) -> f64 {
+    for line in svc.metrics().render().lines() {
+        if line.starts_with('#') {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix(name)
+            && (rest.starts_with(' ') || rest.starts_with('{'))
+            && let Some(v) = line.rsplit(' ').next()
+        {
+            return v.parse().unwrap_or(f64::NAN);
+        }
+    }
+    f64::NAN
+}
+
+/// Waits until the Host's resident set satisfies `pred`.
+pub async fn wait_until(what: &str, mut pred: impl FnMut() -> bool) {
+    eventually(what, async || check(pred(), || "not yet".into())).await
+}
+
+/// Checks that every admitted command of the session reached exactly one terminal state,
+/// honestly: the journal holds at most one disposition per command, and every settled
+/// command's outcome is the one its evidence proves.
+pub async fn check_exactly_once(store: &Store, s: &SessionRecord) {
+    let commands = store
+        .list_commands(&s.tenant, &s.session, 0, 1000)
+        .await
+        .unwrap();
+    let journal = store
+        .journal_runtime_page(&s.tenant, s.binding.runtime_session_id, 0, 1000)
+        .await
+        .unwrap();
+    let mut dispositions: std::collections::HashMap<RuntimeCommandId, Vec<DispositionFrame>> =
+        Default::default();
+    for r in &journal {
+        if let Some(f) = r.disposition_frame() {
+            dispositions
+                .entry(f.identity.runtime_command)
+                .or_default()
+                .push(f);
+        }
+    }
+    for c in &commands {
+        let c = terminal(store, s, &c.command).await;
+        let frames = dispositions
+            .get(&c.runtime_command)
+            .cloned()
+            .unwrap_or_default();
+        assert!(
+            frames.len() <= 1,
+            "command {} has {} dispositions",
+            c.command,
+            frames.len()
+        );
+        match &c.attempt {
+            Some(_) => {
+                let f = frames.first().expect("a settled attempt has its evidence");
+                assert_eq!(Some(f.seq), c.evidence_seq);
+                assert_eq!(Some(f.disposition.outcome()), c.outcome);
+            }
+            None => assert_eq!(c.outcome, Some(Outcome::Rejected), "{c:?}"),
+        }
+    }
+}

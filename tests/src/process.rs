@@ -1,0 +1,168 @@
+//! `hostd` as a real child process: finding the binary, starting
+//! `hostd serve` on a free port and waiting for `/readyz`, stopping it with SIGTERM or
+//! SIGKILL, and running `hostd session` commands. A started server is killed when its handle
+//! is dropped, so a failing test leaves no process behind.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::OnceLock;
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::poll::eventually_blocking;
+
+/// The `hostd` this suite runs: `cmd::main` built into this crate's own binary, which cargo
+/// builds before it runs this crate's integration tests (the only callers).
+pub fn hostd() -> &'static Path {
+    static HOSTD: OnceLock<PathBuf> = OnceLock::new();
+    HOSTD.get_or_init(|| {
+        let exe = std::env::current_exe().expect("the test binary's path");
+        // <target>/<profile>/deps/<test binary>; cargo puts this crate's binaries in <profile>.
+        let path = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("the test binary lives in <target>/<profile>/deps")
+            .join("hostd-under-test");
+        assert!(
+            path.is_file(),
+            "no {} (cargo builds it for this crate's integration tests)",
+            path.display()
+        );
+        path
+    })
+}
+
+/// A free loopback port (bound and released at once).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// The status line and body of a plain HTTP/1.1 GET on loopback, or `None` when nothing
+/// answers.
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    c.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .ok()?;
+    let mut buf = String::new();
+    c.read_to_string(&mut buf).ok()?;
+    let status = buf.split_whitespace().nth(1)?.parse().ok()?;
+    let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
+    Some((status, body))
+}
+
+/// A running `hostd serve`.
+pub struct Serve {
+    child: Child,
+    log: PathBuf,
+    pub port: u16,
+}
+
+/// Environment variables a child must not inherit from whoever runs the suite.
+const SCRUBBED: [&str; 6] = [
+    "HOST_STORE_URL",
+    "HOST_DATA_DIR",
+    "HOST_TENANT",
+    "HOST_TENANT_TOKEN",
+    "HOST_CONFIG",
+    "HOST_ID",
+];
+
+/// A `hostd` command run in `dir`, with none of the caller's `HOST_*` settings that would
+/// point it elsewhere.
+pub fn hostd_command(dir: &Path) -> Command {
+    let mut c = Command::new(hostd());
+    c.current_dir(dir);
+    for v in SCRUBBED {
+        c.env_remove(v);
+    }
+    c
+}
+
+impl Serve {
+    /// Starts `hostd serve --listen 127.0.0.1:<free port> <args>` in `dir`, logging to
+    /// `<dir>/<name>.log`, and waits until `/readyz` answers 200.
+    pub fn start(dir: &Path, name: &str, args: &[&str]) -> Serve {
+        let port = free_port();
+        let log = dir.join(format!("{name}.log"));
+        let child = hostd_command(dir)
+            .arg("serve")
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("a log file"))
+            .spawn()
+            .expect("hostd serve starts");
+        let s = Serve { child, log, port };
+        eventually_blocking("hostd serve to become ready", || {
+            match http_get(port, "/readyz") {
+                Some((200, _)) => Ok(()),
+                other => Err(format!("{other:?}\n{}", s.log_text())),
+            }
+        });
+        s
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// What it has logged so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn wait_exit(mut self, what: &str) -> (ExitStatus, String) {
+        let status = eventually_blocking(what, || match self.child.try_wait() {
+            Ok(Some(status)) => Ok(status),
+            other => Err(format!("{other:?}")),
+        });
+        (status, self.log_text())
+    }
+
+    /// SIGTERM (a drain), then the exit status and the log.
+    pub fn terminate(self) -> (ExitStatus, String) {
+        kill(Pid::from_raw(self.pid() as i32), Signal::SIGTERM).expect("SIGTERM");
+        self.wait_exit("hostd serve to exit after SIGTERM")
+    }
+
+    /// SIGKILL: the process dies at whatever instruction it was on.
+    pub fn kill_dead(self) -> (ExitStatus, String) {
+        kill(Pid::from_raw(self.pid() as i32), Signal::SIGKILL).expect("SIGKILL");
+        self.wait_exit("hostd serve to die after SIGKILL")
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `hostd <args>` in `dir` with `env` added, to completion.
+pub fn hostd_run(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = hostd_command(dir);
+    c.args(args);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("hostd runs")
+}
+
+/// The trimmed stdout of a command that must succeed (else the test fails with both streams).
+pub fn ok(out: Output) -> String {
+    assert!(
+        out.status.success(),
+        "hostd failed ({}): {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
