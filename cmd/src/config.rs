@@ -706,6 +706,19 @@ mod tests {
     }
 
     #[test]
+    fn a_model_option_out_of_its_range_is_refused_at_load_naming_the_field() {
+        let matches = Probe::command()
+            .try_get_matches_from(["probe", "--model-temperature", "5"])
+            .unwrap();
+        let probe = Probe::from_arg_matches(&matches).unwrap();
+        let err = load(None, probe.flags, Some(&matches)).unwrap_err();
+        let text = format!("{err:#}");
+        assert!(text.contains("[model]"), "{text}");
+        assert!(text.contains("out_of_range"), "{text}");
+        assert!(text.contains("temperature"), "{text}");
+    }
+
+    #[test]
     fn a_flag_overrides_the_file_and_the_file_overrides_the_default() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("host.toml");
