@@ -79,11 +79,24 @@ async fn new_session(store: &Store, name: &str) -> SessionRecord {
         .expect("session")
 }
 
-async fn lifecycle_rate(store: &Store, sessions: usize, per_session: usize, tag: &str) -> f64 {
+struct Run {
+    rate: f64,
+    stats: StoreStats,
+    commands: usize,
+}
+
+impl Run {
+    fn per_command(&self, n: u64) -> f64 {
+        n as f64 / self.commands as f64
+    }
+}
+
+async fn lifecycle_rate(store: &Store, sessions: usize, per_session: usize, tag: &str) -> Run {
     let mut all = Vec::new();
     for i in 0..sessions {
         all.push(new_session(store, &format!("{tag}-{i}")).await);
     }
+    let before = store.stats();
     let start = Instant::now();
     let tasks: Vec<_> = all
         .into_iter()
@@ -99,19 +112,26 @@ async fn lifecycle_rate(store: &Store, sessions: usize, per_session: usize, tag:
     for t in tasks {
         t.await.expect("lifecycle task");
     }
-    (sessions * per_session) as f64 / start.elapsed().as_secs_f64()
+    let commands = sessions * per_session;
+    Run {
+        rate: commands as f64 / start.elapsed().as_secs_f64(),
+        stats: store.stats().since(&before),
+        commands,
+    }
 }
 
-fn report(backend: &str, raw: f64, one: f64, many: f64) {
+fn report(backend: &str, raw: f64, one: &Run, many: &Run) {
     println!("{backend}: raw single-row durable commits: {raw:>9.0} commits/s");
-    println!(
-        "{backend}: lifecycle, 1 session:            {one:>9.0} commands/s  ({:.2}x raw)",
-        one / raw
-    );
-    println!(
-        "{backend}: lifecycle, {MANY_SESSIONS} sessions:          {many:>9.0} commands/s  ({:.2}x raw)",
-        many / raw
-    );
+    for (label, run) in [("1 session:  ", one), ("64 sessions:", many)] {
+        println!(
+            "{backend}: lifecycle, {label}          {:>9.0} commands/s  ({:.2}x raw); per command: {:.2} statements issued, {:.2} sent, {:.2} commits",
+            run.rate,
+            run.rate / raw,
+            run.per_command(run.stats.statements),
+            run.per_command(run.stats.server_statements),
+            run.per_command(run.stats.commits),
+        );
+    }
 }
 
 async fn bench_sqlite() {
@@ -126,7 +146,7 @@ async fn bench_sqlite() {
     let one = lifecycle_rate(&store, 1, ONE_SESSION_COMMANDS, "one").await;
     let many = lifecycle_rate(&store, MANY_SESSIONS, PER_SESSION_COMMANDS, "many").await;
     store.close().await;
-    report("sqlite", raw, one, many);
+    report("sqlite", raw, &one, &many);
 }
 
 async fn bench_postgres(url: String) {
@@ -139,7 +159,7 @@ async fn bench_postgres(url: String) {
     let one = lifecycle_rate(&store, 1, ONE_SESSION_COMMANDS, "one").await;
     let many = lifecycle_rate(&store, MANY_SESSIONS, PER_SESSION_COMMANDS, "many").await;
     store.close().await;
-    report("postgres", raw, one, many);
+    report("postgres", raw, &one, &many);
     use sqlx::{Connection, Executor};
     if let Ok(mut c) = sqlx::PgConnection::connect(&url).await {
         let _ = c

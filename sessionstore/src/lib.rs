@@ -12,11 +12,16 @@ pub mod ids;
 pub mod journal;
 pub mod limits;
 pub mod machine;
+mod merged;
 pub mod model;
 mod ops;
+mod pgexec;
+#[cfg(feature = "testing")]
+pub mod plans;
 mod postgres;
 mod sql;
 mod sqlite;
+pub mod stats;
 mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -29,6 +34,7 @@ pub use evidence::{EvidenceReader, EvidenceRouter, FixedEvidenceRouter};
 pub use ids::*;
 pub use journal::*;
 pub use model::*;
+pub use stats::StoreStats;
 pub use store::{
     BackendKind, LOCAL_STORAGE_BINDING, Store, StoreOptions, Synchronous, local_binding,
 };
