@@ -7,6 +7,11 @@
 //! only when the two agree. Owns the SQL text and the decoding of these answers; never decides
 //! an outcome and never opens or commits a transaction.
 //!
+//! Every keyed read is a `LATERAL` subquery on the whole key, fenced (`OFFSET 0`, or its row
+//! lock) so the planner cannot fold it into a join and reorder it: each request then costs one
+//! index probe however young or large the tables are, and the plans the database caches early
+//! stay right as the tables grow (`plans` checks them).
+//!
 //! A statement takes its requests as arrays (`unnest`), so a write lane runs the requests of
 //! many operations of one kind as one statement (see `postgres`). Requests of one statement
 //! never share a key (the lane runs one write per key at a time), so no row is written twice by
@@ -39,6 +44,24 @@ fn width(list: &str) -> usize {
 }
 
 use ColType::{Blob, Int, Text};
+
+/// The columns a transition may change (the rest of a command row never changes once
+/// admitted), in `COMMAND_COLS` order from `state` on: a transition's statement answers these
+/// for the row it wrote.
+const STATE_COLS: &str = "state, revision, epoch_mark, claim_epoch, claim_token, \
+     claim_expires_at, attempt_id, attempt_journal_epoch, attempt_residency_epoch, attempt_at, \
+     outcome, reason, evidence_seq, settled_at";
+
+/// The row a transition wrote: `before` with the state columns of `r` from `at` on.
+fn written(before: &Row, r: &Row, at: usize) -> StoreResult<CommandRecord> {
+    let first = width(COMMAND_COLS) - width(STATE_COLS);
+    let mut values = before.slice(0, first)?.values;
+    values.extend(r.slice(at, width(STATE_COLS))?.values);
+    decode_command(&Row {
+        values,
+        entity: r.entity,
+    })
+}
 
 /// The command columns as request columns, in `COMMAND_COLS` order.
 const COMMAND_REQ: [(&str, ColType); 28] = [
@@ -88,10 +111,11 @@ static ADMIT: LazyLock<SetStmt> = LazyLock::new(|| {
         .collect::<Vec<_>>()
         .join(", ");
     let body = format!(
-        "s AS (SELECT r.op FROM req r JOIN sessions x \
-             ON x.tenant_id = r.tenant_id AND x.session_id = r.session_id), \
-         ex AS (SELECT r.op, {c} FROM req r JOIN commands c \
-             ON c.tenant_id = r.tenant_id AND c.session_id = r.session_id AND c.command_id = r.command_id), \
+        "s AS (SELECT r.op FROM req r CROSS JOIN LATERAL (SELECT 1 FROM sessions x \
+             WHERE x.tenant_id = r.tenant_id AND x.session_id = r.session_id OFFSET 0) x), \
+         ex AS (SELECT r.op, {c} FROM req r CROSS JOIN LATERAL (SELECT {COMMAND_COLS} \
+             FROM commands c WHERE c.tenant_id = r.tenant_id AND c.session_id = r.session_id \
+             AND c.command_id = r.command_id OFFSET 0) c), \
          o AS (UPDATE sessions x SET next_order = x.next_order + 1, last_active_at = r.now FROM req r \
              WHERE x.tenant_id = r.tenant_id AND x.session_id = r.session_id \
              AND NOT EXISTS (SELECT 1 FROM ex WHERE ex.op = r.op) \
@@ -183,9 +207,9 @@ static TRANSITION: LazyLock<SetStmt> = LazyLock::new(|| {
         ("reason", Text),
     ];
     let body = format!(
-        "old AS (SELECT r.op, {c} FROM req r JOIN commands c \
-             ON c.tenant_id = r.tenant_id AND c.session_id = r.session_id AND c.command_id = r.command_id \
-             ORDER BY r.op FOR UPDATE OF c), \
+        "old AS (SELECT r.op, {c} FROM req r CROSS JOIN LATERAL (SELECT {COMMAND_COLS} \
+             FROM commands c WHERE c.tenant_id = r.tenant_id AND c.session_id = r.session_id \
+             AND c.command_id = r.command_id FOR UPDATE) c), \
          upd AS (UPDATE commands w SET state = r.state, epoch_mark = r.epoch_mark, \
              revision = o.revision + 1, \
              claim_epoch = coalesce(r.claim_epoch, w.claim_epoch), \
@@ -207,9 +231,9 @@ static TRANSITION: LazyLock<SetStmt> = LazyLock::new(|| {
              RETURNING o.op, {w}) \
          SELECT o.op, {oc}, {uc} FROM old o LEFT JOIN upd u ON u.op = o.op",
         c = qualified("c", COMMAND_COLS),
-        w = qualified("w", COMMAND_COLS),
+        w = qualified("w", STATE_COLS),
         oc = qualified("o", COMMAND_COLS),
-        uc = qualified("u", COMMAND_COLS),
+        uc = qualified("u", STATE_COLS),
     );
     SetStmt::new("transition", "command", &cols, &body)
 });
@@ -250,12 +274,13 @@ pub(crate) async fn transition<C: Conn>(
         return Ok(None);
     };
     let n = width(COMMAND_COLS);
-    let before = decode_command(&r.slice(0, n)?)?;
+    let old = r.slice(0, n)?;
+    let before = decode_command(&old)?;
     let written = if r.is_null(n)? {
         None
     } else {
         tx.conn.wrote();
-        Some(decode_command(&r.slice(n, n)?)?)
+        Some(written(&old, r, n)?)
     };
     Ok(Some(Found { before, written }))
 }
@@ -292,16 +317,19 @@ static SETTLE: LazyLock<SetStmt> = LazyLock::new(|| {
         .collect::<Vec<_>>()
         .join(" ");
     let body = format!(
-        "s AS (SELECT r.op, {x} FROM req r JOIN sessions x \
-             ON x.tenant_id = r.tenant_id AND x.session_id = r.session_id), \
-         old AS (SELECT r.op, {c} FROM req r JOIN commands c \
-             ON c.tenant_id = r.tenant_id AND c.session_id = r.session_id AND c.command_id = r.command_id \
-             ORDER BY r.op FOR UPDATE OF c), \
-         ev AS (SELECT o.op, {j} FROM old o JOIN s ON s.op = o.op JOIN journal_records j \
-             ON j.runtime_session_id = s.runtime_session_id \
+        "s AS (SELECT r.op, {x} FROM req r CROSS JOIN LATERAL (SELECT {SESSION_COLS} \
+             FROM sessions x WHERE x.tenant_id = r.tenant_id AND x.session_id = r.session_id \
+             OFFSET 0) x), \
+         old AS (SELECT r.op, {c} FROM req r CROSS JOIN LATERAL (SELECT {COMMAND_COLS} \
+             FROM commands c WHERE c.tenant_id = r.tenant_id AND c.session_id = r.session_id \
+             AND c.command_id = r.command_id FOR UPDATE) c), \
+         ev AS (SELECT o.op, {j} FROM old o JOIN s ON s.op = o.op CROSS JOIN LATERAL \
+             (SELECT {JOURNAL_COLS} FROM journal_records j \
+             WHERE j.runtime_session_id = s.runtime_session_id \
              AND j.runtime_command_id = o.runtime_command_id AND j.kind IN ('application','closure') \
-             WHERE EXISTS (SELECT 1 FROM journal_leases l \
-                 WHERE l.runtime_session_id = s.runtime_session_id AND l.tenant_id = o.tenant_id)), \
+             AND EXISTS (SELECT 1 FROM journal_leases l \
+                 WHERE l.runtime_session_id = s.runtime_session_id AND l.tenant_id = o.tenant_id) \
+             OFFSET 0) j), \
          upd AS (UPDATE commands w SET state = CASE e.outcome {state} END, \
              outcome = CASE e.outcome {outcome} END, evidence_seq = e.seq, settled_at = r.now, \
              epoch_mark = r.epoch, revision = o.revision + 1 \
@@ -321,10 +349,10 @@ static SETTLE: LazyLock<SetStmt> = LazyLock::new(|| {
         x = qualified("x", SESSION_COLS),
         c = qualified("c", COMMAND_COLS),
         j = qualified("j", JOURNAL_COLS),
-        w = qualified("w", COMMAND_COLS),
+        w = qualified("w", STATE_COLS),
         sx = qualified("s", SESSION_COLS),
         oc = qualified("o", COMMAND_COLS),
-        uc = qualified("u", COMMAND_COLS),
+        uc = qualified("u", STATE_COLS),
         ec = qualified("e", JOURNAL_COLS),
     );
     SetStmt::new("settle", "command", &cols, &body)
@@ -364,14 +392,15 @@ pub(crate) async fn settle<C: Conn>(
                 read.session = Some(decode_session(&r.slice(0, ns)?)?);
             }
             if !r.is_null(ns)? {
-                read.before = Some(decode_command(&r.slice(ns, nc)?)?);
-            }
-            if !r.is_null(ns + nc)? {
-                tx.conn.wrote();
-                read.written = Some(decode_command(&r.slice(ns + nc, nc)?)?);
+                let old = r.slice(ns, nc)?;
+                read.before = Some(decode_command(&old)?);
+                if !r.is_null(ns + nc)? {
+                    tx.conn.wrote();
+                    read.written = Some(written(&old, r, ns + nc)?);
+                }
             }
         }
-        let at = ns + 2 * nc;
+        let at = ns + nc + width(STATE_COLS);
         if !r.is_null(at)? {
             read.evidence.push(decode_journal_row(&r.slice(at, nj)?)?);
         }
@@ -390,10 +419,11 @@ static CURSOR: LazyLock<SetStmt> = LazyLock::new(|| {
         ("consumed_order", Int),
         ("epoch", Int),
     ];
-    let body = "s AS (SELECT r.op FROM req r JOIN sessions x \
-             ON x.tenant_id = r.tenant_id AND x.session_id = r.session_id), \
-         old AS (SELECT r.op, k.consumed_order, k.epoch FROM req r JOIN cursors k \
-             ON k.tenant_id = r.tenant_id AND k.session_id = r.session_id ORDER BY r.op FOR UPDATE OF k), \
+    let body = "s AS (SELECT r.op FROM req r CROSS JOIN LATERAL (SELECT 1 FROM sessions x \
+             WHERE x.tenant_id = r.tenant_id AND x.session_id = r.session_id OFFSET 0) x), \
+         old AS (SELECT r.op, k.consumed_order, k.epoch FROM req r CROSS JOIN LATERAL \
+             (SELECT k.consumed_order, k.epoch FROM cursors k \
+             WHERE k.tenant_id = r.tenant_id AND k.session_id = r.session_id FOR UPDATE) k), \
          up AS (INSERT INTO cursors AS k (tenant_id, session_id, consumed_order, epoch) \
              SELECT r.tenant_id, r.session_id, r.consumed_order, r.epoch FROM req r JOIN s ON s.op = r.op \
              ON CONFLICT (tenant_id, session_id) DO UPDATE \
@@ -469,11 +499,13 @@ static APPEND: LazyLock<SetStmt> = LazyLock::new(|| {
     let body = format!(
         "a AS (SELECT DISTINCT r.op, r.runtime_session_id, r.tenant_id, r.lease_epoch, r.holder, \
              r.expected_tip FROM req r), \
-         l AS (SELECT a.op, {lj} FROM a JOIN journal_leases j \
-             ON j.runtime_session_id = a.runtime_session_id ORDER BY a.op FOR UPDATE OF j), \
+         l AS (SELECT a.op, {lj} FROM a CROSS JOIN LATERAL (SELECT {JLEASE_COLS} \
+             FROM journal_leases j WHERE j.runtime_session_id = a.runtime_session_id FOR UPDATE) j), \
          d AS (SELECT r.op, min(x.runtime_command_id) AS runtime_command_id FROM req r \
-             JOIN journal_records x ON x.runtime_session_id = r.runtime_session_id \
+             CROSS JOIN LATERAL (SELECT x.runtime_command_id FROM journal_records x \
+             WHERE x.runtime_session_id = r.runtime_session_id \
              AND x.runtime_command_id = r.runtime_command_id AND x.kind IN ('application','closure') \
+             OFFSET 0) x \
              WHERE r.kind IN ('application','closure') GROUP BY r.op), \
          ok AS (SELECT a.op, a.runtime_session_id FROM a JOIN l ON l.op = a.op \
              WHERE l.tenant_id = a.tenant_id AND l.epoch = a.lease_epoch AND l.holder = a.holder \

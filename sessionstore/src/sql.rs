@@ -677,13 +677,15 @@ pub(crate) const HAS_DISPOSITION: &str = "SELECT 1 FROM journal_records \
      AND kind IN ('application','closure') LIMIT 1";
 
 /// A journal's dispositions of a runtime command, none unless the tenant owns the journal (the
-/// ownership check rides along in the same statement).
+/// ownership check rides along in the same statement). Unordered: the caller sorts the few rows
+/// (ordering by `seq` here would tempt PostgreSQL to walk the journal's primary key instead of
+/// looking the command up).
 pub(crate) static DISPOSITIONS: LazyLock<String> = LazyLock::new(|| {
     format!(
         "SELECT {JOURNAL_COLS} FROM journal_records WHERE runtime_session_id = $1 \
          AND runtime_command_id = $2 AND kind IN ('application','closure') \
          AND EXISTS (SELECT 1 FROM journal_leases WHERE journal_leases.runtime_session_id = $1 \
-         AND journal_leases.tenant_id = $3) ORDER BY seq"
+         AND journal_leases.tenant_id = $3)"
     )
 });
 
@@ -1016,7 +1018,10 @@ impl<C: Conn> Tx for SqlTx<C> {
         limit: usize,
     ) -> StoreResult<Vec<CommandRecord>> {
         let q = format!(
+            // `accepted_order > 0` (true of every row) lets PostgreSQL use its partial index of
+            // acceptance order (migration 2).
             "SELECT {COMMAND_COLS} FROM commands WHERE tenant_id = $1 AND session_id = $2 AND accepted_order > $3 \
+             AND accepted_order > 0 \
              ORDER BY accepted_order LIMIT $4"
         );
         let mut p = ts(t, s);
@@ -1412,12 +1417,15 @@ impl<C: Conn> Tx for SqlTx<C> {
         rs: RuntimeSessionId,
         rc: RuntimeCommandId,
     ) -> StoreResult<Vec<JournalRow>> {
-        self.many(
-            &DISPOSITIONS,
-            vec![text(rs.to_text()), text(rc.to_text()), text(t.as_str())],
-            "journal",
-            decode_journal_row,
-        )
-        .await
+        let mut rows = self
+            .many(
+                &DISPOSITIONS,
+                vec![text(rs.to_text()), text(rc.to_text()), text(t.as_str())],
+                "journal",
+                decode_journal_row,
+            )
+            .await?;
+        rows.sort_by_key(|r| r.seq);
+        Ok(rows)
     }
 }

@@ -21,7 +21,10 @@ use crate::stats::Counters;
 use crate::store::{StoreOptions, Synchronous};
 
 /// The migrations this binary knows, in order.
-const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("../migrations/sqlite/0001_init.sql"))];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("../migrations/sqlite/0001_init.sql")),
+    (2, include_str!("../migrations/sqlite/0002_hot_path.sql")),
+];
 
 /// A connection usable by the generic SQL layer.
 pub(crate) struct SqliteConn<'a> {

@@ -49,14 +49,16 @@ pub struct StoreOptions {
     /// PostgreSQL pool size (reads, and writes re-run alone).
     pub pg_max_connections: u32,
     /// PostgreSQL write lanes: each holds one connection of its own (beyond the pool) and
-    /// commits the writes queued on it as one transaction.
+    /// commits the writes queued on it as one transaction, sending a group's writes of one kind
+    /// as one statement. Fewer lanes make bigger groups (less database CPU per write); more
+    /// keep more commits in flight. Default 2, 1 to 64.
     pub pg_write_lanes: usize,
     /// PostgreSQL schema to use (created if missing); `None` uses the connection's default.
     pub pg_schema: Option<String>,
-    /// How often (PostgreSQL) the store checks which of its tables changed by more than 50
-    /// rows and a tenth since the database last analysed them (autovacuum's default rule), and
-    /// analyses those, so query plans follow the tables' growth even where autovacuum is off.
-    /// 100 ms to 1 hour.
+    /// How often (PostgreSQL) the store checks which of its tables of at least 10 pages were
+    /// never analysed or changed by more than 50 rows and a tenth since the database last
+    /// analysed them (autovacuum's default rule), and analyses those, so query plans follow
+    /// the tables' growth even where autovacuum is off. 100 ms to 1 hour.
     pub pg_statistics_interval: Duration,
     /// The largest referenced body accepted (at most 16 MiB).
     pub referenced_body_cap: u64,
@@ -79,7 +81,7 @@ impl StoreOptions {
             sqlite_readers: 4,
             max_write_batch: 256,
             pg_max_connections: 16,
-            pg_write_lanes: 4,
+            pg_write_lanes: 2,
             pg_schema: None,
             pg_statistics_interval: Duration::from_secs(10),
             referenced_body_cap: DEFAULT_REFERENCED_BODY_CAP,
@@ -351,9 +353,10 @@ impl Store {
         }
     }
 
-    /// Analyses the tables that changed by more than 50 rows and a tenth since the database
-    /// last analysed them, as the store also does on its own every `pg_statistics_interval`;
-    /// returns their names. SQLite plans these lookups by index shape alone: nothing to do.
+    /// Analyses the tables (of at least 10 pages) never analysed or changed by more than 50
+    /// rows and a tenth since the database last analysed them, as the store also does on its
+    /// own at open and every `pg_statistics_interval`; returns their names. SQLite plans these
+    /// lookups by index shape alone: nothing to do there.
     pub async fn refresh_statistics(&self) -> StoreResult<Vec<String>> {
         match &self.inner.engine {
             Engine::Sqlite(_) => Ok(Vec::new()),

@@ -244,6 +244,17 @@ pub async fn run_lifecycle(
     session: &crate::SessionRecord,
     n: usize,
 ) -> StoreResult<()> {
+    run_lifecycle_as(store, session, "lifecycle-", 0..n).await
+}
+
+/// As [`run_lifecycle`], for the commands `{prefix}{i}` of `ids` (so it can run on one session
+/// again and again).
+pub async fn run_lifecycle_as(
+    store: &Store,
+    session: &crate::SessionRecord,
+    prefix: &str,
+    ids: std::ops::Range<usize>,
+) -> StoreResult<()> {
     use crate::*;
     let epoch = ResidencyEpoch(1);
     let mut lease = store
@@ -254,12 +265,12 @@ pub async fn run_lifecycle(
             Duration::from_secs(600),
         )
         .await?;
-    for i in 0..n {
+    for i in ids {
         let rec = store
             .admit(NewCommand {
                 tenant: session.tenant.clone(),
                 session: session.session.clone(),
-                command: CommandId::new(format!("lifecycle-{i}"))?,
+                command: CommandId::new(format!("{prefix}{i}"))?,
                 kind: CommandKind::Input,
                 body: CommandBody::Inline(b"{\"version\":1,\"text\":\"hello\"}".to_vec()),
                 principal: None,

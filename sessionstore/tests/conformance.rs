@@ -2112,6 +2112,26 @@ mod cases {
         assert_eq!(settled.state, CommandState::Applied);
     }
 
+    fn assert_index_lookups(plans: &[sessionstore::plans::LookupPlan]) {
+        assert!(plans.len() >= 3, "{plans:?}");
+        for p in plans {
+            assert!(
+                p.problem.is_none(),
+                "{}: {}\n{}",
+                p.statement,
+                p.problem.as_deref().unwrap_or_default(),
+                p.plan
+            );
+        }
+    }
+
+    pub async fn a_command_is_found_by_its_ids_through_an_index_in_a_fresh_store(ts: &TestStore) {
+        let s = new_session(ts, "young").await;
+        let rec = admit(ts, &s, "first").await;
+        // Plans made now are the ones a young store caches and keeps while its tables grow.
+        assert_index_lookups(&ts.store.lookup_plans(&s, &rec).await.unwrap());
+    }
+
     pub async fn a_command_is_found_by_its_ids_through_an_index_in_a_session_of_10000_commands(
         ts: &TestStore,
     ) {
@@ -2212,4 +2232,5 @@ sessionstore::both_backends!(cases =>
     writes_of_one_kind_queued_in_a_lane_go_to_the_database_as_one_statement,
     settlement_reads_a_foreign_journal_even_when_the_own_journal_has_a_matching_frame,
     a_command_is_found_by_its_ids_through_an_index_in_a_session_of_10000_commands,
+    a_command_is_found_by_its_ids_through_an_index_in_a_fresh_store,
 );
