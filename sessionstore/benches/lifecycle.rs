@@ -300,12 +300,6 @@ async fn many_only(url: String, rounds: usize) {
     let schema = format!("bench_many_{}", std::process::id());
     let mut options = StoreOptions::new(url.clone());
     options.pg_schema = Some(schema.clone());
-    if let Some(lanes) = std::env::var("LIFECYCLE_LANES")
-        .ok()
-        .and_then(|l| l.parse().ok())
-    {
-        options.pg_write_lanes = lanes;
-    }
     let store = Store::open(options).await.expect("store");
     for round in 0..rounds {
         let all = sessions(&store, MANY_SESSIONS, &format!("many-{round}")).await;
