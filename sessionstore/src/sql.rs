@@ -689,6 +689,10 @@ pub(crate) static DISPOSITIONS: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
+// Page sizes are written into the statements (`LIMIT {limit}`), never bound: SQLite
+// re-prepares a statement on every run whose `LIMIT` is a bound parameter (its planner uses
+// the value), and the store's page sizes are a few integers it chose itself.
+
 /// The generic [`Tx`] over any [`Conn`].
 pub(crate) struct SqlTx<C: Conn> {
     pub conn: C,
@@ -829,15 +833,11 @@ impl<C: Conn> Tx for SqlTx<C> {
         limit: usize,
     ) -> StoreResult<Vec<SessionRecord>> {
         let q = format!(
-            "SELECT {SESSION_COLS} FROM sessions WHERE tenant_id = $1 AND session_id > $2 ORDER BY session_id LIMIT $3"
+            "SELECT {SESSION_COLS} FROM sessions WHERE tenant_id = $1 AND session_id > $2 ORDER BY session_id LIMIT {limit}"
         );
         self.many(
             &q,
-            vec![
-                text(t.as_str()),
-                text(after.map_or("", |a| a.as_str())),
-                int(limit as u64),
-            ],
+            vec![text(t.as_str()), text(after.map_or("", |a| a.as_str()))],
             "session",
             decode_session,
         )
@@ -1022,11 +1022,10 @@ impl<C: Conn> Tx for SqlTx<C> {
             // acceptance order (migration 2).
             "SELECT {COMMAND_COLS} FROM commands WHERE tenant_id = $1 AND session_id = $2 AND accepted_order > $3 \
              AND accepted_order > 0 \
-             ORDER BY accepted_order LIMIT $4"
+             ORDER BY accepted_order LIMIT {limit}"
         );
         let mut p = ts(t, s);
         p.push(int(after_order));
-        p.push(int(limit as u64));
         self.many(&q, p, "command", decode_command).await
     }
 
@@ -1399,12 +1398,12 @@ impl<C: Conn> Tx for SqlTx<C> {
         };
         let q = format!(
             "SELECT {JOURNAL_COLS} FROM journal_records WHERE runtime_session_id = $1 AND seq > $2 AND seq <= $3{filter} \
-             ORDER BY seq LIMIT $4"
+             ORDER BY seq LIMIT {limit}"
         );
         let upto = upto.min(i64::MAX as u64);
         self.many(
             &q,
-            vec![text(rs.to_text()), int(after), int(upto), int(limit as u64)],
+            vec![text(rs.to_text()), int(after), int(upto)],
             "journal",
             decode_journal_row,
         )
