@@ -205,10 +205,16 @@ impl Drop for TestStore {
 }
 
 /// Generates one test per case per backend: `$module::sqlite::$case` and
-/// `$module::postgres::$case`, each calling `$cases::$case(&TestStore)`.
+/// `$module::postgres::$case`, each calling `$cases::$case(&TestStore)`, and then, with
+/// `; after = $check`, `$cases::$check(&TestStore)` on the same store.
 #[macro_export]
 macro_rules! both_backends {
     ($cases:ident => $($case:ident),+ $(,)?) => {
+        $crate::both_backends!($cases => $($case),+ ; after = __nothing_after);
+        #[allow(dead_code)]
+        async fn __nothing_after(_: &$crate::testing::TestStore) {}
+    };
+    ($cases:ident => $($case:ident),+ $(,)? ; after = $after:ident) => {
         mod sqlite {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -218,6 +224,7 @@ macro_rules! both_backends {
                         .await
                         .expect("SQLite is always available");
                     cases::$case(&store).await;
+                    super::$after(&store).await;
                 }
             )+
         }
@@ -230,6 +237,7 @@ macro_rules! both_backends {
                         return;
                     };
                     cases::$case(&store).await;
+                    super::$after(&store).await;
                 }
             )+
         }

@@ -444,6 +444,31 @@ mod cases {
         );
     }
 
+    pub async fn an_attempt_past_the_apply_deadline_is_refused_and_writes_nothing(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let lease = journal(ts, &s, "runtime-a").await;
+        let mut c = new_command(&s, "c1", CommandKind::Input, b"{}");
+        c.apply_within = Duration::from_millis(300);
+        let rec = ts.store.admit(c).await.unwrap();
+        let token = Uuid::now_v7();
+        let claimed = ts.store.claim(claim_req(&rec, 1, token)).await.unwrap();
+        ts.advance(Duration::from_millis(450)).await;
+        assert_eq!(
+            code(
+                ts.store
+                    .begin_attempt(attempt_req(&claimed, 1, token, lease.epoch))
+                    .await
+            ),
+            "deadline"
+        );
+        let after = ts
+            .store
+            .command(&s.tenant, &s.session, &rec.command)
+            .await
+            .unwrap();
+        assert_eq!(after, claimed);
+    }
+
     pub async fn a_stale_revision_is_a_conflict_carrying_the_current_one(ts: &TestStore) {
         let s = new_session(ts, "s1").await;
         let rec = admit(ts, &s, "c1").await;
@@ -2084,16 +2109,23 @@ mod cases {
         let rec = admit(ts, &s, "c1").await;
         let applying = to_applying(ts, &rec, 1, &lease).await;
         apply_in_journal(ts, &mut lease, &applying, ApplicationOutcome::Applied).await;
-        // ...but the session's binding routes to a foreign journal that holds none.
-        ts.store
-            .set_evidence_router(std::sync::Arc::new(FixedEvidenceRouter::new(
-                [foreign.clone()],
-                std::sync::Arc::new(Foreign { inner: None }),
-            )));
+        // ...but the session's binding routes to a foreign journal that holds none. (A second
+        // handle settles: on PostgreSQL its statement presumes the settlement and must undo it,
+        // which the suite's check after every case refuses on `ts.store`.)
+        let settler = ts.reopen().await.unwrap();
+        settler.set_evidence_router(std::sync::Arc::new(FixedEvidenceRouter::new(
+            [foreign.clone()],
+            std::sync::Arc::new(Foreign { inner: None }),
+        )));
         assert_eq!(
-            code(ts.store.settle(settle_req(&applying, 1)).await),
+            code(settler.settle(settle_req(&applying, 1)).await),
             "evidence"
         );
+        let undone = settler.stats().presumptions_undone;
+        match ts.backend {
+            TestBackend::Postgres => assert!(undone >= 1, "{undone}"),
+            TestBackend::Sqlite => assert_eq!(undone, 0),
+        }
         let after = ts
             .store
             .command(&s.tenant, &s.session, &rec.command)
@@ -2101,15 +2133,15 @@ mod cases {
             .unwrap();
         assert_eq!(after, applying, "nothing was settled");
         // The foreign journal holding the frame settles it.
-        ts.store
-            .set_evidence_router(std::sync::Arc::new(FixedEvidenceRouter::new(
-                [foreign],
-                std::sync::Arc::new(Foreign {
-                    inner: Some(ts.store.own_evidence_reader()),
-                }),
-            )));
-        let settled = ts.store.settle(settle_req(&applying, 1)).await.unwrap();
+        settler.set_evidence_router(std::sync::Arc::new(FixedEvidenceRouter::new(
+            [foreign],
+            std::sync::Arc::new(Foreign {
+                inner: Some(ts.store.own_evidence_reader()),
+            }),
+        )));
+        let settled = settler.settle(settle_req(&applying, 1)).await.unwrap();
         assert_eq!(settled.state, CommandState::Applied);
+        settler.close().await;
     }
 
     fn assert_index_lookups(plans: &[sessionstore::plans::LookupPlan]) {
@@ -2122,6 +2154,30 @@ mod cases {
                 p.problem.as_deref().unwrap_or_default(),
                 p.plan
             );
+        }
+    }
+
+    pub async fn the_store_analyses_its_tables_once_they_hold_data_and_leaves_young_ones_alone(
+        ts: &TestStore,
+    ) {
+        // A young table keeps the planner's own small-table assumption.
+        let young = new_session(ts, "young").await;
+        admit(ts, &young, "first").await;
+        assert_eq!(
+            ts.store.refresh_statistics().await.unwrap(),
+            Vec::<String>::new()
+        );
+        let s = new_session(ts, "long").await;
+        testing::grow_session(&ts.store, &s, 2_000).await.unwrap();
+        let analysed = ts.store.refresh_statistics().await.unwrap();
+        match ts.backend {
+            TestBackend::Postgres => {
+                for table in ["commands", "journal_records"] {
+                    assert!(analysed.iter().any(|t| t == table), "{analysed:?}");
+                }
+            }
+            // SQLite plans these lookups by index shape alone.
+            TestBackend::Sqlite => assert!(analysed.is_empty(), "{analysed:?}"),
         }
     }
 
@@ -2169,6 +2225,17 @@ mod cases {
     }
 }
 
+/// After every case: no merged statement wrote what the state machine did not decide (every
+/// refusal and replay above goes through them on PostgreSQL; an undone write means a statement
+/// restates a check more loosely than `machine.rs`).
+async fn no_presumption_undone(ts: &sessionstore::testing::TestStore) {
+    let stats = ts.store.stats();
+    assert_eq!(
+        stats.presumptions_undone, 0,
+        "a merged statement presumed a write the state machine refused: {stats:?}"
+    );
+}
+
 sessionstore::both_backends!(cases =>
     a_session_is_created_once_and_its_binding_is_immutable,
     another_tenant_never_sees_a_session,
@@ -2185,6 +2252,7 @@ sessionstore::both_backends!(cases =>
     a_lower_epoch_is_refused_and_told_the_mark,
     a_lapsed_claim_is_retaken_by_an_equal_epoch,
     a_claim_past_the_apply_deadline_is_refused,
+    an_attempt_past_the_apply_deadline_is_refused_and_writes_nothing,
     a_stale_revision_is_a_conflict_carrying_the_current_one,
     a_claim_ttl_above_the_bound_is_invalid,
     an_unknown_command_is_not_found,
@@ -2233,4 +2301,6 @@ sessionstore::both_backends!(cases =>
     settlement_reads_a_foreign_journal_even_when_the_own_journal_has_a_matching_frame,
     a_command_is_found_by_its_ids_through_an_index_in_a_session_of_10000_commands,
     a_command_is_found_by_its_ids_through_an_index_in_a_fresh_store,
+    the_store_analyses_its_tables_once_they_hold_data_and_leaves_young_ones_alone,
+    ; after = no_presumption_undone
 );
