@@ -1,28 +1,43 @@
 //! `cargo bench -p sessionstore --bench lifecycle`
 //!
-//! For each backend, in one run: the raw single-row durable commit rate (one connection, one
-//! INSERT per transaction, the same durability settings the store uses), then the full command
-//! lifecycle rate through the store (admit → claim → begin attempt → journal application →
-//! settle → cursor) for 1 and for 64 concurrent sessions, printed as commands/s and as a ratio
-//! to the raw rate. PostgreSQL runs when `HOST_TEST_DATABASE_URL` is set.
+//! For each backend, in one run:
+//! - the raw single-row durable commit rate (one connection, one INSERT per transaction, the
+//!   same durability settings the store uses), measured before and after the lifecycle runs;
+//!   ratios are against the mean of the two (both are printed: the disk is shared);
+//! - the full command lifecycle through the store (admit → claim → begin attempt → journal
+//!   application → settle → cursor) for 1 and for 64 concurrent sessions: commands/s, the
+//!   ratio to the raw rate, and per command the statements the operations issued, the
+//!   statements sent to the database (a batch counts once; BEGIN/COMMIT/NOTIFY count) and the
+//!   commits, as counted by the store itself;
+//! - the same lifecycle on 16 sessions grown to 10,000 settled commands each against 16 grown
+//!   to 100, alternately, four times, with the median ratio (PostgreSQL first once more before
+//!   the store's own statistics check has run);
+//! - the plans of the lookups of a command by its ids in a session of 10,000 commands.
+//!
+//! PostgreSQL runs when `HOST_TEST_DATABASE_URL` is set.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use sessionstore::*;
 
 const RAW_COMMITS: usize = 400;
-const ONE_SESSION_COMMANDS: usize = 200;
+const ONE_SESSION_COMMANDS: usize = 150;
 const MANY_SESSIONS: usize = 64;
-const PER_SESSION_COMMANDS: usize = 20;
+const PER_SESSION_COMMANDS: usize = 25;
+const GROWN_SESSIONS: usize = 16;
+const GROWN_COMMANDS: usize = 40;
+const LONG: u64 = 10_000;
+const ROUNDS: usize = 4;
+const SHORT: u64 = 100;
 
-fn raw_sqlite_rate(dir: &std::path::Path) -> f64 {
-    let conn = rusqlite::Connection::open(dir.join("raw.db")).expect("raw sqlite");
+fn raw_sqlite_rate(path: &std::path::Path) -> f64 {
+    let conn = rusqlite::Connection::open(path).expect("raw sqlite");
     conn.query_row("PRAGMA journal_mode=WAL", [], |_| Ok(()))
         .expect("wal");
     conn.pragma_update(None, "synchronous", "FULL")
         .expect("sync");
-    conn.execute_batch("CREATE TABLE raw (id INTEGER PRIMARY KEY, v BLOB NOT NULL)")
+    conn.execute_batch("CREATE TABLE IF NOT EXISTS raw (id INTEGER PRIMARY KEY, v BLOB NOT NULL)")
         .expect("table");
     let mut stmt = conn
         .prepare("INSERT INTO raw (v) VALUES (?1)")
@@ -39,12 +54,8 @@ async fn raw_postgres_rate(url: &str, schema: &str) -> f64 {
     use sqlx::{Connection, Executor};
     let mut conn = sqlx::PgConnection::connect(url).await.expect("raw pg");
     conn.execute(sqlx::AssertSqlSafe(format!(
-        "CREATE SCHEMA IF NOT EXISTS {schema}"
-    )))
-    .await
-    .expect("schema");
-    conn.execute(sqlx::AssertSqlSafe(format!(
-        "CREATE TABLE {schema}.raw (id BIGSERIAL PRIMARY KEY, v BYTEA NOT NULL)"
+        "CREATE SCHEMA IF NOT EXISTS {schema}; \
+         CREATE TABLE IF NOT EXISTS {schema}.raw (id BIGSERIAL PRIMARY KEY, v BYTEA NOT NULL)"
     )))
     .await
     .expect("table");
@@ -79,14 +90,34 @@ async fn new_session(store: &Store, name: &str) -> SessionRecord {
         .expect("session")
 }
 
-async fn lifecycle_rate(store: &Store, sessions: usize, per_session: usize, tag: &str) -> f64 {
-    let mut all = Vec::new();
-    for i in 0..sessions {
-        all.push(new_session(store, &format!("{tag}-{i}")).await);
+struct Run {
+    rate: f64,
+    stats: StoreStats,
+    commands: usize,
+}
+
+impl Run {
+    fn per_command(&self, n: u64) -> f64 {
+        n as f64 / self.commands as f64
     }
+
+    fn counts(&self) -> String {
+        format!(
+            "per command: {:.2} statements issued, {:.2} sent, {:.3} commits",
+            self.per_command(self.stats.statements),
+            self.per_command(self.stats.server_statements),
+            self.per_command(self.stats.commits),
+        )
+    }
+}
+
+/// Runs `per_session` lifecycles on each of `sessions` concurrently.
+async fn lifecycles(store: &Store, sessions: &[SessionRecord], per_session: usize) -> Run {
+    let before = store.stats();
     let start = Instant::now();
-    let tasks: Vec<_> = all
-        .into_iter()
+    let tasks: Vec<_> = sessions
+        .iter()
+        .cloned()
         .map(|s| {
             let store = store.clone();
             tokio::spawn(async move {
@@ -99,47 +130,229 @@ async fn lifecycle_rate(store: &Store, sessions: usize, per_session: usize, tag:
     for t in tasks {
         t.await.expect("lifecycle task");
     }
-    (sessions * per_session) as f64 / start.elapsed().as_secs_f64()
+    let commands = sessions.len() * per_session;
+    Run {
+        rate: commands as f64 / start.elapsed().as_secs_f64(),
+        stats: store.stats().since(&before),
+        commands,
+    }
 }
 
-fn report(backend: &str, raw: f64, one: f64, many: f64) {
-    println!("{backend}: raw single-row durable commits: {raw:>9.0} commits/s");
-    println!(
-        "{backend}: lifecycle, 1 session:            {one:>9.0} commands/s  ({:.2}x raw)",
-        one / raw
-    );
-    println!(
-        "{backend}: lifecycle, {MANY_SESSIONS} sessions:          {many:>9.0} commands/s  ({:.2}x raw)",
-        many / raw
-    );
+async fn sessions(store: &Store, n: usize, tag: &str) -> Vec<SessionRecord> {
+    let mut all = Vec::with_capacity(n);
+    for i in 0..n {
+        all.push(new_session(store, &format!("{tag}-{i}")).await);
+    }
+    all
 }
 
-async fn bench_sqlite() {
+/// Sessions grown to `size` settled commands each (their ids and journals are fresh, so the
+/// lifecycle can run on them again and again: each run uses its own command ids).
+async fn grown(store: &Store, size: u64, tag: &str) -> Vec<SessionRecord> {
+    let all = sessions(store, GROWN_SESSIONS, tag).await;
+    for s in &all {
+        testing::grow_session(store, s, size).await.expect("grow");
+    }
+    all
+}
+
+/// Runs the lifecycle on grown sessions, each run with fresh command ids.
+async fn grown_run(store: &Store, all: &[SessionRecord], round: usize) -> Run {
+    let before = store.stats();
+    let start = Instant::now();
+    let tasks: Vec<_> = all
+        .iter()
+        .cloned()
+        .map(|s| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let first = round * GROWN_COMMANDS;
+                testing::run_lifecycle_as(&store, &s, "round-", first..first + GROWN_COMMANDS)
+                    .await
+                    .expect("lifecycle")
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.expect("lifecycle task");
+    }
+    let commands = all.len() * GROWN_COMMANDS;
+    Run {
+        rate: commands as f64 / start.elapsed().as_secs_f64(),
+        stats: store.stats().since(&before),
+        commands,
+    }
+}
+
+fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// Growth: the lifecycle on sessions of 10,000 commands against sessions of 100.
+async fn growth(backend: &str, store: &Store) {
+    let short = grown(store, SHORT, "short").await;
+    let long = grown(store, LONG, "long").await;
+    if store.backend() == BackendKind::Postgres {
+        let stale = grown_run(store, &long, 0).await;
+        println!(
+            "{backend}: {GROWN_SESSIONS} sessions of {LONG} commands, first run, before the statistics check: {:>7.0} commands/s",
+            stale.rate
+        );
+        let analysed = store.refresh_statistics().await.expect("statistics");
+        println!("{backend}: the store's statistics check analysed {analysed:?}");
+    }
+    let mut ratios = Vec::new();
+    for round in 1..=ROUNDS {
+        let s = grown_run(store, &short, round).await;
+        let l = grown_run(store, &long, round).await;
+        ratios.push(l.rate / s.rate);
+        println!(
+            "{backend}: {GROWN_SESSIONS} sessions of {SHORT} commands: {:>7.0} commands/s; of {LONG}: {:>7.0} commands/s ({:.2}x; {})",
+            s.rate,
+            l.rate,
+            l.rate / s.rate,
+            l.counts()
+        );
+    }
+    ratios.sort_by(f64::total_cmp);
+    let median = (ratios[(ratios.len() - 1) / 2] + ratios[ratios.len() / 2]) / 2.0;
+    println!(
+        "{backend}: rate at {LONG} commands per session vs {SHORT}: median {median:.2}x, {:.2}x to {:.2}x over {ROUNDS} pairs (goal: within 20%)",
+        ratios[0],
+        ratios[ratios.len() - 1]
+    );
+    // The plans of the lookups by id, in a session of 10,000 commands.
+    let s = &long[0];
+    let rec = store
+        .command(
+            &s.tenant,
+            &s.session,
+            &CommandId::new(format!("round-{GROWN_COMMANDS}")).expect("id"),
+        )
+        .await
+        .expect("a grown session's command");
+    let plans = store.lookup_plans(s, &rec).await.expect("plans");
+    let bad: Vec<_> = plans.iter().filter(|p| p.problem.is_some()).collect();
+    println!(
+        "{backend}: lookups of a command by id at {LONG}+ commands per session: {} plans, {} by index on the id{}",
+        plans.len(),
+        plans.len() - bad.len(),
+        if bad.is_empty() { "" } else { " — NOT ALL:" }
+    );
+    for p in bad {
+        println!(
+            "{backend}:   {}: {}\n{}",
+            p.statement,
+            p.problem.as_deref().unwrap_or_default(),
+            p.plan
+        );
+    }
+}
+
+fn report(backend: &str, raw: (f64, f64), one: &Run, many: &Run) {
+    let base = (raw.0 + raw.1) / 2.0;
+    println!(
+        "{backend}: raw single-row durable commits: {:.0} before, {:.0} after: {base:.0} commits/s",
+        raw.0, raw.1
+    );
+    for (label, run) in [("1 session:  ", one), ("64 sessions:", many)] {
+        println!(
+            "{backend}: lifecycle, {label} {:>7.0} commands/s  ({:.2}x raw); {}",
+            run.rate,
+            run.rate / base,
+            run.counts(),
+        );
+    }
+}
+
+async fn bench_sqlite(growth_phase: bool) {
+    println!("sqlite: load average {}", load());
     let dir = tempfile::tempdir().expect("tempdir");
-    let raw = raw_sqlite_rate(dir.path());
+    let raw_before = raw_sqlite_rate(&dir.path().join("raw-before.db"));
     let store = Store::open(StoreOptions::new(format!(
         "sqlite://{}",
         dir.path().join("store.db").display()
     )))
     .await
     .expect("store");
-    let one = lifecycle_rate(&store, 1, ONE_SESSION_COMMANDS, "one").await;
-    let many = lifecycle_rate(&store, MANY_SESSIONS, PER_SESSION_COMMANDS, "many").await;
+    let one = lifecycles(
+        &store,
+        &sessions(&store, 1, "one").await,
+        ONE_SESSION_COMMANDS,
+    )
+    .await;
+    let many = lifecycles(
+        &store,
+        &sessions(&store, MANY_SESSIONS, "many").await,
+        PER_SESSION_COMMANDS,
+    )
+    .await;
+    let raw_after = raw_sqlite_rate(&dir.path().join("raw-after.db"));
+    report("sqlite", (raw_before, raw_after), &one, &many);
+    if growth_phase {
+        growth("sqlite", &store).await;
+    }
     store.close().await;
-    report("sqlite", raw, one, many);
+    println!("sqlite: load average {}", load());
 }
 
-async fn bench_postgres(url: String) {
+/// Only the 64-session lifecycle, `rounds` times (for profiling: `-- postgres many`).
+async fn many_only(url: String, rounds: usize) {
+    let schema = format!("bench_many_{}", std::process::id());
+    let mut options = StoreOptions::new(url.clone());
+    options.pg_schema = Some(schema.clone());
+    let store = Store::open(options).await.expect("store");
+    for round in 0..rounds {
+        let all = sessions(&store, MANY_SESSIONS, &format!("many-{round}")).await;
+        let run = lifecycles(&store, &all, PER_SESSION_COMMANDS).await;
+        println!(
+            "postgres: lifecycle, 64 sessions: {:>7.0} commands/s; {}",
+            run.rate,
+            run.counts()
+        );
+    }
+    store.close().await;
+    use sqlx::{Connection, Executor};
+    if let Ok(mut c) = sqlx::PgConnection::connect(&url).await {
+        let _ = c
+            .execute(sqlx::AssertSqlSafe(format!(
+                "DROP SCHEMA IF EXISTS {schema} CASCADE"
+            )))
+            .await;
+    }
+}
+
+async fn bench_postgres(url: String, growth_phase: bool) {
+    println!("postgres: load average {}", load());
     let schema = format!("bench_{}", std::process::id());
-    let raw = raw_postgres_rate(&url, &format!("{schema}_raw")).await;
+    let raw_before = raw_postgres_rate(&url, &format!("{schema}_raw")).await;
     let mut options = StoreOptions::new(url.clone());
     options.pg_schema = Some(schema.clone());
     options.pg_max_connections = 32;
+    // The growth phase calls the statistics check itself, after one stale run.
+    options.pg_statistics_interval = Duration::from_secs(3600);
     let store = Store::open(options).await.expect("store");
-    let one = lifecycle_rate(&store, 1, ONE_SESSION_COMMANDS, "one").await;
-    let many = lifecycle_rate(&store, MANY_SESSIONS, PER_SESSION_COMMANDS, "many").await;
+    let one = lifecycles(
+        &store,
+        &sessions(&store, 1, "one").await,
+        ONE_SESSION_COMMANDS,
+    )
+    .await;
+    let many = lifecycles(
+        &store,
+        &sessions(&store, MANY_SESSIONS, "many").await,
+        PER_SESSION_COMMANDS,
+    )
+    .await;
+    let raw_after = raw_postgres_rate(&url, &format!("{schema}_raw")).await;
+    report("postgres", (raw_before, raw_after), &one, &many);
+    if growth_phase {
+        growth("postgres", &store).await;
+    }
     store.close().await;
-    report("postgres", raw, one, many);
+    println!("postgres: load average {}", load());
     use sqlx::{Connection, Executor};
     if let Ok(mut c) = sqlx::PgConnection::connect(&url).await {
         let _ = c
@@ -150,17 +363,47 @@ async fn bench_postgres(url: String) {
     }
 }
 
+/// What to run: `cargo bench -p sessionstore --bench lifecycle [-- sqlite|postgres] [lifecycle]`
+/// (`lifecycle` skips the growth phase; `many` runs only the 64-session lifecycle, four times,
+/// for profiling). `cargo bench` itself passes `--bench`.
+struct Selection {
+    sqlite: bool,
+    postgres: bool,
+    growth: bool,
+    many_only: bool,
+}
+
+fn selection() -> Selection {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    let named = |n: &str| args.iter().any(|a| a == n);
+    let any_backend = named("sqlite") || named("postgres");
+    Selection {
+        sqlite: !any_backend || named("sqlite"),
+        postgres: !any_backend || named("postgres"),
+        growth: !named("lifecycle"),
+        many_only: named("many"),
+    }
+}
+
 fn main() {
-    // `cargo bench` passes `--bench`; a filter argument is accepted and ignored.
+    let chosen = selection();
     let rt = Arc::new(
         tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()
             .expect("runtime"),
     );
-    rt.block_on(bench_sqlite());
-    match std::env::var("HOST_TEST_DATABASE_URL") {
-        Ok(url) if !url.is_empty() => rt.block_on(bench_postgres(url)),
-        _ => println!("postgres: skipped (HOST_TEST_DATABASE_URL is unset)"),
+    if chosen.sqlite {
+        rt.block_on(bench_sqlite(chosen.growth));
+    }
+    if chosen.postgres {
+        match std::env::var("HOST_TEST_DATABASE_URL") {
+            Ok(url) if !url.is_empty() && chosen.many_only => rt.block_on(many_only(url, 4)),
+            Ok(url) if !url.is_empty() => rt.block_on(bench_postgres(url, chosen.growth)),
+            _ => println!("postgres: skipped (HOST_TEST_DATABASE_URL is unset)"),
+        }
     }
 }

@@ -12,12 +12,17 @@ pub mod ids;
 pub mod journal;
 pub mod limits;
 pub mod machine;
+mod merged;
 pub mod model;
 mod ops;
 pub mod packages;
+mod pgexec;
+#[cfg(feature = "testing")]
+pub mod plans;
 mod postgres;
 mod sql;
 mod sqlite;
+pub mod stats;
 mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -31,6 +36,7 @@ pub use ids::*;
 pub use journal::*;
 pub use model::*;
 pub use packages::{NewPackage, PackageSummary, Publication, StoredPackage};
+pub use stats::StoreStats;
 pub use store::{
     BackendKind, LOCAL_STORAGE_BINDING, Store, StoreOptions, Synchronous, local_binding,
 };

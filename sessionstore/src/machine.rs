@@ -1,7 +1,10 @@
-//! The command state machine and the fencing rule, as pure functions over records. Both backends
-//! load a row inside their write transaction, call one of these, and write the result back
-//! conditionally; so the rules live here once. Never performs I/O and never reads a clock: the
-//! caller passes the store's `now`.
+//! The command state machine and the fencing rule, as pure functions over records; the rules
+//! live here once. Every store operation decides with these on the row it read inside its write
+//! transaction. A backend may write a transition's [`Effect`] speculatively in the statement that
+//! reads the row (PostgreSQL does, to spend one statement per transition), but the operation
+//! then runs the transition here on the row as it was and keeps the write only when the two
+//! agree (`ops::reconcile`). Never performs I/O and never reads a clock: the caller passes the
+//! store's `now`.
 
 use crate::clock::Millis;
 use crate::error::{StoreError, StoreResult};
@@ -49,6 +52,113 @@ impl Transition {
     }
 }
 
+/// What a transition writes when it changes a record: the state-machine fields it sets, each
+/// known from the request, `now` and (for settlement) the evidence alone, never from the stored
+/// row. `None` keeps the stored value. Every transition below builds its changed record with
+/// [`Effect::apply`], so a backend that writes an effect in the same statement that checks the
+/// row writes exactly what the transition would (see `ops::reconcile`).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Effect {
+    pub state: CommandState,
+    /// The new mark: a transition that passes the fence raises the mark to the offered epoch.
+    pub epoch_mark: ResidencyEpoch,
+    pub claim: Option<Claim>,
+    pub attempt: Option<Attempt>,
+    pub outcome: Option<Outcome>,
+    pub reason: Option<String>,
+    pub evidence_seq: Option<u64>,
+    pub settled_at_ms: Option<Millis>,
+}
+
+impl Effect {
+    fn new(state: CommandState, epoch: ResidencyEpoch) -> Effect {
+        Effect {
+            state,
+            epoch_mark: epoch,
+            claim: None,
+            attempt: None,
+            outcome: None,
+            reason: None,
+            evidence_seq: None,
+            settled_at_ms: None,
+        }
+    }
+
+    /// The record after this effect: the fields it sets replaced, the revision advanced.
+    pub fn apply(&self, rec: &CommandRecord) -> CommandRecord {
+        let mut next = rec.clone();
+        next.state = self.state;
+        next.epoch_mark = self.epoch_mark;
+        if let Some(c) = &self.claim {
+            next.claim = Some(c.clone());
+        }
+        if let Some(a) = &self.attempt {
+            next.attempt = Some(a.clone());
+        }
+        if let Some(o) = self.outcome {
+            next.outcome = Some(o);
+        }
+        if let Some(r) = &self.reason {
+            next.reason = Some(r.clone());
+        }
+        if let Some(seq) = self.evidence_seq {
+            next.evidence_seq = Some(seq);
+        }
+        if let Some(at) = self.settled_at_ms {
+            next.settled_at_ms = Some(at);
+        }
+        advance(next)
+    }
+}
+
+/// What a successful `claim` writes.
+pub fn claim_effect(req: &ClaimRequest, now: Millis) -> StoreResult<Effect> {
+    let ttl = ttl_ms("claim_ttl", req.ttl, MAX_CLAIM_TTL)?;
+    let mut e = Effect::new(CommandState::Claimed, req.epoch);
+    e.claim = Some(Claim {
+        epoch: req.epoch,
+        token: req.token,
+        expires_at_ms: now.saturating_add(ttl),
+    });
+    Ok(e)
+}
+
+/// What a successful `reject` writes.
+pub fn reject_effect(req: &RejectRequest) -> StoreResult<Effect> {
+    if req.reason.is_empty() {
+        return Err(StoreError::invalid("reason", "must not be empty"));
+    }
+    check_short_text("reason", &req.reason)?;
+    let mut e = Effect::new(CommandState::Rejected, req.epoch);
+    e.outcome = Some(Outcome::Rejected);
+    e.reason = Some(req.reason.clone());
+    Ok(e)
+}
+
+/// What a successful `begin_attempt` writes.
+pub fn attempt_effect(req: &AttemptRequest, now: Millis) -> StoreResult<Effect> {
+    if req.journal_epoch == JournalEpoch(0) {
+        return Err(StoreError::invalid("journal_epoch", "must be >= 1"));
+    }
+    let mut e = Effect::new(CommandState::Applying, req.epoch);
+    e.attempt = Some(Attempt {
+        id: req.attempt,
+        journal_epoch: req.journal_epoch,
+        residency_epoch: req.epoch,
+        begun_at_ms: now,
+    });
+    Ok(e)
+}
+
+/// What a successful `settle` writes, from the verified frame.
+pub fn settle_effect(req: &SettleRequest, frame: &DispositionFrame, now: Millis) -> Effect {
+    let mut e = Effect::new(frame.disposition.terminal_state(), req.epoch);
+    e.outcome = Some(frame.disposition.outcome());
+    e.evidence_seq = Some(frame.seq);
+    e.settled_at_ms = Some(now);
+    e
+}
+
 fn check_revision(rec: &CommandRecord, expected: u64) -> StoreResult<()> {
     if rec.revision != expected {
         return Err(StoreError::Conflict {
@@ -76,7 +186,7 @@ fn advance(mut rec: CommandRecord) -> CommandRecord {
 
 /// `claim`: take (or replay) a claim on a command.
 pub fn claim(rec: &CommandRecord, req: &ClaimRequest, now: Millis) -> StoreResult<Transition> {
-    let ttl = ttl_ms("claim_ttl", req.ttl, MAX_CLAIM_TTL)?;
+    let effect = claim_effect(req, now)?;
     if rec.state == CommandState::Claimed
         && let Some(c) = &rec.claim
         && c.epoch == req.epoch
@@ -92,7 +202,7 @@ pub fn claim(rec: &CommandRecord, req: &ClaimRequest, now: Millis) -> StoreResul
             "an attempt exists; the command can only be settled",
         ));
     }
-    let mark = fence("command.epoch_mark", rec.epoch_mark.0, req.epoch.0)?;
+    fence("command.epoch_mark", rec.epoch_mark.0, req.epoch.0)?;
     check_revision(rec, req.expected_revision)?;
     if now >= rec.apply_deadline_ms {
         return Err(StoreError::Deadline {
@@ -111,23 +221,12 @@ pub fn claim(rec: &CommandRecord, req: &ClaimRequest, now: Millis) -> StoreResul
     }
     // A strictly higher epoch takes over a live claim; an equal or higher one re-takes a lapsed
     // claim (a lower one was refused by the fence above).
-    let mut next = rec.clone();
-    next.state = CommandState::Claimed;
-    next.epoch_mark = ResidencyEpoch(mark);
-    next.claim = Some(Claim {
-        epoch: req.epoch,
-        token: req.token,
-        expires_at_ms: now.saturating_add(ttl),
-    });
-    Ok(Transition::Changed(advance(next)))
+    Ok(Transition::Changed(effect.apply(rec)))
 }
 
 /// `reject`: end a command durably before any attempt exists.
 pub fn reject(rec: &CommandRecord, req: &RejectRequest) -> StoreResult<Transition> {
-    if req.reason.is_empty() {
-        return Err(StoreError::invalid("reason", "must not be empty"));
-    }
-    check_short_text("reason", &req.reason)?;
+    let effect = reject_effect(req)?;
     if rec.state == CommandState::Rejected
         && rec.attempt.is_none()
         && rec.outcome == Some(Outcome::Rejected)
@@ -142,14 +241,9 @@ pub fn reject(rec: &CommandRecord, req: &RejectRequest) -> StoreResult<Transitio
             "an attempt exists; only settlement from evidence can end it",
         ));
     }
-    let mark = fence("command.epoch_mark", rec.epoch_mark.0, req.epoch.0)?;
+    fence("command.epoch_mark", rec.epoch_mark.0, req.epoch.0)?;
     check_revision(rec, req.expected_revision)?;
-    let mut next = rec.clone();
-    next.state = CommandState::Rejected;
-    next.outcome = Some(Outcome::Rejected);
-    next.reason = Some(req.reason.clone());
-    next.epoch_mark = ResidencyEpoch(mark);
-    Ok(Transition::Changed(advance(next)))
+    Ok(Transition::Changed(effect.apply(rec)))
 }
 
 /// `begin_attempt`: record the command's one attempt under a live claim of this residency.
@@ -158,9 +252,7 @@ pub fn begin_attempt(
     req: &AttemptRequest,
     now: Millis,
 ) -> StoreResult<Transition> {
-    if req.journal_epoch == JournalEpoch(0) {
-        return Err(StoreError::invalid("journal_epoch", "must be >= 1"));
-    }
+    let effect = attempt_effect(req, now)?;
     if let Some(a) = &rec.attempt
         && a.id == req.attempt
         && a.journal_epoch == req.journal_epoch
@@ -176,7 +268,7 @@ pub fn begin_attempt(
             "another attempt is already recorded",
         ));
     }
-    let mark = fence("command.epoch_mark", rec.epoch_mark.0, req.epoch.0)?;
+    fence("command.epoch_mark", rec.epoch_mark.0, req.epoch.0)?;
     check_revision(rec, req.expected_revision)?;
     let Some(c) = &rec.claim else {
         return Err(StoreError::state(
@@ -209,16 +301,7 @@ pub fn begin_attempt(
             deadline_ms: rec.apply_deadline_ms,
         });
     }
-    let mut next = rec.clone();
-    next.state = CommandState::Applying;
-    next.epoch_mark = ResidencyEpoch(mark);
-    next.attempt = Some(Attempt {
-        id: req.attempt,
-        journal_epoch: req.journal_epoch,
-        residency_epoch: req.epoch,
-        begun_at_ms: now,
-    });
-    Ok(Transition::Changed(advance(next)))
+    Ok(Transition::Changed(effect.apply(rec)))
 }
 
 /// Checks that `rec` has an attempt whose evidence could be looked for: a command with no
@@ -301,16 +384,12 @@ pub fn settle(
             "only an applying command can be settled",
         ));
     }
-    let mark = fence("command.epoch_mark", rec.epoch_mark.0, req.epoch.0)?;
+    fence("command.epoch_mark", rec.epoch_mark.0, req.epoch.0)?;
     check_revision(rec, req.expected_revision)?;
     verify_evidence(rec, frame)?;
-    let mut next = rec.clone();
-    next.state = frame.disposition.terminal_state();
-    next.outcome = Some(frame.disposition.outcome());
-    next.evidence_seq = Some(frame.seq);
-    next.settled_at_ms = Some(now);
-    next.epoch_mark = ResidencyEpoch(mark);
-    Ok(Transition::Changed(advance(next)))
+    Ok(Transition::Changed(
+        settle_effect(req, frame, now).apply(rec),
+    ))
 }
 
 /// Checks an admission retry against the recorded command.

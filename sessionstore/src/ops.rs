@@ -2,6 +2,13 @@
 //! one transaction. Owns the order of reads and conditional writes of each operation; the rules
 //! themselves live in [`crate::machine`]. Never opens or commits a transaction (the backend does)
 //! and never reads a clock (the backend passes its `now`).
+//!
+//! The command lifecycle's writes (admit, claim, begin attempt, reject, settle, cursor, journal
+//! append) use merged primitives: a backend may read the rows and write the operation's
+//! presumed effect in one statement (PostgreSQL), or read them with plain statements and leave
+//! the write to the operation (SQLite). Either way the operation decides with the machine on
+//! the rows as they were, and [`reconcile`] keeps a presumed write only when it is exactly what
+//! the machine decided.
 
 use std::sync::Arc;
 
@@ -38,6 +45,78 @@ pub(crate) struct JournalRow {
     pub attempt_epoch: Option<JournalEpoch>,
     pub outcome: Option<Disposition>,
     pub detail: Option<Vec<u8>>,
+}
+
+/// Which transition a [`Transitioning`] presumes.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum TransitionKind {
+    Claim,
+    Attempt,
+    Reject,
+}
+
+impl TransitionKind {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            TransitionKind::Claim => "claim",
+            TransitionKind::Attempt => "attempt",
+            TransitionKind::Reject => "reject",
+        }
+    }
+}
+
+/// A command transition as a backend may write it in the statement that reads the row: the
+/// row's key, the revision and `now` it is decided at, the claim token it names, and the
+/// effect it writes when it changes the record.
+pub(crate) struct Transitioning<'a> {
+    pub kind: TransitionKind,
+    pub tenant: &'a TenantId,
+    pub session: &'a SessionId,
+    pub command: &'a CommandId,
+    pub expected_revision: u64,
+    pub now: Millis,
+    pub token: Option<uuid::Uuid>,
+    pub effect: &'a machine::Effect,
+}
+
+/// A command row as a transition found it (locked), and the row the backend wrote when it
+/// wrote the presumed effect in the same statement.
+pub(crate) struct Found {
+    pub before: CommandRecord,
+    pub written: Option<CommandRecord>,
+}
+
+/// What an admission found and did: the session's existence, the command already admitted
+/// under the id, or the acceptance order the new command was inserted at.
+pub(crate) struct Admitted {
+    pub session: bool,
+    pub existing: Option<CommandRecord>,
+    pub order: Option<u64>,
+}
+
+/// What settlement reads from the store's own journal and catalog (and the row it wrote when
+/// the backend settled in the same statement).
+pub(crate) struct SettleRead {
+    pub session: Option<SessionRecord>,
+    pub before: Option<CommandRecord>,
+    /// The journal's applications and closures of the command (none unless the tenant owns it).
+    pub evidence: Vec<JournalRow>,
+    pub written: Option<CommandRecord>,
+}
+
+/// What a cursor save found (and whether the backend wrote the new position already).
+pub(crate) struct CursorRead {
+    pub session: bool,
+    pub current: Option<Cursor>,
+    pub wrote: bool,
+}
+
+/// What a merged append found: the lease row, a disposition the journal already holds for an
+/// application being appended, and the new tip when the records were written.
+pub(crate) struct Appended {
+    pub lease: Option<JournalLeaseState>,
+    pub disposed: Option<RuntimeCommandId>,
+    pub tip: Option<u64>,
 }
 
 /// Row primitives one backend transaction (or read connection) provides.
@@ -93,7 +172,39 @@ pub(crate) trait Tx {
     ) -> StoreResult<Vec<CommandRecord>>;
 
     async fn cursor(&mut self, t: &TenantId, s: &SessionId) -> StoreResult<Option<Cursor>>;
-    async fn put_cursor(&mut self, t: &TenantId, s: &SessionId, c: Cursor) -> StoreResult<()>;
+    /// Writes the cursor where the stored one has neither a higher epoch nor a higher order;
+    /// false when it had.
+    async fn put_cursor(&mut self, t: &TenantId, s: &SessionId, c: Cursor) -> StoreResult<bool>;
+
+    // Merged primitives of the command lifecycle (see the module comment).
+
+    /// Counts a presumed write undone (`true`), or a change written after the merged
+    /// statement presumed none (`false`).
+    fn note_presumption(&mut self, undone: bool);
+
+    /// Admits `rec` at the session's next acceptance order (its own order is ignored), unless
+    /// the session is missing or a command with its id exists.
+    async fn admit_command(&mut self, rec: &CommandRecord, now: Millis) -> StoreResult<Admitted>;
+    /// Reads (and locks) the command a transition applies to; `None` when it does not exist.
+    async fn transition_command(&mut self, step: &Transitioning<'_>) -> StoreResult<Option<Found>>;
+    /// Reads what settlement from the store's own journal decides on.
+    async fn settle_command(&mut self, req: &SettleRequest, now: Millis)
+    -> StoreResult<SettleRead>;
+    /// Reads (and locks) the cursor a save applies to.
+    async fn cursor_write(
+        &mut self,
+        t: &TenantId,
+        s: &SessionId,
+        order: u64,
+        epoch: ResidencyEpoch,
+    ) -> StoreResult<CursorRead>;
+    /// Appends inline records at `lease.tip` in one statement; `None` when this backend has no
+    /// merged append (the operation then runs its steps).
+    async fn append_records(
+        &mut self,
+        lease: &JournalLease,
+        rows: &[JournalRow],
+    ) -> StoreResult<Option<Appended>>;
 
     async fn gate(
         &mut self,
@@ -382,18 +493,10 @@ pub(crate) async fn admit<T: Tx>(
     runtime_command: RuntimeCommandId,
     now: Millis,
 ) -> StoreResult<(CommandRecord, bool)> {
-    // The session row is read (and on PostgreSQL locked) first, so concurrent admissions of
-    // one session serialize and acceptance order is gap-free and monotonic.
-    require_session(tx, &c.tenant, &c.session).await?;
-    if let Some(existing) = tx.command(&c.tenant, &c.session, &c.command).await? {
-        machine::check_admission_retry(&existing, c)?;
-        return Ok((existing, false));
-    }
-    let order = tx.take_order(&c.tenant, &c.session, now).await?;
     let (digest, size) = machine::body_digest(&c.body);
     let within = i64::try_from(c.apply_within.as_millis())
         .map_err(|_| StoreError::invalid("apply_within", "is too large"))?;
-    let rec = CommandRecord {
+    let mut rec = CommandRecord {
         tenant: c.tenant.clone(),
         session: c.session.clone(),
         command: c.command.clone(),
@@ -404,7 +507,9 @@ pub(crate) async fn admit<T: Tx>(
         principal: c.principal.clone(),
         metadata: c.metadata.clone(),
         runtime_command,
-        accepted_order: order,
+        // Taken by the primitive, under the session row's lock, so acceptance order is
+        // gap-free and monotonic per session.
+        accepted_order: 0,
         admitted_at_ms: now,
         apply_deadline_ms: now.saturating_add(within),
         state: CommandState::Pending,
@@ -417,7 +522,20 @@ pub(crate) async fn admit<T: Tx>(
         evidence_seq: None,
         settled_at_ms: None,
     };
-    tx.insert_command(&rec).await?;
+    let admitted = tx.admit_command(&rec, now).await?;
+    if !admitted.session {
+        return Err(StoreError::not_found(
+            "session",
+            session_key(&c.tenant, &c.session),
+        ));
+    }
+    if let Some(existing) = admitted.existing {
+        machine::check_admission_retry(&existing, c)?;
+        return Ok((existing, false));
+    }
+    rec.accepted_order = admitted
+        .order
+        .ok_or_else(|| StoreError::integrity("command", "the admission took no order"))?;
     Ok((rec, true))
 }
 
@@ -453,20 +571,123 @@ async fn apply<T: Tx>(
     }
 }
 
+/// Keeps what a merged primitive wrote only when it is exactly the transition the machine
+/// decided on the row as it was. Otherwise the presumed write is put back first (the statement
+/// restated a check more loosely than the machine: a bug, logged), and then the machine's
+/// decision is carried out as if nothing had been written: a change written conditionally on
+/// the revision it was decided at, a replay or a refusal returned as it is.
+async fn reconcile<T: Tx>(
+    tx: &mut T,
+    before: &CommandRecord,
+    written: Option<CommandRecord>,
+    decided: StoreResult<Transition>,
+) -> StoreResult<CommandRecord> {
+    if let Some(w) = written {
+        if let Ok(Transition::Changed(next)) = &decided
+            && *next == w
+        {
+            return Ok(w);
+        }
+        tracing::error!(
+            command = %before.command,
+            state = %before.state,
+            "a merged statement wrote a transition the state machine did not make; undoing it"
+        );
+        undo(tx, before, &w).await?;
+    } else if matches!(decided, Ok(Transition::Changed(_))) {
+        tx.note_presumption(false);
+    }
+    match decided {
+        Ok(t) => apply(tx, before, t).await,
+        Err(e) => Err(e),
+    }
+}
+
+/// Puts `before` back over the row a presumed write turned into `written`.
+async fn undo<T: Tx>(
+    tx: &mut T,
+    before: &CommandRecord,
+    written: &CommandRecord,
+) -> StoreResult<()> {
+    tx.note_presumption(true);
+    if tx.update_command(written.revision, before).await? {
+        Ok(())
+    } else {
+        Err(StoreError::integrity(
+            "command",
+            "a presumed write could not be undone",
+        ))
+    }
+}
+
+fn transitioning<'a>(
+    kind: TransitionKind,
+    (tenant, session, command): (&'a TenantId, &'a SessionId, &'a CommandId),
+    expected_revision: u64,
+    now: Millis,
+    token: Option<uuid::Uuid>,
+    effect: &'a machine::Effect,
+) -> Transitioning<'a> {
+    Transitioning {
+        kind,
+        tenant,
+        session,
+        command,
+        expected_revision,
+        now,
+        token,
+        effect,
+    }
+}
+
+fn command_not_found(t: &TenantId, s: &SessionId, c: &CommandId) -> StoreError {
+    StoreError::not_found("command", format!("{t}/{s}/{c}"))
+}
+
 pub(crate) async fn claim<T: Tx>(
     tx: &mut T,
     req: &ClaimRequest,
     now: Millis,
 ) -> StoreResult<CommandRecord> {
-    let rec = require_command(tx, &req.tenant, &req.session, &req.command).await?;
-    let t = machine::claim(&rec, req, now)?;
-    apply(tx, &rec, t).await
+    let effect = machine::claim_effect(req, now)?;
+    let key = (&req.tenant, &req.session, &req.command);
+    let step = transitioning(
+        TransitionKind::Claim,
+        key,
+        req.expected_revision,
+        now,
+        Some(req.token),
+        &effect,
+    );
+    let found = tx
+        .transition_command(&step)
+        .await?
+        .ok_or_else(|| command_not_found(key.0, key.1, key.2))?;
+    let decided = machine::claim(&found.before, req, now);
+    reconcile(tx, &found.before, found.written, decided).await
 }
 
-pub(crate) async fn reject<T: Tx>(tx: &mut T, req: &RejectRequest) -> StoreResult<CommandRecord> {
-    let rec = require_command(tx, &req.tenant, &req.session, &req.command).await?;
-    let t = machine::reject(&rec, req)?;
-    apply(tx, &rec, t).await
+pub(crate) async fn reject<T: Tx>(
+    tx: &mut T,
+    req: &RejectRequest,
+    now: Millis,
+) -> StoreResult<CommandRecord> {
+    let effect = machine::reject_effect(req)?;
+    let key = (&req.tenant, &req.session, &req.command);
+    let step = transitioning(
+        TransitionKind::Reject,
+        key,
+        req.expected_revision,
+        now,
+        None,
+        &effect,
+    );
+    let found = tx
+        .transition_command(&step)
+        .await?
+        .ok_or_else(|| command_not_found(key.0, key.1, key.2))?;
+    let decided = machine::reject(&found.before, req);
+    reconcile(tx, &found.before, found.written, decided).await
 }
 
 pub(crate) async fn begin_attempt<T: Tx>(
@@ -474,9 +695,22 @@ pub(crate) async fn begin_attempt<T: Tx>(
     req: &AttemptRequest,
     now: Millis,
 ) -> StoreResult<CommandRecord> {
-    let rec = require_command(tx, &req.tenant, &req.session, &req.command).await?;
-    let t = machine::begin_attempt(&rec, req, now)?;
-    apply(tx, &rec, t).await
+    let effect = machine::attempt_effect(req, now)?;
+    let key = (&req.tenant, &req.session, &req.command);
+    let step = transitioning(
+        TransitionKind::Attempt,
+        key,
+        req.expected_revision,
+        now,
+        Some(req.claim_token),
+        &effect,
+    );
+    let found = tx
+        .transition_command(&step)
+        .await?
+        .ok_or_else(|| command_not_found(key.0, key.1, key.2))?;
+    let decided = machine::begin_attempt(&found.before, req, now);
+    reconcile(tx, &found.before, found.written, decided).await
 }
 
 pub(crate) async fn write_settlement<T: Tx>(
@@ -522,41 +756,105 @@ pub(crate) enum Settlement {
     },
 }
 
-/// Settlement: the session is read and its storage binding routed first; when the evidence is
-/// in this store's own journal, the command row, the binding and the journal are read in the
-/// same transaction that writes the outcome.
+/// Settlement: the session, its storage binding routed, and, when the evidence is in this
+/// store's own journal, the command row, the journal's dispositions and the terminal state, all
+/// in one transaction (on PostgreSQL in one statement, which may settle presumptively; the
+/// presumed write is kept only when the router and the machine agree with it).
 pub(crate) async fn settle<T: Tx>(
     tx: &mut T,
     req: &SettleRequest,
     router: &dyn EvidenceRouter,
     now: Millis,
 ) -> StoreResult<Settlement> {
-    let session = require_session(tx, &req.tenant, &req.session).await?;
-    let reader = router
-        .route(&req.tenant, &session.binding.storage_binding_id)
-        .ok_or_else(|| StoreError::Unroutable {
-            storage_binding: session.binding.storage_binding_id.to_string(),
-        })?;
-    if !reader.is_own_journal() {
-        return Ok(Settlement::Elsewhere { session, reader });
+    let read = tx.settle_command(req, now).await?;
+    let written = read.written.clone();
+    match decide_settlement(tx, read, req, router, now).await {
+        Ok(Decided::Transition(decided)) => {
+            let (before, decided) = *decided;
+            let settled = reconcile(tx, &before, written, Ok(decided)).await?;
+            Ok(Settlement::Settled(Box::new(settled)))
+        }
+        Ok(Decided::Elsewhere(elsewhere)) => {
+            let (before, session, reader) = *elsewhere;
+            if let (Some(before), Some(w)) = (before, written) {
+                // The own journal happened to hold a matching frame, but this binding's
+                // evidence lives elsewhere: the presumed settlement does not stand.
+                undo(tx, &before, &w).await?;
+            }
+            Ok(Settlement::Elsewhere { session, reader })
+        }
+        Err((before, e)) => {
+            if let (Some(before), Some(w)) = (before, written) {
+                // Refused on what the statement read: its presumed settlement does not stand.
+                undo(tx, &before, &w).await?;
+            }
+            Err(e)
+        }
     }
-    let rec = require_command(tx, &req.tenant, &req.session, &req.command).await?;
-    machine::require_attempt(&rec)?;
-    let records = journal_dispositions(
-        tx,
-        &req.tenant,
-        session.binding.runtime_session_id,
-        rec.runtime_command,
-    )
-    .await?;
-    let frames: Vec<DispositionFrame> = records
-        .iter()
-        .filter_map(JournalRecord::disposition_frame)
-        .collect();
-    let frame = single_frame(&frames, &rec)?;
-    let t = machine::settle(&rec, req, &frame, now)?;
-    let settled = apply(tx, &rec, t).await?;
-    Ok(Settlement::Settled(Box::new(settled)))
+}
+
+/// What settlement decided from what it read (nothing written yet).
+enum Decided {
+    Transition(Box<(CommandRecord, Transition)>),
+    Elsewhere(
+        Box<(
+            Option<CommandRecord>,
+            SessionRecord,
+            Arc<dyn EvidenceReader>,
+        )>,
+    ),
+}
+
+async fn decide_settlement<T: Tx>(
+    tx: &mut T,
+    read: SettleRead,
+    req: &SettleRequest,
+    router: &dyn EvidenceRouter,
+    now: Millis,
+) -> Result<Decided, (Option<CommandRecord>, StoreError)> {
+    let before = read.before;
+    let fail = |before: &Option<CommandRecord>, e: StoreError| (before.clone(), e);
+    let Some(session) = read.session else {
+        return Err(fail(
+            &before,
+            StoreError::not_found("session", session_key(&req.tenant, &req.session)),
+        ));
+    };
+    let Some(reader) = router.route(&req.tenant, &session.binding.storage_binding_id) else {
+        return Err(fail(
+            &before,
+            StoreError::Unroutable {
+                storage_binding: session.binding.storage_binding_id.to_string(),
+            },
+        ));
+    };
+    if !reader.is_own_journal() {
+        return Ok(Decided::Elsewhere(Box::new((before, session, reader))));
+    }
+    let Some(rec) = before else {
+        return Err((
+            None,
+            command_not_found(&req.tenant, &req.session, &req.command),
+        ));
+    };
+    if let Err(e) = machine::require_attempt(&rec) {
+        return Err((Some(rec), e));
+    }
+    let mut frames = Vec::with_capacity(read.evidence.len());
+    for row in read.evidence {
+        match row_to_record(tx, row).await {
+            Ok(r) => frames.extend(r.disposition_frame()),
+            Err(e) => return Err((Some(rec), e)),
+        }
+    }
+    let frame = match single_frame(&frames, &rec) {
+        Ok(f) => f,
+        Err(e) => return Err((Some(rec), e)),
+    };
+    match machine::settle(&rec, req, &frame, now) {
+        Ok(t) => Ok(Decided::Transition(Box::new((rec, t)))),
+        Err(e) => Err((Some(rec), e)),
+    }
 }
 
 pub(crate) async fn save_cursor<T: Tx>(
@@ -566,11 +864,34 @@ pub(crate) async fn save_cursor<T: Tx>(
     order: u64,
     epoch: ResidencyEpoch,
 ) -> StoreResult<Cursor> {
-    require_session(tx, t, s).await?;
-    let current = tx.cursor(t, s).await?;
-    let next = machine::save_cursor(current, order, epoch)?;
-    if current != Some(next) {
-        tx.put_cursor(t, s, next).await?;
+    let read = tx.cursor_write(t, s, order, epoch).await?;
+    if !read.session {
+        return Err(StoreError::not_found("session", session_key(t, s)));
+    }
+    // A refusal after a presumed write fails the operation, and its transaction is undone.
+    let next = match machine::save_cursor(read.current, order, epoch) {
+        Ok(next) => next,
+        Err(e) => {
+            if read.wrote {
+                tx.note_presumption(true);
+            }
+            return Err(e);
+        }
+    };
+    if read.wrote || read.current == Some(next) {
+        return Ok(next);
+    }
+    tx.note_presumption(false);
+    if !tx.put_cursor(t, s, next).await? {
+        // Moved by another writer between the read and the write: decide again on it.
+        let current = tx.cursor(t, s).await?;
+        let next = machine::save_cursor(current, order, epoch)?;
+        if current != Some(next) && !tx.put_cursor(t, s, next).await? {
+            return Err(StoreError::unavailable(
+                "the cursor kept moving under a concurrent writer",
+            ));
+        }
+        return Ok(next);
     }
     Ok(next)
 }
@@ -787,12 +1108,149 @@ fn body_slot(
     Ok((BodySlot::Object(id), Some(obj)))
 }
 
+/// The rows of an append that the merged primitive can write on its own: inline events and
+/// controls, and applications under the writer's epoch for distinct commands. `None` sends the
+/// append through its steps (closures, offloaded bodies, and anything the steps refuse, so
+/// refusals keep their order).
+fn inline_rows(
+    lease: &JournalLease,
+    entries: &[JournalEntry],
+    now: Millis,
+) -> Option<Vec<JournalRow>> {
+    let mut rows = Vec::with_capacity(entries.len());
+    let mut commands = std::collections::HashSet::new();
+    for (i, entry) in entries.iter().enumerate() {
+        let mut row = JournalRow {
+            runtime_session: lease.runtime_session,
+            seq: lease.tip + 1 + i as u64,
+            epoch: lease.epoch,
+            written_at_ms: now,
+            kind: record_kind_tag(entry),
+            event: None,
+            public_body: None,
+            private_body: None,
+            cause: None,
+            identity: None,
+            attempt: None,
+            attempt_epoch: None,
+            outcome: None,
+            detail: None,
+        };
+        match entry {
+            JournalEntry::Event {
+                event,
+                public_body,
+                private_body,
+                cause,
+            } => {
+                if public_body.len() > MAX_INLINE_BODY_BYTES
+                    || private_body
+                        .as_ref()
+                        .is_some_and(|p| p.len() > MAX_INLINE_BODY_BYTES)
+                {
+                    return None;
+                }
+                row.event = Some(event.clone());
+                row.public_body = Some(BodySlot::Inline(public_body.clone()));
+                row.private_body = private_body.clone().map(BodySlot::Inline);
+                row.cause = *cause;
+            }
+            JournalEntry::Control { body, cause } => {
+                row.private_body = Some(BodySlot::Inline(body.clone()));
+                row.cause = *cause;
+            }
+            JournalEntry::Application {
+                identity,
+                attempt,
+                attempt_epoch,
+                outcome,
+                detail,
+            } => {
+                if *attempt_epoch != lease.epoch || !commands.insert(identity.runtime_command) {
+                    return None;
+                }
+                row.identity = Some(identity.clone());
+                row.attempt = Some(*attempt);
+                row.attempt_epoch = Some(*attempt_epoch);
+                row.outcome = Some(outcome.disposition());
+                row.detail = detail.clone();
+            }
+            JournalEntry::Closure { .. } => return None,
+        }
+        rows.push(row);
+    }
+    Some(rows)
+}
+
+/// The refusals of an append, in the order its steps make them, from what the merged
+/// primitive found.
+fn check_appended(
+    lease: &JournalLease,
+    entries: &[JournalEntry],
+    found: &Appended,
+) -> StoreResult<()> {
+    let rs = lease.runtime_session;
+    let state = match &found.lease {
+        Some(l) if l.tenant == lease.tenant => l,
+        _ => return Err(StoreError::not_found("journal", journal_key(rs))),
+    };
+    check_writer(state, lease)?;
+    if state.tip != lease.tip {
+        return Err(StoreError::Conflict {
+            entity: "journal.tip",
+            expected: lease.tip,
+            current: state.tip,
+        });
+    }
+    if let Some(rc) = found.disposed {
+        let command = entries
+            .iter()
+            .find_map(|e| match e {
+                JournalEntry::Application { identity, .. } if identity.runtime_command == rc => {
+                    Some(identity.command.to_string())
+                }
+                _ => None,
+            })
+            .unwrap_or_else(|| rc.to_string());
+        return Err(StoreError::state(
+            "journal",
+            "disposed",
+            format!("command {command} already has a disposition"),
+        ));
+    }
+    Ok(())
+}
+
 pub(crate) async fn journal_append<T: Tx>(
     tx: &mut T,
     lease: &JournalLease,
     entries: &[JournalEntry],
     now: Millis,
 ) -> StoreResult<u64> {
+    if let Some(rows) = inline_rows(lease, entries, now)
+        && let Some(found) = tx.append_records(lease, &rows).await?
+    {
+        // A refusal after a write fails the operation, and its transaction is undone.
+        if let Err(e) = check_appended(lease, entries, &found) {
+            if found.tip.is_some() {
+                tx.note_presumption(true);
+            }
+            return Err(e);
+        }
+        let tip = lease.tip + rows.len() as u64;
+        match found.tip {
+            Some(written) if written == tip => return Ok(tip),
+            Some(written) => {
+                tx.note_presumption(true);
+                return Err(StoreError::integrity(
+                    "journal",
+                    format!("the append moved the tip to {written}, not {tip}"),
+                ));
+            }
+            // Nothing written though nothing refuses it: the steps decide.
+            None => tx.note_presumption(false),
+        }
+    }
     let rs = lease.runtime_session;
     let mut state = own_journal(tx, &lease.tenant, rs)
         .await?

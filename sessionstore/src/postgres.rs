@@ -6,41 +6,76 @@
 //! Each write goes to one of a few lanes, chosen by the key of the rows it locks (a session, a
 //! runtime session's journal, a Host); a lane owns one connection and runs every write queued
 //! on it in one transaction, in key order, with one commit, and answers the callers only after
-//! that commit. A write that fails after writing, any statement error, a panic or a retryable
-//! commit failure rolls the whole group back, and each of its writes is then re-run alone in
-//! its own transaction by its caller; a transaction that loses to a deadlock, a serialization
-//! failure or a racing insert is re-run from the start there, a bounded number of times.
+//! that commit. Within a group, the writes of different keys run concurrently and their
+//! statements are sent in waves through a [`Batcher`], one statement per statement kind and
+//! wave (the writes of one key run one after another, in arrival order). A write that fails
+//! after writing, any statement error, a panic or a retryable commit failure rolls the whole
+//! group back, and each of its writes is then re-run alone in its own transaction by its
+//! caller; a transaction that loses to a deadlock, a serialization failure or a racing insert
+//! is re-run from the start there, a bounded number of times.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::Duration;
 
 use futures::FutureExt as _;
 use futures::future::BoxFuture;
 use sqlx::pool::PoolConnection;
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgRow};
-use sqlx::{
-    AssertSqlSafe, Connection, Executor, PgConnection, Postgres, Row as _, Transaction, TypeInfo,
-    ValueRef,
-};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
+use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection, Postgres, Row as _, Transaction};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 use crate::backend::Admission;
 use crate::clock::Millis;
 use crate::error::{StoreError, StoreResult};
 use crate::ids::{CommandId, HostId, RuntimeSessionId, SessionId, TenantId};
-use crate::sql::{Conn, Dialect, Param, Row, SqlTx, Value};
+pub(crate) use crate::pgexec::map_err;
+use crate::pgexec::{self, Answer, Batcher, Work, is_retryable};
+use crate::sql::{Conn, Dialect, Param, Row, SetStmt, SqlTx};
+use crate::stats::Counters;
 use crate::store::StoreOptions;
 
 const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../migrations/postgres/0001_init.sql")),
+    (2, include_str!("../migrations/postgres/0002_hot_path.sql")),
     (
         3,
         include_str!("../migrations/postgres/0003_runnable_packages.sql"),
     ),
 ];
+/// The store's tables: analysed when due (see [`DUE_SQL`]) right after the migrations, at
+/// open and every `pg_statistics_interval`, so the planner's statistics follow the tables'
+/// growth (a schema is otherwise never analysed while autovacuum is off).
+const TABLES: &[&str] = &[
+    "sessions",
+    "residency_leases",
+    "host_registrations",
+    "host_targets",
+    "commands",
+    "cursors",
+    "gates",
+    "payload_objects",
+    "journal_leases",
+    "journal_records",
+    "runnable_packages",
+];
 const MAX_TX_ATTEMPTS: usize = 8;
+/// How the store's connections plan. Every statement the store runs reads or writes rows by
+/// key or by a short key range, where an index lookup is always right; but the planner only
+/// knows that from statistics, guesses 10 request rows against a table of 10 pages while a
+/// table is young, and keeps the plans it chose then (sequential scans, hash joins) while the
+/// table grows. Without those shapes it picks index lookups and nested loops from the start (a
+/// query with no index to use still scans). Such a plan is right for any number of requests,
+/// so each statement is planned once per connection (the generic plan) rather than on every
+/// run, which for the merged statements costs more than running them.
+const PLANNER_SETTINGS: [(&str, &str); 4] = [
+    ("enable_seqscan", "off"),
+    ("enable_hashjoin", "off"),
+    ("enable_mergejoin", "off"),
+    ("plan_cache_mode", "force_generic_plan"),
+];
 const NOW_SQL: &str = "SELECT (floor(extract(epoch from clock_timestamp()) * 1000))::bigint";
 /// Opens a lane's transaction and reads its `now` in one round trip.
 const BEGIN_NOW_SQL: &str =
@@ -50,14 +85,16 @@ const NOTIFY_SQL: &str = "SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p";
 enum Handle {
     Tx(Transaction<'static, Postgres>),
     Plain(PoolConnection<Postgres>),
-    /// A lane's own connection (detached from the pool), inside the lane's transaction.
-    Lane(PgConnection),
+    /// One write of a lane group: its statements go through the group's batcher, onto the
+    /// lane's connection, inside the lane's transaction.
+    Batch(Arc<Batcher>),
 }
 
 /// A PostgreSQL connection usable by the generic SQL layer.
 pub(crate) struct PgConn {
     handle: Handle,
     locking: bool,
+    counters: Arc<Counters>,
     /// Set when a statement failed in a way a re-run may fix.
     retry: bool,
     /// Set when any statement failed (the transaction is then aborted).
@@ -67,10 +104,11 @@ pub(crate) struct PgConn {
 }
 
 impl PgConn {
-    fn new(handle: Handle, locking: bool) -> PgConn {
+    fn new(handle: Handle, locking: bool, counters: Arc<Counters>) -> PgConn {
         PgConn {
             handle,
             locking,
+            counters,
             retry: false,
             failed: false,
             wrote: false,
@@ -160,11 +198,19 @@ enum WriteEnd<T> {
 }
 
 impl PgConn {
-    fn exec(&mut self) -> &mut PgConnection {
+    /// The connection a statement runs on directly; `None` for a write of a lane group.
+    fn direct(&mut self) -> Option<&mut PgConnection> {
         match &mut self.handle {
-            Handle::Tx(tx) => tx,
-            Handle::Plain(c) => c,
-            Handle::Lane(c) => c,
+            Handle::Tx(tx) => Some(tx),
+            Handle::Plain(c) => Some(c),
+            Handle::Batch(_) => None,
+        }
+    }
+
+    fn batcher(&self) -> Option<Arc<Batcher>> {
+        match &self.handle {
+            Handle::Batch(b) => Some(b.clone()),
+            _ => None,
         }
     }
 
@@ -175,85 +221,19 @@ impl PgConn {
         }
         map_err(e)
     }
-}
 
-fn is_retryable(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::Database(db) => {
-            matches!(db.code().as_deref(), Some("40001" | "40P01" | "23505"))
-        }
-        _ => false,
+    /// A statement of a lane group's write failed (the group is rolled back).
+    fn failed_in_group(&mut self, e: StoreError) -> StoreError {
+        self.failed = true;
+        e
     }
 }
 
-pub(crate) fn map_err(e: sqlx::Error) -> StoreError {
-    match &e {
-        sqlx::Error::Database(db) => {
-            let code = db.code().map(|c| c.to_string()).unwrap_or_default();
-            match code.as_str() {
-                "23505" => StoreError::state("database", "duplicate", db.message().to_owned()),
-                c if c.starts_with("23") => StoreError::integrity(
-                    "database",
-                    format!("constraint refused the write: {}", db.message()),
-                ),
-                "40001" | "40P01" => StoreError::unavailable(format!(
-                    "the transaction kept losing to concurrent writers: {}",
-                    db.message()
-                )),
-                _ => StoreError::unavailable(format!("postgres: {}", db.message())),
-            }
-        }
-        sqlx::Error::ColumnDecode { .. }
-        | sqlx::Error::Decode(_)
-        | sqlx::Error::TypeNotFound { .. } => StoreError::integrity("row", e.to_string()),
-        sqlx::Error::PoolClosed => StoreError::unavailable("the store is closed"),
-        _ => StoreError::unavailable(format!("postgres: {e}")),
-    }
-}
-
-fn bind<'q>(
-    mut q: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
-    params: Vec<Param>,
-) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
-    for p in params {
-        q = match p {
-            Param::Int(v) => q.bind(v),
-            Param::Text(v) => q.bind(v),
-            Param::Blob(v) => q.bind(v),
-        };
-    }
-    q
-}
-
-fn decode_row(row: &PgRow, entity: &'static str) -> StoreResult<Row> {
-    let n = row.columns().len();
-    let mut values = Vec::with_capacity(n);
-    for i in 0..n {
-        let raw = row.try_get_raw(i).map_err(map_err)?;
-        if raw.is_null() {
-            values.push(Value::Null);
-            continue;
-        }
-        let ty = raw.type_info().name().to_owned();
-        let v = match ty.as_str() {
-            "INT8" => Value::Int(row.try_get::<i64, _>(i).map_err(map_err)?),
-            "INT4" => Value::Int(i64::from(row.try_get::<i32, _>(i).map_err(map_err)?)),
-            "INT2" => Value::Int(i64::from(row.try_get::<i16, _>(i).map_err(map_err)?)),
-            "BOOL" => Value::Int(i64::from(row.try_get::<bool, _>(i).map_err(map_err)?)),
-            "TEXT" | "VARCHAR" | "NAME" | "BPCHAR" => {
-                Value::Text(row.try_get::<String, _>(i).map_err(map_err)?)
-            }
-            "BYTEA" => Value::Blob(row.try_get::<Vec<u8>, _>(i).map_err(map_err)?),
-            other => {
-                return Err(StoreError::integrity(
-                    entity,
-                    format!("column {i} has unexpected type {other}"),
-                ));
-            }
-        };
-        values.push(v);
-    }
-    Ok(Row { values, entity })
+fn misanswered() -> StoreError {
+    StoreError::integrity(
+        "database",
+        "a statement was answered with the wrong kind of result",
+    )
 }
 
 impl Conn for PgConn {
@@ -271,29 +251,98 @@ impl Conn for PgConn {
         params: Vec<Param>,
         entity: &'static str,
     ) -> StoreResult<Vec<Row>> {
-        let q = bind(sqlx::query(AssertSqlSafe(sql.to_owned())), params);
-        let rows = match q.fetch_all(self.exec()).await {
-            Ok(rows) => rows,
-            Err(e) => return Err(self.fail(e)),
+        self.counters.statement();
+        let rows = if let Some(b) = self.batcher() {
+            let work = Work::Query {
+                sql: sql.to_owned(),
+                params,
+                entity,
+            };
+            match b.submit(work).await {
+                Ok(Answer::Rows(rows)) => rows,
+                Ok(Answer::Affected(_)) => return Err(self.failed_in_group(misanswered())),
+                Err(e) => return Err(self.failed_in_group(e)),
+            }
+        } else {
+            self.counters.server_statements(1);
+            let Some(conn) = self.direct() else {
+                return Err(misanswered());
+            };
+            match pgexec::query(conn, sql, params, entity).await {
+                Ok(rows) => rows?,
+                Err(e) => return Err(self.fail(e)),
+            }
         };
         // A data-modifying statement with RETURNING changed the rows it returned.
         if !rows.is_empty() && !is_select(sql) {
             self.wrote = true;
         }
-        rows.iter().map(|r| decode_row(r, entity)).collect()
+        Ok(rows)
     }
 
     async fn execute(&mut self, sql: &str, params: Vec<Param>) -> StoreResult<u64> {
-        let q = bind(sqlx::query(AssertSqlSafe(sql.to_owned())), params);
-        match q.execute(self.exec()).await {
-            Ok(r) => {
-                if r.rows_affected() > 0 {
-                    self.wrote = true;
-                }
-                Ok(r.rows_affected())
+        self.counters.statement();
+        let n = if let Some(b) = self.batcher() {
+            let work = Work::Execute {
+                sql: sql.to_owned(),
+                params,
+            };
+            match b.submit(work).await {
+                Ok(Answer::Affected(n)) => n,
+                Ok(Answer::Rows(_)) => return Err(self.failed_in_group(misanswered())),
+                Err(e) => return Err(self.failed_in_group(e)),
             }
-            Err(e) => Err(self.fail(e)),
+        } else {
+            self.counters.server_statements(1);
+            let Some(conn) = self.direct() else {
+                return Err(misanswered());
+            };
+            match pgexec::execute(conn, sql, params).await {
+                Ok(n) => n,
+                Err(e) => return Err(self.fail(e)),
+            }
+        };
+        if n > 0 {
+            self.wrote = true;
         }
+        Ok(n)
+    }
+
+    async fn query_set(
+        &mut self,
+        stmt: &'static SetStmt,
+        rows: Vec<Vec<Param>>,
+    ) -> StoreResult<Vec<Row>> {
+        self.counters.statement();
+        if let Some(b) = self.batcher() {
+            return match b.submit(Work::Set { stmt, rows }).await {
+                Ok(Answer::Rows(rows)) => Ok(rows),
+                Ok(Answer::Affected(_)) => Err(self.failed_in_group(misanswered())),
+                Err(e) => Err(self.failed_in_group(e)),
+            };
+        }
+        self.counters.server_statements(1);
+        let Some(conn) = self.direct() else {
+            return Err(misanswered());
+        };
+        match pgexec::run_set(conn, stmt, vec![rows]).await {
+            Ok(answers) => Ok(answers?.pop().unwrap_or_default()),
+            Err(e) => {
+                self.failed = true;
+                if e.retryable() {
+                    self.retry = true;
+                }
+                Err(e.into_store())
+            }
+        }
+    }
+
+    fn wrote(&mut self) {
+        self.wrote = true;
+    }
+
+    fn counters(&self) -> &Counters {
+        &self.counters
     }
 }
 
@@ -322,11 +371,30 @@ enum LaneReply<T> {
     Alone,
 }
 
+/// How one write of a group ended.
+#[derive(Clone, Copy, Debug)]
+struct JobEnd {
+    /// The write succeeded.
+    ok: bool,
+    /// One of its statements failed (the transaction is aborted).
+    failed: bool,
+    /// It changed rows.
+    wrote: bool,
+}
+
+impl JobEnd {
+    /// A refusal that wrote nothing leaves its group as it was; anything else that failed
+    /// spoils the group.
+    fn spoils_group(self) -> bool {
+        self.failed || (!self.ok && self.wrote)
+    }
+}
+
 /// One queued write, with its result type erased.
 trait LaneJob: Send {
     fn key(&self) -> WriteKey;
-    /// Runs the write inside the group's transaction; true when it succeeded.
-    fn run<'a>(&'a mut self, tx: &'a mut PgTx, now: Millis) -> BoxFuture<'a, bool>;
+    /// Runs the write inside the group's transaction.
+    fn run<'a>(&'a mut self, tx: &'a mut PgTx, now: Millis) -> BoxFuture<'a, JobEnd>;
     /// The admission a successful write announces once the group has committed.
     fn admission(&self) -> Option<Admission>;
     /// Answers the caller.
@@ -346,12 +414,16 @@ impl<T: Send + 'static> LaneJob for TypedLaneJob<T> {
         self.key
     }
 
-    fn run<'a>(&'a mut self, tx: &'a mut PgTx, now: Millis) -> BoxFuture<'a, bool> {
+    fn run<'a>(&'a mut self, tx: &'a mut PgTx, now: Millis) -> BoxFuture<'a, JobEnd> {
         Box::pin(async move {
             let result = (self.op)(tx, now).await;
             let ok = result.is_ok();
             self.result = Some(result);
-            ok
+            JobEnd {
+                ok,
+                failed: tx.conn.failed,
+                wrote: tx.conn.wrote,
+            }
         })
     }
 
@@ -385,6 +457,7 @@ struct Lane {
     conn: Option<PgConnection>,
     channel: String,
     max_batch: usize,
+    counters: Arc<Counters>,
 }
 
 async fn lane_loop(mut lane: Lane, mut jobs: mpsc::UnboundedReceiver<Box<dyn LaneJob>>) {
@@ -416,54 +489,31 @@ impl Lane {
     }
 
     async fn run_group(&mut self, batch: &mut Vec<Box<dyn LaneJob>>) {
-        let conn = match self.connection().await {
+        let mut conn = match self.connection().await {
             Ok(c) => c,
             Err(e) => return finish_all(batch, Verdict::Failed(e)),
         };
-        let mut stx = SqlTx {
-            conn: PgConn::new(Handle::Lane(conn), true),
-        };
-        let now = match begin_group(&mut stx).await {
+        self.counters.server_statements(1);
+        let now = match begin_group(&mut conn).await {
             Ok(now) => now,
             // The connection may have gone stale while idle: drop it (the server ends whatever
             // it had open) and let each caller run its write alone on a pooled connection.
             Err(_) => return finish_all(batch, Verdict::Alone),
         };
-        let mut poisoned = false;
-        let mut panicked = false;
-        for job in batch.iter_mut() {
-            stx.conn.wrote = false;
-            match AssertUnwindSafe(job.run(&mut stx, now))
-                .catch_unwind()
-                .await
-            {
-                // A refusal that wrote nothing leaves the group as it was.
-                Ok(ok) => {
-                    if stx.conn.failed || (!ok && stx.conn.wrote) {
-                        poisoned = true;
-                        break;
-                    }
-                }
-                Err(_) => {
-                    poisoned = true;
-                    panicked = true;
-                    break;
-                }
-            }
-        }
-        let Handle::Lane(mut conn) = stx.conn.handle else {
-            return finish_all(batch, Verdict::Alone);
-        };
+        let (poisoned, panicked) = run_jobs(&mut conn, batch, now, &self.counters).await;
         if poisoned {
             // After a panic the connection's state is unknown: dropping it ends the
             // transaction on the server. Otherwise roll back and keep it.
+            self.counters.server_statements(1);
             if !panicked && conn.execute("ROLLBACK").await.is_ok() {
                 self.conn = Some(conn);
             }
             return finish_all(batch, Verdict::Alone);
         }
+        self.counters.server_statements(1);
         match conn.execute("COMMIT").await {
             Ok(_) => {
+                self.counters.commit();
                 let payloads: Vec<String> = batch
                     .iter()
                     .filter_map(|j| j.admission())
@@ -490,6 +540,7 @@ impl Lane {
         if payloads.is_empty() {
             return true;
         }
+        self.counters.server_statements(1);
         match sqlx::query(NOTIFY_SQL)
             .bind(&self.channel)
             .bind(payloads)
@@ -506,11 +557,106 @@ impl Lane {
     }
 }
 
+/// Runs a group's writes inside the lane's open transaction. Writes of different keys run
+/// concurrently, one write per key at a time (in arrival order), so no statement of a wave
+/// touches one key twice. Each sweep polls every key's current write until it waits on a
+/// statement; the batcher then sends the wave. Returns (poisoned, panicked): a write that
+/// spoiled the group, a failed wave or a panic stops the group at once.
+async fn run_jobs(
+    conn: &mut PgConnection,
+    batch: &mut [Box<dyn LaneJob>],
+    now: Millis,
+    counters: &Arc<Counters>,
+) -> (bool, bool) {
+    let batcher = Arc::new(Batcher::default());
+    // Runs of equal keys (the batch is sorted by key): [start, end) each.
+    let mut chains: Vec<(usize, usize)> = Vec::new();
+    for (i, job) in batch.iter().enumerate() {
+        match chains.last_mut() {
+            Some((_, end)) if batch[*end - 1].key() == job.key() => *end = i + 1,
+            _ => chains.push((i, i + 1)),
+        }
+    }
+    let mut txs: Vec<PgTx> = (0..batch.len())
+        .map(|_| SqlTx {
+            conn: PgConn::new(Handle::Batch(batcher.clone()), true, counters.clone()),
+        })
+        .collect();
+    // Nothing runs until polled.
+    let mut runs: Vec<Option<BoxFuture<'_, JobEnd>>> = batch
+        .iter_mut()
+        .zip(txs.iter_mut())
+        .map(|(job, tx)| Some(job.run(tx, now)))
+        .collect();
+    let mut poisoned = false;
+    let mut panicked = false;
+    loop {
+        std::future::poll_fn(|cx| {
+            let mut progressed = false;
+            for chain in chains.iter_mut() {
+                while chain.0 < chain.1 {
+                    let Some(run) = runs[chain.0].as_mut() else {
+                        break;
+                    };
+                    match std::panic::catch_unwind(AssertUnwindSafe(|| run.as_mut().poll(cx))) {
+                        Ok(Poll::Ready(end)) => {
+                            runs[chain.0] = None;
+                            progressed = true;
+                            if end.spoils_group() {
+                                poisoned = true;
+                                return Poll::Ready(());
+                            }
+                            chain.0 += 1;
+                        }
+                        Ok(Poll::Pending) => break,
+                        Err(_) => {
+                            runs[chain.0] = None;
+                            poisoned = true;
+                            panicked = true;
+                            return Poll::Ready(());
+                        }
+                    }
+                }
+            }
+            let done = chains.iter().all(|(next, end)| next == end);
+            if progressed || done || batcher.pending() {
+                Poll::Ready(())
+            } else {
+                // Every waiting write waits on something other than a statement; its waker
+                // brings the lane back.
+                Poll::Pending
+            }
+        })
+        .await;
+        if poisoned || chains.iter().all(|(next, end)| next == end) {
+            break;
+        }
+        if !batcher.pending() {
+            continue;
+        }
+        match AssertUnwindSafe(batcher.flush(conn, counters))
+            .catch_unwind()
+            .await
+        {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => {
+                poisoned = true;
+                break;
+            }
+            Err(_) => {
+                poisoned = true;
+                panicked = true;
+                break;
+            }
+        }
+    }
+    drop(runs);
+    (poisoned, panicked)
+}
+
 /// Begins a lane's transaction and reads the database's `now`, in one round trip.
-async fn begin_group(stx: &mut PgTx) -> Result<Millis, sqlx::Error> {
-    let rows = sqlx::raw_sql(BEGIN_NOW_SQL)
-        .fetch_all(stx.conn.exec())
-        .await?;
+async fn begin_group(conn: &mut PgConnection) -> Result<Millis, sqlx::Error> {
+    let rows = sqlx::raw_sql(BEGIN_NOW_SQL).fetch_all(conn).await?;
     let row = rows.first().ok_or(sqlx::Error::RowNotFound)?;
     row.try_get::<i64, _>(0)
 }
@@ -528,7 +674,22 @@ pub(crate) struct PgEngine {
     lanes: Mutex<Option<Vec<LaneSender>>>,
     lane_tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     closed: AtomicBool,
+    counters: Arc<Counters>,
+    statistics: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
+
+/// The store's tables due for an analysis: those of at least 10 pages that were never analysed
+/// or have changed, since they last were, by autovacuum's own default rule (more than 50 rows
+/// plus a tenth of the table). Smaller tables are left alone: for a table never analysed the
+/// planner assumes 10 pages, which keeps it on index lookups; statistics taken from a nearly
+/// empty table would instead make scans look cheap, and plans cached then would keep scanning
+/// as the table grows. The counts are the database's committed changes, so an analysis that
+/// ran while a large write was still open is redone once it commits.
+const DUE_SQL: &str = "SELECT s.relname::text FROM pg_stat_user_tables s \
+     JOIN pg_class c ON c.oid = s.relid \
+     WHERE s.schemaname = current_schema() AND s.relname = ANY($1) \
+     AND pg_relation_size(c.oid) >= 10 * current_setting('block_size')::bigint \
+     AND (c.reltuples < 0 OR s.n_mod_since_analyze > 50 + 0.1 * c.reltuples)";
 
 fn quote_ident(s: &str) -> String {
     format!("\"{}\"", s.replace('"', "\"\""))
@@ -579,11 +740,15 @@ async fn migrate(pool: &PgPool) -> StoreResult<()> {
 }
 
 impl PgEngine {
-    pub(crate) async fn open(options: &StoreOptions) -> StoreResult<PgEngine> {
+    pub(crate) async fn open(
+        options: &StoreOptions,
+        counters: Arc<Counters>,
+    ) -> StoreResult<PgEngine> {
         let connect: PgConnectOptions = options
             .url
-            .parse()
-            .map_err(|e| StoreError::invalid("url", format!("is not a PostgreSQL URL: {e}")))?;
+            .parse::<PgConnectOptions>()
+            .map_err(|e| StoreError::invalid("url", format!("is not a PostgreSQL URL: {e}")))?
+            .options(PLANNER_SETTINGS);
         if let Some(schema) = &options.pg_schema {
             let mut c = PgConnection::connect_with(&connect)
                 .await
@@ -617,6 +782,8 @@ impl PgEngine {
             .await
             .map_err(|e| StoreError::unavailable(format!("cannot connect to PostgreSQL: {e}")))?;
         migrate(&pool).await?;
+        // After the migrations (and at every open): the tables with data get statistics.
+        analyse_grown(&pool).await?;
 
         let channel = format!(
             "sessionstore_admit_{}",
@@ -633,10 +800,15 @@ impl PgEngine {
                 conn: None,
                 channel: channel.clone(),
                 max_batch: options.max_write_batch,
+                counters: counters.clone(),
             };
             lane_tasks.push(tokio::spawn(lane_loop(lane, jobs)));
             lanes.push(sender);
         }
+        let statistics = tokio::spawn(keep_statistics(
+            pool.clone(),
+            options.pg_statistics_interval,
+        ));
         Ok(PgEngine {
             pool,
             channel,
@@ -645,7 +817,15 @@ impl PgEngine {
             lanes: Mutex::new(Some(lanes)),
             lane_tasks: Mutex::new(lane_tasks),
             closed: AtomicBool::new(false),
+            counters,
+            statistics: Mutex::new(Some(statistics)),
         })
+    }
+
+    /// Analyses the tables that are due for it; returns their names.
+    pub(crate) async fn refresh_statistics(&self) -> StoreResult<Vec<String>> {
+        self.check_open()?;
+        analyse_grown(&self.pool).await
     }
 
     fn check_open(&self) -> StoreResult<()> {
@@ -669,10 +849,14 @@ impl PgEngine {
         }
         let tx = self.pool.begin().await.map_err(map_err)?;
         let mut stx = SqlTx {
-            conn: PgConn::new(Handle::Tx(tx), true),
+            conn: PgConn::new(Handle::Tx(tx), true, self.counters.clone()),
+        };
+        self.counters.server_statements(2);
+        let Some(conn) = stx.conn.direct() else {
+            return Err(misanswered());
         };
         let now: i64 = sqlx::query_scalar(NOW_SQL)
-            .fetch_one(stx.conn.exec())
+            .fetch_one(conn)
             .await
             .map_err(map_err)?;
         Ok((stx, now))
@@ -684,9 +868,13 @@ impl PgEngine {
         let Handle::Tx(tx) = stx.conn.handle else {
             return WriteEnd::Done(Err(StoreError::unavailable("transaction handle lost")));
         };
+        self.counters.server_statements(1);
         match result {
             Ok(v) => match tx.commit().await {
-                Ok(()) => WriteEnd::Done(Ok(v)),
+                Ok(()) => {
+                    self.counters.commit();
+                    WriteEnd::Done(Ok(v))
+                }
                 Err(e) if is_retryable(&e) => WriteEnd::Retry(map_err(e)),
                 Err(e) => WriteEnd::Done(Err(map_err(e))),
             },
@@ -701,12 +889,19 @@ impl PgEngine {
         }
     }
 
+    /// A pooled connection for test support (raw SQL, plans).
+    #[cfg(feature = "testing")]
+    pub(crate) async fn raw_connection(&self) -> StoreResult<PoolConnection<Postgres>> {
+        self.check_open()?;
+        self.pool.acquire().await.map_err(map_err)
+    }
+
     /// A pooled connection outside any transaction (no row locks).
     pub(crate) async fn begin_read(&self) -> StoreResult<PgTx> {
         self.check_open()?;
         let conn = self.pool.acquire().await.map_err(map_err)?;
         Ok(SqlTx {
-            conn: PgConn::new(Handle::Plain(conn), false),
+            conn: PgConn::new(Handle::Plain(conn), false, self.counters.clone()),
         })
     }
 
@@ -720,6 +915,7 @@ impl PgEngine {
         announce: Announce<T>,
     ) -> StoreResult<T> {
         self.check_open()?;
+        self.counters.write();
         let (reply, answer) = oneshot::channel();
         let job: Box<dyn LaneJob> = Box::new(TypedLaneJob {
             key,
@@ -791,6 +987,7 @@ impl PgEngine {
     /// Announces an admission to every process listening (after the commit).
     async fn announce(&self, a: Admission) {
         let payload = admission_payload(&a);
+        self.counters.server_statements(1);
         // A lost notification only delays a consumer until its next reconcile pass.
         if let Err(e) = sqlx::query("SELECT pg_notify($1, $2)")
             .bind(&self.channel)
@@ -815,12 +1012,50 @@ impl PgEngine {
         for t in lane_tasks {
             let _ = t.await;
         }
-        let task = self.listener.lock().ok().and_then(|mut g| g.take());
-        if let Some(t) = task {
-            t.abort();
-            let _ = t.await;
+        for task in [&self.listener, &self.statistics] {
+            let task = task.lock().ok().and_then(|mut g| g.take());
+            if let Some(t) = task {
+                t.abort();
+                let _ = t.await;
+            }
         }
         self.pool.close().await;
+    }
+}
+
+/// Analyses the store's tables that are due for it (see [`DUE_SQL`]); returns their names.
+async fn analyse_grown(pool: &PgPool) -> StoreResult<Vec<String>> {
+    let mut conn = pool.acquire().await.map_err(map_err)?;
+    let grown: Vec<String> = sqlx::query_scalar(DUE_SQL)
+        .bind(TABLES)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(map_err)?;
+    // Only names from TABLES come back.
+    let known: Vec<&str> = TABLES
+        .iter()
+        .copied()
+        .filter(|t| grown.iter().any(|g| g == t))
+        .collect();
+    if !known.is_empty() {
+        conn.execute(AssertSqlSafe(format!("ANALYZE {}", known.join(", "))))
+            .await
+            .map_err(map_err)?;
+        tracing::debug!(tables = ?known, "analysed the tables that grew");
+    }
+    Ok(known.into_iter().map(str::to_owned).collect())
+}
+
+/// Keeps the tables' statistics in step with their growth, until the store closes.
+async fn keep_statistics(pool: PgPool, every: Duration) {
+    loop {
+        tokio::time::sleep(every).await;
+        if pool.is_closed() {
+            break;
+        }
+        if let Err(e) = analyse_grown(&pool).await {
+            tracing::debug!(error = %e, "checking the tables' statistics failed; retrying later");
+        }
     }
 }
 

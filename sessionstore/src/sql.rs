@@ -5,13 +5,18 @@
 //! transactions.
 
 use std::str::FromStr;
+use std::sync::LazyLock;
 
 use crate::clock::Millis;
 use crate::error::{StoreError, StoreResult};
 use crate::ids::*;
 use crate::journal::*;
+use crate::merged;
 use crate::model::*;
-use crate::ops::{BodySlot, JournalRow, Tx};
+use crate::ops::{
+    Admitted, Appended, BodySlot, CursorRead, Found, JournalRow, SettleRead, Transitioning, Tx,
+};
+use crate::stats::Counters;
 
 /// One parameter or column value.
 #[derive(Clone, Debug, PartialEq)]
@@ -56,6 +61,80 @@ pub(crate) trait Conn {
         entity: &'static str,
     ) -> StoreResult<Vec<Row>>;
     async fn execute(&mut self, sql: &str, params: Vec<Param>) -> StoreResult<u64>;
+    /// Runs a set statement (PostgreSQL only) for one request whose `rows` become rows of the
+    /// statement's `req` relation. Returns the rows the statement answered for this request,
+    /// without their leading request number. A connection may run many operations' requests of
+    /// one statement together, as one statement.
+    async fn query_set(
+        &mut self,
+        stmt: &'static SetStmt,
+        rows: Vec<Vec<Param>>,
+    ) -> StoreResult<Vec<Row>>;
+    /// Notes that the current operation changed rows (a set statement's answer says so; the
+    /// connection cannot tell on its own).
+    fn wrote(&mut self);
+    /// The store's counters.
+    fn counters(&self) -> &Counters;
+}
+
+/// The element type of a set statement's request column.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum ColType {
+    Int,
+    Text,
+    Blob,
+}
+
+impl ColType {
+    fn pg(self) -> &'static str {
+        match self {
+            ColType::Int => "int8",
+            ColType::Text => "text",
+            ColType::Blob => "bytea",
+        }
+    }
+}
+
+/// A set statement: one PostgreSQL statement over a relation `req` of request rows, built from
+/// one array parameter per column (`unnest`). Its first column, `op`, numbers the requests; the
+/// statement answers rows whose first column is that number. One request, or the requests of
+/// many operations at once, run through the same text.
+#[derive(Debug)]
+pub(crate) struct SetStmt {
+    pub name: &'static str,
+    pub entity: &'static str,
+    /// The request columns after `op`, in parameter order.
+    pub columns: Vec<(&'static str, ColType)>,
+    /// The full statement text.
+    pub sql: String,
+}
+
+impl SetStmt {
+    /// `body` continues `WITH req AS (...), ` and must answer `req.op` first in every row.
+    pub fn new(
+        name: &'static str,
+        entity: &'static str,
+        columns: &[(&'static str, ColType)],
+        body: &str,
+    ) -> SetStmt {
+        let mut arrays = vec!["$1::int8[]".to_owned()];
+        let mut names = vec!["op"];
+        for (i, (n, t)) in columns.iter().enumerate() {
+            arrays.push(format!("${}::{}[]", i + 2, t.pg()));
+            names.push(n);
+        }
+        let sql = format!(
+            "WITH req AS (SELECT * FROM unnest({}) AS r({})), {body}",
+            arrays.join(", "),
+            names.join(", ")
+        );
+        SetStmt {
+            name,
+            entity,
+            columns: columns.to_vec(),
+            sql,
+        }
+    }
 }
 
 /// Renders a statement template for a dialect: `$N` placeholders become `?N` on SQLite, and
@@ -76,6 +155,23 @@ pub(crate) fn render(template: &str, dialect: Dialect, locking: bool) -> String 
 // ---- row decoding ---------------------------------------------------------------------------
 
 impl Row {
+    /// The `len` columns from `from`, as a row of their own (for answers that join entities).
+    pub fn slice(&self, from: usize, len: usize) -> StoreResult<Row> {
+        let values = self
+            .values
+            .get(from..from + len)
+            .ok_or_else(|| self.bad(from, "the answer has too few columns"))?;
+        Ok(Row {
+            values: values.to_vec(),
+            entity: self.entity,
+        })
+    }
+
+    /// True when the column is NULL (an absent side of an outer join).
+    pub fn is_null(&self, i: usize) -> StoreResult<bool> {
+        Ok(matches!(self.get(i)?, Value::Null))
+    }
+
     fn bad(&self, i: usize, what: &str) -> StoreError {
         StoreError::integrity(self.entity, format!("column {i}: {what}"))
     }
@@ -168,35 +264,35 @@ impl Row {
     }
 }
 
-fn int(v: u64) -> Param {
+pub(crate) fn int(v: u64) -> Param {
     Param::Int(Some(v as i64))
 }
-fn opt_int(v: Option<u64>) -> Param {
+pub(crate) fn opt_int(v: Option<u64>) -> Param {
     Param::Int(v.map(|v| v as i64))
 }
-fn ms(v: Millis) -> Param {
+pub(crate) fn ms(v: Millis) -> Param {
     Param::Int(Some(v))
 }
-fn opt_ms(v: Option<Millis>) -> Param {
+pub(crate) fn opt_ms(v: Option<Millis>) -> Param {
     Param::Int(v)
 }
-fn text(v: impl Into<String>) -> Param {
+pub(crate) fn text(v: impl Into<String>) -> Param {
     Param::Text(Some(v.into()))
 }
-fn opt_text(v: Option<String>) -> Param {
+pub(crate) fn opt_text(v: Option<String>) -> Param {
     Param::Text(v)
 }
-fn flag(v: bool) -> Param {
+pub(crate) fn flag(v: bool) -> Param {
     Param::Int(Some(i64::from(v)))
 }
 
 // ---- statements -----------------------------------------------------------------------------
 
-const SESSION_COLS: &str = "tenant_id, session_id, agent_id, compatibility_id, runtime_session_id, \
+pub(crate) const SESSION_COLS: &str = "tenant_id, session_id, agent_id, compatibility_id, runtime_session_id, \
      storage_binding_id, binding_version, created_at, last_active_at, residency_state, \
      last_journal_seq, checkpoint_seq, gate_mark";
 
-fn decode_session(r: &Row) -> StoreResult<SessionRecord> {
+pub(crate) fn decode_session(r: &Row) -> StoreResult<SessionRecord> {
     Ok(SessionRecord {
         tenant: r.id(0, TenantId::new)?,
         session: r.id(1, SessionId::new)?,
@@ -267,13 +363,13 @@ fn decode_target(r: &Row) -> StoreResult<HostTarget> {
     })
 }
 
-const COMMAND_COLS: &str = "tenant_id, session_id, command_id, accepted_order, kind, body, \
+pub(crate) const COMMAND_COLS: &str = "tenant_id, session_id, command_id, accepted_order, kind, body, \
      object_id, body_digest, body_size, principal, metadata, runtime_command_id, admitted_at, \
      apply_deadline, state, revision, epoch_mark, claim_epoch, claim_token, claim_expires_at, \
      attempt_id, attempt_journal_epoch, attempt_residency_epoch, attempt_at, outcome, reason, \
      evidence_seq, settled_at";
 
-fn decode_command(r: &Row) -> StoreResult<CommandRecord> {
+pub(crate) fn decode_command(r: &Row) -> StoreResult<CommandRecord> {
     let body_digest = r.text(7)?;
     let body_size = r.u64(8)?;
     let body = match (r.opt_blob(5)?, r.opt_text(6)?) {
@@ -395,7 +491,7 @@ fn check_command_shape(rec: &CommandRecord) -> StoreResult<()> {
     Ok(())
 }
 
-fn command_params(rec: &CommandRecord) -> Vec<Param> {
+pub(crate) fn command_params(rec: &CommandRecord) -> Vec<Param> {
     let (body, object) = match &rec.body {
         CommandBody::Inline(b) => (Param::Blob(Some(b.clone())), Param::Text(None)),
         CommandBody::Object(r) => (Param::Blob(None), text(r.object_id.as_str())),
@@ -476,9 +572,10 @@ fn decode_object(r: &Row) -> StoreResult<StoredObject> {
     })
 }
 
-const JLEASE_COLS: &str = "runtime_session_id, tenant_id, epoch, holder, expires_at, tip";
+pub(crate) const JLEASE_COLS: &str =
+    "runtime_session_id, tenant_id, epoch, holder, expires_at, tip";
 
-fn decode_journal_lease(r: &Row) -> StoreResult<JournalLeaseState> {
+pub(crate) fn decode_journal_lease(r: &Row) -> StoreResult<JournalLeaseState> {
     Ok(JournalLeaseState {
         runtime_session: r.id(0, |t: String| RuntimeSessionId::parse(&t))?,
         tenant: r.id(1, TenantId::new)?,
@@ -489,7 +586,7 @@ fn decode_journal_lease(r: &Row) -> StoreResult<JournalLeaseState> {
     })
 }
 
-const JOURNAL_COLS: &str = "runtime_session_id, seq, kind, journal_epoch, written_at, event_id, \
+pub(crate) const JOURNAL_COLS: &str = "runtime_session_id, seq, kind, journal_epoch, written_at, event_id, \
      public_body, public_object_id, private_body, private_object_id, cause_runtime_command, \
      command_id, runtime_command_id, command_kind, attempt_id, attempt_journal_epoch, outcome, detail";
 
@@ -509,7 +606,7 @@ fn decode_slot(r: &Row, body: usize, object: usize) -> StoreResult<Option<BodySl
     }
 }
 
-fn decode_journal_row(r: &Row) -> StoreResult<JournalRow> {
+pub(crate) fn decode_journal_row(r: &Row) -> StoreResult<JournalRow> {
     let kind = match r.text(2)?.as_str() {
         "fence" => "fence",
         "event" => "event",
@@ -558,13 +655,43 @@ fn decode_journal_row(r: &Row) -> StoreResult<JournalRow> {
     })
 }
 
-fn slot_params(slot: &Option<BodySlot>) -> (Param, Param) {
+pub(crate) fn slot_params(slot: &Option<BodySlot>) -> (Param, Param) {
     match slot {
         None => (Param::Blob(None), Param::Text(None)),
         Some(BodySlot::Inline(b)) => (Param::Blob(Some(b.clone())), Param::Text(None)),
         Some(BodySlot::Object(id)) => (Param::Blob(None), text(id.as_str())),
     }
 }
+
+/// One command by its id (locked in a PostgreSQL write transaction).
+pub(crate) static COMMAND_BY_ID: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {COMMAND_COLS} FROM commands WHERE tenant_id = $1 AND session_id = $2 \
+         AND command_id = $3 FOR_UPDATE"
+    )
+});
+
+/// Whether a journal holds a disposition of a runtime command.
+pub(crate) const HAS_DISPOSITION: &str = "SELECT 1 FROM journal_records \
+     WHERE runtime_session_id = $1 AND runtime_command_id = $2 \
+     AND kind IN ('application','closure') LIMIT 1";
+
+/// A journal's dispositions of a runtime command, none unless the tenant owns the journal (the
+/// ownership check rides along in the same statement). Unordered: the caller sorts the few rows
+/// (ordering by `seq` here would tempt PostgreSQL to walk the journal's primary key instead of
+/// looking the command up).
+pub(crate) static DISPOSITIONS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {JOURNAL_COLS} FROM journal_records WHERE runtime_session_id = $1 \
+         AND runtime_command_id = $2 AND kind IN ('application','closure') \
+         AND EXISTS (SELECT 1 FROM journal_leases WHERE journal_leases.runtime_session_id = $1 \
+         AND journal_leases.tenant_id = $3)"
+    )
+});
+
+// Page sizes are written into the statements (`LIMIT {limit}`), never bound: SQLite
+// re-prepares a statement on every run whose `LIMIT` is a bound parameter (its planner uses
+// the value), and the store's page sizes are a few integers it chose itself.
 
 /// The generic [`Tx`] over any [`Conn`].
 pub(crate) struct SqlTx<C: Conn> {
@@ -610,6 +737,19 @@ impl<C: Conn> SqlTx<C> {
     async fn exec(&mut self, template: &str, params: Vec<Param>) -> StoreResult<u64> {
         let sql = render(template, self.conn.dialect(), false);
         self.conn.execute(&sql, params).await
+    }
+}
+
+impl<C: Conn> SqlTx<C> {
+    async fn session_exists(&mut self, t: &TenantId, s: &SessionId) -> StoreResult<bool> {
+        let rows = self
+            .rows(
+                "SELECT 1 FROM sessions WHERE tenant_id = $1 AND session_id = $2",
+                ts(t, s),
+                "session",
+            )
+            .await?;
+        Ok(!rows.is_empty())
     }
 }
 
@@ -693,15 +833,11 @@ impl<C: Conn> Tx for SqlTx<C> {
         limit: usize,
     ) -> StoreResult<Vec<SessionRecord>> {
         let q = format!(
-            "SELECT {SESSION_COLS} FROM sessions WHERE tenant_id = $1 AND session_id > $2 ORDER BY session_id LIMIT $3"
+            "SELECT {SESSION_COLS} FROM sessions WHERE tenant_id = $1 AND session_id > $2 ORDER BY session_id LIMIT {limit}"
         );
         self.many(
             &q,
-            vec![
-                text(t.as_str()),
-                text(after.map_or("", |a| a.as_str())),
-                int(limit as u64),
-            ],
+            vec![text(t.as_str()), text(after.map_or("", |a| a.as_str()))],
             "session",
             decode_session,
         )
@@ -823,12 +959,9 @@ impl<C: Conn> Tx for SqlTx<C> {
         s: &SessionId,
         c: &CommandId,
     ) -> StoreResult<Option<CommandRecord>> {
-        let q = format!(
-            "SELECT {COMMAND_COLS} FROM commands WHERE tenant_id = $1 AND session_id = $2 AND command_id = $3 FOR_UPDATE"
-        );
         let mut p = ts(t, s);
         p.push(text(c.as_str()));
-        self.one(&q, p, "command", decode_command).await
+        self.one(&COMMAND_BY_ID, p, "command", decode_command).await
     }
 
     async fn command_by_runtime_id(
@@ -885,12 +1018,14 @@ impl<C: Conn> Tx for SqlTx<C> {
         limit: usize,
     ) -> StoreResult<Vec<CommandRecord>> {
         let q = format!(
+            // `accepted_order > 0` (true of every row) lets PostgreSQL use its partial index of
+            // acceptance order (migration 2).
             "SELECT {COMMAND_COLS} FROM commands WHERE tenant_id = $1 AND session_id = $2 AND accepted_order > $3 \
-             ORDER BY accepted_order LIMIT $4"
+             AND accepted_order > 0 \
+             ORDER BY accepted_order LIMIT {limit}"
         );
         let mut p = ts(t, s);
         p.push(int(after_order));
-        p.push(int(limit as u64));
         self.many(&q, p, "command", decode_command).await
     }
 
@@ -909,18 +1044,140 @@ impl<C: Conn> Tx for SqlTx<C> {
         .await
     }
 
-    async fn put_cursor(&mut self, t: &TenantId, s: &SessionId, c: Cursor) -> StoreResult<()> {
+    async fn put_cursor(&mut self, t: &TenantId, s: &SessionId, c: Cursor) -> StoreResult<bool> {
         let mut p = ts(t, s);
         p.push(int(c.consumed_order));
         p.push(int(c.epoch.0));
-        self.exec(
-            "INSERT INTO cursors (tenant_id, session_id, consumed_order, epoch) VALUES ($1,$2,$3,$4) \
-             ON CONFLICT (tenant_id, session_id) DO UPDATE SET consumed_order = excluded.consumed_order, \
-             epoch = excluded.epoch",
-            p,
-        )
-        .await?;
-        Ok(())
+        let n = self
+            .exec(
+                "INSERT INTO cursors (tenant_id, session_id, consumed_order, epoch) VALUES ($1,$2,$3,$4) \
+                 ON CONFLICT (tenant_id, session_id) DO UPDATE SET consumed_order = excluded.consumed_order, \
+                 epoch = excluded.epoch WHERE cursors.epoch <= excluded.epoch \
+                 AND cursors.consumed_order <= excluded.consumed_order",
+                p,
+            )
+            .await?;
+        Ok(n == 1)
+    }
+
+    fn note_presumption(&mut self, undone: bool) {
+        // SQLite presumes nothing, so nothing it writes afterwards was missed.
+        if undone || self.conn.dialect() == Dialect::Postgres {
+            self.conn.counters().presumption(undone);
+        }
+    }
+
+    async fn admit_command(&mut self, rec: &CommandRecord, now: Millis) -> StoreResult<Admitted> {
+        if self.conn.dialect() == Dialect::Postgres {
+            return merged::admit(self, rec, now).await;
+        }
+        let (t, s) = (&rec.tenant, &rec.session);
+        if !self.session_exists(t, s).await? {
+            return Ok(Admitted {
+                session: false,
+                existing: None,
+                order: None,
+            });
+        }
+        if let Some(existing) = self.command(t, s, &rec.command).await? {
+            return Ok(Admitted {
+                session: true,
+                existing: Some(existing),
+                order: None,
+            });
+        }
+        let order = self.take_order(t, s, now).await?;
+        let mut admitted = rec.clone();
+        admitted.accepted_order = order;
+        self.insert_command(&admitted).await?;
+        Ok(Admitted {
+            session: true,
+            existing: None,
+            order: Some(order),
+        })
+    }
+
+    async fn transition_command(&mut self, step: &Transitioning<'_>) -> StoreResult<Option<Found>> {
+        if self.conn.dialect() == Dialect::Postgres {
+            return merged::transition(self, step).await;
+        }
+        Ok(self
+            .command(step.tenant, step.session, step.command)
+            .await?
+            .map(|before| Found {
+                before,
+                written: None,
+            }))
+    }
+
+    async fn settle_command(
+        &mut self,
+        req: &SettleRequest,
+        now: Millis,
+    ) -> StoreResult<SettleRead> {
+        if self.conn.dialect() == Dialect::Postgres {
+            return merged::settle(self, req, now).await;
+        }
+        let session = self.session(&req.tenant, &req.session).await?;
+        let before = match &session {
+            Some(_) => {
+                self.command(&req.tenant, &req.session, &req.command)
+                    .await?
+            }
+            None => None,
+        };
+        let evidence = match (&session, &before) {
+            (Some(s), Some(c)) if c.attempt.is_some() => {
+                self.journal_dispositions(
+                    &req.tenant,
+                    s.binding.runtime_session_id,
+                    c.runtime_command,
+                )
+                .await?
+            }
+            _ => Vec::new(),
+        };
+        Ok(SettleRead {
+            session,
+            before,
+            evidence,
+            written: None,
+        })
+    }
+
+    async fn cursor_write(
+        &mut self,
+        t: &TenantId,
+        s: &SessionId,
+        order: u64,
+        epoch: ResidencyEpoch,
+    ) -> StoreResult<CursorRead> {
+        if self.conn.dialect() == Dialect::Postgres {
+            return merged::cursor(self, t, s, order, epoch).await;
+        }
+        if !self.session_exists(t, s).await? {
+            return Ok(CursorRead {
+                session: false,
+                current: None,
+                wrote: false,
+            });
+        }
+        Ok(CursorRead {
+            session: true,
+            current: self.cursor(t, s).await?,
+            wrote: false,
+        })
+    }
+
+    async fn append_records(
+        &mut self,
+        lease: &JournalLease,
+        rows: &[JournalRow],
+    ) -> StoreResult<Option<Appended>> {
+        if self.conn.dialect() == Dialect::Postgres {
+            return merged::append(self, lease, rows).await.map(Some);
+        }
+        Ok(None)
     }
 
     async fn gate(
@@ -1103,8 +1360,7 @@ impl<C: Conn> Tx for SqlTx<C> {
     ) -> StoreResult<bool> {
         let rows = self
             .rows(
-                "SELECT 1 FROM journal_records WHERE runtime_session_id = $1 AND runtime_command_id = $2 \
-                 AND kind IN ('application','closure') LIMIT 1",
+                HAS_DISPOSITION,
                 vec![text(rs.to_text()), text(rc.to_text())],
                 "journal",
             )
@@ -1142,12 +1398,12 @@ impl<C: Conn> Tx for SqlTx<C> {
         };
         let q = format!(
             "SELECT {JOURNAL_COLS} FROM journal_records WHERE runtime_session_id = $1 AND seq > $2 AND seq <= $3{filter} \
-             ORDER BY seq LIMIT $4"
+             ORDER BY seq LIMIT {limit}"
         );
         let upto = upto.min(i64::MAX as u64);
         self.many(
             &q,
-            vec![text(rs.to_text()), int(after), int(upto), int(limit as u64)],
+            vec![text(rs.to_text()), int(after), int(upto)],
             "journal",
             decode_journal_row,
         )
@@ -1160,18 +1416,15 @@ impl<C: Conn> Tx for SqlTx<C> {
         rs: RuntimeSessionId,
         rc: RuntimeCommandId,
     ) -> StoreResult<Vec<JournalRow>> {
-        // The ownership check rides along in the same statement.
-        let q = format!(
-            "SELECT {JOURNAL_COLS} FROM journal_records WHERE runtime_session_id = $1 AND runtime_command_id = $2 \
-             AND kind IN ('application','closure') AND EXISTS (SELECT 1 FROM journal_leases \
-             WHERE journal_leases.runtime_session_id = $1 AND journal_leases.tenant_id = $3) ORDER BY seq"
-        );
-        self.many(
-            &q,
-            vec![text(rs.to_text()), text(rc.to_text()), text(t.as_str())],
-            "journal",
-            decode_journal_row,
-        )
-        .await
+        let mut rows = self
+            .many(
+                &DISPOSITIONS,
+                vec![text(rs.to_text()), text(rc.to_text()), text(t.as_str())],
+                "journal",
+                decode_journal_row,
+            )
+            .await?;
+        rows.sort_by_key(|r| r.seq);
+        Ok(rows)
     }
 }

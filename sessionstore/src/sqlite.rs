@@ -16,12 +16,14 @@ use tokio::sync::{Semaphore, broadcast, oneshot};
 use crate::backend::Admission;
 use crate::clock::{Millis, SharedClock};
 use crate::error::{StoreError, StoreResult};
-use crate::sql::{Conn, Dialect, Param, Row, SqlTx, Value};
+use crate::sql::{Conn, Dialect, Param, Row, SetStmt, SqlTx, Value};
+use crate::stats::Counters;
 use crate::store::{StoreOptions, Synchronous};
 
 /// The migrations this binary knows, in order.
 const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../migrations/sqlite/0001_init.sql")),
+    (2, include_str!("../migrations/sqlite/0002_hot_path.sql")),
     (
         3,
         include_str!("../migrations/sqlite/0003_runnable_packages.sql"),
@@ -31,6 +33,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
 /// A connection usable by the generic SQL layer.
 pub(crate) struct SqliteConn<'a> {
     conn: &'a Connection,
+    counters: &'a Counters,
 }
 
 /// The transaction type the generic operations run over on SQLite.
@@ -86,6 +89,14 @@ pub(crate) fn map_err(e: rusqlite::Error) -> StoreError {
     }
 }
 
+impl SqliteConn<'_> {
+    /// The connection itself (test support runs raw SQL and plans on it).
+    #[cfg(feature = "testing")]
+    pub(crate) fn connection(&self) -> &Connection {
+        self.conn
+    }
+}
+
 impl Conn for SqliteConn<'_> {
     fn dialect(&self) -> Dialect {
         Dialect::Sqlite
@@ -101,6 +112,8 @@ impl Conn for SqliteConn<'_> {
         params: Vec<Param>,
         entity: &'static str,
     ) -> StoreResult<Vec<Row>> {
+        self.counters.statement();
+        self.counters.server_statements(1);
         let mut stmt = self.conn.prepare_cached(sql).map_err(map_err)?;
         let n = stmt.column_count();
         let mut rows = stmt
@@ -118,18 +131,38 @@ impl Conn for SqliteConn<'_> {
     }
 
     async fn execute(&mut self, sql: &str, params: Vec<Param>) -> StoreResult<u64> {
+        self.counters.statement();
+        self.counters.server_statements(1);
         let mut stmt = self.conn.prepare_cached(sql).map_err(map_err)?;
         let n = stmt
             .execute(params_from_iter(params.into_iter().map(to_sql)))
             .map_err(map_err)?;
         Ok(n as u64)
     }
+
+    async fn query_set(
+        &mut self,
+        stmt: &'static SetStmt,
+        _rows: Vec<Vec<Param>>,
+    ) -> StoreResult<Vec<Row>> {
+        // The SQL layer runs its SQLite steps instead: set statements are PostgreSQL's.
+        Err(StoreError::integrity(
+            "database",
+            format!("the {} set statement is not SQLite's", stmt.name),
+        ))
+    }
+
+    fn wrote(&mut self) {}
+
+    fn counters(&self) -> &Counters {
+        self.counters
+    }
 }
 
 /// One queued write: runs inside the group transaction, then learns whether it committed.
 trait WriteJob: Send {
     /// Runs the operation; true when it succeeded (its savepoint is kept).
-    fn run(&mut self, conn: &Connection, now: Millis) -> bool;
+    fn run(&mut self, conn: &Connection, counters: &Counters, now: Millis) -> bool;
     /// Delivers the result: `None` means the transaction committed.
     fn finish(self: Box<Self>, failure: Option<StoreError>);
 }
@@ -145,12 +178,12 @@ where
     T: Send + 'static,
     F: for<'a> FnOnce(&mut SqliteTx<'a>, Millis) -> StoreResult<T> + Send + 'static,
 {
-    fn run(&mut self, conn: &Connection, now: Millis) -> bool {
+    fn run(&mut self, conn: &Connection, counters: &Counters, now: Millis) -> bool {
         let Some(op) = self.op.take() else {
             return false;
         };
         let mut tx = SqlTx {
-            conn: SqliteConn { conn },
+            conn: SqliteConn { conn, counters },
         };
         let result = op(&mut tx, now);
         let ok = result.is_ok();
@@ -184,6 +217,7 @@ pub(crate) struct SqliteEngine {
     clock: SharedClock,
     admissions: broadcast::Sender<Admission>,
     closed: AtomicBool,
+    counters: Arc<Counters>,
 }
 
 fn parse_path(url: &str) -> StoreResult<PathBuf> {
@@ -272,11 +306,18 @@ fn migrate(conn: &Connection, now: Millis) -> StoreResult<()> {
     }
 }
 
+/// Runs a transaction-control statement from the statement cache (the writer runs several per
+/// write; parsing each afresh showed in profiles).
+fn control(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(|_| ())
+}
+
 fn writer_loop(
     conn: Connection,
     jobs: mpsc::Receiver<Box<dyn WriteJob>>,
     clock: SharedClock,
     max_batch: usize,
+    counters: Arc<Counters>,
 ) {
     while let Ok(first) = jobs.recv() {
         let mut batch = vec![first];
@@ -286,7 +327,8 @@ fn writer_loop(
                 Err(_) => break,
             }
         }
-        if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+        counters.server_statements(1);
+        if let Err(e) = control(&conn, "BEGIN IMMEDIATE") {
             let err = map_err(e);
             for job in batch {
                 job.finish(Some(err.clone()));
@@ -295,30 +337,35 @@ fn writer_loop(
         }
         let mut broken: Option<StoreError> = None;
         for job in batch.iter_mut() {
-            if let Err(e) = conn.execute_batch("SAVEPOINT op") {
+            counters.server_statements(2);
+            if let Err(e) = control(&conn, "SAVEPOINT op") {
                 broken = Some(map_err(e));
                 break;
             }
-            let ok = job.run(&conn, clock.now_ms());
+            let ok = job.run(&conn, &counters, clock.now_ms());
             let end = if ok {
-                conn.execute_batch("RELEASE op")
+                control(&conn, "RELEASE op")
             } else {
-                conn.execute_batch("ROLLBACK TO op; RELEASE op")
+                control(&conn, "ROLLBACK TO op").and_then(|()| control(&conn, "RELEASE op"))
             };
             if let Err(e) = end {
                 broken = Some(map_err(e));
                 break;
             }
         }
+        counters.server_statements(1);
         let failure = match broken {
             Some(e) => {
-                let _ = conn.execute_batch("ROLLBACK");
+                let _ = control(&conn, "ROLLBACK");
                 Some(e)
             }
-            None => match conn.execute_batch("COMMIT") {
-                Ok(()) => None,
+            None => match control(&conn, "COMMIT") {
+                Ok(()) => {
+                    counters.commit();
+                    None
+                }
                 Err(e) => {
-                    let _ = conn.execute_batch("ROLLBACK");
+                    let _ = control(&conn, "ROLLBACK");
                     Some(map_err(e))
                 }
             },
@@ -330,7 +377,10 @@ fn writer_loop(
 }
 
 impl SqliteEngine {
-    pub(crate) async fn open(options: &StoreOptions) -> StoreResult<SqliteEngine> {
+    pub(crate) async fn open(
+        options: &StoreOptions,
+        counters: Arc<Counters>,
+    ) -> StoreResult<SqliteEngine> {
         let path = parse_path(&options.url)?;
         let opts = options.clone();
         let clock = options.clock.clone();
@@ -365,9 +415,10 @@ impl SqliteEngine {
         let (tx, rx) = mpsc::channel::<Box<dyn WriteJob>>();
         let writer_clock = clock.clone();
         let max_batch = options.max_write_batch;
+        let writer_counters = counters.clone();
         let handle = std::thread::Builder::new()
             .name("sessionstore-sqlite-writer".into())
-            .spawn(move || writer_loop(writer_conn, rx, writer_clock, max_batch))
+            .spawn(move || writer_loop(writer_conn, rx, writer_clock, max_batch, writer_counters))
             .map_err(|e| StoreError::unavailable(format!("cannot start the writer thread: {e}")))?;
         let n = readers.len();
         let (admissions, _) = broadcast::channel(1024);
@@ -381,6 +432,7 @@ impl SqliteEngine {
             clock,
             admissions,
             closed: AtomicBool::new(false),
+            counters,
         })
     }
 
@@ -398,6 +450,7 @@ impl SqliteEngine {
         F: for<'a> FnOnce(&mut SqliteTx<'a>, Millis) -> StoreResult<T> + Send + 'static,
     {
         self.check_open()?;
+        self.counters.write();
         let (reply, rx) = oneshot::channel();
         let job: Box<dyn WriteJob> = Box::new(TypedJob {
             op: Some(op),
@@ -434,6 +487,7 @@ impl SqliteEngine {
             .await
             .map_err(|_| StoreError::unavailable("the store is closed"))?;
         let pool = self.readers.clone();
+        let counters = self.counters.clone();
         let result = tokio::task::spawn_blocking(move || {
             let conn = pool
                 .conns
@@ -443,7 +497,10 @@ impl SqliteEngine {
                 .ok_or_else(|| StoreError::unavailable("no reader connection is free"))?;
             let result = {
                 let mut tx = SqlTx {
-                    conn: SqliteConn { conn: &conn },
+                    conn: SqliteConn {
+                        conn: &conn,
+                        counters: &counters,
+                    },
                 };
                 op(&mut tx)
             };

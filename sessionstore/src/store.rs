@@ -19,6 +19,7 @@ use crate::model::*;
 use crate::ops;
 use crate::postgres::{PgEngine, WriteKey, pg_op};
 use crate::sqlite::SqliteEngine;
+use crate::stats::{Counters, StoreStats};
 
 /// SQLite's `synchronous` setting.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
@@ -48,10 +49,17 @@ pub struct StoreOptions {
     /// PostgreSQL pool size (reads, and writes re-run alone).
     pub pg_max_connections: u32,
     /// PostgreSQL write lanes: each holds one connection of its own (beyond the pool) and
-    /// commits the writes queued on it as one transaction.
+    /// commits the writes queued on it as one transaction, sending a group's writes of one kind
+    /// as one statement. Fewer lanes make bigger groups (less database CPU per write); more
+    /// keep more commits in flight. Default 2, 1 to 64.
     pub pg_write_lanes: usize,
     /// PostgreSQL schema to use (created if missing); `None` uses the connection's default.
     pub pg_schema: Option<String>,
+    /// How often (PostgreSQL) the store checks which of its tables of at least 10 pages were
+    /// never analysed or changed by more than 50 rows and a tenth since the database last
+    /// analysed them (autovacuum's default rule), and analyses those, so query plans follow
+    /// the tables' growth even where autovacuum is off. 100 ms to 1 hour.
+    pub pg_statistics_interval: Duration,
     /// The largest referenced body accepted (at most 16 MiB).
     pub referenced_body_cap: u64,
     /// Storage bindings whose journal is this store's own journal.
@@ -73,8 +81,9 @@ impl StoreOptions {
             sqlite_readers: 4,
             max_write_batch: 256,
             pg_max_connections: 16,
-            pg_write_lanes: 4,
+            pg_write_lanes: 2,
             pg_schema: None,
+            pg_statistics_interval: Duration::from_secs(10),
             referenced_body_cap: DEFAULT_REFERENCED_BODY_CAP,
             local_storage_bindings: vec![local_binding()],
             clock: Arc::new(SystemClock),
@@ -110,6 +119,14 @@ impl StoreOptions {
             return Err(StoreError::invalid(
                 "pg_write_lanes",
                 "must be between 1 and 64",
+            ));
+        }
+        if self.pg_statistics_interval < Duration::from_millis(100)
+            || self.pg_statistics_interval > Duration::from_secs(3600)
+        {
+            return Err(StoreError::invalid(
+                "pg_statistics_interval",
+                "must be between 100 ms and 1 hour",
             ));
         }
         if self.busy_timeout > Duration::from_secs(600) {
@@ -206,6 +223,7 @@ macro_rules! read_op {
 struct Inner {
     engine: Engine,
     kind: BackendKind,
+    counters: Arc<Counters>,
     router: RwLock<Arc<dyn EvidenceRouter>>,
     referenced_body_cap: u64,
 }
@@ -264,15 +282,16 @@ impl Store {
     /// Opens (and migrates) the store named by `options.url`.
     pub async fn open(options: StoreOptions) -> StoreResult<Store> {
         options.validate()?;
+        let counters = Arc::new(Counters::default());
         let (engine, kind) =
             if options.url.starts_with("postgres://") || options.url.starts_with("postgresql://") {
                 (
-                    Engine::Postgres(PgEngine::open(&options).await?),
+                    Engine::Postgres(PgEngine::open(&options, counters.clone()).await?),
                     BackendKind::Postgres,
                 )
             } else {
                 (
-                    Engine::Sqlite(SqliteEngine::open(&options).await?),
+                    Engine::Sqlite(SqliteEngine::open(&options, counters.clone()).await?),
                     BackendKind::Sqlite,
                 )
             };
@@ -284,6 +303,7 @@ impl Store {
             Inner {
                 engine,
                 kind,
+                counters,
                 router: RwLock::new(Arc::new(FixedEvidenceRouter::new(bindings, reader))),
                 referenced_body_cap: options.referenced_body_cap,
             }
@@ -305,6 +325,12 @@ impl Store {
         self.inner.kind
     }
 
+    /// What this store has sent its database since it was opened (statements per write, round
+    /// trips, commits).
+    pub fn stats(&self) -> StoreStats {
+        self.inner.counters.snapshot()
+    }
+
     /// A reader of this store's own journal, for use in a custom router.
     pub fn own_evidence_reader(&self) -> Arc<dyn EvidenceReader> {
         Arc::new(OwnJournalEvidence {
@@ -324,6 +350,17 @@ impl Store {
         match self.inner.router.read() {
             Ok(guard) => guard.clone(),
             Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Analyses the tables (of at least 10 pages) never analysed or changed by more than 50
+    /// rows and a tenth since the database last analysed them, as the store also does on its
+    /// own at open and every `pg_statistics_interval`; returns their names. SQLite plans these
+    /// lookups by index shape alone: nothing to do there.
+    pub async fn refresh_statistics(&self) -> StoreResult<Vec<String>> {
+        match &self.inner.engine {
+            Engine::Sqlite(_) => Ok(Vec::new()),
+            Engine::Postgres(e) => e.refresh_statistics().await,
         }
     }
 
@@ -697,7 +734,7 @@ impl Store {
             self,
             WriteKey::session(&req.tenant, &req.session),
             [req],
-            |tx, _now| ops::reject(tx, &req)
+            |tx, now| ops::reject(tx, &req, now)
         )
     }
 
@@ -1056,6 +1093,58 @@ impl Store {
             tip,
             next_after,
         })
+    }
+}
+
+#[cfg(feature = "testing")]
+impl Store {
+    /// Runs raw SQL (one or more statements) on the store's database outside any operation,
+    /// for test set-ups (test support).
+    pub async fn raw_sql_for_tests(&self, sql: &str) -> StoreResult<()> {
+        let sql = sql.to_owned();
+        match &self.inner.engine {
+            Engine::Sqlite(e) => {
+                e.write(move |tx, _now| {
+                    tx.conn
+                        .connection()
+                        .execute_batch(&sql)
+                        .map_err(crate::sqlite::map_err)
+                })
+                .await
+            }
+            Engine::Postgres(e) => {
+                let mut conn = e.raw_connection().await?;
+                sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(crate::postgres::map_err)?;
+                Ok(())
+            }
+        }
+    }
+
+    /// The plans of the hot path's lookups of `rec`, a command of `session`, as the database
+    /// plans them now, each checked to find its rows by the command's ids (test support).
+    pub async fn lookup_plans(
+        &self,
+        session: &SessionRecord,
+        rec: &CommandRecord,
+    ) -> StoreResult<Vec<crate::plans::LookupPlan>> {
+        let now = self.now_ms().await?;
+        match &self.inner.engine {
+            Engine::Sqlite(e) => {
+                let targets =
+                    crate::plans::targets(crate::sql::Dialect::Sqlite, session, rec, now)?;
+                e.read(move |tx| crate::plans::sqlite(tx.conn.connection(), targets))
+                    .await
+            }
+            Engine::Postgres(e) => {
+                let targets =
+                    crate::plans::targets(crate::sql::Dialect::Postgres, session, rec, now)?;
+                let mut conn = e.raw_connection().await?;
+                crate::plans::postgres(&mut conn, targets).await
+            }
+        }
     }
 }
 

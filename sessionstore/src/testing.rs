@@ -205,10 +205,16 @@ impl Drop for TestStore {
 }
 
 /// Generates one test per case per backend: `$module::sqlite::$case` and
-/// `$module::postgres::$case`, each calling `$cases::$case(&TestStore)`.
+/// `$module::postgres::$case`, each calling `$cases::$case(&TestStore)`, and then, with
+/// `; after = $check`, `$cases::$check(&TestStore)` on the same store.
 #[macro_export]
 macro_rules! both_backends {
     ($cases:ident => $($case:ident),+ $(,)?) => {
+        $crate::both_backends!($cases => $($case),+ ; after = __nothing_after);
+        #[allow(dead_code)]
+        async fn __nothing_after(_: &$crate::testing::TestStore) {}
+    };
+    ($cases:ident => $($case:ident),+ $(,)? ; after = $after:ident) => {
         mod sqlite {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -218,6 +224,7 @@ macro_rules! both_backends {
                         .await
                         .expect("SQLite is always available");
                     cases::$case(&store).await;
+                    super::$after(&store).await;
                 }
             )+
         }
@@ -230,6 +237,7 @@ macro_rules! both_backends {
                         return;
                     };
                     cases::$case(&store).await;
+                    super::$after(&store).await;
                 }
             )+
         }
@@ -244,6 +252,17 @@ pub async fn run_lifecycle(
     session: &crate::SessionRecord,
     n: usize,
 ) -> StoreResult<()> {
+    run_lifecycle_as(store, session, "lifecycle-", 0..n).await
+}
+
+/// As [`run_lifecycle`], for the commands `{prefix}{i}` of `ids` (so it can run on one session
+/// again and again).
+pub async fn run_lifecycle_as(
+    store: &Store,
+    session: &crate::SessionRecord,
+    prefix: &str,
+    ids: std::ops::Range<usize>,
+) -> StoreResult<()> {
     use crate::*;
     let epoch = ResidencyEpoch(1);
     let mut lease = store
@@ -254,12 +273,12 @@ pub async fn run_lifecycle(
             Duration::from_secs(600),
         )
         .await?;
-    for i in 0..n {
+    for i in ids {
         let rec = store
             .admit(NewCommand {
                 tenant: session.tenant.clone(),
                 session: session.session.clone(),
-                command: CommandId::new(format!("lifecycle-{i}"))?,
+                command: CommandId::new(format!("{prefix}{i}"))?,
                 kind: CommandKind::Input,
                 body: CommandBody::Inline(b"{\"version\":1,\"text\":\"hello\"}".to_vec()),
                 principal: None,
@@ -318,4 +337,71 @@ pub async fn run_lifecycle(
             .await?;
     }
     Ok(())
+}
+
+/// Grows `session` by `n` settled commands (`grown-1` … `grown-n`, each applied from an
+/// application record in the session's journal), written straight into the tables in one
+/// statement each, as if `n` lifecycles had run: acceptance order, cursor and journal tip move
+/// on accordingly, and the journal lease is left released. For measuring how the store behaves
+/// on a long-lived session without running every lifecycle. The session must be fresh (no
+/// commands, no journal yet). The tables are not analysed afterwards: the store must cope with
+/// the statistics it took itself.
+pub async fn grow_session(
+    store: &Store,
+    session: &crate::SessionRecord,
+    n: u64,
+) -> StoreResult<()> {
+    let sqlite = store.backend() == crate::BackendKind::Sqlite;
+    let quote = |s: &str| format!("'{}'", s.replace('\'', "''"));
+    let (t, s) = (
+        quote(session.tenant.as_str()),
+        quote(session.session.as_str()),
+    );
+    let rs = quote(&session.binding.runtime_session_id.to_text());
+    // Three families of fresh UUIDs, told apart by their random first 20 hex digits.
+    let family = || {
+        let u = uuid::Uuid::now_v7().simple().to_string();
+        format!("{}-{}-{}-{}-", &u[0..8], &u[8..12], &u[12..16], &u[16..20])
+    };
+    let (rc, claim, attempt) = (family(), family(), family());
+    let (series, hex, empty) = if sqlite {
+        (
+            format!(
+                "(WITH RECURSIVE g(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM g WHERE i < {n}) \
+                 SELECT i FROM g)"
+            ),
+            "printf('%012x', g.i)",
+            "X''",
+        )
+    } else {
+        (
+            format!("(SELECT generate_series(1, {n}) AS i)"),
+            "lpad(to_hex(g.i), 12, '0')",
+            "''::bytea",
+        )
+    };
+    let empty_digest = crate::sha256_hex(b"");
+    let sql = format!(
+        "INSERT INTO commands (tenant_id, session_id, command_id, accepted_order, kind, body, \
+             object_id, body_digest, body_size, principal, metadata, runtime_command_id, admitted_at, \
+             apply_deadline, state, revision, epoch_mark, claim_epoch, claim_token, claim_expires_at, \
+             attempt_id, attempt_journal_epoch, attempt_residency_epoch, attempt_at, outcome, reason, \
+             evidence_seq, settled_at) \
+         SELECT {t}, {s}, 'grown-' || g.i, g.i, 'input', {empty}, NULL, '{empty_digest}', 0, NULL, \
+             NULL, '{rc}' || {hex}, 0, 1, 'applied', 4, 1, 1, '{claim}' || {hex}, 1, \
+             '{attempt}' || {hex}, 1, 1, 0, 'applied', NULL, g.i + 1, 0 FROM {series} AS g; \
+         INSERT INTO journal_records (runtime_session_id, seq, kind, journal_epoch, written_at) \
+             VALUES ({rs}, 1, 'fence', 1, 0); \
+         INSERT INTO journal_records (runtime_session_id, seq, kind, journal_epoch, written_at, \
+             command_id, runtime_command_id, command_kind, attempt_id, attempt_journal_epoch, outcome) \
+         SELECT {rs}, g.i + 1, 'application', 1, 0, 'grown-' || g.i, '{rc}' || {hex}, 'input', \
+             '{attempt}' || {hex}, 1, 'applied' FROM {series} AS g; \
+         INSERT INTO journal_leases (runtime_session_id, tenant_id, epoch, holder, expires_at, tip) \
+             VALUES ({rs}, {t}, 1, NULL, NULL, {tip}); \
+         UPDATE sessions SET next_order = {next} WHERE tenant_id = {t} AND session_id = {s}; \
+         INSERT INTO cursors (tenant_id, session_id, consumed_order, epoch) VALUES ({t}, {s}, {n}, 1);",
+        tip = n + 1,
+        next = n + 1,
+    );
+    store.raw_sql_for_tests(&sql).await
 }

@@ -3,7 +3,7 @@
 mod cases {
     use std::time::Duration;
 
-    use sessionstore::testing::{TestBackend, TestStore};
+    use sessionstore::testing::{self, TestBackend, TestStore};
     use sessionstore::*;
     use uuid::Uuid;
 
@@ -442,6 +442,31 @@ mod cases {
             code(ts.store.claim(claim_req(&rec, 1, Uuid::now_v7())).await),
             "deadline"
         );
+    }
+
+    pub async fn an_attempt_past_the_apply_deadline_is_refused_and_writes_nothing(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let lease = journal(ts, &s, "runtime-a").await;
+        let mut c = new_command(&s, "c1", CommandKind::Input, b"{}");
+        c.apply_within = Duration::from_millis(300);
+        let rec = ts.store.admit(c).await.unwrap();
+        let token = Uuid::now_v7();
+        let claimed = ts.store.claim(claim_req(&rec, 1, token)).await.unwrap();
+        ts.advance(Duration::from_millis(450)).await;
+        assert_eq!(
+            code(
+                ts.store
+                    .begin_attempt(attempt_req(&claimed, 1, token, lease.epoch))
+                    .await
+            ),
+            "deadline"
+        );
+        let after = ts
+            .store
+            .command(&s.tenant, &s.session, &rec.command)
+            .await
+            .unwrap();
+        assert_eq!(after, claimed);
     }
 
     pub async fn a_stale_revision_is_a_conflict_carrying_the_current_one(ts: &TestStore) {
@@ -1916,6 +1941,299 @@ mod cases {
         }
         store.close().await;
     }
+
+    // ---- the merged hot path ------------------------------------------------------------
+
+    /// Statements the lifecycle of one command issues, from the difference between a run of
+    /// `1` and of `6` commands (the journal lease taken at the start of each run cancels out).
+    async fn lifecycle_statements_per_command(ts: &TestStore) -> (f64, f64) {
+        let a = new_session(ts, "counted-1").await;
+        let b = new_session(ts, "counted-6").await;
+        let before = ts.store.stats();
+        testing::run_lifecycle(&ts.store, &a, 1).await.unwrap();
+        let one = ts.store.stats().since(&before);
+        let before = ts.store.stats();
+        testing::run_lifecycle(&ts.store, &b, 6).await.unwrap();
+        let six = ts.store.stats().since(&before);
+        (
+            (six.statements - one.statements) as f64 / 5.0,
+            (six.writes - one.writes) as f64 / 5.0,
+        )
+    }
+
+    pub async fn each_write_of_a_command_lifecycle_is_one_statement_on_postgres(ts: &TestStore) {
+        let (statements, writes) = lifecycle_statements_per_command(ts).await;
+        assert_eq!(writes, 6.0, "admit, claim, attempt, append, settle, cursor");
+        match ts.backend {
+            TestBackend::Postgres => assert_eq!(statements, 6.0),
+            // SQLite runs each write as its steps (in-process statements cost no round trip).
+            TestBackend::Sqlite => assert!(statements <= 19.0, "{statements} statements"),
+        }
+        let stats = ts.store.stats();
+        assert_eq!(
+            (stats.presumptions_undone, stats.presumptions_missed),
+            (0, 0)
+        );
+    }
+
+    /// Holds `s`'s catalog row (PostgreSQL) or the database's write lock (SQLite) from outside
+    /// the store until the returned sender fires.
+    async fn hold_writes(ts: &TestStore, s: &SessionRecord) -> tokio::sync::oneshot::Sender<()> {
+        let (release, released) = tokio::sync::oneshot::channel::<()>();
+        let (held, holding) = tokio::sync::oneshot::channel::<()>();
+        let options = ts.options();
+        match ts.backend {
+            TestBackend::Postgres => {
+                use sqlx::Connection as _;
+                let mut conn = sqlx::PgConnection::connect(&options.url).await.unwrap();
+                let sql = format!(
+                    "SET search_path TO \"{}\"; BEGIN; SELECT 1 FROM sessions \
+                     WHERE tenant_id = '{}' AND session_id = '{}' FOR UPDATE",
+                    options.pg_schema.unwrap(),
+                    s.tenant,
+                    s.session
+                );
+                tokio::spawn(async move {
+                    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                        .execute(&mut conn)
+                        .await
+                        .unwrap();
+                    let _ = held.send(());
+                    let _ = released.await;
+                    sqlx::raw_sql("COMMIT").execute(&mut conn).await.unwrap();
+                });
+            }
+            TestBackend::Sqlite => {
+                let path = options.url.trim_start_matches("sqlite://").to_owned();
+                std::thread::spawn(move || {
+                    let conn = rusqlite::Connection::open(path).unwrap();
+                    conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+                    let _ = held.send(());
+                    let _ = released.blocking_recv();
+                    conn.execute_batch("COMMIT").unwrap();
+                });
+            }
+        }
+        holding.await.unwrap();
+        release
+    }
+
+    pub async fn writes_of_one_kind_queued_in_a_lane_go_to_the_database_as_one_statement(
+        ts: &TestStore,
+    ) {
+        let store = one_lane(ts).await;
+        let blocker = new_session(ts, "blocker").await;
+        let mut commands = Vec::new();
+        for i in 0..12 {
+            let s = new_session(ts, &format!("s{i}")).await;
+            commands.push(admit(ts, &s, "c").await);
+        }
+        let release = hold_writes(ts, &blocker).await;
+        let before = store.stats();
+        // This write waits on the held row (or lock) inside the lane's group...
+        let st = store.clone();
+        let c = new_command(&blocker, "c", CommandKind::Input, b"{}");
+        let first = tokio::spawn(async move { st.admit(c).await });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // ...while twelve claims on twelve sessions queue behind it.
+        let claims: Vec<_> = commands
+            .iter()
+            .map(|rec| {
+                let st = store.clone();
+                let req = claim_req(rec, 1, Uuid::now_v7());
+                tokio::spawn(async move { st.claim(req).await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        release.send(()).unwrap();
+        first.await.unwrap().unwrap();
+        for c in claims {
+            assert_eq!(c.await.unwrap().unwrap().state, CommandState::Claimed);
+        }
+        let used = store.stats().since(&before);
+        assert_eq!(used.writes, 13);
+        assert_eq!(used.commits, 2, "the claims committed together: {used:?}");
+        if ts.backend == TestBackend::Postgres {
+            assert_eq!(used.statements, 13);
+            // BEGIN, admit, COMMIT, NOTIFY; then BEGIN, the twelve claims, COMMIT.
+            assert_eq!(used.server_statements, 7, "{used:?}");
+        }
+        store.close().await;
+    }
+
+    /// A journal reader of another store: it forwards to `inner` (or answers nothing) and is
+    /// never the settling store's own journal.
+    struct Foreign {
+        inner: Option<std::sync::Arc<dyn EvidenceReader>>,
+    }
+
+    #[async_trait::async_trait]
+    impl EvidenceReader for Foreign {
+        async fn dispositions(
+            &self,
+            tenant: &TenantId,
+            runtime_session: RuntimeSessionId,
+            runtime_command: RuntimeCommandId,
+        ) -> StoreResult<Vec<DispositionFrame>> {
+            match &self.inner {
+                Some(r) => {
+                    r.dispositions(tenant, runtime_session, runtime_command)
+                        .await
+                }
+                None => Ok(Vec::new()),
+            }
+        }
+    }
+
+    pub async fn settlement_reads_a_foreign_journal_even_when_the_own_journal_has_a_matching_frame(
+        ts: &TestStore,
+    ) {
+        let foreign = StorageBindingId::new("foreign").unwrap();
+        let s = ts
+            .store
+            .create_session(NewSession {
+                tenant: tenant(),
+                session: SessionId::new("remote").unwrap(),
+                agent: AgentId::new("assistant").unwrap(),
+                compatibility: CompatibilityId::new("build-1").unwrap(),
+                binding: SessionBinding {
+                    runtime_session_id: RuntimeSessionId::mint(),
+                    storage_binding_id: foreign.clone(),
+                    binding_version: 1,
+                },
+            })
+            .await
+            .unwrap();
+        // The store's own journal holds a disposition for the command...
+        let mut lease = journal(ts, &s, "runtime-a").await;
+        let rec = admit(ts, &s, "c1").await;
+        let applying = to_applying(ts, &rec, 1, &lease).await;
+        apply_in_journal(ts, &mut lease, &applying, ApplicationOutcome::Applied).await;
+        // ...but the session's binding routes to a foreign journal that holds none. (A second
+        // handle settles: on PostgreSQL its statement presumes the settlement and must undo it,
+        // which the suite's check after every case refuses on `ts.store`.)
+        let settler = ts.reopen().await.unwrap();
+        settler.set_evidence_router(std::sync::Arc::new(FixedEvidenceRouter::new(
+            [foreign.clone()],
+            std::sync::Arc::new(Foreign { inner: None }),
+        )));
+        assert_eq!(
+            code(settler.settle(settle_req(&applying, 1)).await),
+            "evidence"
+        );
+        let undone = settler.stats().presumptions_undone;
+        match ts.backend {
+            TestBackend::Postgres => assert!(undone >= 1, "{undone}"),
+            TestBackend::Sqlite => assert_eq!(undone, 0),
+        }
+        let after = ts
+            .store
+            .command(&s.tenant, &s.session, &rec.command)
+            .await
+            .unwrap();
+        assert_eq!(after, applying, "nothing was settled");
+        // The foreign journal holding the frame settles it.
+        settler.set_evidence_router(std::sync::Arc::new(FixedEvidenceRouter::new(
+            [foreign],
+            std::sync::Arc::new(Foreign {
+                inner: Some(ts.store.own_evidence_reader()),
+            }),
+        )));
+        let settled = settler.settle(settle_req(&applying, 1)).await.unwrap();
+        assert_eq!(settled.state, CommandState::Applied);
+        settler.close().await;
+    }
+
+    fn assert_index_lookups(plans: &[sessionstore::plans::LookupPlan]) {
+        assert!(plans.len() >= 3, "{plans:?}");
+        for p in plans {
+            assert!(
+                p.problem.is_none(),
+                "{}: {}\n{}",
+                p.statement,
+                p.problem.as_deref().unwrap_or_default(),
+                p.plan
+            );
+        }
+    }
+
+    pub async fn the_store_analyses_its_tables_once_they_hold_data_and_leaves_young_ones_alone(
+        ts: &TestStore,
+    ) {
+        // A young table keeps the planner's own small-table assumption.
+        let young = new_session(ts, "young").await;
+        admit(ts, &young, "first").await;
+        assert_eq!(
+            ts.store.refresh_statistics().await.unwrap(),
+            Vec::<String>::new()
+        );
+        let s = new_session(ts, "long").await;
+        testing::grow_session(&ts.store, &s, 2_000).await.unwrap();
+        let analysed = ts.store.refresh_statistics().await.unwrap();
+        match ts.backend {
+            TestBackend::Postgres => {
+                for table in ["commands", "journal_records"] {
+                    assert!(analysed.iter().any(|t| t == table), "{analysed:?}");
+                }
+            }
+            // SQLite plans these lookups by index shape alone.
+            TestBackend::Sqlite => assert!(analysed.is_empty(), "{analysed:?}"),
+        }
+    }
+
+    pub async fn a_command_is_found_by_its_ids_through_an_index_in_a_fresh_store(ts: &TestStore) {
+        let s = new_session(ts, "young").await;
+        let rec = admit(ts, &s, "first").await;
+        // Plans made now are the ones a young store caches and keeps while its tables grow.
+        assert_index_lookups(&ts.store.lookup_plans(&s, &rec).await.unwrap());
+    }
+
+    pub async fn a_command_is_found_by_its_ids_through_an_index_in_a_session_of_10000_commands(
+        ts: &TestStore,
+    ) {
+        let s = new_session(ts, "long").await;
+        // A store that checks its tables' growth often (a Host does every ten seconds).
+        let mut options = ts.options();
+        options.pg_statistics_interval = Duration::from_millis(100);
+        let store = Store::open(options).await.unwrap();
+        testing::grow_session(&store, &s, 10_000).await.unwrap();
+        let rec = admit(ts, &s, "latest").await;
+        assert_eq!(rec.accepted_order, 10_001);
+        // Its own statistics check catches up with the growth: then every lookup of the command
+        // by its ids, custom and generic, goes through an index on the id.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let plans = store.lookup_plans(&s, &rec).await.unwrap();
+            assert!(plans.len() >= 3, "{plans:?}");
+            let Some(bad) = plans.iter().find(|p| p.problem.is_some()) else {
+                break;
+            };
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{}: {}\n{}",
+                bad.statement,
+                bad.problem.as_deref().unwrap_or_default(),
+                bad.plan
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        store.close().await;
+        // The grown session still runs whole lifecycles.
+        testing::run_lifecycle(&ts.store, &s, 2).await.unwrap();
+        let cursor = ts.store.cursor(&s.tenant, &s.session).await.unwrap();
+        assert_eq!(cursor.map(|c| c.consumed_order), Some(10_003));
+    }
+}
+
+/// After every case: no merged statement wrote what the state machine did not decide (every
+/// refusal and replay above goes through them on PostgreSQL; an undone write means a statement
+/// restates a check more loosely than `machine.rs`).
+async fn no_presumption_undone(ts: &sessionstore::testing::TestStore) {
+    let stats = ts.store.stats();
+    assert_eq!(
+        stats.presumptions_undone, 0,
+        "a merged statement presumed a write the state machine refused: {stats:?}"
+    );
 }
 
 sessionstore::both_backends!(cases =>
@@ -1934,6 +2252,7 @@ sessionstore::both_backends!(cases =>
     a_lower_epoch_is_refused_and_told_the_mark,
     a_lapsed_claim_is_retaken_by_an_equal_epoch,
     a_claim_past_the_apply_deadline_is_refused,
+    an_attempt_past_the_apply_deadline_is_refused_and_writes_nothing,
     a_stale_revision_is_a_conflict_carrying_the_current_one,
     a_claim_ttl_above_the_bound_is_invalid,
     an_unknown_command_is_not_found,
@@ -1977,4 +2296,11 @@ sessionstore::both_backends!(cases =>
     a_refusal_in_a_group_of_writes_leaves_the_others_standing,
     a_write_refused_after_writing_is_undone_alone,
     a_group_that_fails_retryably_is_re_run_write_by_write,
+    each_write_of_a_command_lifecycle_is_one_statement_on_postgres,
+    writes_of_one_kind_queued_in_a_lane_go_to_the_database_as_one_statement,
+    settlement_reads_a_foreign_journal_even_when_the_own_journal_has_a_matching_frame,
+    a_command_is_found_by_its_ids_through_an_index_in_a_session_of_10000_commands,
+    a_command_is_found_by_its_ids_through_an_index_in_a_fresh_store,
+    the_store_analyses_its_tables_once_they_hold_data_and_leaves_young_ones_alone,
+    ; after = no_presumption_undone
 );
