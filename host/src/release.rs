@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use crate::failpoints::{self, steps};
 use crate::residency::{Residency, SessionCtx};
-use crate::resident::{ResidentState, SessionKey};
+use crate::resident::{Resident, ResidentState, SessionKey};
 
 /// One failed step of a drain.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -141,51 +141,47 @@ async fn mark(ctx: &SessionCtx, residency: ResidencyState) -> Result<(), String>
         .map_err(|e| e.to_string())
 }
 
-/// A warm release. Err says why it was aborted (the session is still resident then).
+/// A warm release. Err says why it was aborted: the session is resident again then, or, when
+/// a drain began meanwhile, held halted for the drain to end.
 async fn warm_release(ctx: &SessionCtx) -> Result<(), String> {
     let r = ctx.resident();
     let config = ctx.config();
-    if !r.consumer.halt(config.idle_boundary).await {
-        r.consumer.resume();
-        return Err("a command pass did not finish in time".into());
-    }
-    let abort = |why: String| {
-        r.consumer.resume();
-        Err(why)
-    };
-    if !*r.runtime.idle.idle().borrow() {
-        return abort("the session is no longer idle".into());
-    }
-    match inbox_has_work(ctx).await {
-        Ok(false) => {}
-        Ok(true) => return abort("a command arrived".into()),
-        Err(e) => return abort(format!("the inbox could not be read: {e}")),
-    }
+    // Claim the end first. From here until the claim is given back a drain waits for this
+    // release instead of skipping the session, and only this path may resume the consumer.
     if !r.begin_end() {
         return Err("another path is ending this residency".into());
     }
-    r.set_state(ResidentState::Releasing);
-    let revert = |why: String| async move {
-        ctx.metrics().release_failures.inc();
-        r.ending.store(false, Ordering::SeqCst);
-        r.set_state(ResidentState::Resident);
-        if let Err(e) = mark(ctx, ResidencyState::Resident).await {
-            tracing::warn!(error = %e, "re-publishing the registration after a taken-back release failed");
+    if ctx.draining() {
+        return take_back(ctx, "a drain began".into(), false).await;
+    }
+    if !r.consumer.halt(config.idle_boundary).await {
+        return take_back(ctx, "a command pass did not finish in time".into(), false).await;
+    }
+    if !*r.runtime.idle.idle().borrow() {
+        return take_back(ctx, "the session is no longer idle".into(), false).await;
+    }
+    match inbox_has_work(ctx).await {
+        Ok(false) => {}
+        Ok(true) => return take_back(ctx, "a command arrived".into(), false).await,
+        Err(e) => {
+            return take_back(ctx, format!("the inbox could not be read: {e}"), false).await;
         }
-        r.consumer.resume();
-        Err::<(), String>(why)
-    };
+    }
+    r.set_state(ResidentState::Releasing);
     if let Err(e) = mark(ctx, ResidencyState::Releasing).await {
-        return revert(format!("marking releasing failed: {e}")).await;
+        return take_back(ctx, format!("marking releasing failed: {e}"), true).await;
     }
     if let Err(e) = checkpoint(ctx, ResidencyState::Releasing).await {
-        return revert(format!("checkpoint failed: {e}")).await;
+        return take_back(ctx, format!("checkpoint failed: {e}"), true).await;
     }
     match tokio::time::timeout(config.drain_grace, r.runtime.release.release()).await {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => return revert(format!("the runtime refused the release: {e}")).await,
-        Err(_) => return revert("the runtime release timed out".into()).await,
+        Ok(Err(e)) => {
+            return take_back(ctx, format!("the runtime refused the release: {e}"), true).await;
+        }
+        Err(_) => return take_back(ctx, "the runtime release timed out".into(), true).await,
     }
+    r.warm_released.store(true, Ordering::SeqCst);
     let failures = ctx.give_back().await;
     for (step, reason) in &failures {
         tracing::warn!(step, reason = %reason, "warm release step failed");
@@ -193,6 +189,67 @@ async fn warm_release(ctx: &SessionCtx) -> Result<(), String> {
     let _ = checkpoint(ctx, ResidencyState::Released).await;
     tracing::info!(tenant = %r.key.tenant, session = %r.key.session, "session warm-released");
     Ok(())
+}
+
+/// Takes a warm release back (`published`: the registration already said releasing, so this
+/// counts as a release failure). Outside a drain the session is an ordinary resident again:
+/// re-published and its consumer resumed. While a drain runs the take-back is refused: the
+/// consumer stays halted, nothing is re-published, and the claim passes to the drain. The
+/// consumer is resumed before the claim is given up, so a drain that claims next always
+/// halts it after any resume.
+async fn take_back(ctx: &SessionCtx, why: String, published: bool) -> Result<(), String> {
+    let r = ctx.resident();
+    if published {
+        ctx.metrics().release_failures.inc();
+    }
+    if ctx.draining() {
+        tracing::info!(
+            tenant = %r.key.tenant,
+            session = %r.key.session,
+            epoch = r.epoch.0,
+            reason = %why,
+            "warm release given up during a drain; the session is held for the drain"
+        );
+    } else {
+        if published && let Err(e) = mark(ctx, ResidencyState::Resident).await {
+            tracing::warn!(error = %e, "re-publishing the registration after a taken-back release failed");
+        }
+        r.consumer.resume();
+    }
+    r.abandon_end_claim();
+    Err(why)
+}
+
+/// How a drain came to hold (or not) a session's end.
+enum Claim {
+    /// The drain ends it.
+    Claimed,
+    /// Another path (a warm release, or an abnormal end) ended it while the drain waited.
+    EndedElsewhere,
+    /// Another path still held it at the deadline.
+    StillHeld,
+}
+
+/// Claims the end of `r` for the drain, waiting (up to `deadline`) while another path holds
+/// it: a warm release in flight either gives the session back (then the drain claims it) or
+/// ends it. A drain never skips a session because someone else was busy with it.
+async fn claim_for_drain(r: &Resident, deadline: Instant) -> Claim {
+    let mut state = r.state.subscribe();
+    loop {
+        // Read the state before trying the claim: a give-back between the two still wakes us.
+        let seen = *state.borrow_and_update();
+        if r.begin_end() {
+            return Claim::Claimed;
+        }
+        if seen == ResidentState::Ended {
+            return Claim::EndedElsewhere;
+        }
+        match tokio::time::timeout(remaining(deadline), state.changed()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return Claim::EndedElsewhere,
+            Err(_) => return Claim::StillHeld,
+        }
+    }
 }
 
 async fn drain_session(ctx: SessionCtx, deadline: Instant, report: &std::sync::Mutex<DrainReport>) {
@@ -209,8 +266,26 @@ async fn drain_session(ctx: SessionCtx, deadline: Instant, report: &std::sync::M
             });
         }
     };
-    if !r.begin_end() {
-        return;
+    match claim_for_drain(&r, deadline).await {
+        Claim::Claimed => {}
+        Claim::EndedElsewhere => {
+            if r.warm_released.load(Ordering::SeqCst)
+                && let Ok(mut rep) = report.lock()
+            {
+                rep.released.push(key.clone());
+            }
+            return;
+        }
+        Claim::StillHeld => {
+            fail(
+                "claim_residency",
+                "a warm release still held the session at the end of the grace".into(),
+            );
+            if let Ok(mut rep) = report.lock() {
+                rep.parked.push(key.clone());
+            }
+            return;
+        }
     }
     r.set_state(ResidentState::Releasing);
     let bound = config.idle_boundary.min(remaining(deadline));

@@ -630,6 +630,7 @@ impl Inner {
                 tasks: TaskTracker::new(),
                 gates_open: std::sync::atomic::AtomicUsize::new(0),
                 ending: std::sync::atomic::AtomicBool::new(false),
+                warm_released: std::sync::atomic::AtomicBool::new(false),
                 relay: broadcast::channel(crate::feed::RELAY_BUFFER).0,
             });
             let (reg, projected) = tokio::join!(
