@@ -285,12 +285,14 @@ impl LinkBackend for HostBackend {
             let report = service.drain().await;
             tracing::info!(
                 clean = report.is_clean(),
+                state = report.state.as_str(),
                 "HostLink drain of the fixed session finished"
             );
+            // `drained` is withheld while a lease may still be held (a parked session).
             if let Ok(mut s) = slot.lock()
                 && let Some(d) = s.as_mut()
             {
-                d.done = true;
+                d.done = report.state == DrainState::Drained;
             }
         });
         Ok(observation)

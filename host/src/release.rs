@@ -9,10 +9,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use hostlink::records::DrainState;
 use sessionstore::{ResidencyState, SessionProjection};
 use tokio::time::Instant;
 
-use crate::failpoints::{self, steps};
+use crate::failpoints;
 use crate::residency::{Residency, SessionCtx};
 use crate::resident::{Resident, ResidentState, SessionKey};
 
@@ -24,11 +25,18 @@ pub struct DrainFailure {
     pub reason: String,
 }
 
-/// What a drain did.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// What a drain did: the Host generation it drained, where it ended, and every session and
+/// failed step.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DrainReport {
+    /// The Host generation that drained.
+    pub generation: u64,
+    /// `Drained` once every session was given back with its lease released; a drain that left
+    /// a parked session or a lease it could not release stays `Draining` (withheld).
+    pub state: DrainState,
     pub released: Vec<SessionKey>,
-    /// Sessions stopped crash-equivalently (not idle: parked at a gate or mid-turn).
+    /// Sessions stopped crash-equivalently (not idle: parked at a gate or mid-turn). Each is
+    /// also a failed `release_runtime` step: the graceful release was refused.
     pub abandoned: Vec<SessionKey>,
     /// Sessions whose runtime could be neither released nor abandoned: the process must exit.
     pub parked: Vec<SessionKey>,
@@ -36,10 +44,54 @@ pub struct DrainReport {
 }
 
 impl DrainReport {
+    /// An empty report of a drain of `generation`, not yet settled.
+    pub fn new(generation: u64) -> DrainReport {
+        DrainReport {
+            generation,
+            state: DrainState::Draining,
+            released: Vec::new(),
+            abandoned: Vec::new(),
+            parked: Vec::new(),
+            failures: Vec::new(),
+        }
+    }
+
     /// True when every step succeeded and nothing is parked.
     pub fn is_clean(&self) -> bool {
         self.failures.is_empty() && self.parked.is_empty()
     }
+
+    /// Decides the terminal state: drained unless something may still hold a lease.
+    fn settle(&mut self) {
+        let lease_held = self.failures.iter().any(|f| f.step == steps::RELEASE_LEASE);
+        self.state = if self.parked.is_empty() && !lease_held {
+            DrainState::Drained
+        } else {
+            DrainState::Draining
+        };
+    }
+}
+
+/// The names of drain and stop steps a [`DrainFailure`] carries.
+pub mod steps {
+    pub const PUBLISH_NOT_ACCEPTING: &str = "publish_not_accepting";
+    pub const CLAIM_RESIDENCY: &str = "claim_residency";
+    pub const HALT_CONSUMPTION: &str = "halt_consumption";
+    pub const MARK_RELEASING: &str = "mark_releasing";
+    pub const CHECKPOINT: &str = "checkpoint";
+    /// The graceful runtime release was refused (or never possible: not idle in time).
+    pub const RELEASE_RUNTIME: &str = "release_runtime";
+    pub const ABANDON_RESIDENCY: &str = "abandon_residency";
+    pub const TOMBSTONE: &str = "tombstone";
+    pub const RELEASE_LEASE: &str = "release_lease";
+    /// A session's drain did not finish within the grace and its abandon budget.
+    pub const DRAIN_SESSION: &str = "drain_session";
+    /// Links still open when the stop's bounded tail ran out.
+    pub const CLOSE_LINK: &str = "close_link";
+    /// The store did not close within the stop's bounded tail.
+    pub const CLOSE_STORE: &str = "close_store";
+    /// The stop itself failed (its task ended abnormally).
+    pub const STOP: &str = "stop";
 }
 
 enum Outcome {
@@ -256,8 +308,14 @@ async fn drain_session(ctx: SessionCtx, deadline: Instant, report: &std::sync::M
     let r = ctx.resident().clone();
     let config = ctx.config();
     let key = r.key.clone();
+    let generation = ctx.host_generation();
     let fail = |step: &'static str, reason: String| {
-        tracing::warn!(tenant = %key.tenant, session = %key.session, epoch = r.epoch.0, step, reason = %reason, "drain step failed");
+        // A refused runtime release is the crash-equivalent case: an operator must know.
+        if step == steps::RELEASE_RUNTIME {
+            tracing::error!(tenant = %key.tenant, session = %key.session, epoch = r.epoch.0, host_generation = generation, step, reason = %reason, "drain step failed");
+        } else {
+            tracing::warn!(tenant = %key.tenant, session = %key.session, epoch = r.epoch.0, host_generation = generation, step, reason = %reason, "drain step failed");
+        }
         if let Ok(mut rep) = report.lock() {
             rep.failures.push(DrainFailure {
                 session: Some(key.clone()),
@@ -278,7 +336,7 @@ async fn drain_session(ctx: SessionCtx, deadline: Instant, report: &std::sync::M
         }
         Claim::StillHeld => {
             fail(
-                "claim_residency",
+                steps::CLAIM_RESIDENCY,
                 "a warm release still held the session at the end of the grace".into(),
             );
             if let Ok(mut rep) = report.lock() {
@@ -291,32 +349,39 @@ async fn drain_session(ctx: SessionCtx, deadline: Instant, report: &std::sync::M
     let bound = config.idle_boundary.min(remaining(deadline));
     if !r.consumer.halt(bound).await {
         fail(
-            "halt_consumption",
+            steps::HALT_CONSUMPTION,
             "a command pass did not finish within the bound".into(),
         );
     }
     if let Err(e) = mark(&ctx, ResidencyState::Releasing).await {
-        fail("mark_releasing", e);
+        fail(steps::MARK_RELEASING, e);
     }
     let bound = config.idle_boundary.min(remaining(deadline));
     let idle = department::wait_idle(r.runtime.idle.as_ref(), bound).await;
     if let Err(e) = checkpoint(&ctx, ResidencyState::Releasing).await {
-        fail("checkpoint", e);
+        fail(steps::CHECKPOINT, e);
     }
     let mut outcome = None;
     if idle {
         match tokio::time::timeout(remaining(deadline), r.runtime.release.release()).await {
             Ok(Ok(())) => outcome = Some(Outcome::Released),
-            Ok(Err(e)) => fail("release_runtime", e.to_string()),
-            Err(_) => fail("release_runtime", "timed out".into()),
+            Ok(Err(e)) => fail(steps::RELEASE_RUNTIME, e.to_string()),
+            Err(_) => fail(steps::RELEASE_RUNTIME, "timed out".into()),
         }
+    } else {
+        // A graceful release needs whole-session idle; this session is parked at a gate or
+        // mid-turn, so the runtime would refuse it: a failed step, stopped crash-equivalently.
+        fail(
+            steps::RELEASE_RUNTIME,
+            "not idle within the bound (a gate is open or a turn runs): refused, abandoning".into(),
+        );
     }
     if outcome.is_none() {
         // Not idle (a turn, or parked at a gate): crash-equivalent, writing nothing.
         match &r.runtime.faults {
             None => {
                 fail(
-                    "abandon_residency",
+                    steps::ABANDON_RESIDENCY,
                     "the runtime cannot be abandoned".into(),
                 );
                 outcome = Some(Outcome::Parked);
@@ -329,17 +394,17 @@ async fn drain_session(ctx: SessionCtx, deadline: Instant, report: &std::sync::M
                     }
                     Ok(Ok(())) => {
                         fail(
-                            "abandon_residency",
+                            steps::ABANDON_RESIDENCY,
                             "the runtime is still alive after abandonment".into(),
                         );
                         outcome = Some(Outcome::Parked);
                     }
                     Ok(Err(e)) => {
-                        fail("abandon_residency", e.to_string());
+                        fail(steps::ABANDON_RESIDENCY, e.to_string());
                         outcome = Some(Outcome::Parked);
                     }
                     Err(_) => {
-                        fail("abandon_residency", "timed out".into());
+                        fail(steps::ABANDON_RESIDENCY, "timed out".into());
                         outcome = Some(Outcome::Parked);
                     }
                 }
@@ -410,7 +475,7 @@ pub(crate) async fn drain(host: &Arc<Residency>, once: &DrainOnce) -> DrainRepor
         return once.wait().await;
     }
     let config = host.config();
-    let report = std::sync::Mutex::new(DrainReport::default());
+    let report = std::sync::Mutex::new(DrainReport::new(host.generation()));
     let deadline = Instant::now() + config.drain_grace;
     if host.started() {
         match tokio::time::timeout(
@@ -420,12 +485,14 @@ pub(crate) async fn drain(host: &Arc<Residency>, once: &DrainOnce) -> DrainRepor
         .await
         {
             Ok(Ok(_)) => {}
-            Ok(Err(e)) => whole_host_failure(&report, "publish_not_accepting", e.to_string()),
-            Err(_) => whole_host_failure(&report, "publish_not_accepting", "timed out".into()),
+            Ok(Err(e)) => whole_host_failure(&report, steps::PUBLISH_NOT_ACCEPTING, e.to_string()),
+            Err(_) => whole_host_failure(&report, steps::PUBLISH_NOT_ACCEPTING, "timed out".into()),
         }
     }
-    failpoints::hit(config.host_id.as_str(), steps::MID_DRAIN).await;
-    let drains = host.residents().into_iter().map(|r| {
+    failpoints::hit(config.host_id.as_str(), failpoints::steps::MID_DRAIN).await;
+    let residents = host.residents();
+    let keys: Vec<SessionKey> = residents.iter().map(|r| r.key.clone()).collect();
+    let drains = residents.into_iter().map(|r| {
         let report = &report;
         async move {
             // Wait for an attach in flight on this session.
@@ -433,10 +500,35 @@ pub(crate) async fn drain(host: &Arc<Residency>, once: &DrainOnce) -> DrainRepor
             drain_session(host.session(r), deadline, report).await;
         }
     });
-    futures::future::join_all(drains).await;
-    let report = report.into_inner().unwrap_or_default();
+    // Everything before an abandon stops at the grace; an abandon gets one fresh idle
+    // boundary and the give-back half of one more. What is still running then is reported
+    // parked, so the drain ends by grace + 1.5 × idle boundary (see `stop_tail`).
+    let cut = deadline + config.idle_boundary + config.idle_boundary / 2;
+    let finished = tokio::time::timeout_at(cut, futures::future::join_all(drains))
+        .await
+        .is_ok();
+    let mut report = report.into_inner().unwrap_or_else(|p| p.into_inner());
+    if !finished {
+        for key in keys {
+            let reported = report.released.contains(&key)
+                || report.abandoned.contains(&key)
+                || report.parked.contains(&key);
+            if !reported {
+                tracing::error!(tenant = %key.tenant, session = %key.session, host_generation = report.generation, step = steps::DRAIN_SESSION, "drain step failed: the session's drain did not finish in its budget");
+                report.failures.push(DrainFailure {
+                    session: Some(key.clone()),
+                    step: steps::DRAIN_SESSION,
+                    reason: "did not finish within the grace and its abandon budget".into(),
+                });
+                report.parked.push(key);
+            }
+        }
+    }
+    report.settle();
     once.finish(report.clone());
     tracing::info!(
+        host_generation = report.generation,
+        state = report.state.as_str(),
         released = report.released.len(),
         abandoned = report.abandoned.len(),
         parked = report.parked.len(),
@@ -444,4 +536,11 @@ pub(crate) async fn drain(host: &Arc<Residency>, once: &DrainOnce) -> DrainRepor
         "drain finished"
     );
     report
+}
+
+/// The budget of the stop's tail after the drain (closing links, stopping tasks, closing the
+/// store): half an idle boundary, so the whole stop ends within
+/// `drain_grace + 2 × idle_boundary` (the bound the README gives for termination grace).
+pub fn stop_tail(idle_boundary: Duration) -> Duration {
+    idle_boundary / 2
 }
