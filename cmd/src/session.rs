@@ -669,6 +669,14 @@ pub async fn run(args: SessionArgs, out: Output) -> Result<ExitCode> {
                 }
             };
             let _ = ctx.controller.deliver(&placed, &create.command).await;
+            // stdout is the session id alone (`S=$(hostd session create)`); the admitted
+            // command is named beside it.
+            if !ctx.out.is_json() {
+                ctx.out.note(format_args!(
+                    "created session {session} (command {})",
+                    create.command
+                ));
+            }
             ctx.out.record(&session, || {
                 serde_json::json!({"session_id": session.as_str(), "command_id": create.command.as_str(), "host_id": placed.observation.host_id.as_str(), "lease_epoch": placed.observation.lease_epoch.get()})
             })?;

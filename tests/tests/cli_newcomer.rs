@@ -561,3 +561,137 @@ fn completions_are_printed_for_bash_zsh_and_fish() {
         .expect("bash -n runs");
     assert!(check.success());
 }
+
+/// Runs `hostd <args>` in `dir` under a pseudo-terminal (`script` from util-linux), returning
+/// everything the terminal showed.
+fn on_a_terminal(dir: &Path, args: &[&str]) -> String {
+    let mut line = format!("'{}'", hostd().display());
+    for a in args {
+        line.push_str(&format!(" '{a}'"));
+    }
+    let out = Command::new("script")
+        .args(["-q", "-e", "-c", &line, "/dev/null"])
+        .current_dir(dir)
+        .env_remove("HOST_DATA_DIR")
+        .env_remove("HOST_STORE_URL")
+        .env_remove("NO_COLOR")
+        .stdin(Stdio::null())
+        .output()
+        .expect("script (util-linux) runs");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn long_waits_show_progress_on_a_terminal_and_stay_quiet_otherwise() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let shown = on_a_terminal(dir, &["wait", "--timeout", "2s"]);
+    assert!(
+        shown.contains("waiting for a Host to be ready (1 s of 2 s)"),
+        "{shown:?}"
+    );
+    let quiet = hostd_run(dir, &["wait", "--timeout", "2s"], &[]);
+    assert!(!stderr(&quiet).contains("waiting"), "{}", stderr(&quiet));
+    assert!(!stderr(&quiet).contains('\x1b'), "{:?}", stderr(&quiet));
+
+    // `gates --wait` says what it waits for until the gate opens.
+    let host = serve(dir, "host-progress");
+    let s = ok(session(dir, &["create"]));
+    let opener = {
+        let (dir, s) = (dir.to_owned(), s.clone());
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(1800));
+            ok(session(
+                &dir,
+                &["send", &s, r#"/tool write_note {"text":"later"}"#],
+            ))
+        })
+    };
+    let shown = on_a_terminal(dir, &["session", "gates", &s, "--wait"]);
+    opener.join().expect("the sender");
+    assert!(
+        shown.contains(&format!(
+            "waiting for a gate of session {s} to open (1 s of 30 s)"
+        )),
+        "{shown:?}"
+    );
+    assert!(shown.contains("permission"), "{shown:?}");
+    drop(host);
+}
+
+#[test]
+fn a_usage_error_under_json_is_one_json_object_with_status_2() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let out = hostd_run(tmp.path(), &["--json", "session", "frobnicate"], &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(json_error(&out)["code"], "usage");
+    let out = hostd_run(tmp.path(), &["session", "frobnicate"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("frobnicate"), "{}", stderr(&out));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_while_a_killed_hosts_lease_runs_is_applied_once_by_its_successor_on_postgres() {
+    let Some(db) = FreshDatabase::create("cli_lease").await else {
+        return;
+    };
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().to_owned();
+    let (token, digest) = hostlink::auth::mint_credential();
+    let credentials = dir.join("credentials");
+    std::fs::write(&credentials, format!("acme {digest}\n")).unwrap();
+    let start = |name: &str| {
+        let mut args = vec![
+            "--store",
+            &db.url,
+            "--credentials-file",
+            credentials.to_str().unwrap(),
+            "--host-id",
+            "fleet-one",
+            "--registry-heartbeat",
+            "1s",
+            "--registry-expiry",
+            "4s",
+        ];
+        args.extend(["--data-dir", name]);
+        Serve::start(&dir, name, &args)
+    };
+    let token = token.expose_secret().to_owned();
+    let fleet = |args: &[&str]| {
+        let mut all = vec!["--json", "session", "--store", &db.url, "--tenant", "acme"];
+        all.extend(["--token", token.as_str()]);
+        all.extend_from_slice(args);
+        hostd_run(&dir, &all, &[])
+    };
+    let first = start("first");
+    let created: Value = serde_json::from_str(&ok(fleet(&["create"]))).unwrap();
+    let s = created["session_id"].as_str().unwrap().to_owned();
+    ok(fleet(&["send", &s, "hello"]));
+    first.kill_dead();
+    // The same Host restarted at once: the dead one's residency lease still runs, so the
+    // session cannot be attached yet (`epoch_mismatch`); the send waits for the lease, then
+    // the one command is applied.
+    let second = start("second");
+    let out = fleet(&["send", &s, "transfer 100 EUR", "--command-id", "transfer-1"]);
+    let done: Value = serde_json::from_str(&ok(out)).expect("one JSON document");
+    assert_eq!(done["command_id"], "transfer-1");
+    assert_eq!(done["state"], "applied");
+    // A resend of the same id reports the same outcome and applies nothing more.
+    let again: Value = serde_json::from_str(&ok(fleet(&[
+        "send",
+        &s,
+        "transfer 100 EUR",
+        "--command-id",
+        "transfer-1",
+    ])))
+    .unwrap();
+    assert_eq!(again["state"], "applied");
+    let journal = stdout(&fleet(&["journal", &s]));
+    assert_eq!(
+        journal.matches("\"transfer 100 EUR\"").count(),
+        1,
+        "{journal}"
+    );
+    drop(second);
+    db.drop_now().await;
+}
