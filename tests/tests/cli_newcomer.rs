@@ -439,7 +439,14 @@ fn json_output_is_one_document_per_listing_and_one_line_per_streamed_event() {
     let gates: Value =
         serde_json::from_str(&ok(session(dir, &["--json", "gates", &s]))).expect("one doc");
     assert!(gates.is_array(), "{gates}");
-    let journal = ok(session(dir, &["--json", "journal", &s]));
+    let journal = eventually_blocking("the turn to end", || {
+        let journal = ok(session(dir, &["--json", "journal", &s]));
+        if journal.contains("turn_done") {
+            Ok(journal)
+        } else {
+            Err(journal)
+        }
+    });
     assert!(journal.lines().count() >= 3, "{journal}");
     for line in journal.lines() {
         let event: Value = serde_json::from_str(line).expect("one event per line");
