@@ -326,6 +326,14 @@ async fn a_wrong_token_admits_nothing_and_reads_nothing_on_postgres() {
         all.extend_from_slice(args);
         hostd_run(&dir, &all, &[])
     };
+    // `hostd wait` against the fleet's store: a live Host accepting sessions.
+    let ready = hostd_run(
+        &dir,
+        &["--json", "wait", "--store", &db.url, "--timeout", "30s"],
+        &[],
+    );
+    let ready: Value = serde_json::from_str(&ok(ready)).expect("one JSON document");
+    assert_eq!(ready["host_id"], "fleet-auth", "{ready}");
     let good = token.expose_secret().to_owned();
     let s = {
         let created: Value = serde_json::from_str(&ok(fleet(&good, &["create"]))).unwrap();
