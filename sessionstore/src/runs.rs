@@ -212,7 +212,8 @@ pub struct NewStepEntry {
     /// JSON text.
     pub body: String,
     pub started_at_ms: Option<Millis>,
-    /// The checkpoint whose answer this result consumes (in the same transaction).
+    /// The checkpoint whose answer this entry consumes (in the same transaction): an ask's
+    /// result, or the `began` of an attempt an operator asked to retry.
     pub consumes: Option<String>,
 }
 
@@ -407,10 +408,10 @@ pub(crate) fn check_entry(e: &NewStepEntry) -> StoreResult<()> {
         (_, 0) => return Err(StoreError::invalid("attempt", "counts from 1")),
         _ => {}
     }
-    if e.consumes.is_some() && e.kind != StepEntryKind::Result {
+    if e.consumes.is_some() && e.kind == StepEntryKind::Failure {
         return Err(StoreError::invalid(
             "consumes",
-            "only a result consumes an answer",
+            "only a result or a began entry consumes an answer",
         ));
     }
     if let Some(o) = &e.outcome {
