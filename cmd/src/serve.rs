@@ -13,7 +13,7 @@ use harness::model::OpenAiConfig;
 use host::Composition;
 use host::server::Server;
 use hostlink::auth::CredentialStore;
-use sessionstore::{StoreOptions, Synchronous};
+use sessionstore::{StoreLocation, StoreOptions, Synchronous};
 
 use crate::agents::DefaultDepartment;
 use crate::config::{ServeFlags, SyncMode, load};
@@ -155,7 +155,7 @@ pub async fn run(args: ServeArgs, matches: Option<&ArgMatches>, out: Output) -> 
         host = %host_id,
         generation = service.generation(),
         endpoint = %endpoint,
-        store = %if embedded { store_url.as_str() } else { "postgres" },
+        store = %StoreLocation::parse(&store_url)?,
         "hostd is serving HostLink, /readyz, /healthz and /metrics"
     );
     out.note(format_args!(

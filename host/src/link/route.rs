@@ -103,8 +103,8 @@ pub(crate) async fn accept<B: LinkBackend>(
         Ok(u) => u,
         Err(rejection) => return rejection.into_response(),
     };
-    let max = core.config.options().max_frame_bytes;
-    let mut upgrade = upgrade.max_message_size(max).max_frame_size(max);
+    let ceiling = super::transport::transport_ceiling(core.config.options().max_frame_bytes);
+    let mut upgrade = upgrade.max_message_size(ceiling).max_frame_size(ceiling);
     if subprotocol {
         upgrade = upgrade.protocols([JSON_SUBPROTOCOL]);
     }
