@@ -181,8 +181,10 @@ impl LinkBackend for HostBackend {
         CAPABILITIES.iter().map(|c| (*c).to_owned()).collect()
     }
 
+    /// New links only while the Host admits work: not before it started, and never from the
+    /// instant a drain begins (links already open stay, to observe the drain).
     fn accepting_links(&self) -> bool {
-        self.service.live() && self.service.generation() > 0
+        self.service.live() && self.service.generation() > 0 && !self.service.draining()
     }
 
     fn auth(&self) -> &dyn AuthVerifier {
@@ -220,6 +222,10 @@ impl LinkBackend for HostBackend {
 
     async fn bind(&self, link: &LinkCtx, req: BindRequest) -> Result<SessionFeed, Refusal> {
         self.check_host(&req.host_id, req.host_generation)?;
+        if self.service.draining() {
+            // A draining Host takes no new route to a session it is giving back.
+            return Err(HostLinkError::NotAdmitting.into());
+        }
         let Some((epoch, state)) = self.service.residency(&link.tenant, &req.session_id) else {
             return Err(HostLinkError::RuntimeUnavailable.into());
         };

@@ -439,7 +439,15 @@ impl Inner {
             });
         }
         let key = key(&req.tenant, &req.session);
+        // From the instant a drain begins nothing is admitted, not even a re-attach of a
+        // session still resident: it is about to be given back.
+        if host.draining() {
+            return Err(HostError::NotAdmitting("this Host is draining".into()));
+        }
         let _serial = host.lock_session(&key, None).await;
+        if host.draining() {
+            return Err(HostError::NotAdmitting("this Host is draining".into()));
+        }
         if let Some(r) = host.resident(&key) {
             return match r.state() {
                 ResidentState::Resident => {
@@ -464,9 +472,6 @@ impl Inner {
                 }
                 _ => Err(HostError::Releasing),
             };
-        }
-        if host.draining() {
-            return Err(HostError::NotAdmitting("this Host is draining".into()));
         }
         // 2. Admit against capacity, charged to this attach's generation.
         let weight = target.capabilities().admission_weight.max(1);

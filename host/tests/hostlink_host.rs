@@ -245,6 +245,84 @@ mod cases {
         assert!(!s.service.live(), "healthz is false once stop completed");
     }
 
+    /// From the instant a drain begins the Host admits nothing: a new link is refused 503
+    /// before its upgrade, an attach on an open link answers `not_admitting` (never
+    /// `accepting: true`, not even for a session still resident), and a bind is refused.
+    pub async fn a_draining_host_refuses_new_links_attaches_and_binds(ts: &TestStore) {
+        let s = serve(ts, "link-drain-admits", |o| {
+            o.idle_boundary = Duration::from_secs(3)
+        })
+        .await;
+        let f = factory(ts, &s, "acme");
+        // A session parked at a gate keeps the drain busy for the idle boundary.
+        let session = sid("gated");
+        create(&f, &session, Some("/tool launch_rocket {}".into()), "c").await;
+        let placed = f.place(&session).await.unwrap();
+        eventually("a gate to open", async || {
+            let gates = f.gates(&session).await.unwrap();
+            check(!gates.is_empty(), || "none".into())
+        })
+        .await;
+        let o = &placed.observation;
+        let attach = AttachRequest {
+            version: V1,
+            tenant_id: TenantId::new("acme").unwrap(),
+            session_id: session.clone(),
+            host_id: o.host_id.clone(),
+            host_generation: o.host_generation,
+            agent_id: o.agent_id.clone(),
+            runtime_compatibility_id: o.runtime_compatibility_id.clone(),
+            mode: AttachMode::Restore,
+            actor_id: ActorId::new("probe").unwrap(),
+            trace_id: None,
+            idempotency_key: IdempotencyKey::new(uuid::Uuid::now_v7().to_string()).unwrap(),
+        };
+        let bind = BindRequest {
+            version: V1,
+            tenant_id: TenantId::new("acme").unwrap(),
+            session_id: session.clone(),
+            host_id: o.host_id.clone(),
+            host_generation: o.host_generation,
+            lease_epoch: o.lease_epoch,
+            runtime_compatibility_id: o.runtime_compatibility_id.clone(),
+            idempotency_key: IdempotencyKey::new(uuid::Uuid::now_v7().to_string()).unwrap(),
+        };
+        // Before the drain: a re-attach of the resident session reports it accepting.
+        let before = placed.client.attach(&attach).await.unwrap().unwrap();
+        assert!(before.accepting);
+
+        s.server.shutdown();
+        eventually("the drain to begin", async || {
+            check(s.service.draining(), || "not yet".into())
+        })
+        .await;
+        assert_eq!(get(&s.http("/readyz")).await.0, 503);
+        let refused = HostLinkClient::connect(
+            &s.base,
+            &TenantId::new("acme").unwrap(),
+            &s.token("acme"),
+            "late",
+        )
+        .await;
+        match refused {
+            Err(controller::client::ClientError::Connect(why)) => {
+                assert!(why.contains("503"), "{why}")
+            }
+            Err(other) => panic!("refused otherwise: {other}"),
+            Ok(_) => panic!("a new link was accepted during the drain"),
+        }
+        assert_eq!(
+            placed.client.attach(&attach).await.unwrap(),
+            Err(HostLinkError::NotAdmitting)
+        );
+        assert_eq!(
+            placed.client.bind(&bind).await.unwrap(),
+            Err(HostLinkError::NotAdmitting)
+        );
+        let report = s.server.wait().await;
+        assert_eq!(report.abandoned.len(), 1, "{report:?}");
+    }
+
     pub async fn metrics_pass_promtools_own_check(ts: &TestStore) {
         let s = serve(ts, "link-metrics", |_| {}).await;
         let f = factory(ts, &s, "acme");
@@ -357,6 +435,14 @@ mod cases {
             placed.client.drain_status(&req("acme")).await.unwrap(),
             Err(HostLinkError::RuntimeUnavailable)
         );
+        let other = HostLinkClient::connect(
+            &s.base,
+            &TenantId::new("acme").unwrap(),
+            &s.token("acme"),
+            "other",
+        )
+        .await
+        .unwrap();
         // The holder drains.
         let began = placed.client.drain(&req("acme")).await.unwrap().unwrap();
         assert_eq!(began.state, DrainState::Draining);
@@ -372,15 +458,8 @@ mod cases {
         })
         .await;
         assert!(s.service.residents().is_empty());
-        // Another link of the same tenant, which no longer holds the session, is refused.
-        let other = HostLinkClient::connect(
-            &s.base,
-            &TenantId::new("acme").unwrap(),
-            &s.token("acme"),
-            "other",
-        )
-        .await
-        .unwrap();
+        // Another link of the same tenant (opened before the drain: a draining Host takes no
+        // new link), which no longer holds the session, is refused.
         assert_eq!(
             other.drain_status(&req("acme")).await.unwrap(),
             Err(HostLinkError::RuntimeUnavailable)
@@ -405,6 +484,7 @@ sessionstore::both_backends!(cases =>
     a_controller_creates_places_binds_delivers_and_streams_the_reply,
     a_foreign_tenant_cannot_tell_whether_a_session_exists,
     readyz_turns_503_when_a_drain_starts_and_healthz_stays_200_until_stop,
+    a_draining_host_refuses_new_links_attaches_and_binds,
     metrics_pass_promtools_own_check,
     a_pooled_host_answers_no_hostlink_drain,
     a_dedicated_hosts_fixed_session_drains_only_for_its_tenant,
