@@ -214,6 +214,9 @@ pub struct ServeFlags {
     /// How long a drain waits to publish that the Host no longer accepts sessions.
     #[arg(id = "host.publish_bound", long = "drain-publish-bound", env = "HOST_DRAIN_PUBLISH_BOUND", value_parser = duration)]
     publish_bound: Option<Duration>,
+    /// How long the store may go unanswered before /readyz reports `store_unreachable`.
+    #[arg(id = "host.store_unreachable_bound", long = "store-unreachable-bound", env = "HOST_STORE_UNREACHABLE_BOUND", value_parser = duration)]
+    store_unreachable_bound: Option<Duration>,
 
     /// HostLink application ping interval.
     #[arg(id = "link.ping_interval", long = "link-ping", env = "HOST_LINK_PING", value_parser = duration)]
@@ -388,6 +391,7 @@ impl ServeFlags {
             drain_grace => host.drain_grace;
             idle_boundary => host.idle_boundary;
             publish_bound => host.publish_bound;
+            store_unreachable_bound => host.store_unreachable_bound;
             link_ping => link.ping_interval;
             link_pong => link.pong_timeout;
             max_frame_bytes => link.max_frame_bytes;

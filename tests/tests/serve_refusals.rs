@@ -133,3 +133,72 @@ fn with_json_logs_every_line_on_stderr_is_one_json_object() {
     }
     assert!(err.contains("unsupported_store"), "{err}");
 }
+
+#[test]
+fn a_second_serve_on_the_same_data_folder_is_refused_while_the_first_serves() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let first = Serve::start(dir, "first", &["--data-dir", ".hostd"]);
+    let out = serve_once(dir, &[]);
+    let err = stderr(&out);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("data_dir_locked"), "{err}");
+    assert!(
+        err.contains(&format!("pid {}", first.pid())),
+        "names the holder: {err}"
+    );
+    // The first is untouched, and once it is gone the folder is free again.
+    assert_eq!(
+        testkit::process::http_get(first.port, "/readyz").map(|r| r.0),
+        Some(200)
+    );
+    let (status, log) = first.terminate();
+    assert!(status.success(), "{log}");
+    let again = Serve::start(dir, "again", &["--data-dir", ".hostd"]);
+    let (status, log) = again.terminate();
+    assert!(status.success(), "{log}");
+}
+
+/// On a shared PostgreSQL a second Host given the same host id (another data folder) takes a
+/// newer generation; the first says it is fenced and exits non-zero instead of serving fenced.
+#[test]
+fn a_host_fenced_by_a_newer_generation_of_its_id_exits_non_zero() {
+    let rt = tokio::runtime::Runtime::new().expect("a runtime");
+    let Some(db) = rt.block_on(testkit::pg::FreshDatabase::create("fence")) else {
+        eprintln!("skipped: no HOST_TEST_DATABASE_URL");
+        return;
+    };
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    std::fs::write(dir.join("creds"), format!("acme {}\n", "ab".repeat(32))).unwrap();
+    let args = |data: &'static str| {
+        vec![
+            "--data-dir",
+            data,
+            "--store",
+            db.url.as_str(),
+            "--credentials-file",
+            "creds",
+            "--host-id",
+            "shared-id",
+            "--store-unreachable-bound",
+            "400ms",
+            "--drain-grace",
+            "3s",
+        ]
+    };
+    let first = Serve::start(dir, "first", &args("one"));
+    let second = Serve::start(dir, "second", &args("two"));
+    let (status, log) = first.exited();
+    assert_eq!(status.code(), Some(3), "{log}");
+    assert!(log.contains("fenced"), "{log}");
+    assert!(log.contains("generation"), "{log}");
+    assert_eq!(
+        testkit::process::http_get(second.port, "/readyz").map(|r| r.0),
+        Some(200),
+        "the newer generation serves on"
+    );
+    let (status, log) = second.terminate();
+    assert!(status.success(), "{log}");
+    rt.block_on(db.drop_now());
+}
