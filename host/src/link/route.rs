@@ -80,7 +80,10 @@ pub(crate) async fn accept<B: LinkBackend>(
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
     let core = &state.core;
-    if core.registry.closing().is_some() || !state.backend.accepting_links() {
+    if core.refusing.load(std::sync::atomic::Ordering::SeqCst)
+        || core.registry.closing().is_some()
+        || !state.backend.accepting_links()
+    {
         return refuse(
             StatusCode::SERVICE_UNAVAILABLE,
             "HostLink is not accepting links",
