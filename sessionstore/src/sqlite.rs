@@ -28,6 +28,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
         3,
         include_str!("../migrations/sqlite/0003_runnable_packages.sql"),
     ),
+    (
+        6,
+        include_str!("../migrations/sqlite/0006_public_offsets.sql"),
+    ),
 ];
 
 /// A connection usable by the generic SQL layer.
