@@ -13,9 +13,10 @@ use sessionstore::{CommandId, CompatibilityId, Placement, SessionId, TenantId};
 use tokio::sync::broadcast;
 
 use crate::error::HostError;
-use crate::link::backend::{LinkBackend, LinkCtx, LinkId, Refusal, SessionFeed};
+use crate::link::backend::{LinkBackend, LinkCtx, LinkId, Refusal, SessionFeed, StreamPage};
 use crate::resident::ResidentState;
 use crate::service::{AttachRequest as HostAttach, Observation, Service};
+use crate::stream::{DEFAULT_READER_SESSIONS, StreamReadError, StreamReader};
 use hostlink::auth::AuthVerifier;
 use hostlink::records::{
     AttachMode, AttachRequest, BindRequest, DrainObservation, DrainRequest, DrainState,
@@ -42,6 +43,7 @@ struct LinkDrain {
 pub struct HostBackend {
     service: Service,
     auth: Box<dyn AuthVerifier>,
+    streams: StreamReader,
     drain: std::sync::Arc<Mutex<Option<LinkDrain>>>,
     drains: AtomicU64,
 }
@@ -50,6 +52,7 @@ impl HostBackend {
     /// The backend of `service`, verifying tenants with `auth`.
     pub fn new(service: Service, auth: Box<dyn AuthVerifier>) -> HostBackend {
         HostBackend {
+            streams: StreamReader::new(service.store().clone(), DEFAULT_READER_SESSIONS),
             service,
             auth,
             drain: std::sync::Arc::default(),
@@ -329,5 +332,19 @@ impl LinkBackend for HostBackend {
 
     fn route_invalidations(&self) -> broadcast::Receiver<(TenantId, SessionId)> {
         self.service.route_invalidations()
+    }
+
+    async fn stream_read(
+        &self,
+        link: &LinkCtx,
+        session: &SessionId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Option<StreamPage>, Refusal> {
+        match self.streams.read(&link.tenant, session, after, limit).await {
+            Ok(page) => Ok(Some(page)),
+            Err(StreamReadError::Unknown) => Err(HostLinkError::RuntimeUnavailable.into()),
+            Err(e) => Err(Refusal::Internal(e.to_string())),
+        }
     }
 }
