@@ -511,9 +511,34 @@ mod cases {
             .await;
         assert_eq!(
             foreign["error"],
-            json!({"code": 1006, "message": "runtime_unavailable"}),
+            json!({"code": 1006, "message": "runtime_unavailable", "temporary": true}),
             "{foreign}"
         );
+        // When the session leaves this Host, the subscription that carried its bind is asked to
+        // resubscribe (the SDK does, with fresh bind parameters, from its last offset); one made
+        // after a separate bind is ended as before.
+        let (mut plain, _) = subscribed(&s, &placed, None).await;
+        let _ = s.service.drain().await;
+        let unsubscribe = |v: Value| v["push"]["unsubscribe"].clone();
+        let mut seen = Vec::new();
+        while seen.is_empty() {
+            let v = c.line().await;
+            if v["push"].get("unsubscribe").is_some() {
+                seen.push(unsubscribe(v));
+            }
+        }
+        assert_eq!(seen[0]["code"], 2500, "{seen:?}");
+        let mut seen = Vec::new();
+        while seen.is_empty() {
+            let v = match plain.pushes.pop_front() {
+                Some(v) => v,
+                None => plain.line().await,
+            };
+            if v["push"].get("unsubscribe").is_some() {
+                seen.push(unsubscribe(v));
+            }
+        }
+        assert_eq!(seen[0]["code"], 2000, "{seen:?}");
         s.server.shutdown();
         s.server.wait().await;
     }

@@ -52,6 +52,11 @@ pub const RESERVED_METHODS: [&str; 5] = [
 /// unsubscribe": the SDKs do not resubscribe by themselves).
 pub const UNSUBSCRIBE_BINDING_DROPPED: u32 = 2000;
 
+/// The Centrifuge unsubscribe code a dropped binding is announced with when its subscription
+/// carried its bind (Centrifuge's "insufficient state": the SDKs resubscribe by themselves,
+/// recovering from their last offset, with the bind their `getData` gives then).
+pub const RESUBSCRIBE_BINDING_DROPPED: u32 = 2500;
+
 /// A binding held on this link.
 struct LinkBinding {
     /// The receiver taken at bind. The first subscription takes what it holds (records
@@ -60,6 +65,9 @@ struct LinkBinding {
     feed: broadcast::Receiver<FeedItem>,
     subscribed_before: bool,
     subscription: Option<CancellationToken>,
+    /// The live subscription was made by a subscribe carrying its bind: the client can bind
+    /// again by resubscribing, so a dropped binding asks it to.
+    carries_bind: bool,
 }
 
 /// Why a command ends the link.
@@ -108,15 +116,13 @@ fn stream_publication(p: &StreamPublication) -> String {
 }
 
 /// A refused bind on a subscribe: the HostLink code as a Centrifuge error, as a delivery
-/// carries it. A refusal that a retry with fresh bind parameters may overcome on this same
-/// link (`releasing`, `epoch_mismatch`) is marked temporary, so an SDK resubscribes by itself
-/// (calling its `getData` again); any other ends the subscription.
+/// carries it. Every placement refusal is marked temporary — the session may be moving
+/// (a drain, a failover) and the SDK resubscribes by itself with backoff, calling its
+/// `getData` again for fresh bind parameters and reconnecting when the link closes — except
+/// `runtime_mismatch`, which no retry against this Host's build can overcome.
 fn subscribe_refusal(e: &HostLinkError) -> ReplyError {
     let mut error = ReplyError::hostlink(e.code());
-    error.temporary = matches!(
-        e,
-        HostLinkError::Releasing | HostLinkError::EpochMismatch { .. }
-    );
+    error.temporary = !matches!(e, HostLinkError::RuntimeMismatch { .. });
     error
 }
 
@@ -441,24 +447,28 @@ impl<B: LinkBackend> Link<B> {
     async fn apply_invalidations(&mut self) -> Flow {
         for session in self.core.registry.take_invalidated(self.ctx.link) {
             tracing::debug!(session = %session, "binding dropped");
-            self.forget_binding(&session).await?;
+            self.forget_binding(&session, false).await?;
         }
         Ok(())
     }
 
     /// Removes a binding locally; a live subscription is ended with an unsubscribe push.
-    async fn forget_binding(&mut self, session: &SessionId) -> Flow {
+    /// Removes a binding locally; a live subscription is ended with an unsubscribe push, one
+    /// that asks the client to resubscribe when it carried its bind and the client did not
+    /// ask for the unbind itself.
+    async fn forget_binding(&mut self, session: &SessionId, asked: bool) -> Flow {
         if let Some(binding) = self.bindings.remove(session)
             && let Some(subscription) = binding.subscription
         {
             subscription.cancel();
             let channel = session_channel(&self.ctx.tenant, session);
-            self.send(encode_unsubscribe_push(
-                &channel,
-                UNSUBSCRIBE_BINDING_DROPPED,
-                "binding dropped",
-            ))
-            .await?;
+            let (code, reason) = if binding.carries_bind && !asked {
+                (RESUBSCRIBE_BINDING_DROPPED, "binding dropped: resubscribe")
+            } else {
+                (UNSUBSCRIBE_BINDING_DROPPED, "binding dropped")
+            };
+            self.send(encode_unsubscribe_push(&channel, code, reason))
+                .await?;
         }
         Ok(())
     }
@@ -536,7 +546,7 @@ impl<B: LinkBackend> Link<B> {
                         self.core
                             .registry
                             .drop_binding(self.ctx.link, &self.ctx.tenant, &session);
-                        self.forget_binding(&session).await?;
+                        self.forget_binding(&session, true).await?;
                         self.reply_rpc(id, Ok("{}".to_owned())).await
                     }
                     Err(r) => self.reply_rpc(id, Err(r)).await,
@@ -629,6 +639,7 @@ impl<B: LinkBackend> Link<B> {
                             feed: feed.into_receiver(),
                             subscribed_before: false,
                             subscription: None,
+                            carries_bind: false,
                         },
                     );
                 }
@@ -737,6 +748,7 @@ impl<B: LinkBackend> Link<B> {
         };
         let stop = self.closer.child_token();
         binding.subscription = Some(stop.clone());
+        binding.carries_bind = options.bind.is_some();
         self.send(reply).await?;
         let options_ = self.core.config.options();
         let pump = Pump {
