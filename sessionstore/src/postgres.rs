@@ -44,6 +44,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
         3,
         include_str!("../migrations/postgres/0003_runnable_packages.sql"),
     ),
+    (4, include_str!("../migrations/postgres/0004_runs.sql")),
     (
         6,
         include_str!("../migrations/postgres/0006_public_offsets.sql"),
@@ -64,6 +65,11 @@ const TABLES: &[&str] = &[
     "journal_leases",
     "journal_records",
     "runnable_packages",
+    "run_programs",
+    "run_status",
+    "run_journal",
+    "run_checkpoints",
+    "run_answers",
 ];
 const MAX_TX_ATTEMPTS: usize = 8;
 /// How the store's connections plan. Every statement the store runs reads or writes rows by
@@ -166,6 +172,11 @@ impl WriteKey {
             name.as_bytes(),
             version.as_bytes(),
         ]))
+    }
+
+    /// The records of one workflow run.
+    pub(crate) fn run(run_id: &str) -> WriteKey {
+        WriteKey(fnv1a(&[b"run", run_id.as_bytes()]))
     }
 
     /// One Host's advertisement.
