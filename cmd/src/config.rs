@@ -282,6 +282,21 @@ pub struct ServeFlags {
     /// Live previews: how long deltas are merged before they are sent.
     #[arg(id = "link.preview_flush_interval", long = "preview-flush-interval", env = "HOST_PREVIEW_FLUSH_INTERVAL", value_parser = duration)]
     preview_flush_interval: Option<Duration>,
+    /// Recovery: the most public records a resubscribing client may be behind and still be
+    /// replayed from the durable journal (further behind it is told `recovered: false`).
+    #[arg(
+        id = "link.recovery_window",
+        long = "recovery-window",
+        env = "HOST_RECOVERY_WINDOW"
+    )]
+    recovery_window: Option<usize>,
+    /// History: the most publications one `history` reply carries.
+    #[arg(
+        id = "link.history_limit",
+        long = "history-limit",
+        env = "HOST_HISTORY_LIMIT"
+    )]
+    history_limit: Option<usize>,
 
     /// How long a permission gate waits before denying.
     #[arg(id = "agents.permission_timeout", long = "permission-timeout", env = "HOST_PERMISSION_TIMEOUT", value_parser = duration)]
@@ -404,6 +419,8 @@ impl ServeFlags {
             preview_rate_bytes_per_sec => link.preview_rate_bytes_per_sec;
             preview_burst_bytes => link.preview_burst_bytes;
             preview_flush_interval => link.preview_flush_interval;
+            recovery_window => link.recovery_window;
+            history_limit => link.history_limit;
             permission_timeout => agents.permission_timeout;
             openai_model => agents.openai_model;
             runnable_tools => agents.runnable_tools;

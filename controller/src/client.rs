@@ -434,6 +434,7 @@ impl HostLinkClient {
             &SubscribeOptions {
                 version: V1,
                 ephemeral: previews,
+                bind: None,
             }
             .encode(),
         )

@@ -30,13 +30,15 @@ use axum::response::Response;
 use axum::routing::get;
 use axum::serve::ListenerExt as _;
 use futures::{SinkExt, StreamExt};
-use host::link::backend::{FeedItem, LinkBackend, LinkCtx, Refusal, SessionFeed};
+use host::link::backend::{
+    FeedItem, LinkBackend, LinkCtx, Refusal, SessionFeed, StreamPublication,
+};
 use host::link::{ENDURING_RECORD, RECORD_TAG};
 use host::link::{LinkOptions, hostlink_router};
 use hostlink::auth::{AuthVerifier, CredentialStore, credential_digest_hex};
 use hostlink::channel::session_channel;
 use hostlink::codes::Disconnect;
-use hostlink::frame::{PING, encode_publication_push};
+use hostlink::frame::{PING, encode_publication, encode_push};
 use hostlink::records::{
     AttachRequest, BindRequest, DrainObservation, DrainRequest, EnduringPublication, HostLinkError,
     RegistryObservation, UnbindRequest,
@@ -91,28 +93,38 @@ fn assistant_message(seq: u64) -> String {
 
 /// The publications of one round, built before the clock starts (as the Host builds each
 /// once, whatever the number of links).
-fn publications(m: u64) -> Vec<Arc<EnduringPublication>> {
+fn publications(m: u64) -> Vec<Arc<StreamPublication>> {
     (1..=m)
         .map(|seq| {
             let body = RawValue::from_string(assistant_message(seq)).unwrap();
-            Arc::new(
-                EnduringPublication::new(
-                    tenant(),
-                    session(),
-                    EventId::new(format!("event-{seq}")).unwrap(),
-                    NonZeroU64::new(seq).unwrap(),
-                    seq,
-                    body,
-                )
-                .unwrap(),
+            let record = EnduringPublication::new(
+                tenant(),
+                session(),
+                EventId::new(format!("event-{seq}")).unwrap(),
+                NonZeroU64::new(seq).unwrap(),
+                seq,
+                body,
             )
+            .unwrap();
+            // Offsets on: each push carries its stream offset.
+            Arc::new(StreamPublication {
+                offset: seq,
+                record,
+            })
         })
         .collect()
 }
 
 /// The text HostLink puts on the wire for `p` (the pump's own encoder and tags).
-fn wire_text(channel: &str, p: &EnduringPublication) -> String {
-    encode_publication_push(channel, &p.encode(), &[(RECORD_TAG, ENDURING_RECORD)])
+fn wire_text(channel: &str, p: &StreamPublication) -> String {
+    encode_push(
+        channel,
+        &encode_publication(
+            &p.record.encode(),
+            Some(p.offset),
+            &[(RECORD_TAG, ENDURING_RECORD)],
+        ),
+    )
 }
 
 /// One resident session whose feed every bind subscribes to. Attach is not needed: the link
@@ -402,7 +414,7 @@ async fn measure(subscribers: Vec<Ws>, m: u64, channel: &str, publish: impl FnOn
     }
 }
 
-async fn hostlink_round(n: usize, pubs: &[Arc<EnduringPublication>], channel: &str) -> Round {
+async fn hostlink_round(n: usize, pubs: &[Arc<StreamPublication>], channel: &str) -> Round {
     let (feed, _) = broadcast::channel(pubs.len());
     let backend = Arc::new(FanoutBackend::new(feed.clone()));
     let options = LinkOptions {

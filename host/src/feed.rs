@@ -1,8 +1,14 @@
 //! The live tail of a resident session. One relay task per session merges the runtime's
-//! committed events — each projected once (the same projection as durable journal pages) —
-//! and its previews into one ordered feed, fanned out to every bound link. A relay that falls
-//! behind, or meets a body it cannot project, drops every route of the session so viewers
-//! repair from the durable journal instead of seeing a gap.
+//! committed events — each projected once (the same projection as durable journal pages) and
+//! placed at its public stream offset — and its previews into one ordered feed, fanned out to
+//! every bound link. A relay that falls behind, or meets a body it cannot project, drops every
+//! route of the session so viewers repair from the durable journal instead of seeing a gap.
+//!
+//! Offsets come from the journal, never from this Host's memory alone: the first record the
+//! relay places (and the first after any lag) takes its offset from the store (how many public
+//! events the journal holds through it); each later one is the next, because the committed
+//! feed carries every public event in journal order or reports the lag. So a client that moves
+//! to another Host resumes at the same offsets.
 
 use std::num::NonZeroU64;
 use std::sync::Arc;
@@ -10,7 +16,7 @@ use std::sync::Arc;
 use serde_json::value::RawValue;
 use tokio::sync::broadcast;
 
-use crate::link::FeedItem;
+use crate::link::{FeedItem, StreamPublication};
 use crate::residency::SessionCtx;
 use hostlink::public_journal::PublicJournal;
 use hostlink::records::{EnduringPublication, EphemeralPublication, PreviewStream};
@@ -30,6 +36,8 @@ pub(crate) async fn relay(ctx: SessionCtx) {
         r.binding.clone(),
     );
     let invalidate = || ctx.invalidate_routes();
+    // The offset of the last committed public event, once learned from the journal.
+    let mut last_offset: Option<u64> = None;
     loop {
         tokio::select! {
             biased;
@@ -39,14 +47,34 @@ pub(crate) async fn relay(ctx: SessionCtx) {
                     Ok(e) => e,
                     Err(broadcast::error::RecvError::Lagged(n)) => {
                         tracing::warn!(missed = n, "the live tail fell behind; dropping the session's routes");
+                        last_offset = None;
                         invalidate();
                         continue;
                     }
                     Err(broadcast::error::RecvError::Closed) => return,
                 };
                 if r.relay.receiver_count() == 0 {
+                    last_offset = last_offset.map(|o| o + 1);
                     continue;
                 }
+                let offset = match last_offset {
+                    Some(o) => o + 1,
+                    None => match journal.offset_at(event.seq).await {
+                        Ok(o) if o > 0 => o,
+                        Ok(_) => {
+                            tracing::error!(seq = event.seq, "a committed event is not in the journal; dropping the session's routes");
+                            invalidate();
+                            continue;
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "reading the stream offset failed; dropping the session's routes");
+                            invalidate();
+                            continue;
+                        }
+                    },
+                };
+                // Placed: whatever happens to this record's relay, the next one is the next offset.
+                last_offset = Some(offset);
                 if let Err(e) = journal.learn_to(event.seq).await {
                     tracing::warn!(error = %e, "reading command identities failed; dropping the session's routes");
                     invalidate();
@@ -70,8 +98,11 @@ pub(crate) async fn relay(ctx: SessionCtx) {
                         .map_err(|e| e.to_string())
                     });
                 match publication {
-                    Ok(p) => {
-                        let _ = r.relay.send(FeedItem::Enduring(Arc::new(p)));
+                    Ok(record) => {
+                        let _ = r.relay.send(FeedItem::Enduring(Arc::new(StreamPublication {
+                            offset,
+                            record,
+                        })));
                     }
                     Err(e) => {
                         tracing::error!(error = %e, seq = event.seq, "a committed body could not be relayed; dropping the session's routes");

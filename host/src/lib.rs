@@ -20,6 +20,7 @@ mod residency;
 mod resident;
 pub mod server;
 mod service;
+pub mod stream;
 mod upkeep;
 
 pub use error::HostError;

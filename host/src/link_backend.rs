@@ -13,9 +13,10 @@ use sessionstore::{CommandId, CompatibilityId, Placement, SessionId, TenantId};
 use tokio::sync::broadcast;
 
 use crate::error::HostError;
-use crate::link::backend::{LinkBackend, LinkCtx, Refusal, SessionFeed};
+use crate::link::backend::{LinkBackend, LinkCtx, Refusal, SessionFeed, StreamPage};
 use crate::resident::ResidentState;
 use crate::service::{AttachRequest as HostAttach, Observation, Service};
+use crate::stream::{DEFAULT_READER_SESSIONS, StreamReadError, StreamReader};
 use hostlink::auth::AuthVerifier;
 use hostlink::records::{
     AttachMode, AttachRequest, BindRequest, DrainObservation, DrainRequest, DrainState,
@@ -41,6 +42,7 @@ struct LinkDrain {
 pub struct HostBackend {
     service: Service,
     auth: Box<dyn AuthVerifier>,
+    streams: StreamReader,
     drain: std::sync::Arc<Mutex<Option<LinkDrain>>>,
     drains: AtomicU64,
 }
@@ -49,6 +51,7 @@ impl HostBackend {
     /// The backend of `service`, verifying tenants with `auth`.
     pub fn new(service: Service, auth: Box<dyn AuthVerifier>) -> HostBackend {
         HostBackend {
+            streams: StreamReader::new(service.store().clone(), DEFAULT_READER_SESSIONS),
             service,
             auth,
             drain: std::sync::Arc::default(),
@@ -344,5 +347,19 @@ impl LinkBackend for HostBackend {
 
     fn route_invalidations(&self) -> broadcast::Receiver<(TenantId, SessionId)> {
         self.service.route_invalidations()
+    }
+
+    async fn stream_read(
+        &self,
+        link: &LinkCtx,
+        session: &SessionId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Option<StreamPage>, Refusal> {
+        match self.streams.read(&link.tenant, session, after, limit).await {
+            Ok(page) => Ok(Some(page)),
+            Err(StreamReadError::Unknown) => Err(HostLinkError::RuntimeUnavailable.into()),
+            Err(e) => Err(Refusal::Internal(e.to_string())),
+        }
     }
 }

@@ -566,10 +566,10 @@ async fn enduring_publications_are_pushed_with_their_body_byte_for_byte() {
     assert_eq!(
         raw[0],
         format!(
-            r#"{{"push":{{"channel":"{ch}","pub":{{"data":{{"tenant_id":"acme","session_id":"s1","event_id":"event-1","journal_seq":1,"covered_through":1,"body":{{"z":1, "a" : [true]}}}},"tags":{{"record":"enduring_publication"}}}}}}}}"#
+            r#"{{"push":{{"channel":"{ch}","pub":{{"data":{{"tenant_id":"acme","session_id":"s1","event_id":"event-1","journal_seq":1,"covered_through":1,"body":{{"z":1, "a" : [true]}}}},"offset":1,"tags":{{"record":"enduring_publication"}}}}}}}}"#
         )
     );
-    assert!(raw[1].contains(r#""body":{"b":"é"}"#));
+    assert!(raw[1].contains(r#""body":{"b":"é"}},"offset":2,"#));
 }
 
 #[tokio::test]

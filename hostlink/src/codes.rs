@@ -151,6 +151,13 @@ impl ReplyError {
         message: "not available",
         temporary: false,
     };
+    /// A history `since` position the stream cannot continue from (another epoch, or an
+    /// offset it never reached): reload from the stream's current position.
+    pub const UNRECOVERABLE_POSITION: ReplyError = ReplyError {
+        code: 112,
+        message: "unrecoverable position",
+        temporary: false,
+    };
     /// Rate limited.
     pub const TOO_MANY_REQUESTS: ReplyError = ReplyError {
         code: 111,

@@ -79,7 +79,7 @@ pub enum Request {
     SubRefresh { channel: String },
     Presence { channel: String },
     PresenceStats { channel: String },
-    History { channel: String },
+    History(HistoryRequest),
     Send,
 }
 
@@ -96,7 +96,7 @@ impl Request {
             Request::SubRefresh { .. } => "sub_refresh",
             Request::Presence { .. } => "presence",
             Request::PresenceStats { .. } => "presence_stats",
-            Request::History { .. } => "history",
+            Request::History(_) => "history",
             Request::Send => "send",
         }
     }
@@ -128,11 +128,103 @@ pub struct RpcRequest {
     pub data: Option<Box<RawValue>>,
 }
 
+/// A position in a channel's stream (Centrifuge's `StreamPosition`): the offset of the last
+/// publication seen and the epoch of the stream it belongs to.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct StreamPosition {
+    pub offset: u64,
+    pub epoch: String,
+}
+
 /// A subscribe request.
 #[derive(Debug)]
 pub struct SubscribeRequest {
     pub channel: String,
     pub data: Option<Box<RawValue>>,
+    /// `recover: true` with the client's last position (an absent `offset` is 0 and an absent
+    /// `epoch` is empty, as Centrifuge's JSON leaves zero values out); `None` without
+    /// `recover`, whatever `offset` and `epoch` say.
+    pub recover: Option<StreamPosition>,
+}
+
+impl SubscribeRequest {
+    /// Decodes a subscribe command's request object (the value of its `subscribe` member),
+    /// exactly as [`decode_frame`] does for a subscribe line.
+    pub fn decode(bytes: &[u8]) -> Result<SubscribeRequest, RequestError> {
+        let raw = request_object(bytes)?;
+        subscribe_request(&raw).map_err(RequestError)
+    }
+}
+
+/// A history request: at most `limit` publications of `channel` (Centrifuge: 0 asks for the
+/// stream position only, a negative limit for as many as the server gives), after `since`
+/// when given, newest first when `reverse`.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct HistoryRequest {
+    pub channel: String,
+    pub limit: i64,
+    pub since: Option<StreamPosition>,
+    pub reverse: bool,
+}
+
+impl HistoryRequest {
+    /// Decodes a history command's request object (the value of its `history` member),
+    /// exactly as [`decode_frame`] does for a history line.
+    pub fn decode(bytes: &[u8]) -> Result<HistoryRequest, RequestError> {
+        let raw = request_object(bytes)?;
+        history_request(&raw).map_err(RequestError)
+    }
+}
+
+/// Why a request object does not decode (the frame carrying it is a bad request).
+#[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct RequestError(pub String);
+
+fn request_object(bytes: &[u8]) -> Result<Box<RawValue>, RequestError> {
+    let text = std::str::from_utf8(bytes).map_err(|_| RequestError("not UTF-8".into()))?;
+    let raw: Box<RawValue> =
+        serde_json::from_str(text).map_err(|e| RequestError(format!("not JSON: {e}")))?;
+    if !raw.get().starts_with('{') {
+        return Err(RequestError("the request must be an object".into()));
+    }
+    Ok(raw)
+}
+
+fn subscribe_request(raw: &RawValue) -> Result<SubscribeRequest, String> {
+    let mut c = Checked::new(raw, SUBSCRIBE_MEMBERS)?;
+    let recover = match c.boolean("recover")? {
+        Some(true) => Some(StreamPosition {
+            offset: c.unsigned("offset")?.unwrap_or(0),
+            epoch: c.string("epoch")?.unwrap_or_default(),
+        }),
+        _ => None,
+    };
+    Ok(SubscribeRequest {
+        channel: c.required_string("channel")?,
+        data: c.take("data"),
+        recover,
+    })
+}
+
+fn history_request(raw: &RawValue) -> Result<HistoryRequest, String> {
+    let c = Checked::new(raw, HISTORY_MEMBERS)?;
+    let since = match c.obj.get("since") {
+        None => None,
+        Some(raw) => {
+            let p = Checked::new(raw, POSITION_MEMBERS)?;
+            Some(StreamPosition {
+                offset: p.unsigned("offset")?.unwrap_or(0),
+                epoch: p.string("epoch")?.unwrap_or_default(),
+            })
+        }
+    };
+    Ok(HistoryRequest {
+        channel: c.required_string("channel")?,
+        limit: c.integer("limit")?.unwrap_or(0),
+        since,
+        reverse: c.boolean("reverse")?.unwrap_or(false),
+    })
 }
 
 /// A publish request.
@@ -223,6 +315,7 @@ const HISTORY_MEMBERS: &[(&str, Kind)] = &[
     ("since", Kind::Object),
     ("reverse", Kind::Bool),
 ];
+const POSITION_MEMBERS: &[(&str, Kind)] = &[("offset", Kind::Unsigned), ("epoch", Kind::Str)];
 const SEND_MEMBERS: &[(&str, Kind)] = &[("data", Kind::Json)];
 const NO_MEMBERS: &[(&str, Kind)] = &[];
 
@@ -251,6 +344,33 @@ impl Checked {
             Some(raw) => serde_json::from_str::<String>(raw.get())
                 .map(Some)
                 .map_err(|_| format!("{key} must be a string")),
+        }
+    }
+
+    fn boolean(&self, key: &str) -> Result<Option<bool>, String> {
+        match self.obj.get(key) {
+            None => Ok(None),
+            Some(raw) => serde_json::from_str::<bool>(raw.get())
+                .map(Some)
+                .map_err(|_| format!("{key} must be a boolean")),
+        }
+    }
+
+    fn unsigned(&self, key: &str) -> Result<Option<u64>, String> {
+        match self.obj.get(key) {
+            None => Ok(None),
+            Some(raw) => serde_json::from_str::<u64>(raw.get())
+                .map(Some)
+                .map_err(|_| format!("{key} must be an unsigned integer")),
+        }
+    }
+
+    fn integer(&self, key: &str) -> Result<Option<i64>, String> {
+        match self.obj.get(key) {
+            None => Ok(None),
+            Some(raw) => serde_json::from_str::<i64>(raw.get())
+                .map(Some)
+                .map_err(|_| format!("{key} must be an integer")),
         }
     }
 
@@ -330,13 +450,7 @@ fn decode_line(line: &[u8]) -> Result<Inbound, String> {
                 data: c.take("data"),
             })
         }
-        "subscribe" => {
-            let mut c = Checked::new(&raw, SUBSCRIBE_MEMBERS)?;
-            Request::Subscribe(SubscribeRequest {
-                channel: c.required_string("channel")?,
-                data: c.take("data"),
-            })
-        }
+        "subscribe" => Request::Subscribe(subscribe_request(&raw)?),
         "publish" => {
             let mut c = Checked::new(&raw, PUBLISH_MEMBERS)?;
             Request::Publish(PublishRequest {
@@ -353,9 +467,7 @@ fn decode_line(line: &[u8]) -> Result<Inbound, String> {
         "presence_stats" => Request::PresenceStats {
             channel: Checked::new(&raw, CHANNEL_MEMBERS)?.required_string("channel")?,
         },
-        "history" => Request::History {
-            channel: Checked::new(&raw, HISTORY_MEMBERS)?.required_string("channel")?,
-        },
+        "history" => Request::History(history_request(&raw)?),
         "sub_refresh" => Request::SubRefresh {
             channel: Checked::new(&raw, SUB_REFRESH_MEMBERS)?.required_string("channel")?,
         },
@@ -456,11 +568,15 @@ pub fn encode_connect_reply(id: u32, result: &ConnectResult<'_>) -> String {
     encode_reply(id, "connect", &body)
 }
 
-/// A publication push on `channel` carrying `data` (raw JSON, put on one line: see
-/// [`one_line`]) and, when given, Centrifuge publication tags.
-pub fn encode_publication_push(channel: &str, data: &str, tags: &[(&str, &str)]) -> String {
+/// A Centrifuge publication carrying `data` (raw JSON, put on one line: see [`one_line`]),
+/// its stream `offset` when it has one (an enduring record; a preview has none) and, when
+/// given, publication tags.
+pub fn encode_publication(data: &str, offset: Option<u64>, tags: &[(&str, &str)]) -> String {
     let mut publication = ObjectWriter::new();
     publication.raw("data", &one_line(data));
+    if let Some(offset) = offset {
+        publication.number("offset", offset);
+    }
     if !tags.is_empty() {
         let mut t = ObjectWriter::new();
         for (k, v) in tags {
@@ -468,12 +584,76 @@ pub fn encode_publication_push(channel: &str, data: &str, tags: &[(&str, &str)])
         }
         publication.raw("tags", &t.finish());
     }
-    let publication = publication.finish();
+    publication.finish()
+}
+
+/// A publication push on `channel` carrying `data` (raw JSON, put on one line: see
+/// [`one_line`]) and, when given, Centrifuge publication tags; no offset.
+pub fn encode_publication_push(channel: &str, data: &str, tags: &[(&str, &str)]) -> String {
+    encode_push(channel, &encode_publication(data, None, tags))
+}
+
+/// A push on `channel` of one publication encoded by [`encode_publication`].
+pub fn encode_push(channel: &str, publication: &str) -> String {
     let push = ObjectWriter::new()
         .string("channel", channel)
-        .raw("pub", &publication)
+        .raw("pub", publication)
         .finish();
     ObjectWriter::new().raw("push", &push).finish()
+}
+
+/// The result of a subscribe to a stream whose position is known.
+pub struct SubscribeResult<'a> {
+    /// The stream's epoch and current offset.
+    pub position: &'a StreamPosition,
+    /// Publications recovered after the client's position, each encoded by
+    /// [`encode_publication`], in offset order.
+    pub publications: &'a [String],
+    /// The client asked to recover.
+    pub was_recovering: bool,
+    /// Everything after the client's position is in `publications` (no gap).
+    pub recovered: bool,
+}
+
+/// The reply to a subscribe on a recoverable stream (Centrifuge's `SubscribeResult`:
+/// `recoverable`, `epoch`, `offset`, and when recovering `publications`, `recovered`,
+/// `was_recovering`).
+pub fn encode_subscribe_reply(id: u32, result: &SubscribeResult<'_>) -> String {
+    let mut body = ObjectWriter::new();
+    body.boolean("recoverable", true)
+        .string("epoch", &result.position.epoch)
+        .number("offset", result.position.offset);
+    if !result.publications.is_empty() {
+        body.raw("publications", &json_array(result.publications));
+    }
+    if result.was_recovering {
+        body.boolean("recovered", result.recovered)
+            .boolean("was_recovering", true);
+    }
+    encode_reply(id, "subscribe", &body.finish())
+}
+
+/// The reply to a history request: publications (each encoded by [`encode_publication`]) and
+/// the stream's epoch and current offset.
+pub fn encode_history_reply(id: u32, publications: &[String], position: &StreamPosition) -> String {
+    let mut body = ObjectWriter::new();
+    body.raw("publications", &json_array(publications))
+        .string("epoch", &position.epoch)
+        .number("offset", position.offset);
+    encode_reply(id, "history", &body.finish())
+}
+
+fn json_array(items: &[String]) -> String {
+    let mut out = String::with_capacity(2 + items.iter().map(|i| i.len() + 1).sum::<usize>());
+    out.push('[');
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(item);
+    }
+    out.push(']');
+    out
 }
 
 /// An unsubscribe push: the server ended the client's subscription to `channel` (Centrifuge
@@ -646,6 +826,131 @@ mod tests {
         assert_eq!(
             decode_frame(b"{\"a\xff\":1}", 100).unwrap_err(),
             FrameError::NotText
+        );
+    }
+
+    #[test]
+    fn a_recovering_subscribe_carries_its_position_and_a_plain_one_none() {
+        let text = r#"{"id":4,"subscribe":{"channel":"c","recover":true,"offset":17,"epoch":"ab12","data":{"version":1},"flag":1}}"#;
+        match one(text).unwrap() {
+            Inbound::Command(Command {
+                request: Request::Subscribe(s),
+                ..
+            }) => {
+                assert_eq!(
+                    s.recover,
+                    Some(StreamPosition {
+                        offset: 17,
+                        epoch: "ab12".into()
+                    })
+                );
+                assert_eq!(s.data.unwrap().get(), r#"{"version":1}"#);
+            }
+            other => panic!("{other:?}"),
+        }
+        // Centrifuge leaves zero values out: recover alone is offset 0 in no epoch.
+        let s = SubscribeRequest::decode(br#"{"channel":"c","recover":true}"#).unwrap();
+        assert_eq!(s.recover, Some(StreamPosition::default()));
+        // An offset without recover asks for nothing.
+        let s = SubscribeRequest::decode(br#"{"channel":"c","offset":3,"epoch":"e"}"#).unwrap();
+        assert_eq!(s.recover, None);
+        for bad in [
+            r#"{"channel":"c","recover":1}"#,
+            r#"{"channel":"c","recover":true,"offset":-1}"#,
+            r#"{"channel":"c","recover":true,"offset":1.5}"#,
+            r#"{"channel":"c","recover":true,"epoch":7}"#,
+            r#"{"channel":"c","recover":true,"recover":false}"#,
+            r#"{"recover":true}"#,
+            r#"[]"#,
+            r#"{"channel":"c"} {}"#,
+        ] {
+            assert!(SubscribeRequest::decode(bad.as_bytes()).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_history_request_decodes_limit_since_and_reverse_strictly() {
+        let h = HistoryRequest::decode(
+            br#"{"channel":"c","limit":10,"since":{"offset":5,"epoch":"e1"},"reverse":true}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            h,
+            HistoryRequest {
+                channel: "c".into(),
+                limit: 10,
+                since: Some(StreamPosition {
+                    offset: 5,
+                    epoch: "e1".into()
+                }),
+                reverse: true
+            }
+        );
+        let h = HistoryRequest::decode(br#"{"channel":"c"}"#).unwrap();
+        assert_eq!((h.limit, h.since, h.reverse), (0, None, false));
+        let h = HistoryRequest::decode(br#"{"channel":"c","limit":-1,"since":{}}"#).unwrap();
+        assert_eq!((h.limit, h.since), (-1, Some(StreamPosition::default())));
+        for bad in [
+            r#"{"channel":"c","limit":"1"}"#,
+            r#"{"channel":"c","limit":1e3}"#,
+            r#"{"channel":"c","since":{"offset":1,"extra":1}}"#,
+            r#"{"channel":"c","since":{"offset":-1}}"#,
+            r#"{"channel":"c","since":{"offset":1,"offset":2}}"#,
+            r#"{"channel":"c","since":null}"#,
+            r#"{"channel":"c","since":[]}"#,
+            r#"{"channel":"c","reverse":"yes"}"#,
+            r#"{"limit":1}"#,
+        ] {
+            assert!(HistoryRequest::decode(bad.as_bytes()).is_err(), "{bad}");
+            let line = format!(r#"{{"id":1,"history":{bad}}}"#);
+            assert!(
+                decode_frame(line.as_bytes(), DEFAULT_MAX_FRAME_BYTES).is_err(),
+                "{line}"
+            );
+        }
+    }
+
+    #[test]
+    fn subscribe_and_history_results_have_the_centrifuge_shape() {
+        let position = StreamPosition {
+            offset: 9,
+            epoch: "ep".into(),
+        };
+        let p = encode_publication(r#"{"x":1}"#, Some(8), &[("record", "r")]);
+        assert_eq!(p, r#"{"data":{"x":1},"offset":8,"tags":{"record":"r"}}"#);
+        assert_eq!(
+            encode_subscribe_reply(
+                2,
+                &SubscribeResult {
+                    position: &position,
+                    publications: &[],
+                    was_recovering: false,
+                    recovered: false
+                }
+            ),
+            r#"{"id":2,"subscribe":{"recoverable":true,"epoch":"ep","offset":9}}"#
+        );
+        assert_eq!(
+            encode_subscribe_reply(
+                2,
+                &SubscribeResult {
+                    position: &position,
+                    publications: std::slice::from_ref(&p),
+                    was_recovering: true,
+                    recovered: true
+                }
+            ),
+            format!(
+                r#"{{"id":2,"subscribe":{{"recoverable":true,"epoch":"ep","offset":9,"publications":[{p}],"recovered":true,"was_recovering":true}}}}"#
+            )
+        );
+        assert_eq!(
+            encode_history_reply(3, &[p.clone(), p.clone()], &position),
+            format!(r#"{{"id":3,"history":{{"publications":[{p},{p}],"epoch":"ep","offset":9}}}}"#)
+        );
+        assert_eq!(
+            encode_push("ch", &p),
+            format!(r#"{{"push":{{"channel":"ch","pub":{p}}}}}"#)
         );
     }
 

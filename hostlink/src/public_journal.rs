@@ -246,6 +246,79 @@ impl PublicJournal {
     }
 }
 
+/// A public event with its stream offset, projected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OffsetEventView {
+    pub offset: u64,
+    pub seq: u64,
+    pub event_id: String,
+    pub body: Vec<u8>,
+}
+
+/// Public events by offset, projected, with the stream's top at the read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OffsetEventsPage {
+    pub events: Vec<OffsetEventView>,
+    pub top: u64,
+}
+
+impl PublicJournal {
+    /// The public events after offset `after` (at most `limit`; 0 reads only the top),
+    /// projected exactly as the live tail projects them.
+    pub async fn by_offset(
+        &mut self,
+        after: u64,
+        limit: usize,
+    ) -> Result<OffsetEventsPage, PublicJournalError> {
+        let page = self
+            .store
+            .journal_by_offset(&self.tenant, self.binding.runtime_session_id, after, limit)
+            .await?;
+        if let Some(last) = page.events.last() {
+            self.learn_to(last.seq).await?;
+        }
+        let mut events = Vec::with_capacity(page.events.len());
+        for e in page.events {
+            events.push(OffsetEventView {
+                offset: e.offset,
+                seq: e.seq,
+                event_id: e.event.to_string(),
+                body: self.project(&e.body)?,
+            });
+        }
+        Ok(OffsetEventsPage {
+            events,
+            top: page.top,
+        })
+    }
+
+    /// The stream offset of the public event at journal sequence `seq` (how many public
+    /// events the journal holds through it).
+    pub async fn offset_at(&self, seq: u64) -> Result<u64, StoreError> {
+        self.store
+            .journal_public_offset(&self.tenant, self.binding.runtime_session_id, seq)
+            .await
+    }
+
+    /// The epoch of this session's public stream (see [`stream_epoch`]).
+    pub fn epoch(&self) -> String {
+        stream_epoch(self.binding.runtime_session_id)
+    }
+}
+
+/// The epoch of a session's public stream: it names the journal the offsets count in, so it
+/// changes only if that journal were replaced (it never is: the binding of a session to its
+/// journal is immutable and the journal is append-only). Derived from the runtime session id
+/// by a digest, so every Host computes the same epoch and no private id reaches a client.
+pub fn stream_epoch(runtime_session: RuntimeSessionId) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::new()
+        .chain_update(b"hostlink.stream.v1\0")
+        .chain_update(runtime_session.to_string().as_bytes())
+        .finalize();
+    hex::encode(&digest[..8])
+}
+
 /// A failed public journal read.
 #[derive(Debug, thiserror::Error)]
 pub enum PublicJournalError {
@@ -264,6 +337,16 @@ mod tests {
             RuntimeSessionId::mint(),
             SessionId::new("public-s").unwrap(),
         )
+    }
+
+    #[test]
+    fn a_stream_epoch_is_stable_per_journal_and_reveals_no_private_id() {
+        let (rs, _) = ids();
+        let epoch = stream_epoch(rs);
+        assert_eq!(epoch, stream_epoch(rs));
+        assert_eq!(epoch.len(), 16);
+        assert_ne!(epoch, stream_epoch(RuntimeSessionId::mint()));
+        assert!(!rs.to_string().contains(&epoch));
     }
 
     #[test]

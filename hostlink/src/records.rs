@@ -17,7 +17,7 @@
 //! | [`RegistryObservation`] | `version`, `tenant_id`, `session_id`, `host_id`, `host_generation`, `agent_id`, `runtime_compatibility_id`, `placement`, `internal_endpoint`, `residency`, `accepting`, `lease_epoch`, `observed_at`, `expires_at` |
 //! | [`DrainObservation`] | `host_id`, `host_generation`, `drain_generation`, `state`, [`tenant_id`, `session_id`] |
 //! | [`HostLinkError`] | `code`, and `current_lease_epoch` (only and always with `epoch_mismatch`) or `runtime_compatibility_id` (only and always with `runtime_mismatch`) |
-//! | [`SubscribeOptions`] | `version`, `ephemeral`? |
+//! | [`SubscribeOptions`] | `version`, `ephemeral`?, `bind`? (a [`BindRequest`]) |
 //! | [`EnduringPublication`] | `tenant_id`, `session_id`, `event_id`, `journal_seq`, `covered_through`, `body` |
 //! | [`EphemeralPublication`] | `tenant_id`, `session_id`, `stream`, `text`, `gap` |
 //!
@@ -632,14 +632,24 @@ impl Record for HostLinkError {
     const NAME: &'static str = "error";
 }
 
-/// The `data` of a subscribe to a session channel (optional): the preview opt-in.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+/// The `data` of a subscribe to a session channel (optional): the preview opt-in, and the
+/// session's bind parameters when the subscribe is to bind the link too (so an SDK's own
+/// resubscribe after a reconnect, on a link that holds no bind, needs no application code).
+#[derive(Clone, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SubscribeOptions {
     pub version: V1,
     /// Push `ephemeral_publication` previews too (default false).
     #[serde(default, deserialize_with = "present_bool")]
     pub ephemeral: bool,
+    /// Bind the link to the session first, exactly as `hostlink.bind` with this request would
+    /// (same checks, same refusals). Its tenant and session must be the channel's.
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub bind: Option<BindRequest>,
 }
 
 /// A boolean member that may be absent (false) but never `null`.
@@ -1062,6 +1072,23 @@ mod tests {
         }
         assert!(SubscribeOptions::decode(br#"{"version":1,"ephemeral":null}"#).is_err());
         assert!(SubscribeOptions::decode(br#"{"version":1}"#).is_ok());
+        assert!(SubscribeOptions::decode(br#"{"version":1,"bind":null}"#).is_err());
+        assert!(SubscribeOptions::decode(br#"{"version":1,"bind":{"version":1}}"#).is_err());
+        let bind = r#"{"version":1,"tenant_id":"t","session_id":"s","host_id":"h","host_generation":2,"lease_epoch":3,"runtime_compatibility_id":"b","idempotency_key":"k"}"#;
+        let with_bind =
+            SubscribeOptions::decode(format!(r#"{{"version":1,"bind":{bind}}}"#).as_bytes())
+                .unwrap();
+        assert_eq!(with_bind.bind.unwrap().lease_epoch.get(), 3);
+        assert!(
+            SubscribeOptions::decode(
+                format!(
+                    r#"{{"version":1,"bind":{}}}"#,
+                    bind.replace("\"lease_epoch\":3", "\"lease_epoch\":0")
+                )
+                .as_bytes()
+            )
+            .is_err()
+        );
         let attach = r#"{"version":1,"tenant_id":"t","session_id":"s","host_id":"h","host_generation":1,"agent_id":"a","runtime_compatibility_id":"b","mode":"create","actor_id":"x","idempotency_key":"k""#;
         assert!(AttachRequest::decode(format!("{attach}}}").as_bytes()).is_ok());
         for bad in [

@@ -274,6 +274,25 @@ impl PublicPage {
     }
 }
 
+/// One public event with its public offset: its ordinal among the public events of its
+/// journal (1 for the first, no gaps). The journal is append-only, so a record's offset never
+/// changes and every reader computes the same one.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct OffsetEvent {
+    pub offset: u64,
+    pub seq: u64,
+    pub event: EventId,
+    pub body: Vec<u8>,
+}
+
+/// Public events by public offset, with the journal's public top (how many public events it
+/// held when read; its offsets run 1..=top).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct OffsetPage {
+    pub events: Vec<OffsetEvent>,
+    pub top: u64,
+}
+
 pub(crate) fn record_kind_tag(kind: &JournalEntry) -> &'static str {
     match kind {
         JournalEntry::Event { .. } => "event",

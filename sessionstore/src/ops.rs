@@ -245,6 +245,15 @@ pub(crate) trait Tx {
         limit: usize,
         events_only: bool,
     ) -> StoreResult<Vec<JournalRow>>;
+    /// How many public events the journal of `rs` holds up to and including `through`.
+    async fn public_event_count(&mut self, rs: RuntimeSessionId, through: u64) -> StoreResult<u64>;
+    /// The public events of `rs` in sequence order, skipping the first `skip` of them.
+    async fn public_event_rows(
+        &mut self,
+        rs: RuntimeSessionId,
+        skip: u64,
+        limit: usize,
+    ) -> StoreResult<Vec<JournalRow>>;
     /// The applications and closures of `rc` in the journal of `rs`, in sequence order; none
     /// unless tenant `t` owns that journal. Takes no row lock.
     async fn journal_dispositions(
@@ -1495,6 +1504,68 @@ pub(crate) async fn journal_read<T: Tx>(
         out.push(row_to_record(tx, row).await?);
     }
     Ok(out)
+}
+
+/// The public events of a journal by public offset (see [`crate::journal::OffsetPage`]).
+pub(crate) async fn journal_by_offset<T: Tx>(
+    tx: &mut T,
+    t: &TenantId,
+    rs: RuntimeSessionId,
+    after: u64,
+    limit: usize,
+) -> StoreResult<OffsetPage> {
+    let Some(lease) = own_journal(tx, t, rs).await? else {
+        return Ok(OffsetPage {
+            events: Vec::new(),
+            top: 0,
+        });
+    };
+    let top = tx.public_event_count(rs, lease.tip).await?;
+    if after >= top || limit == 0 {
+        return Ok(OffsetPage {
+            events: Vec::new(),
+            top,
+        });
+    }
+    let rows = tx.public_event_rows(rs, after, limit).await?;
+    let mut events = Vec::with_capacity(rows.len());
+    for (i, row) in rows.into_iter().enumerate() {
+        let offset = after + 1 + i as u64;
+        if offset > top {
+            break;
+        }
+        let record = row_to_record(tx, row).await?;
+        match record.kind {
+            RecordKind::Event {
+                event, public_body, ..
+            } => events.push(OffsetEvent {
+                offset,
+                seq: record.seq,
+                event,
+                body: public_body,
+            }),
+            _ => {
+                return Err(StoreError::integrity(
+                    "journal",
+                    format!("record {} is not a public event", record.seq),
+                ));
+            }
+        }
+    }
+    Ok(OffsetPage { events, top })
+}
+
+/// The public offset of the journal of `rs` at sequence `through` (0 for another tenant's).
+pub(crate) async fn journal_public_offset<T: Tx>(
+    tx: &mut T,
+    t: &TenantId,
+    rs: RuntimeSessionId,
+    through: u64,
+) -> StoreResult<u64> {
+    if own_journal(tx, t, rs).await?.is_none() {
+        return Ok(0);
+    }
+    tx.public_event_count(rs, through).await
 }
 
 pub(crate) async fn journal_dispositions<T: Tx>(

@@ -45,6 +45,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
         include_str!("../migrations/postgres/0003_runnable_packages.sql"),
     ),
     (4, include_str!("../migrations/postgres/0004_runs.sql")),
+    (
+        6,
+        include_str!("../migrations/postgres/0006_public_offsets.sql"),
+    ),
 ];
 /// The store's tables: analysed when due (see [`DUE_SQL`]) right after the migrations, at
 /// open and every `pg_statistics_interval`, so the planner's statistics follow the tables'

@@ -1383,6 +1383,36 @@ impl<C: Conn> Tx for SqlTx<C> {
         Ok(!rows.is_empty())
     }
 
+    async fn public_event_count(&mut self, rs: RuntimeSessionId, through: u64) -> StoreResult<u64> {
+        let through = through.min(i64::MAX as u64);
+        let rows = self
+            .rows(
+                "SELECT count(*) FROM journal_records WHERE runtime_session_id = $1 \
+                 AND kind = 'event' AND seq <= $2",
+                vec![text(rs.to_text()), int(through)],
+                "journal",
+            )
+            .await?;
+        rows.first()
+            .ok_or_else(|| StoreError::integrity("journal", "count returned no row"))?
+            .u64(0)
+    }
+
+    async fn public_event_rows(
+        &mut self,
+        rs: RuntimeSessionId,
+        skip: u64,
+        limit: usize,
+    ) -> StoreResult<Vec<JournalRow>> {
+        let skip = skip.min(i64::MAX as u64);
+        let q = format!(
+            "SELECT {JOURNAL_COLS} FROM journal_records WHERE runtime_session_id = $1 \
+             AND kind = 'event' ORDER BY seq LIMIT {limit} OFFSET {skip}"
+        );
+        self.many(&q, vec![text(rs.to_text())], "journal", decode_journal_row)
+            .await
+    }
+
     async fn journal_rows(
         &mut self,
         rs: RuntimeSessionId,

@@ -29,6 +29,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
         include_str!("../migrations/sqlite/0003_runnable_packages.sql"),
     ),
     (4, include_str!("../migrations/sqlite/0004_runs.sql")),
+    (
+        6,
+        include_str!("../migrations/sqlite/0006_public_offsets.sql"),
+    ),
 ];
 
 /// A connection usable by the generic SQL layer.

@@ -1037,6 +1037,33 @@ impl Store {
         ))
     }
 
+    /// The public offset at sequence `through`: how many public events the journal holds up to
+    /// and including it (0 for a journal another tenant owns, or none).
+    pub async fn journal_public_offset(
+        &self,
+        t: &TenantId,
+        rs: RuntimeSessionId,
+        through: u64,
+    ) -> StoreResult<u64> {
+        let t = t.clone();
+        read_op!(self, |tx| ops::journal_public_offset(tx, &t, rs, through))
+    }
+
+    /// Public events by public offset: those after offset `after`, in order, at most `limit`
+    /// (clamped to the page bound; 0 reads only the top), and the public top at the read. An
+    /// undecodable record fails the whole page.
+    pub async fn journal_by_offset(
+        &self,
+        t: &TenantId,
+        rs: RuntimeSessionId,
+        after: u64,
+        limit: usize,
+    ) -> StoreResult<OffsetPage> {
+        let t = t.clone();
+        let limit = limit.min(MAX_PAGE);
+        read_op!(self, |tx| ops::journal_by_offset(tx, &t, rs, after, limit))
+    }
+
     /// A public page: public event bodies only. The first page (`pinned_tip = None`) pins the
     /// tip; pass the returned `tip` back to read later pages of the same snapshot. An
     /// undecodable record fails the whole page.

@@ -1548,6 +1548,109 @@ mod cases {
         );
     }
 
+    pub async fn public_offsets_count_public_events_only_without_gaps(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let rs = s.binding.runtime_session_id;
+        let mut lease = journal(ts, &s, "runtime-a").await;
+        let control = || JournalEntry::Control {
+            body: b"ctl".to_vec(),
+            cause: None,
+        };
+        append(
+            ts,
+            &mut lease,
+            vec![event(1, None), control(), control(), event(2, None)],
+        )
+        .await
+        .unwrap();
+        // A second writer's fence sits between public events too.
+        let mut lease = journal(ts, &s, "runtime-b").await;
+        append(
+            ts,
+            &mut lease,
+            vec![control(), event(3, None), event(4, None)],
+        )
+        .await
+        .unwrap();
+        let all = ts
+            .store
+            .journal_by_offset(&s.tenant, rs, 0, 100)
+            .await
+            .unwrap();
+        assert_eq!(all.top, 4);
+        let offsets: Vec<u64> = all.events.iter().map(|e| e.offset).collect();
+        assert_eq!(offsets, [1, 2, 3, 4]);
+        let ids: Vec<&str> = all.events.iter().map(|e| e.event.as_str()).collect();
+        assert_eq!(ids, ["ev1", "ev2", "ev3", "ev4"]);
+        assert_eq!(all.events[2].body, b"{\"n\":3}");
+        // Each record's offset is the count of public events through its sequence.
+        for e in &all.events {
+            assert_eq!(
+                ts.store
+                    .journal_public_offset(&s.tenant, rs, e.seq)
+                    .await
+                    .unwrap(),
+                e.offset
+            );
+            assert_eq!(
+                ts.store
+                    .journal_public_offset(&s.tenant, rs, e.seq - 1)
+                    .await
+                    .unwrap(),
+                e.offset - 1
+            );
+        }
+        let middle = ts
+            .store
+            .journal_by_offset(&s.tenant, rs, 1, 2)
+            .await
+            .unwrap();
+        let offsets: Vec<u64> = middle.events.iter().map(|e| e.offset).collect();
+        assert_eq!(offsets, [2, 3]);
+        assert_eq!(middle.events[0].seq, all.events[1].seq);
+        let past = ts
+            .store
+            .journal_by_offset(&s.tenant, rs, 4, 10)
+            .await
+            .unwrap();
+        assert!(past.events.is_empty());
+        assert_eq!(past.top, 4);
+        let top_only = ts
+            .store
+            .journal_by_offset(&s.tenant, rs, 0, 0)
+            .await
+            .unwrap();
+        assert!(top_only.events.is_empty());
+        assert_eq!(top_only.top, 4);
+        // Another tenant reads nothing and learns no top.
+        let other = TenantId::new("globex").unwrap();
+        let foreign = ts.store.journal_by_offset(&other, rs, 0, 10).await.unwrap();
+        assert!(foreign.events.is_empty());
+        assert_eq!(foreign.top, 0);
+        assert_eq!(
+            ts.store
+                .journal_public_offset(&other, rs, u64::MAX)
+                .await
+                .unwrap(),
+            0
+        );
+    }
+
+    pub async fn an_offset_read_fails_closed_on_a_damaged_public_record(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let rs = s.binding.runtime_session_id;
+        let mut lease = journal(ts, &s, "runtime-a").await;
+        append(ts, &mut lease, vec![event(1, None), event(2, None)])
+            .await
+            .unwrap();
+        ts.exec_raw("UPDATE journal_records SET event_id = '' WHERE seq = 3")
+            .await;
+        assert_eq!(
+            code(ts.store.journal_by_offset(&s.tenant, rs, 0, 10).await),
+            "integrity"
+        );
+    }
+
     pub async fn event_bodies_over_64_kib_are_offloaded_and_verified_on_read(ts: &TestStore) {
         let s = new_session(ts, "s1").await;
         let rs = s.binding.runtime_session_id;
@@ -2237,6 +2340,8 @@ async fn no_presumption_undone(ts: &sessionstore::testing::TestStore) {
 }
 
 sessionstore::both_backends!(cases =>
+    public_offsets_count_public_events_only_without_gaps,
+    an_offset_read_fails_closed_on_a_damaged_public_record,
     a_session_is_created_once_and_its_binding_is_immutable,
     another_tenant_never_sees_a_session,
     admitting_to_a_session_that_is_not_bound_is_not_found,

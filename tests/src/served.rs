@@ -37,6 +37,16 @@ impl Served {
 /// A started Host serving HostLink and its probes on a free loopback port, with
 /// credentials for tenants `acme` and `globex`.
 pub async fn serve(ts: &TestStore, host: &str, adjust: impl FnOnce(&mut Options)) -> Served {
+    serve_with_link(ts, host, adjust, LinkOptions::default()).await
+}
+
+/// [`serve`] with the given HostLink options.
+pub async fn serve_with_link(
+    ts: &TestStore,
+    host: &str,
+    adjust: impl FnOnce(&mut Options),
+    link: LinkOptions,
+) -> Served {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let mut opts = options(host);
@@ -50,7 +60,7 @@ pub async fn serve(ts: &TestStore, host: &str, adjust: impl FnOnce(&mut Options)
         creds.add(TenantId::new(t).unwrap(), &digest).unwrap();
         tokens.push((TenantId::new(t).unwrap(), token.expose_secret().to_owned()));
     }
-    let link = LinkOptions::default().validate().unwrap();
+    let link = link.validate().unwrap();
     let server = Server::from_listener(service.clone(), Box::new(creds), link, listener)
         .await
         .unwrap();

@@ -80,11 +80,33 @@ impl From<HostLinkError> for Refusal {
     }
 }
 
+/// A committed journal event (already projected: no private id) at its place in the
+/// session's public stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamPublication {
+    /// The Centrifuge offset: the record's ordinal among the session's public records (1 for
+    /// the first, no gaps), counted in the durable journal, so every Host gives the same one.
+    pub offset: u64,
+    pub record: EnduringPublication,
+}
+
+/// A read of a session's durable public stream: the records after an offset, and where the
+/// stream stands.
+#[derive(Clone, Debug)]
+pub struct StreamPage {
+    /// The stream's epoch (it changes only if the public history were rewritten).
+    pub epoch: String,
+    /// The offset of the stream's last committed public record at the read (0: none yet).
+    pub top: u64,
+    /// The records asked for, in offset order, with no gap.
+    pub records: Vec<Arc<StreamPublication>>,
+}
+
 /// One item of a session's live feed, in the order the Host committed or produced it.
 #[derive(Clone, Debug)]
 pub enum FeedItem {
-    /// A committed journal event (already projected: no private id).
-    Enduring(Arc<EnduringPublication>),
+    /// A committed journal event at its stream offset.
+    Enduring(Arc<StreamPublication>),
     /// A live text delta (dropped unless the subscriber opted in).
     Ephemeral(Arc<EphemeralPublication>),
 }
@@ -182,6 +204,23 @@ pub trait LinkBackend: Send + Sync + 'static {
     /// Sessions whose tail ended (lost, refused or released): the link layer drops every
     /// binding for them on every link. Called once, when the service is built.
     fn route_invalidations(&self) -> broadcast::Receiver<(TenantId, SessionId)>;
+
+    /// Reads the durable public stream of `session` of the link's tenant: the records after
+    /// offset `after` (at most `limit`; 0 reads only the position), for recovery and history.
+    /// The session need not be resident, only the tenant's: an unknown (or another tenant's)
+    /// session is `runtime_unavailable`. `Ok(None)`: this backend keeps no durable stream
+    /// (subscriptions are then live only and history is not available). The default keeps
+    /// none.
+    async fn stream_read(
+        &self,
+        link: &LinkCtx,
+        session: &SessionId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Option<StreamPage>, Refusal> {
+        let _ = (link, session, after, limit);
+        Ok(None)
+    }
 
     /// Any other RPC method (not one of the five reserved methods, not a capability token),
     /// e.g. `run.start` on a Host advertising `hostlink.run`. The backend must apply the

@@ -5,8 +5,9 @@
 use std::fmt::Write as _;
 
 use hostlink::json::push_json_string;
-use hostlink::records::EnduringPublication;
 use sessionstore::{SessionId, TenantId};
+
+use super::backend::StreamPublication;
 
 /// The Centrifuge publication tag that names a push's record type.
 pub const RECORD_TAG: &str = "record";
@@ -16,7 +17,7 @@ pub const ENDURING_RECORD: &str = "enduring_publication";
 pub const EPHEMERAL_RECORD: &str = "ephemeral_publication";
 
 /// Encodes one subscription's enduring pushes: byte for byte what
-/// `encode_publication_push(channel, &record.encode(), &[(RECORD_TAG, ENDURING_RECORD)])`
+/// `encode_push(channel, &encode_publication(&record.encode(), Some(offset), &[(RECORD_TAG, ENDURING_RECORD)]))`
 /// gives, with everything fixed for the subscription (channel, tenant, session, tags) encoded
 /// once. The pump hands the record itself to the writer ([`Outbound::Enduring`]), which
 /// encodes it straight into the frame it goes out in: on a session with many links this is
@@ -24,12 +25,13 @@ pub const EPHEMERAL_RECORD: &str = "ephemeral_publication";
 pub(crate) struct EnduringEncoder {
     /// `{"push":{"channel":…,"pub":{"data":{"tenant_id":…,"session_id":…,"event_id":`
     head: String,
-    /// `},"tags":{"record":"enduring_publication"}}}}`
+    /// `,"tags":{"record":"enduring_publication"}}}}`
     tail: String,
 }
 
-/// Room for `,"journal_seq":N,"covered_through":N,"body":` with two 20-digit numbers.
-const ENDURING_MIDDLE_BYTES: usize = 80;
+/// Room for `,"journal_seq":N,"covered_through":N,"body":` and `},"offset":N` with three
+/// 20-digit numbers.
+const ENDURING_MIDDLE_BYTES: usize = 112;
 
 impl EnduringEncoder {
     pub(crate) fn new(channel: &str, tenant: &TenantId, session: &SessionId) -> EnduringEncoder {
@@ -40,7 +42,7 @@ impl EnduringEncoder {
         head.push_str(r#","session_id":"#);
         push_json_string(&mut head, session.as_str());
         head.push_str(r#","event_id":"#);
-        let mut tail = String::from(r#"},"tags":{"#);
+        let mut tail = String::from(r#","tags":{"#);
         push_json_string(&mut tail, RECORD_TAG);
         tail.push(':');
         push_json_string(&mut tail, ENDURING_RECORD);
@@ -50,7 +52,8 @@ impl EnduringEncoder {
 
     /// About how many bytes the push for `record` takes (exact unless the event id needs
     /// escaping): for sizing frames and batches.
-    pub(crate) fn encoded_len(&self, record: &EnduringPublication) -> usize {
+    pub(crate) fn encoded_len(&self, publication: &StreamPublication) -> usize {
+        let record = &publication.record;
         self.head.len()
             + record.event_id.as_str().len()
             + 2
@@ -59,8 +62,9 @@ impl EnduringEncoder {
             + self.tail.len()
     }
 
-    /// Appends the push for `record`, which belongs to the encoder's tenant and session.
-    pub(crate) fn encode_into(&self, out: &mut String, record: &EnduringPublication) {
+    /// Appends the push for `publication`, which belongs to the encoder's tenant and session.
+    pub(crate) fn encode_into(&self, out: &mut String, publication: &StreamPublication) {
+        let record = &publication.record;
         let body = record.body().get();
         out.push_str(&self.head);
         push_json_string(out, record.event_id.as_str());
@@ -80,13 +84,14 @@ impl EnduringEncoder {
         } else {
             out.push_str(body);
         }
+        let _ = write!(out, r#"}},"offset":{}"#, publication.offset);
         out.push_str(&self.tail);
     }
 
     #[cfg(test)]
-    pub(crate) fn encode(&self, record: &EnduringPublication) -> String {
-        let mut out = String::with_capacity(self.encoded_len(record));
-        self.encode_into(&mut out, record);
+    pub(crate) fn encode(&self, publication: &StreamPublication) -> String {
+        let mut out = String::with_capacity(self.encoded_len(publication));
+        self.encode_into(&mut out, publication);
         out
     }
 }

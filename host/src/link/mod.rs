@@ -29,8 +29,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-pub use backend::{ExtensionReply, FeedItem, LinkBackend, LinkCtx, LinkId, Refusal, SessionFeed};
-pub use connection::{RESERVED_METHODS, UNSUBSCRIBE_BINDING_DROPPED};
+pub use backend::{
+    ExtensionReply, FeedItem, LinkBackend, LinkCtx, LinkId, Refusal, SessionFeed, StreamPage,
+    StreamPublication,
+};
+pub use connection::{RESERVED_METHODS, RESUBSCRIBE_BINDING_DROPPED, UNSUBSCRIBE_BINDING_DROPPED};
 pub use encode::{ENDURING_RECORD, EPHEMERAL_RECORD, RECORD_TAG};
 pub use options::{LinkConfig, LinkOptions, LinkOptionsError};
 

@@ -25,6 +25,8 @@ pub mod bounds {
     pub const MAX_OUTBOUND_QUEUE: usize = 65_536;
     pub const MAX_PREVIEW_RATE_BYTES_PER_SEC: u64 = 64 * 1024 * 1024;
     pub const MAX_PREVIEW_BURST_BYTES: usize = 16 * 1024 * 1024;
+    pub const MAX_RECOVERY_WINDOW: usize = 100_000;
+    pub const MAX_HISTORY_LIMIT: usize = 10_000;
 }
 
 /// A stable option-refusal code.
@@ -94,6 +96,13 @@ pub struct LinkOptions {
     /// Previews: how long deltas are merged before they are flushed.
     #[serde(with = "duration_text")]
     pub preview_flush_interval: Duration,
+    /// Recovery: the most committed public records a resubscribing client may be behind and
+    /// still be replayed from the durable journal (`recovered: true`); further behind it is
+    /// answered `recovered: false` and reloads.
+    pub recovery_window: usize,
+    /// History: the most publications one `history` reply carries (a larger or unbounded
+    /// `limit` is cut to it).
+    pub history_limit: usize,
 }
 
 impl Default for LinkOptions {
@@ -111,6 +120,8 @@ impl Default for LinkOptions {
             preview_rate_bytes_per_sec: 32 * 1024,
             preview_burst_bytes: 64 * 1024,
             preview_flush_interval: Duration::from_millis(50),
+            recovery_window: 1000,
+            history_limit: 1000,
         }
     }
 }
@@ -225,6 +236,16 @@ impl LinkOptions {
             bounds::MAX_PREVIEW_BURST_BYTES,
         )?;
         duration("preview_flush_interval", self.preview_flush_interval)?;
+        count(
+            "recovery_window",
+            self.recovery_window,
+            bounds::MAX_RECOVERY_WINDOW,
+        )?;
+        count(
+            "history_limit",
+            self.history_limit,
+            bounds::MAX_HISTORY_LIMIT,
+        )?;
         Ok(LinkConfig { options: self })
     }
 }

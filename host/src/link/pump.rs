@@ -18,12 +18,10 @@ use super::closer::Closer;
 use super::encode::{EPHEMERAL_RECORD, EnduringEncoder, RECORD_TAG};
 use super::registry::Registry;
 use super::transport::Outbound;
-use crate::link::backend::{FeedItem, LinkId};
+use crate::link::backend::{FeedItem, LinkId, StreamPublication};
 use hostlink::codes::Disconnect;
 use hostlink::frame::encode_publication_push;
-use hostlink::records::{
-    EnduringPublication, EphemeralPublication, MAX_PREVIEW_TEXT_BYTES, PreviewStream,
-};
+use hostlink::records::{EphemeralPublication, MAX_PREVIEW_TEXT_BYTES, PreviewStream};
 
 /// A per-link byte budget for previews.
 pub(crate) struct TokenBucket {
@@ -83,6 +81,9 @@ pub(crate) struct Pump {
     pub(crate) flush_interval: Duration,
     pub(crate) max_pending_bytes: usize,
     pub(crate) slow_consumer_timeout: Duration,
+    /// Enduring records at or below this offset already went out (in the subscribe reply's
+    /// recovered publications) or precede the subscription's position: not pushed again.
+    pub(crate) sent_through: u64,
     pub(crate) stop: CancellationToken,
 }
 
@@ -155,7 +156,7 @@ impl Pump {
     async fn send_enduring(
         &self,
         encoder: &Arc<EnduringEncoder>,
-        record: Arc<EnduringPublication>,
+        record: Arc<StreamPublication>,
     ) -> bool {
         // Room in the queue is the common case: no timer for it.
         let item = match self
@@ -200,8 +201,11 @@ impl Pump {
                 }
                 item = self.feed.recv() => match item {
                     Ok(FeedItem::Enduring(record)) => {
-                        if !self.belongs(&record.tenant_id, &record.session_id) {
+                        if !self.belongs(&record.record.tenant_id, &record.record.session_id) {
                             tracing::error!("a feed carried another session's record; not relayed");
+                            continue;
+                        }
+                        if record.offset <= self.sent_through {
                             continue;
                         }
                         self.flush(&mut pending);
@@ -235,6 +239,8 @@ impl Pump {
 mod tests {
     use super::*;
     use crate::link::encode::ENDURING_RECORD;
+    use hostlink::frame::{encode_publication, encode_push};
+    use hostlink::records::EnduringPublication;
     use serde_json::value::RawValue;
     use sessionstore::EventId;
     use std::num::NonZeroU64;
@@ -262,13 +268,20 @@ mod tests {
                     RawValue::from_string((*body).to_owned()).unwrap(),
                 )
                 .unwrap();
-                let expected = encode_publication_push(
+                let expected = encode_push(
                     &channel,
-                    &record.encode(),
-                    &[(RECORD_TAG, ENDURING_RECORD)],
+                    &encode_publication(
+                        &record.encode(),
+                        Some(seq / 2 + 1),
+                        &[(RECORD_TAG, ENDURING_RECORD)],
+                    ),
                 );
-                assert_eq!(encoder.encode(&record), expected);
-                assert!(!encoder.encode(&record).contains(['\n', '\r']));
+                let publication = StreamPublication {
+                    offset: seq / 2 + 1,
+                    record,
+                };
+                assert_eq!(encoder.encode(&publication), expected);
+                assert!(!encoder.encode(&publication).contains(['\n', '\r']));
             }
         }
     }

@@ -17,12 +17,12 @@ use tokio_util::sync::CancellationToken;
 
 use super::closer::Closer;
 use super::encode::EnduringEncoder;
+use crate::link::backend::StreamPublication;
 use hostlink::codes::Disconnect;
 use hostlink::frame::{
     Command, FrameError, Inbound, MAX_OUTBOUND_BATCH_BYTES, MAX_OUTBOUND_BATCH_MESSAGES, PING,
     decode_frame,
 };
-use hostlink::records::EnduringPublication;
 
 /// How long closing may take: writing what is owed, the close frame, and waiting for the
 /// client's close frame in answer.
@@ -34,7 +34,7 @@ pub(crate) enum Outbound {
     Message(String),
     /// An enduring record on one subscription, encoded by the writer straight into the frame
     /// it goes out in.
-    Enduring(Arc<EnduringEncoder>, Arc<EnduringPublication>),
+    Enduring(Arc<EnduringEncoder>, Arc<StreamPublication>),
     /// The connect reply is queued: start pinging.
     StartHeartbeat,
 }

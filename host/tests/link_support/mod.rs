@@ -13,7 +13,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::{SinkExt, StreamExt};
 use host::link::backend::{ExtensionReply, FeedItem, LinkBackend, LinkCtx, Refusal, SessionFeed};
-use host::link::{HostLinkHandle, LinkOptions, hostlink_router};
+use host::link::{HostLinkHandle, LinkOptions, StreamPublication, hostlink_router};
 use hostlink::auth::{AuthVerifier, CredentialStore, credential_digest_hex};
 use hostlink::records::{
     AttachRequest, BindRequest, DrainObservation, DrainRequest, DrainState, EnduringPublication,
@@ -145,7 +145,10 @@ impl TestBackend {
     pub fn publish(&self, t: &str, s: &str, seq: u64, body: &str) -> Result<usize, ()> {
         let record = enduring(t, s, seq, body);
         self.sender(t, s)
-            .send(FeedItem::Enduring(Arc::new(record)))
+            .send(FeedItem::Enduring(Arc::new(StreamPublication {
+                offset: seq,
+                record,
+            })))
             .map_err(|_| ())
     }
 
@@ -363,7 +366,10 @@ impl LinkBackend for TestBackend {
         for i in 1..=self.echo_deliveries {
             let body = format!(r#"{{"kind":"applied","command_id":"{}","n":{i}}}"#, command);
             let record = enduring(link.tenant.as_str(), s.as_str(), i, &body);
-            let _ = sender.send(FeedItem::Enduring(Arc::new(record)));
+            let _ = sender.send(FeedItem::Enduring(Arc::new(StreamPublication {
+                offset: i,
+                record,
+            })));
         }
         Ok(())
     }
