@@ -122,6 +122,54 @@ mod cases {
         svc.stop().await;
     }
 
+    pub async fn reference_shaped_bodies_apply_and_one_contradicting_its_admission_is_rejected(
+        ts: &TestStore,
+    ) {
+        let (svc, _) = started(ts, options("h-reference-bodies")).await;
+        let c = Controller::new(ts);
+        let s = c.session().await;
+        let inline = |b: &[u8]| CommandBody::Inline(b.to_vec());
+        let create = c
+            .admit_raw(
+                &s,
+                CommandKind::Create,
+                inline(br#"{"version":1,"blocks":[{"type":"text","text":"hello"}],"principal":"user:1"}"#),
+            )
+            .await;
+        c.attach(&svc, &s).await;
+        assert_eq!(
+            c.terminal(&s, &create).await.outcome,
+            Some(Outcome::Applied)
+        );
+        let input = c
+            .admit_raw(
+                &s,
+                CommandKind::Input,
+                inline(br#"{"version":1,"blocks":[{"type":"text","text":"one"},{"type":"text","text":"two"}],"metadata":{"k":"v"}}"#),
+            )
+            .await;
+        svc.deliver(&s.tenant, &s.session).unwrap();
+        assert_eq!(c.terminal(&s, &input).await.outcome, Some(Outcome::Applied));
+        // The admission recorded user:1; a body naming someone else is no one's to apply.
+        let other = c
+            .admit_raw(
+                &s,
+                CommandKind::Input,
+                inline(br#"{"version":1,"text":"x","principal":"user:2"}"#),
+            )
+            .await;
+        svc.deliver(&s.tenant, &s.session).unwrap();
+        let other = c.terminal(&s, &other).await;
+        assert_eq!(other.outcome, Some(Outcome::Rejected));
+        assert!(other.attempt.is_none());
+        let evs = c
+            .wait_events(&s, "both replies", |e| count(e, "turn_done") == 2)
+            .await;
+        assert_eq!(replies(&evs), ["You said: hello", "You said: one\ntwo"]);
+        c.check_exactly_once(&s).await;
+        svc.stop().await;
+    }
+
     pub async fn a_malformed_body_is_rejected_before_any_attempt(ts: &TestStore) {
         let (svc, _) = started(ts, options("h-malformed")).await;
         let c = Controller::new(ts);
@@ -489,6 +537,7 @@ sessionstore::both_backends!(cases =>
     input_interrupt_and_gate_responses_settle_from_the_runtime,
     a_body_stored_by_reference_is_dereferenced_and_verified,
     a_malformed_body_is_rejected_before_any_attempt,
+    reference_shaped_bodies_apply_and_one_contradicting_its_admission_is_rejected,
     an_unknown_version_body_blocks_the_stream_visibly,
     a_gate_answer_naming_another_gate_version_is_rejected_before_any_attempt,
     two_hosts_racing_to_attach_one_session_have_one_winner,
