@@ -234,7 +234,7 @@ impl Controller {
             host_id: target.host.clone(),
             host_generation: nonzero(target.generation),
             agent_id: record.agent.clone(),
-            runtime_compatibility_id: record.compatibility.clone(),
+            runtime_compatibility_id: Some(record.compatibility.clone()),
             mode: AttachMode::Create,
             actor_id: ActorId::new(self.name.clone())
                 .map_err(|e| ControllerError::Invalid(e.to_string()))?,

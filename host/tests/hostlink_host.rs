@@ -136,6 +136,51 @@ mod cases {
         s.server.wait().await;
     }
 
+    pub async fn attach_without_a_runtime_build_is_accepted_and_a_wrong_one_is_refused(
+        ts: &TestStore,
+    ) {
+        let s = serve(ts, "link-compat", |_| {}).await;
+        let acme = factory(ts, &s, "acme");
+        let session = sid("compat");
+        create(&acme, &session, None, "c").await;
+        let client = HostLinkClient::connect(
+            &s.base,
+            &TenantId::new("acme").unwrap(),
+            &s.token("acme"),
+            "probe",
+        )
+        .await
+        .unwrap();
+        let attach = |build: Option<&str>| AttachRequest {
+            version: V1,
+            tenant_id: TenantId::new("acme").unwrap(),
+            session_id: session.clone(),
+            host_id: s.service.config().host_id.clone(),
+            host_generation: std::num::NonZeroU64::new(s.service.generation()).unwrap(),
+            agent_id: AgentId::new(AGENT).unwrap(),
+            runtime_compatibility_id: build.map(|b| CompatibilityId::new(b).unwrap()),
+            mode: AttachMode::Create,
+            actor_id: ActorId::new("probe").unwrap(),
+            trace_id: None,
+            idempotency_key: IdempotencyKey::new(uuid::Uuid::now_v7().to_string()).unwrap(),
+        };
+        // Omitted: the Host's own build is used and reported.
+        let placed = client.attach(&attach(None)).await.unwrap().unwrap();
+        assert_eq!(placed.runtime_compatibility_id.as_str(), BUILD);
+        assert_eq!(placed.residency, ResidencyState::Resident);
+        // Present, it must match the resident session's.
+        assert_eq!(
+            client.attach(&attach(Some("another-build"))).await.unwrap(),
+            Err(HostLinkError::RuntimeMismatch {
+                runtime_compatibility_id: CompatibilityId::new(BUILD).unwrap()
+            })
+        );
+        let again = client.attach(&attach(Some(BUILD))).await.unwrap().unwrap();
+        assert_eq!(again.lease_epoch, placed.lease_epoch);
+        s.server.shutdown();
+        s.server.wait().await;
+    }
+
     pub async fn a_foreign_tenant_cannot_tell_whether_a_session_exists(ts: &TestStore) {
         let s = serve(ts, "link-foreign", |_| {}).await;
         let acme = factory(ts, &s, "acme");
@@ -157,7 +202,7 @@ mod cases {
             host_id: placed.observation.host_id.clone(),
             host_generation: placed.observation.host_generation,
             agent_id: AgentId::new(AGENT).unwrap(),
-            runtime_compatibility_id: CompatibilityId::new(BUILD).unwrap(),
+            runtime_compatibility_id: Some(CompatibilityId::new(BUILD).unwrap()),
             mode: AttachMode::Create,
             actor_id: ActorId::new("probe").unwrap(),
             trace_id: None,
@@ -421,6 +466,7 @@ mod cases {
 sessionstore::both_backends!(cases =>
     a_controller_creates_places_binds_delivers_and_streams_the_reply,
     a_foreign_tenant_cannot_tell_whether_a_session_exists,
+    attach_without_a_runtime_build_is_accepted_and_a_wrong_one_is_refused,
     readyz_turns_503_when_a_drain_starts_and_healthz_stays_200_until_stop,
     metrics_pass_promtools_own_check,
     a_pooled_host_answers_no_hostlink_drain,
