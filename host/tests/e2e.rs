@@ -170,6 +170,56 @@ mod cases {
         svc.stop().await;
     }
 
+    pub async fn a_failed_mapping_read_is_retried_and_the_live_tail_skips_nothing(ts: &TestStore) {
+        use host::failpoints::{self, Action, steps};
+        let host = format!("h-mapping-{}", uuid::Uuid::now_v7().simple());
+        let (svc, _) = started(ts, options(&host)).await;
+        let c = Controller::new(ts);
+        let s = c.session().await;
+        c.attach(&svc, &s).await;
+        let mut feed = svc.subscribe(&s.tenant, &s.session).unwrap();
+        let mut routes = svc.route_invalidations();
+        let key = format!("{host}:{}", steps::MAPPING_READ);
+        failpoints::arm(&key, Action::Fail(3));
+        let i = c.send(&svc, &s, input("through the retries")).await;
+        assert_eq!(c.terminal(&s, &i).await.outcome, Some(Outcome::Applied));
+        // Every committed event of the turn reaches the live tail, in journal order.
+        let mut seqs = Vec::new();
+        tokio::time::timeout(WAIT, async {
+            loop {
+                match feed.recv().await {
+                    Ok(host::link::FeedItem::Enduring(p)) => {
+                        seqs.push(p.journal_seq.get());
+                        if p.body().get().contains("turn_done") {
+                            return;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => panic!("the live tail ended: {e}"),
+                }
+            }
+        })
+        .await
+        .expect("the turn reaches the live tail");
+        assert_eq!(failpoints::hits(&key), 3, "the read failed three times");
+        let journal: Vec<u64> = c
+            .store
+            .journal_runtime_page(&s.tenant, s.binding.runtime_session_id, 0, 1000)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.seq)
+            .filter(|q| *q >= seqs[0] && *q <= *seqs.last().unwrap())
+            .collect();
+        assert_eq!(seqs, journal, "no committed event was skipped");
+        // And no route was dropped for it.
+        assert!(matches!(
+            routes.try_recv(),
+            Err(tokio::sync::broadcast::error::TryRecvError::Empty)
+        ));
+        svc.stop().await;
+    }
+
     pub async fn a_malformed_body_is_rejected_before_any_attempt(ts: &TestStore) {
         let (svc, _) = started(ts, options("h-malformed")).await;
         let c = Controller::new(ts);
@@ -537,6 +587,7 @@ sessionstore::both_backends!(cases =>
     input_interrupt_and_gate_responses_settle_from_the_runtime,
     a_body_stored_by_reference_is_dereferenced_and_verified,
     a_malformed_body_is_rejected_before_any_attempt,
+    a_failed_mapping_read_is_retried_and_the_live_tail_skips_nothing,
     reference_shaped_bodies_apply_and_one_contradicting_its_admission_is_rejected,
     an_unknown_version_body_blocks_the_stream_visibly,
     a_gate_answer_naming_another_gate_version_is_rejected_before_any_attempt,
