@@ -290,6 +290,55 @@ mod cases {
         assert!(!s.service.live(), "healthz is false once stop completed");
     }
 
+    pub async fn stop_ends_within_the_grace_plus_two_idle_boundaries_when_a_link_never_closes(
+        ts: &TestStore,
+    ) {
+        use futures::SinkExt;
+        let grace = Duration::from_secs(1);
+        let idle = Duration::from_secs(1);
+        let s = serve(ts, "link-stop-bound", |o| {
+            o.drain_grace = grace;
+            o.idle_boundary = idle;
+        })
+        .await;
+        // A link that connects and then never reads again: it never answers the close frame.
+        let url = controller::client::hostlink_url(&s.base, &TenantId::new("acme").unwrap());
+        let (mut ws, _) = tokio_tungstenite::connect_async(url.as_str())
+            .await
+            .unwrap();
+        let connect = serde_json::json!({
+            "id": 1,
+            "connect": {"token": s.token("acme"), "data": {"supported_versions": [1]}, "name": "mute"}
+        });
+        ws.send(tokio_tungstenite::tungstenite::Message::Text(
+            connect.to_string().into(),
+        ))
+        .await
+        .unwrap();
+        eventually("the link to be counted", async || {
+            let n = s.server.links().live_links();
+            check(n == 1, || n.to_string())
+        })
+        .await;
+        let began = tokio::time::Instant::now();
+        s.server.shutdown();
+        let report = s.server.wait().await;
+        let took = began.elapsed();
+        assert!(
+            took < grace + idle * 2,
+            "the stop took {took:?}, beyond grace + 2 x idle boundary"
+        );
+        assert!(
+            report
+                .failures
+                .iter()
+                .any(|f| f.step == host::drain_steps::CLOSE_LINK),
+            "{report:?}"
+        );
+        assert!(!s.service.live());
+        drop(ws);
+    }
+
     pub async fn metrics_pass_promtools_own_check(ts: &TestStore) {
         let s = serve(ts, "link-metrics", |_| {}).await;
         let f = factory(ts, &s, "acme");
@@ -469,6 +518,7 @@ sessionstore::both_backends!(cases =>
     attach_without_a_runtime_build_is_accepted_and_a_wrong_one_is_refused,
     readyz_turns_503_when_a_drain_starts_and_healthz_stays_200_until_stop,
     metrics_pass_promtools_own_check,
+    stop_ends_within_the_grace_plus_two_idle_boundaries_when_a_link_never_closes,
     a_pooled_host_answers_no_hostlink_drain,
     a_fixed_session_drains_for_its_holder_and_a_reconnected_beginner_reads_drained,
     placement_with_no_live_host_is_a_clear_refusal,
