@@ -152,7 +152,7 @@ impl Controller {
                     .put_object(NewObject {
                         tenant: self.tenant.clone(),
                         session: session.clone(),
-                        kind: "command_body".into(),
+                        kind: sessionstore::limits::COMMAND_BODY_OBJECT_KIND.into(),
                         media_type: "application/json".into(),
                         bytes,
                     })

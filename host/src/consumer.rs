@@ -11,6 +11,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use department::{Recorded, RuntimeCommand};
+use sessionstore::limits::COMMAND_BODY_OBJECT_KIND;
 use sessionstore::wire::{CommandBodyV1, DecodeError, decode_command};
 use sessionstore::{
     AttemptId, AttemptRequest, ClaimRequest, CommandBody, CommandId, CommandRecord, CommandState,
@@ -473,6 +474,20 @@ impl Consumer {
                         return Ok(Check::Reject(
                             "payload object belongs to another session".into(),
                         ));
+                    }
+                    Ok(obj) if obj.kind != COMMAND_BODY_OBJECT_KIND => {
+                        return Ok(Check::Reject(format!(
+                            "payload object is a {:?}, not a command body",
+                            obj.kind
+                        )));
+                    }
+                    // The cap may have been lowered since the object was written.
+                    Ok(obj) if obj.bytes.len() as u64 > self.ctx.store().referenced_body_cap() => {
+                        return Ok(Check::Reject(format!(
+                            "payload object is {} bytes, above the {}-byte cap",
+                            obj.bytes.len(),
+                            self.ctx.store().referenced_body_cap()
+                        )));
                     }
                     Ok(obj) => obj.bytes,
                     Err(e) => match e.code() {

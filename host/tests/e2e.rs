@@ -119,6 +119,69 @@ mod cases {
         let bad = c.terminal(&s, &bad).await;
         assert_eq!(bad.outcome, Some(Outcome::Rejected));
         assert!(bad.attempt.is_none());
+        // Bytes that are there but are not a command body (another kind of object) are
+        // rejected too, even when they would decode.
+        let other = c
+            .store
+            .put_object(NewObject {
+                tenant: s.tenant.clone(),
+                session: s.session.clone(),
+                kind: "attachment".into(),
+                media_type: "application/json".into(),
+                bytes: sessionstore::wire::encode_command_body(&input(&text)),
+            })
+            .await
+            .unwrap();
+        let wrong = c
+            .admit_raw(&s, CommandKind::Input, CommandBody::Object(other))
+            .await;
+        svc.deliver(&s.tenant, &s.session).unwrap();
+        let wrong = c.terminal(&s, &wrong).await;
+        assert_eq!(wrong.outcome, Some(Outcome::Rejected), "{wrong:?}");
+        assert!(wrong.attempt.is_none());
+        svc.stop().await;
+    }
+
+    pub async fn a_referenced_body_above_the_hosts_cap_is_rejected_before_any_attempt(
+        ts: &TestStore,
+    ) {
+        // The controller wrote under the default cap; this Host's store allows less.
+        let mut store = ts.options();
+        store.referenced_body_cap = 80 * 1024;
+        let svc = host::Composition {
+            options: options("h-capped"),
+            store,
+            registrar: Box::new(HarnessRegistrar {
+                rocket: Default::default(),
+            }),
+            profile: department::RuntimeProfile::Durable,
+            version: "test".into(),
+        }
+        .build()
+        .await
+        .expect("the Host composes");
+        svc.start().await.expect("the Host starts");
+        let c = Controller::new(ts);
+        let s = c.session().await;
+        c.attach(&svc, &s).await;
+        let r = c
+            .store
+            .put_object(NewObject {
+                tenant: s.tenant.clone(),
+                session: s.session.clone(),
+                kind: "command_body".into(),
+                media_type: "application/json".into(),
+                bytes: sessionstore::wire::encode_command_body(&input(&"y".repeat(100 * 1024))),
+            })
+            .await
+            .unwrap();
+        let big = c
+            .admit_raw(&s, CommandKind::Input, CommandBody::Object(r))
+            .await;
+        svc.deliver(&s.tenant, &s.session).unwrap();
+        let big = c.terminal(&s, &big).await;
+        assert_eq!(big.outcome, Some(Outcome::Rejected), "{big:?}");
+        assert!(big.attempt.is_none());
         svc.stop().await;
     }
 
@@ -586,6 +649,7 @@ sessionstore::both_backends!(cases =>
     create_with_a_first_message_is_applied_and_the_reply_is_journaled,
     input_interrupt_and_gate_responses_settle_from_the_runtime,
     a_body_stored_by_reference_is_dereferenced_and_verified,
+    a_referenced_body_above_the_hosts_cap_is_rejected_before_any_attempt,
     a_malformed_body_is_rejected_before_any_attempt,
     a_failed_mapping_read_is_retried_and_the_live_tail_skips_nothing,
     reference_shaped_bodies_apply_and_one_contradicting_its_admission_is_rejected,
