@@ -1071,7 +1071,13 @@ mod tests {
         assert!(SubscribeOptions::decode(br#"{"version":1}"#).is_ok());
         let attach = r#"{"version":1,"tenant_id":"t","session_id":"s","host_id":"h","host_generation":1,"agent_id":"a","runtime_compatibility_id":"b","mode":"create","actor_id":"x","idempotency_key":"k""#;
         assert!(AttachRequest::decode(format!("{attach}}}").as_bytes()).is_ok());
+        // The runtime build is optional; when sent it is a build id, never null.
+        let without = format!("{attach}}}").replace(r#""runtime_compatibility_id":"b","#, "");
+        let decoded = AttachRequest::decode(without.as_bytes()).unwrap();
+        assert_eq!(decoded.runtime_compatibility_id, None);
+        assert!(!decoded.encode().contains("runtime_compatibility_id"));
         for bad in [
+            without.replace(r#""mode""#, r#""runtime_compatibility_id":null,"mode""#),
             format!("{attach},\"trace_id\":null}}"),
             format!("{attach},\"mode\":\"create\"}}"),
             format!("{attach}}}").replace("create", "resume"),
