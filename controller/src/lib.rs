@@ -152,7 +152,7 @@ impl Controller {
                     .put_object(NewObject {
                         tenant: self.tenant.clone(),
                         session: session.clone(),
-                        kind: "command_body".into(),
+                        kind: sessionstore::limits::COMMAND_BODY_OBJECT_KIND.into(),
                         media_type: "application/json".into(),
                         bytes,
                     })
@@ -234,7 +234,7 @@ impl Controller {
             host_id: target.host.clone(),
             host_generation: nonzero(target.generation),
             agent_id: record.agent.clone(),
-            runtime_compatibility_id: record.compatibility.clone(),
+            runtime_compatibility_id: Some(record.compatibility.clone()),
             mode: AttachMode::Create,
             actor_id: ActorId::new(self.name.clone())
                 .map_err(|e| ControllerError::Invalid(e.to_string()))?,

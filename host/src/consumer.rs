@@ -11,7 +11,8 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use department::{Recorded, RuntimeCommand, RuntimeError};
-use sessionstore::wire::{CommandBodyV1, DecodeError, decode_command_body};
+use sessionstore::limits::COMMAND_BODY_OBJECT_KIND;
+use sessionstore::wire::{CommandBodyV1, DecodeError, decode_command};
 use sessionstore::{
     AttemptId, AttemptRequest, ClaimRequest, CommandBody, CommandId, CommandRecord, CommandState,
     ErrorCode, GateId, RejectRequest, SettleRequest, StoreError,
@@ -35,9 +36,16 @@ enum Stop {
     Retry(String),
 }
 
+/// A body that passed the strict check, with the attribution the runtime receives.
+struct Checked {
+    body: CommandBodyV1,
+    principal: Option<String>,
+    metadata: Option<String>,
+}
+
 /// What the strict body check decided.
 enum Check {
-    Apply(CommandBodyV1),
+    Apply(Checked),
     Reject(String),
     Block(String),
 }
@@ -310,10 +318,13 @@ impl Consumer {
         applying: &CommandRecord,
         attempt: AttemptId,
         journal_epoch: sessionstore::JournalEpoch,
-        body: CommandBodyV1,
+        checked: Checked,
     ) -> Result<(), Stop> {
         let r = &self.resident;
-        let command = RuntimeCommand::for_attempt(applying, attempt, journal_epoch, body);
+        let mut command =
+            RuntimeCommand::for_attempt(applying, attempt, journal_epoch, checked.body);
+        command.principal = checked.principal;
+        command.metadata = checked.metadata;
         let recorded: Recorded = match r.runtime.applier.apply(command).await {
             Ok(rec) => rec,
             Err(e) => {
@@ -464,6 +475,20 @@ impl Consumer {
                             "payload object belongs to another session".into(),
                         ));
                     }
+                    Ok(obj) if obj.kind != COMMAND_BODY_OBJECT_KIND => {
+                        return Ok(Check::Reject(format!(
+                            "payload object is a {:?}, not a command body",
+                            obj.kind
+                        )));
+                    }
+                    // The cap may have been lowered since the object was written.
+                    Ok(obj) if obj.bytes.len() as u64 > self.ctx.store().referenced_body_cap() => {
+                        return Ok(Check::Reject(format!(
+                            "payload object is {} bytes, above the {}-byte cap",
+                            obj.bytes.len(),
+                            self.ctx.store().referenced_body_cap()
+                        )));
+                    }
                     Ok(obj) => obj.bytes,
                     Err(e) => match e.code() {
                         ErrorCode::NotFound => {
@@ -477,12 +502,23 @@ impl Consumer {
                 }
             }
         };
-        let body = match decode_command_body(rec.kind, &bytes, &rec.session, &rec.command) {
-            Ok(b) => b,
+        let decoded = decode_command(rec.kind, &bytes, &rec.session, &rec.command).and_then(|d| {
+            let (principal, metadata) = d
+                .attribution
+                .reconcile(rec.principal.as_deref(), rec.metadata.as_deref())?;
+            Ok(Checked {
+                body: d.body,
+                principal,
+                metadata,
+            })
+        });
+        let checked = match decoded {
+            Ok(c) => c,
             Err(e @ DecodeError::Malformed(_)) => return Ok(Check::Reject(e.to_string())),
             Err(e) => return Ok(Check::Block(format!("unreadable_command: {e}"))),
         };
-        if let CommandBodyV1::GateResponse(answer) = &body {
+        let body = &checked.body;
+        if let CommandBodyV1::GateResponse(answer) = body {
             let session = match self
                 .ctx
                 .store()
@@ -520,6 +556,6 @@ impl Consumer {
                 }
             }
         }
-        Ok(Check::Apply(body))
+        Ok(Check::Apply(checked))
     }
 }

@@ -9,6 +9,8 @@ pub mod steps {
     pub const AFTER_DISPATCH_BEFORE_SETTLE: &str = "after_dispatch_before_settle";
     pub const AFTER_SETTLE_BEFORE_CURSOR: &str = "after_settle_before_cursor";
     pub const MID_DRAIN: &str = "mid_drain";
+    /// The live tail's read of the command mapping (armed with [`super::Action::Fail`]).
+    pub const MAPPING_READ: &str = "mapping_read";
     /// Every step, for tests that iterate.
     pub const ALL: [&str; 5] = [
         AFTER_CLAIM,
@@ -26,6 +28,8 @@ pub enum Action {
     Pause,
     /// Abort the whole process, as `kill -9` would (for child-process tests).
     Abort,
+    /// Make the step report a failure this many times (for steps that ask [`fails`]).
+    Fail(u32),
 }
 
 #[cfg(feature = "testing")]
@@ -72,10 +76,30 @@ mod imp {
             if let Some((step, action)) = part.split_once('=') {
                 let action = match action {
                     "abort" => Action::Abort,
+                    "fail" => Action::Fail(1),
                     _ => Action::Pause,
                 };
                 arm(step, action);
             }
+        }
+    }
+
+    pub fn fails(scope: &str, step: &str) -> bool {
+        let Ok(mut t) = table().lock() else {
+            return false;
+        };
+        let scoped = format!("{scope}:{step}");
+        let key = if t.contains_key(&scoped) {
+            scoped
+        } else {
+            step.to_owned()
+        };
+        match t.get_mut(&key) {
+            Some((Action::Fail(times), n)) if *n < *times as usize => {
+                *n += 1;
+                true
+            }
+            _ => false,
         }
     }
 
@@ -89,7 +113,7 @@ mod imp {
                 step.to_owned()
             };
             match t.get_mut(&key) {
-                Some((a, n)) if *n == 0 => {
+                Some((a, n)) if *n == 0 && !matches!(a, Action::Fail(_)) => {
                     *n += 1;
                     Some(*a)
                 }
@@ -97,7 +121,7 @@ mod imp {
             }
         };
         match action {
-            None => {}
+            None | Some(Action::Fail(_)) => {}
             Some(Action::Abort) => {
                 tracing::error!(step, "failpoint: aborting the process");
                 std::process::abort();
@@ -112,6 +136,19 @@ mod imp {
 
 #[cfg(feature = "testing")]
 pub use imp::{arm, arm_from_env, clear, hits};
+
+/// Whether the step `step` of Host `scope` should fail now (armed with [`Action::Fail`]; each
+/// call uses up one failure). Always false without the `testing` feature.
+#[cfg(feature = "testing")]
+pub fn fails(scope: &str, step: &str) -> bool {
+    imp::fails(scope, step)
+}
+
+/// Whether a step should fail now (never, without the `testing` feature).
+#[cfg(not(feature = "testing"))]
+pub fn fails(_scope: &str, _step: &str) -> bool {
+    false
+}
 
 /// Called at a named step by the Host `scope` (its host id). A step armed as
 /// `"<host id>:<step>"` fires only for that Host; one armed as `"<step>"` for any.

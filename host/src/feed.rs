@@ -9,13 +9,17 @@
 //! events the journal holds through it); each later one is the next, because the committed
 //! feed carries every public event in journal order or reports the lag. So a client that moves
 //! to another Host resumes at the same offsets.
+//! A failed read of the command mapping is not such a gap: it is retried with a bounded backoff
+//! until it succeeds.
 
 use std::num::NonZeroU64;
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::value::RawValue;
 use tokio::sync::broadcast;
 
+use crate::failpoints::{self, steps};
 use crate::link::{FeedItem, StreamPublication};
 use crate::residency::SessionCtx;
 use hostlink::public_journal::PublicJournal;
@@ -23,6 +27,17 @@ use hostlink::records::{EnduringPublication, EphemeralPublication, PreviewStream
 
 /// How many feed items a slow link may fall behind before it is disconnected.
 pub const RELAY_BUFFER: usize = 1024;
+
+/// The first pause before a failed read of the command mapping is tried again; each further
+/// failure doubles it, up to [`MAPPING_RETRY_MAX`].
+pub const MAPPING_RETRY_FIRST: Duration = Duration::from_millis(50);
+/// The longest pause between two reads of the command mapping.
+pub const MAPPING_RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// The pause after `pause`: doubled, capped.
+fn next_pause(pause: Duration) -> Duration {
+    (pause * 2).min(MAPPING_RETRY_MAX)
+}
 
 /// Projects and relays committed events and previews until the residency ends.
 pub(crate) async fn relay(ctx: SessionCtx) {
@@ -75,10 +90,26 @@ pub(crate) async fn relay(ctx: SessionCtx) {
                 };
                 // Placed: whatever happens to this record's relay, the next one is the next offset.
                 last_offset = Some(offset);
-                if let Err(e) = journal.learn_to(event.seq).await {
-                    tracing::warn!(error = %e, "reading command identities failed; dropping the session's routes");
-                    invalidate();
-                    continue;
+                // The mapping is needed to project this event: a failed read is retried (WARN
+                // per attempt, bounded backoff) rather than skipping the event; the tail goes
+                // on. Committed events queue meanwhile; a tail that falls too far behind is
+                // dropped as lagged above.
+                let mut pause = MAPPING_RETRY_FIRST;
+                let mut attempt = 1u32;
+                loop {
+                    let read = if failpoints::fails(ctx.config().host_id.as_str(), steps::MAPPING_READ) {
+                        Err("failpoint: the mapping read fails".to_owned())
+                    } else {
+                        journal.learn_to(event.seq).await.map_err(|e| e.to_string())
+                    };
+                    let Err(e) = read else { break };
+                    tracing::warn!(error = %e, seq = event.seq, attempt, retry_in_ms = pause.as_millis() as u64, "reading command identities failed; retrying the publication");
+                    tokio::select! {
+                        _ = r.cancel.cancelled() => return,
+                        _ = tokio::time::sleep(pause) => {}
+                    }
+                    pause = next_pause(pause);
+                    attempt = attempt.saturating_add(1);
                 }
                 let publication = journal
                     .project(&event.body)
@@ -132,5 +163,23 @@ pub(crate) async fn relay(ctx: SessionCtx) {
                 let _ = r.relay.send(FeedItem::Ephemeral(Arc::new(p)));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_mapping_retry_pause_doubles_up_to_its_bound() {
+        let mut p = MAPPING_RETRY_FIRST;
+        let mut seen = vec![p];
+        for _ in 0..8 {
+            p = next_pause(p);
+            seen.push(p);
+        }
+        assert_eq!(seen[1], MAPPING_RETRY_FIRST * 2);
+        assert!(seen.windows(2).all(|w| w[1] >= w[0]));
+        assert_eq!(*seen.last().unwrap(), MAPPING_RETRY_MAX);
     }
 }

@@ -86,7 +86,9 @@ pub struct AttachRequest {
     pub tenant: TenantId,
     pub session: SessionId,
     pub agent: AgentId,
-    pub compatibility: CompatibilityId,
+    /// The runtime build the caller expects, if it says: it must then equal the agent's and
+    /// a resident session's.
+    pub compatibility: Option<CompatibilityId>,
     /// Informational: create versus restore is decided from the journal, never from this.
     pub mode: LaunchMode,
     pub actor: Option<String>,
@@ -511,7 +513,11 @@ impl Inner {
             HostError::RuntimeUnavailable(format!("agent {} is not served here", req.agent))
         })?;
         let compatibility = target.compatibility();
-        if compatibility != req.compatibility {
+        if req
+            .compatibility
+            .as_ref()
+            .is_some_and(|c| c != &compatibility)
+        {
             return Err(HostError::RuntimeMismatch {
                 runtime_compatibility_id: compatibility.to_string(),
             });
@@ -529,7 +535,12 @@ impl Inner {
         if let Some(r) = host.resident(&key) {
             return match r.state() {
                 ResidentState::Resident => {
-                    if r.agent != req.agent || r.compatibility != req.compatibility {
+                    if r.agent != req.agent
+                        || req
+                            .compatibility
+                            .as_ref()
+                            .is_some_and(|c| c != &r.compatibility)
+                    {
                         return Err(HostError::RuntimeMismatch {
                             runtime_compatibility_id: r.compatibility.to_string(),
                         });

@@ -119,6 +119,167 @@ mod cases {
         let bad = c.terminal(&s, &bad).await;
         assert_eq!(bad.outcome, Some(Outcome::Rejected));
         assert!(bad.attempt.is_none());
+        // Bytes that are there but are not a command body (another kind of object) are
+        // rejected too, even when they would decode.
+        let other = c
+            .store
+            .put_object(NewObject {
+                tenant: s.tenant.clone(),
+                session: s.session.clone(),
+                kind: "attachment".into(),
+                media_type: "application/json".into(),
+                bytes: sessionstore::wire::encode_command_body(&input(&text)),
+            })
+            .await
+            .unwrap();
+        let wrong = c
+            .admit_raw(&s, CommandKind::Input, CommandBody::Object(other))
+            .await;
+        svc.deliver(&s.tenant, &s.session).unwrap();
+        let wrong = c.terminal(&s, &wrong).await;
+        assert_eq!(wrong.outcome, Some(Outcome::Rejected), "{wrong:?}");
+        assert!(wrong.attempt.is_none());
+        svc.stop().await;
+    }
+
+    pub async fn a_referenced_body_above_the_hosts_cap_is_rejected_before_any_attempt(
+        ts: &TestStore,
+    ) {
+        // The controller wrote under the default cap; this Host's store allows less.
+        let mut store = ts.options();
+        store.referenced_body_cap = 80 * 1024;
+        let svc = host::Composition {
+            options: options("h-capped"),
+            store,
+            registrar: Box::new(HarnessRegistrar {
+                rocket: Default::default(),
+            }),
+            profile: department::RuntimeProfile::Durable,
+            version: "test".into(),
+        }
+        .build()
+        .await
+        .expect("the Host composes");
+        svc.start().await.expect("the Host starts");
+        let c = Controller::new(ts);
+        let s = c.session().await;
+        c.attach(&svc, &s).await;
+        let r = c
+            .store
+            .put_object(NewObject {
+                tenant: s.tenant.clone(),
+                session: s.session.clone(),
+                kind: "command_body".into(),
+                media_type: "application/json".into(),
+                bytes: sessionstore::wire::encode_command_body(&input(&"y".repeat(100 * 1024))),
+            })
+            .await
+            .unwrap();
+        let big = c
+            .admit_raw(&s, CommandKind::Input, CommandBody::Object(r))
+            .await;
+        svc.deliver(&s.tenant, &s.session).unwrap();
+        let big = c.terminal(&s, &big).await;
+        assert_eq!(big.outcome, Some(Outcome::Rejected), "{big:?}");
+        assert!(big.attempt.is_none());
+        svc.stop().await;
+    }
+
+    pub async fn reference_shaped_bodies_apply_and_one_contradicting_its_admission_is_rejected(
+        ts: &TestStore,
+    ) {
+        let (svc, _) = started(ts, options("h-reference-bodies")).await;
+        let c = Controller::new(ts);
+        let s = c.session().await;
+        let inline = |b: &[u8]| CommandBody::Inline(b.to_vec());
+        let create = c
+            .admit_raw(
+                &s,
+                CommandKind::Create,
+                inline(br#"{"version":1,"blocks":[{"type":"text","text":"hello"}],"principal":"user:1"}"#),
+            )
+            .await;
+        c.attach(&svc, &s).await;
+        assert_eq!(
+            c.terminal(&s, &create).await.outcome,
+            Some(Outcome::Applied)
+        );
+        let input = c
+            .admit_raw(
+                &s,
+                CommandKind::Input,
+                inline(br#"{"version":1,"blocks":[{"type":"text","text":"one"},{"type":"text","text":"two"}],"metadata":{"k":"v"}}"#),
+            )
+            .await;
+        svc.deliver(&s.tenant, &s.session).unwrap();
+        assert_eq!(c.terminal(&s, &input).await.outcome, Some(Outcome::Applied));
+        // The admission recorded user:1; a body naming someone else is no one's to apply.
+        let other = c
+            .admit_raw(
+                &s,
+                CommandKind::Input,
+                inline(br#"{"version":1,"text":"x","principal":"user:2"}"#),
+            )
+            .await;
+        svc.deliver(&s.tenant, &s.session).unwrap();
+        let other = c.terminal(&s, &other).await;
+        assert_eq!(other.outcome, Some(Outcome::Rejected));
+        assert!(other.attempt.is_none());
+        let evs = c
+            .wait_events(&s, "both replies", |e| count(e, "turn_done") == 2)
+            .await;
+        assert_eq!(replies(&evs), ["You said: hello", "You said: one\ntwo"]);
+        c.check_exactly_once(&s).await;
+        svc.stop().await;
+    }
+
+    pub async fn a_failed_mapping_read_is_retried_and_the_live_tail_skips_nothing(ts: &TestStore) {
+        use host::failpoints::{self, Action, steps};
+        let host = format!("h-mapping-{}", uuid::Uuid::now_v7().simple());
+        let (svc, _) = started(ts, options(&host)).await;
+        let c = Controller::new(ts);
+        let s = c.session().await;
+        c.attach(&svc, &s).await;
+        let mut feed = svc.subscribe(&s.tenant, &s.session).unwrap();
+        let mut routes = svc.route_invalidations();
+        let key = format!("{host}:{}", steps::MAPPING_READ);
+        failpoints::arm(&key, Action::Fail(3));
+        let i = c.send(&svc, &s, input("through the retries")).await;
+        assert_eq!(c.terminal(&s, &i).await.outcome, Some(Outcome::Applied));
+        // Every committed event of the turn reaches the live tail, in journal order.
+        let mut seqs = Vec::new();
+        tokio::time::timeout(WAIT, async {
+            loop {
+                match feed.recv().await {
+                    Ok(host::link::FeedItem::Enduring(p)) => {
+                        seqs.push(p.journal_seq.get());
+                        if p.body().get().contains("turn_done") {
+                            return;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => panic!("the live tail ended: {e}"),
+                }
+            }
+        })
+        .await
+        .expect("the turn reaches the live tail");
+        assert_eq!(failpoints::hits(&key), 3, "the read failed three times");
+        let journal: Vec<u64> = c
+            .store
+            .journal_runtime_page(&s.tenant, s.binding.runtime_session_id, 0, 1000)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.seq)
+            .filter(|q| *q >= seqs[0] && *q <= *seqs.last().unwrap())
+            .collect();
+        assert_eq!(seqs, journal, "no committed event was skipped");
+        // And no route was dropped for it.
+        assert!(matches!(
+            routes.try_recv(),
+            Err(tokio::sync::broadcast::error::TryRecvError::Empty)
+        ));
         svc.stop().await;
     }
 
@@ -488,7 +649,10 @@ sessionstore::both_backends!(cases =>
     create_with_a_first_message_is_applied_and_the_reply_is_journaled,
     input_interrupt_and_gate_responses_settle_from_the_runtime,
     a_body_stored_by_reference_is_dereferenced_and_verified,
+    a_referenced_body_above_the_hosts_cap_is_rejected_before_any_attempt,
     a_malformed_body_is_rejected_before_any_attempt,
+    a_failed_mapping_read_is_retried_and_the_live_tail_skips_nothing,
+    reference_shaped_bodies_apply_and_one_contradicting_its_admission_is_rejected,
     an_unknown_version_body_blocks_the_stream_visibly,
     a_gate_answer_naming_another_gate_version_is_rejected_before_any_attempt,
     two_hosts_racing_to_attach_one_session_have_one_winner,

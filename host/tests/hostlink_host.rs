@@ -136,6 +136,51 @@ mod cases {
         s.server.wait().await;
     }
 
+    pub async fn attach_without_a_runtime_build_is_accepted_and_a_wrong_one_is_refused(
+        ts: &TestStore,
+    ) {
+        let s = serve(ts, "link-compat", |_| {}).await;
+        let acme = factory(ts, &s, "acme");
+        let session = sid("compat");
+        create(&acme, &session, None, "c").await;
+        let client = HostLinkClient::connect(
+            &s.base,
+            &TenantId::new("acme").unwrap(),
+            &s.token("acme"),
+            "probe",
+        )
+        .await
+        .unwrap();
+        let attach = |build: Option<&str>| AttachRequest {
+            version: V1,
+            tenant_id: TenantId::new("acme").unwrap(),
+            session_id: session.clone(),
+            host_id: s.service.config().host_id.clone(),
+            host_generation: std::num::NonZeroU64::new(s.service.generation()).unwrap(),
+            agent_id: AgentId::new(AGENT).unwrap(),
+            runtime_compatibility_id: build.map(|b| CompatibilityId::new(b).unwrap()),
+            mode: AttachMode::Create,
+            actor_id: ActorId::new("probe").unwrap(),
+            trace_id: None,
+            idempotency_key: IdempotencyKey::new(uuid::Uuid::now_v7().to_string()).unwrap(),
+        };
+        // Omitted: the Host's own build is used and reported.
+        let placed = client.attach(&attach(None)).await.unwrap().unwrap();
+        assert_eq!(placed.runtime_compatibility_id.as_str(), BUILD);
+        assert_eq!(placed.residency, ResidencyState::Resident);
+        // Present, it must match the resident session's.
+        assert_eq!(
+            client.attach(&attach(Some("another-build"))).await.unwrap(),
+            Err(HostLinkError::RuntimeMismatch {
+                runtime_compatibility_id: CompatibilityId::new(BUILD).unwrap()
+            })
+        );
+        let again = client.attach(&attach(Some(BUILD))).await.unwrap().unwrap();
+        assert_eq!(again.lease_epoch, placed.lease_epoch);
+        s.server.shutdown();
+        s.server.wait().await;
+    }
+
     pub async fn a_foreign_tenant_cannot_tell_whether_a_session_exists(ts: &TestStore) {
         let s = serve(ts, "link-foreign", |_| {}).await;
         let acme = factory(ts, &s, "acme");
@@ -157,7 +202,7 @@ mod cases {
             host_id: placed.observation.host_id.clone(),
             host_generation: placed.observation.host_generation,
             agent_id: AgentId::new(AGENT).unwrap(),
-            runtime_compatibility_id: CompatibilityId::new(BUILD).unwrap(),
+            runtime_compatibility_id: Some(CompatibilityId::new(BUILD).unwrap()),
             mode: AttachMode::Create,
             actor_id: ActorId::new("probe").unwrap(),
             trace_id: None,
@@ -393,6 +438,55 @@ mod cases {
         newer.stop().await;
     }
 
+    pub async fn stop_ends_within_the_grace_plus_two_idle_boundaries_when_a_link_never_closes(
+        ts: &TestStore,
+    ) {
+        use futures::SinkExt;
+        let grace = Duration::from_secs(1);
+        let idle = Duration::from_secs(1);
+        let s = serve(ts, "link-stop-bound", |o| {
+            o.drain_grace = grace;
+            o.idle_boundary = idle;
+        })
+        .await;
+        // A link that connects and then never reads again: it never answers the close frame.
+        let url = controller::client::hostlink_url(&s.base, &TenantId::new("acme").unwrap());
+        let (mut ws, _) = tokio_tungstenite::connect_async(url.as_str())
+            .await
+            .unwrap();
+        let connect = serde_json::json!({
+            "id": 1,
+            "connect": {"token": s.token("acme"), "data": {"supported_versions": [1]}, "name": "mute"}
+        });
+        ws.send(tokio_tungstenite::tungstenite::Message::Text(
+            connect.to_string().into(),
+        ))
+        .await
+        .unwrap();
+        eventually("the link to be counted", async || {
+            let n = s.server.links().live_links();
+            check(n == 1, || n.to_string())
+        })
+        .await;
+        let began = tokio::time::Instant::now();
+        s.server.shutdown();
+        let report = s.server.wait().await;
+        let took = began.elapsed();
+        assert!(
+            took < grace + idle * 2,
+            "the stop took {took:?}, beyond grace + 2 x idle boundary"
+        );
+        assert!(
+            report
+                .failures
+                .iter()
+                .any(|f| f.step == host::drain_steps::CLOSE_LINK),
+            "{report:?}"
+        );
+        assert!(!s.service.live());
+        drop(ws);
+    }
+
     pub async fn metrics_pass_promtools_own_check(ts: &TestStore) {
         let s = serve(ts, "link-metrics", |_| {}).await;
         let f = factory(ts, &s, "acme");
@@ -569,11 +663,13 @@ mod cases {
 sessionstore::both_backends!(cases =>
     a_controller_creates_places_binds_delivers_and_streams_the_reply,
     a_foreign_tenant_cannot_tell_whether_a_session_exists,
+    attach_without_a_runtime_build_is_accepted_and_a_wrong_one_is_refused,
     readyz_turns_503_when_a_drain_starts_and_healthz_stays_200_until_stop,
     a_draining_host_refuses_new_links_attaches_and_binds,
     readyz_gives_its_reasons_as_text_and_as_json,
     a_host_whose_id_a_newer_generation_took_is_fenced_and_not_ready,
     metrics_pass_promtools_own_check,
+    stop_ends_within_the_grace_plus_two_idle_boundaries_when_a_link_never_closes,
     a_pooled_host_answers_no_hostlink_drain,
     a_fixed_session_drains_for_its_holder_and_a_reconnected_beginner_reads_drained,
     placement_with_no_live_host_is_a_clear_refusal,

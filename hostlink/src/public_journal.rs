@@ -2,8 +2,10 @@
 //! function both the live tail and durable journal pages use: every runtime session id (in any
 //! string, at any depth) becomes the public session id, and `cause.command_id` becomes the
 //! public command id the client admitted — or is removed, with an emptied `cause`, for a
-//! command with no public id. Member order and every other byte are kept: a body with nothing
-//! to rewrite is returned byte for byte.
+//! command with no public id. Any other mention of a known runtime command id — in any string
+//! or member name, at any depth, hyphenated in either case or as 32 bare hex digits — becomes
+//! its public id too, whatever runtime wrote the body. Member order is kept, and a body with
+//! nothing to rewrite is returned byte for byte.
 
 use std::collections::{HashMap, HashSet};
 
@@ -50,26 +52,6 @@ impl CommandMap {
 #[error("the body could not be projected: {0}")]
 pub struct ProjectionError(pub String);
 
-fn rewrite_strings(v: &mut Value, from: &str, to: &str, changed: &mut bool) {
-    match v {
-        Value::String(s) if s.contains(from) => {
-            *s = s.replace(from, to);
-            *changed = true;
-        }
-        Value::Array(items) => {
-            for i in items {
-                rewrite_strings(i, from, to, changed);
-            }
-        }
-        Value::Object(map) => {
-            for (_, val) in map.iter_mut() {
-                rewrite_strings(val, from, to, changed);
-            }
-        }
-        _ => {}
-    }
-}
-
 fn rewrite_causes(v: &mut Value, map: &CommandMap, changed: &mut bool) {
     match v {
         Value::Array(items) => {
@@ -104,6 +86,131 @@ fn rewrite_causes(v: &mut Value, map: &CommandMap, changed: &mut bool) {
     }
 }
 
+/// The private ids of one session and their public names.
+struct Private<'a> {
+    runtime_session: uuid::Uuid,
+    public_session: &'a str,
+    map: &'a CommandMap,
+}
+
+impl Private<'_> {
+    /// The public name of `text` when it spells one of this session's private ids (in any
+    /// textual form of the UUID).
+    fn public_of(&self, text: &str) -> Option<&str> {
+        let id = uuid::Uuid::try_parse(text).ok()?;
+        if id == self.runtime_session {
+            return Some(self.public_session);
+        }
+        self.map
+            .runtime_to_public
+            .get(&id.hyphenated().to_string())
+            .map(String::as_str)
+    }
+
+    /// Where `text` spells one of this session's private ids, with its public name, left to
+    /// right and not overlapping. Every position is tried: an id glued to other characters
+    /// (even hex digits) is still found. A 32-digit window inside a longer hex string is
+    /// tried too; it can only match if it is that id (a digest equals one by chance with
+    /// probability 2^-122).
+    fn mentions(&self, text: &str) -> Vec<(std::ops::Range<usize>, &str)> {
+        let b = text.as_bytes();
+        // run[i]: how many hex digits start at i.
+        let mut run = vec![0usize; b.len() + 1];
+        for i in (0..b.len()).rev() {
+            run[i] = if b[i].is_ascii_hexdigit() {
+                run[i + 1] + 1
+            } else {
+                0
+            };
+        }
+        let hyphenated = |i: usize| {
+            b.len() >= i + 36
+                && run[i] >= 8
+                && b[i + 8] == b'-'
+                && run[i + 9] >= 4
+                && b[i + 13] == b'-'
+                && run[i + 14] >= 4
+                && b[i + 18] == b'-'
+                && run[i + 19] >= 4
+                && b[i + 23] == b'-'
+                && run[i + 24] >= 12
+        };
+        let mut found = Vec::new();
+        let mut i = 0;
+        while i < b.len() {
+            let len = if hyphenated(i) {
+                36
+            } else if run[i] >= 32 {
+                32
+            } else {
+                i += 1;
+                continue;
+            };
+            // The window is ASCII hex and hyphens, so these are character boundaries.
+            match self.public_of(&text[i..i + len]) {
+                Some(public) => {
+                    found.push((i..i + len, public));
+                    i += len;
+                }
+                None => i += 1,
+            }
+        }
+        found
+    }
+
+    /// `text` with every private id replaced; `None` when it names none.
+    fn rewrite(&self, text: &str) -> Option<String> {
+        let found = self.mentions(text);
+        if found.is_empty() {
+            return None;
+        }
+        let mut out = String::with_capacity(text.len());
+        let mut last = 0;
+        for (span, public) in found {
+            out.push_str(&text[last..span.start]);
+            out.push_str(public);
+            last = span.end;
+        }
+        out.push_str(&text[last..]);
+        Some(out)
+    }
+
+    fn mentioned_in(&self, text: &str) -> bool {
+        !self.mentions(text).is_empty()
+    }
+
+    /// Rewrites every string and member name of `v`, at any depth.
+    fn rewrite_value(&self, v: &mut Value, changed: &mut bool) {
+        match v {
+            Value::String(s) => {
+                if let Some(new) = self.rewrite(s) {
+                    *s = new;
+                    *changed = true;
+                }
+            }
+            Value::Array(items) => {
+                for i in items {
+                    self.rewrite_value(i, changed);
+                }
+            }
+            Value::Object(obj) => {
+                if obj.keys().any(|k| self.mentioned_in(k)) {
+                    let old = std::mem::take(obj);
+                    for (k, val) in old {
+                        let k = self.rewrite(&k).unwrap_or(k);
+                        obj.insert(k, val);
+                    }
+                    *changed = true;
+                }
+                for (_, val) in obj.iter_mut() {
+                    self.rewrite_value(val, changed);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
 /// Projects one public body.
 pub fn project(
     body: &[u8],
@@ -111,11 +218,16 @@ pub fn project(
     public_session: &SessionId,
     map: &CommandMap,
 ) -> Result<Vec<u8>, ProjectionError> {
-    let rs = runtime_session.to_string();
+    let private = Private {
+        runtime_session: runtime_session.uuid(),
+        public_session: public_session.as_str(),
+        map,
+    };
     let text = std::str::from_utf8(body).map_err(|_| ProjectionError("not UTF-8".into()))?;
-    let mentions_session = text.contains(&rs);
     let has_cause = text.contains("\"cause\"");
-    if !mentions_session && !has_cause {
+    // An escape could spell an id the raw text does not show: such a body is always parsed.
+    let mentions = text.contains("\\u") || private.mentioned_in(text);
+    if !mentions && !has_cause {
         return Ok(body.to_vec());
     }
     let mut value: Value =
@@ -124,8 +236,8 @@ pub fn project(
     if has_cause {
         rewrite_causes(&mut value, map, &mut changed);
     }
-    if mentions_session {
-        rewrite_strings(&mut value, &rs, public_session.as_str(), &mut changed);
+    if mentions {
+        private.rewrite_value(&mut value, &mut changed);
     }
     if !changed {
         return Ok(body.to_vec());
@@ -331,6 +443,7 @@ pub enum PublicJournalError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     fn ids() -> (RuntimeSessionId, SessionId) {
         (
@@ -397,5 +510,129 @@ mod tests {
         let (rs, s) = ids();
         let body = format!("{{\"session_id\":\"{rs}\"");
         assert!(project(body.as_bytes(), rs, &s, &CommandMap::default()).is_err());
+    }
+    #[test]
+    fn any_mention_of_a_runtime_command_id_becomes_public_in_any_form_and_place() {
+        let (rs, s) = ids();
+        let runtime = uuid::Uuid::now_v7();
+        let gate = uuid::Uuid::now_v7();
+        let mut map = CommandMap::default();
+        map.insert(&runtime.hyphenated().to_string(), "cmd-7");
+        let upper = runtime.hyphenated().to_string().to_uppercase();
+        let simple = runtime.simple().to_string();
+        let body = format!(
+            r#"{{"ref":"{runtime}","note":"retry of {upper} (x{simple})","{runtime}":{{"gate":"{gate}"}},"list":["ab{runtime}"]}}"#
+        );
+        let out = String::from_utf8(project(body.as_bytes(), rs, &s, &map).unwrap()).unwrap();
+        assert_eq!(
+            out,
+            format!(
+                r#"{{"ref":"cmd-7","note":"retry of cmd-7 (xcmd-7)","cmd-7":{{"gate":"{gate}"}},"list":["abcmd-7"]}}"#
+            )
+        );
+        // Spelled with escapes, it is still found.
+        let hyphenated = runtime.hyphenated().to_string();
+        let first = hyphenated.chars().next().unwrap();
+        let escaped = format!(r#"{{"ref":"\u{:04x}{}"}}"#, first as u32, &hyphenated[1..]);
+        let out = String::from_utf8(project(escaped.as_bytes(), rs, &s, &map).unwrap()).unwrap();
+        assert_eq!(out, r#"{"ref":"cmd-7"}"#);
+    }
+
+    /// Forms a private or foreign UUID may be written in.
+    fn forms(id: uuid::Uuid) -> [String; 4] {
+        let h = id.hyphenated().to_string();
+        let s = id.simple().to_string();
+        [h.clone(), h.to_uppercase(), s.clone(), s.to_uppercase()]
+    }
+
+    /// A JSON value whose strings and member names are built from `pieces`.
+    fn value_from(pieces: Vec<String>) -> impl Strategy<Value = Value> {
+        let text = proptest::collection::vec(proptest::sample::select(pieces), 0..4)
+            .prop_map(|parts| parts.concat());
+        let leaf = prop_oneof![
+            text.clone().prop_map(Value::String),
+            any::<i64>().prop_map(Value::from),
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+        ];
+        leaf.prop_recursive(4, 32, 4, move |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                proptest::collection::vec((text.clone(), inner), 0..4)
+                    .prop_map(|members| Value::Object(members.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn replace_everywhere(v: &Value, pairs: &[(String, String)]) -> Value {
+        let fix = |t: &str| {
+            pairs.iter().fold(t.to_owned(), |acc, (from, to)| {
+                acc.replace(from.as_str(), to)
+            })
+        };
+        match v {
+            Value::String(t) => Value::String(fix(t)),
+            Value::Array(items) => {
+                Value::Array(items.iter().map(|i| replace_everywhere(i, pairs)).collect())
+            }
+            Value::Object(m) => Value::Object(
+                m.iter()
+                    .map(|(k, val)| (fix(k), replace_everywhere(val, pairs)))
+                    .collect(),
+            ),
+            other => other.clone(),
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn no_private_id_survives_the_projection_and_nothing_else_changes(
+            value in {
+                let rs = uuid::Uuid::from_u64_pair(0x0190_0000_0000_7000, 0x8000_0000_0000_0001);
+                let c1 = uuid::Uuid::from_u64_pair(0x0190_0000_0000_7000, 0x8000_0000_0000_0002);
+                let c2 = uuid::Uuid::from_u64_pair(0x0190_0000_0000_7000, 0x8000_0000_0000_0003);
+                let foreign = uuid::Uuid::from_u64_pair(0x0190_0000_0000_7000, 0x8000_0000_0000_0004);
+                let mut pieces: Vec<String> = ["a", "Z", "0f", " ", "-", "é", "\\", "\"", "session ", "cause_"]
+                    .iter()
+                    .map(|p| (*p).to_owned())
+                    .collect();
+                for id in [rs, c1, c2, foreign] {
+                    pieces.extend(forms(id));
+                }
+                value_from(pieces)
+            },
+        ) {
+            let rs = RuntimeSessionId::from_uuid(uuid::Uuid::from_u64_pair(0x0190_0000_0000_7000, 0x8000_0000_0000_0001)).unwrap();
+            let c1 = uuid::Uuid::from_u64_pair(0x0190_0000_0000_7000, 0x8000_0000_0000_0002);
+            let c2 = uuid::Uuid::from_u64_pair(0x0190_0000_0000_7000, 0x8000_0000_0000_0003);
+            let foreign = uuid::Uuid::from_u64_pair(0x0190_0000_0000_7000, 0x8000_0000_0000_0004);
+            let public = SessionId::new("public-s").unwrap();
+            let mut map = CommandMap::default();
+            map.insert(&c1.hyphenated().to_string(), "cmd-one");
+            map.insert(&c2.hyphenated().to_string(), "cmd-two");
+            let body = serde_json::to_vec(&value).unwrap();
+            let out = project(&body, rs, &public, &map).unwrap();
+            let projected: Value = serde_json::from_slice(&out).unwrap();
+            // Exactly the private ids, in every form, are renamed; everything else is kept.
+            let mut pairs = Vec::new();
+            for (id, name) in [(rs.uuid(), "public-s"), (c1, "cmd-one"), (c2, "cmd-two")] {
+                for f in forms(id) {
+                    pairs.push((f, name.to_owned()));
+                }
+            }
+            prop_assert_eq!(&projected, &replace_everywhere(&value, &pairs));
+            let lower = String::from_utf8(out.clone()).unwrap().to_lowercase();
+            for id in [rs.uuid(), c1, c2] {
+                prop_assert!(!lower.contains(&id.hyphenated().to_string()));
+                prop_assert!(!lower.contains(&id.simple().to_string()));
+            }
+            let text = String::from_utf8(body.clone()).unwrap();
+            if forms(foreign).iter().any(|f| text.contains(f.as_str())) {
+                prop_assert!(lower.contains(&foreign.simple().to_string()) || lower.contains(&foreign.hyphenated().to_string()));
+            }
+            if pairs.iter().all(|(f, _)| !text.contains(f.as_str())) {
+                prop_assert_eq!(out, body);
+            }
+        }
     }
 }

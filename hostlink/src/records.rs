@@ -9,7 +9,7 @@
 //! | record | members, in wire order |
 //! |---|---|
 //! | [`ConnectData`] | `supported_versions` |
-//! | [`AttachRequest`] | `version`, `tenant_id`, `session_id`, `host_id`, `host_generation`, `agent_id`, `runtime_compatibility_id`, `mode`, `actor_id`, `trace_id`?, `idempotency_key` |
+//! | [`AttachRequest`] | `version`, `tenant_id`, `session_id`, `host_id`, `host_generation`, `agent_id`, `runtime_compatibility_id`?, `mode`, `actor_id`, `trace_id`?, `idempotency_key` |
 //! | [`BindRequest`] | `version`, `tenant_id`, `session_id`, `host_id`, `host_generation`, `lease_epoch`, `runtime_compatibility_id`, `idempotency_key` |
 //! | [`UnbindRequest`] | the bind members minus `runtime_compatibility_id` |
 //! | [`DrainRequest`] | `version`, `host_id`, `host_generation`, `idempotency_key`, [`tenant_id`, `session_id`] |
@@ -258,7 +258,14 @@ pub struct AttachRequest {
     pub host_id: HostId,
     pub host_generation: NonZeroU64,
     pub agent_id: AgentId,
-    pub runtime_compatibility_id: CompatibilityId,
+    /// Optional; when present the Host refuses (`runtime_mismatch`) unless it equals the
+    /// agent's runtime build and a resident session's.
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub runtime_compatibility_id: Option<CompatibilityId>,
     pub mode: AttachMode,
     pub actor_id: ActorId,
     #[serde(
@@ -1091,7 +1098,13 @@ mod tests {
         );
         let attach = r#"{"version":1,"tenant_id":"t","session_id":"s","host_id":"h","host_generation":1,"agent_id":"a","runtime_compatibility_id":"b","mode":"create","actor_id":"x","idempotency_key":"k""#;
         assert!(AttachRequest::decode(format!("{attach}}}").as_bytes()).is_ok());
+        // The runtime build is optional; when sent it is a build id, never null.
+        let without = format!("{attach}}}").replace(r#""runtime_compatibility_id":"b","#, "");
+        let decoded = AttachRequest::decode(without.as_bytes()).unwrap();
+        assert_eq!(decoded.runtime_compatibility_id, None);
+        assert!(!decoded.encode().contains("runtime_compatibility_id"));
         for bad in [
+            without.replace(r#""mode""#, r#""runtime_compatibility_id":null,"mode""#),
             format!("{attach},\"trace_id\":null}}"),
             format!("{attach},\"mode\":\"create\"}}"),
             format!("{attach}}}").replace("create", "resume"),

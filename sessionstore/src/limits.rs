@@ -6,8 +6,11 @@ use std::time::Duration;
 pub const MAX_INLINE_BODY_BYTES: usize = 64 * 1024;
 /// The hard ceiling of a referenced (payload object) body.
 pub const MAX_REFERENCED_BODY_BYTES: u64 = 16 * 1024 * 1024;
-/// The default cap of a referenced body (configurable up to the ceiling).
+/// The default cap of a referenced body (configurable above [`MAX_INLINE_BODY_BYTES`] up to
+/// the ceiling).
 pub const DEFAULT_REFERENCED_BODY_CAP: u64 = 8 * 1024 * 1024;
+/// The kind of payload object a referenced command body is stored as; a Host applies no other.
+pub const COMMAND_BODY_OBJECT_KIND: &str = "command_body";
 /// The largest single journal record value (bodies above [`MAX_INLINE_BODY_BYTES`] are offloaded).
 pub const MAX_RECORD_VALUE_BYTES: usize = 256 * 1024;
 /// At most this many gates are open per session in the projection.

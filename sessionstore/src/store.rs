@@ -91,10 +91,16 @@ impl StoreOptions {
     }
 
     fn validate(&self) -> StoreResult<()> {
-        if self.referenced_body_cap == 0 || self.referenced_body_cap > MAX_REFERENCED_BODY_BYTES {
+        // A referenced body is one too large to be inline, so a cap at or below the inline
+        // limit would refuse every body that needs a reference.
+        if self.referenced_body_cap <= MAX_INLINE_BODY_BYTES as u64
+            || self.referenced_body_cap > MAX_REFERENCED_BODY_BYTES
+        {
             return Err(StoreError::invalid(
                 "referenced_body_cap",
-                format!("must be between 1 and {MAX_REFERENCED_BODY_BYTES} bytes"),
+                format!(
+                    "must be above {MAX_INLINE_BODY_BYTES} and at most {MAX_REFERENCED_BODY_BYTES} bytes"
+                ),
             ));
         }
         if self.sqlite_readers == 0 || self.sqlite_readers > 64 {
@@ -363,6 +369,11 @@ impl Store {
     }
 
     /// Closes the store; every later call fails `unavailable`.
+    /// The largest referenced (payload object) body this store accepts.
+    pub fn referenced_body_cap(&self) -> u64 {
+        self.inner.referenced_body_cap
+    }
+
     pub async fn close(&self) {
         match &self.inner.engine {
             Engine::Sqlite(e) => e.close().await,

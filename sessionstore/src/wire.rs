@@ -15,6 +15,14 @@
 //!
 //! Every kind also accepts `session_id` and `command_id`; when present they must name the
 //! command's own session and command (a body naming another is rejected).
+//!
+//! The reference Host's bodies are read too, so a controller written against it is not blocked:
+//! `blocks` (an array of `{"type":"text","text":...}` content blocks) in place of `text` on
+//! `create` (optional) and `input` (required, at least one block); `principal` (a string) and
+//! `metadata` (an object) as body members on every kind; and `expected_open_seq` for the
+//! gate version on `gate_response`. Each alternative is exclusive with its counterpart only
+//! when they disagree: a body carrying both `text` and `blocks`, or two different gate
+//! versions, is malformed. A block of another `type` is from a newer writer (blocked).
 
 use std::fmt;
 
@@ -231,6 +239,60 @@ pub enum CommandBodyV1 {
     GateResponse(GateAnswer),
 }
 
+/// Attribution a body may carry as members (the reference Host's shape). The admission's own
+/// columns are authoritative; see [`Attribution::reconcile`].
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct Attribution {
+    pub principal: Option<String>,
+    /// A JSON object.
+    pub metadata: Option<serde_json::Map<String, Value>>,
+}
+
+impl Attribution {
+    /// Principal and metadata (object text) for the runtime: the admission's columns when set,
+    /// else the body's members. A body that names a different principal or different metadata
+    /// than its admission recorded is malformed.
+    pub fn reconcile(
+        &self,
+        principal: Option<&str>,
+        metadata: Option<&str>,
+    ) -> Result<(Option<String>, Option<String>), DecodeError> {
+        let principal = match (principal, &self.principal) {
+            (Some(col), Some(body)) if col != body => {
+                return Err(DecodeError::Malformed(
+                    "the body names another principal than its admission".into(),
+                ));
+            }
+            (Some(col), _) => Some(col.to_owned()),
+            (None, body) => body.clone(),
+        };
+        let metadata = match (metadata, &self.metadata) {
+            (Some(col), Some(body)) => {
+                let recorded: Value = serde_json::from_str(col).map_err(|e| {
+                    DecodeError::Malformed(format!("the admission's metadata is not JSON: {e}"))
+                })?;
+                if recorded != Value::Object(body.clone()) {
+                    return Err(DecodeError::Malformed(
+                        "the body carries other metadata than its admission".into(),
+                    ));
+                }
+                Some(col.to_owned())
+            }
+            (Some(col), None) => Some(col.to_owned()),
+            (None, Some(body)) => Some(Value::Object(body.clone()).to_string()),
+            (None, None) => None,
+        };
+        Ok((principal, metadata))
+    }
+}
+
+/// A decoded command: its body and the attribution members it carried.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct DecodedCommand {
+    pub body: CommandBodyV1,
+    pub attribution: Attribution,
+}
+
 /// The largest text a body may carry (a message or an answer).
 pub const MAX_BODY_TEXT_BYTES: usize = 8 * 1024 * 1024;
 
@@ -248,16 +310,90 @@ pub fn decode_command_body(
     session: &SessionId,
     command: &CommandId,
 ) -> Result<CommandBodyV1, DecodeError> {
+    decode_command(kind, bytes, session, command).map(|d| d.body)
+}
+
+/// The message of a `text` member or a `blocks` array (never both); `None` when neither.
+fn message(obj: &StrictObject) -> Result<Option<String>, DecodeError> {
+    let text = obj.opt_string("text")?;
+    let blocks = obj.opt_value("blocks")?;
+    let message = match (text, blocks) {
+        (Some(_), Some(_)) => {
+            return Err(DecodeError::Malformed(
+                "a body carries text or blocks, not both".into(),
+            ));
+        }
+        (Some(t), None) => Some(t),
+        (None, Some(b)) => Some(blocks_text(&b)?),
+        (None, None) => None,
+    };
+    if let Some(t) = &message {
+        check_text("text", t)?;
+    }
+    Ok(message)
+}
+
+/// The text of a `blocks` array: its text blocks joined by newlines. An empty array is no
+/// message at all; a block of another type is a newer writer's (blocked, not rejected).
+fn blocks_text(blocks: &Value) -> Result<String, DecodeError> {
+    let Value::Array(items) = blocks else {
+        return Err(DecodeError::Malformed("blocks must be an array".into()));
+    };
+    if items.is_empty() {
+        return Err(DecodeError::Malformed("blocks must not be empty".into()));
+    }
+    let mut parts = Vec::with_capacity(items.len());
+    let mut future = None;
+    for (i, item) in items.iter().enumerate() {
+        let block = StrictObject::from_value(item.clone())
+            .map_err(|_| DecodeError::Malformed(format!("blocks[{i}] must be an object")))?;
+        let ty = block.string("type")?;
+        if ty != "text" {
+            future
+                .get_or_insert_with(|| DecodeError::UnknownField(format!("blocks[{i}].type={ty}")));
+            continue;
+        }
+        parts.push(block.string("text")?);
+        if let Err(e) = block.only(&["type", "text"]) {
+            future.get_or_insert(e);
+        }
+    }
+    // Broken blocks are rejected before a newer writer's block blocks.
+    if let Some(e) = future {
+        return Err(e);
+    }
+    Ok(parts.join("\n"))
+}
+
+/// Decodes a command body strictly, with the attribution members it carries.
+pub fn decode_command(
+    kind: CommandKind,
+    bytes: &[u8],
+    session: &SessionId,
+    command: &CommandId,
+) -> Result<DecodedCommand, DecodeError> {
     let obj = StrictObject::parse(bytes)?;
     obj.version(BODY_VERSION)?;
-    let common = ["version", "session_id", "command_id"];
+    let common = [
+        "version",
+        "session_id",
+        "command_id",
+        "principal",
+        "metadata",
+    ];
     let known: Vec<&str> = match kind {
-        CommandKind::Create => [&common[..], &["text"]].concat(),
-        CommandKind::Input => [&common[..], &["text"]].concat(),
+        CommandKind::Create => [&common[..], &["text", "blocks"]].concat(),
+        CommandKind::Input => [&common[..], &["text", "blocks"]].concat(),
         CommandKind::Restore | CommandKind::Interrupt => common.to_vec(),
         CommandKind::GateResponse => [
             &common[..],
-            &["gate_id", "action", "text", "expected_gate_seq"],
+            &[
+                "gate_id",
+                "action",
+                "text",
+                "expected_gate_seq",
+                "expected_open_seq",
+            ],
         ]
         .concat(),
     };
@@ -277,20 +413,28 @@ pub fn decode_command_body(
             "the body names another command".into(),
         ));
     }
+    let principal = obj.opt_string("principal")?;
+    if principal.as_ref().is_some_and(|p| p.is_empty()) {
+        return Err(DecodeError::Malformed("principal must not be empty".into()));
+    }
+    let metadata = match obj.opt_value("metadata")? {
+        None => None,
+        Some(Value::Object(m)) => Some(m),
+        Some(_) => return Err(DecodeError::Malformed("metadata must be an object".into())),
+    };
     let body = match kind {
-        CommandKind::Create => {
-            let text = obj.opt_string("text")?;
-            if let Some(t) = &text {
-                check_text("text", t)?;
-            }
-            CommandBodyV1::Create { text }
-        }
+        CommandKind::Create => CommandBodyV1::Create {
+            text: match obj.opt_value("blocks")? {
+                // An empty `blocks` is a bare create in the reference's shape.
+                Some(Value::Array(a)) if a.is_empty() && obj.opt_string("text")?.is_none() => None,
+                _ => message(&obj)?,
+            },
+        },
         CommandKind::Restore => CommandBodyV1::Restore,
-        CommandKind::Input => {
-            let text = obj.string("text")?;
-            check_text("text", &text)?;
-            CommandBodyV1::Input { text }
-        }
+        CommandKind::Input => CommandBodyV1::Input {
+            text: message(&obj)?
+                .ok_or_else(|| DecodeError::Malformed("missing text or blocks".into()))?,
+        },
         CommandKind::Interrupt => CommandBodyV1::Interrupt,
         CommandKind::GateResponse => {
             let gate = obj.string("gate_id")?;
@@ -306,16 +450,33 @@ pub fn decode_command_body(
             if let Some(t) = &text {
                 check_text("text", t)?;
             }
+            let expected_gate_seq = match (
+                obj.opt_positive("expected_gate_seq")?,
+                obj.opt_positive("expected_open_seq")?,
+            ) {
+                (Some(a), Some(b)) if a != b => {
+                    return Err(DecodeError::Malformed(
+                        "expected_gate_seq and expected_open_seq disagree".into(),
+                    ));
+                }
+                (a, b) => a.or(b),
+            };
             CommandBodyV1::GateResponse(GateAnswer {
                 gate_id,
                 action,
                 text,
-                expected_gate_seq: obj.opt_positive("expected_gate_seq")?,
+                expected_gate_seq,
             })
         }
     };
     obj.only(&known)?;
-    Ok(body)
+    Ok(DecodedCommand {
+        body,
+        attribution: Attribution {
+            principal,
+            metadata,
+        },
+    })
 }
 
 /// Encodes a body (what a controller admits).
@@ -478,5 +639,132 @@ mod tests {
                 .unwrap_err();
             assert_eq!(e.code(), "malformed");
         }
+    }
+    #[test]
+    fn the_reference_hosts_shapes_decode_to_the_same_commands() {
+        let d = decode_command(
+            CommandKind::Input,
+            br#"{"version":1,"blocks":[{"type":"text","text":"hello"},{"type":"text","text":"world"}],"principal":"user:7","metadata":{"trace":"t1"}}"#,
+            &s(),
+            &c(),
+        )
+        .unwrap();
+        assert_eq!(
+            d.body,
+            CommandBodyV1::Input {
+                text: "hello\nworld".into()
+            }
+        );
+        assert_eq!(d.attribution.principal.as_deref(), Some("user:7"));
+        assert_eq!(
+            d.attribution.metadata.as_ref().and_then(|m| m.get("trace")),
+            Some(&Value::from("t1"))
+        );
+        for (bytes, text) in [
+            (
+                &br#"{"version":1,"blocks":[{"type":"text","text":"hi"}]}"#[..],
+                Some("hi"),
+            ),
+            (br#"{"version":1,"blocks":[]}"#, None),
+            (br#"{"version":1}"#, None),
+        ] {
+            assert_eq!(
+                decode_command_body(CommandKind::Create, bytes, &s(), &c()).unwrap(),
+                CommandBodyV1::Create {
+                    text: text.map(str::to_owned)
+                }
+            );
+        }
+        let gate = Uuid::now_v7();
+        let body = format!(
+            r#"{{"version":1,"gate_id":"{gate}","action":"approve","expected_open_seq":9,"principal":"user:7"}}"#
+        );
+        assert_eq!(
+            decode_command_body(CommandKind::GateResponse, body.as_bytes(), &s(), &c()).unwrap(),
+            CommandBodyV1::GateResponse(GateAnswer {
+                gate_id: gate,
+                action: "approve".into(),
+                text: None,
+                expected_gate_seq: Some(9),
+            })
+        );
+    }
+
+    #[test]
+    fn contradictory_or_broken_reference_members_reject_and_newer_blocks_block() {
+        let gate = Uuid::now_v7();
+        let contradictions = [
+            (
+                CommandKind::Input,
+                r#"{"version":1,"text":"a","blocks":[{"type":"text","text":"a"}]}"#.to_owned(),
+            ),
+            (
+                CommandKind::Input,
+                r#"{"version":1,"blocks":[]}"#.to_owned(),
+            ),
+            (
+                CommandKind::Input,
+                r#"{"version":1,"blocks":"a"}"#.to_owned(),
+            ),
+            (
+                CommandKind::Input,
+                r#"{"version":1,"blocks":[{"type":"text"}]}"#.to_owned(),
+            ),
+            (
+                CommandKind::Input,
+                r#"{"version":1,"blocks":[{"type":"image"},{"type":"text","text":5}]}"#.to_owned(),
+            ),
+            (
+                CommandKind::Interrupt,
+                r#"{"version":1,"metadata":[1]}"#.to_owned(),
+            ),
+            (
+                CommandKind::Interrupt,
+                r#"{"version":1,"principal":""}"#.to_owned(),
+            ),
+            (
+                CommandKind::GateResponse,
+                format!(
+                    r#"{{"version":1,"gate_id":"{gate}","action":"approve","expected_gate_seq":3,"expected_open_seq":4}}"#
+                ),
+            ),
+        ];
+        for (kind, body) in contradictions {
+            let e = decode_command_body(kind, body.as_bytes(), &s(), &c()).unwrap_err();
+            assert_eq!(e.code(), "malformed", "{body}");
+        }
+        for body in [
+            r#"{"version":1,"blocks":[{"type":"image","url":"x"}]}"#,
+            r#"{"version":1,"blocks":[{"type":"text","text":"a","cache":true}]}"#,
+        ] {
+            let e =
+                decode_command_body(CommandKind::Input, body.as_bytes(), &s(), &c()).unwrap_err();
+            assert!(e.is_from_the_future(), "{body}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_admissions_attribution_wins_and_a_body_contradicting_it_is_malformed() {
+        let body = Attribution {
+            principal: Some("user:7".into()),
+            metadata: serde_json::from_str(r#"{"a":1}"#).unwrap(),
+        };
+        assert_eq!(
+            body.reconcile(None, None).unwrap(),
+            (Some("user:7".into()), Some(r#"{"a":1}"#.into()))
+        );
+        assert_eq!(
+            body.reconcile(Some("user:7"), Some(r#"{ "a" : 1 }"#))
+                .unwrap(),
+            (Some("user:7".into()), Some(r#"{ "a" : 1 }"#.into()))
+        );
+        assert_eq!(
+            Attribution::default()
+                .reconcile(Some("user:1"), Some("{}"))
+                .unwrap(),
+            (Some("user:1".into()), Some("{}".into()))
+        );
+        assert!(body.reconcile(Some("user:8"), None).is_err());
+        assert!(body.reconcile(None, Some(r#"{"a":2}"#)).is_err());
     }
 }

@@ -149,7 +149,7 @@ impl Controller {
             tenant: s.tenant.clone(),
             session: s.session.clone(),
             agent: s.agent.clone(),
-            compatibility: s.compatibility.clone(),
+            compatibility: Some(s.compatibility.clone()),
             mode: LaunchMode::Create,
             actor: Some("test".into()),
             trace: None,

@@ -217,7 +217,11 @@ impl LinkBackend for TestBackend {
             "the link checks the tenant first"
         );
         self.check_host(&req.host_id, req.host_generation)?;
-        if req.runtime_compatibility_id.as_str() != BUILD {
+        if req
+            .runtime_compatibility_id
+            .as_ref()
+            .is_some_and(|b| b.as_str() != BUILD)
+        {
             return Err(HostLinkError::RuntimeMismatch {
                 runtime_compatibility_id: CompatibilityId::new(BUILD).unwrap(),
             }
@@ -251,7 +255,7 @@ impl LinkBackend for TestBackend {
             host_id: req.host_id,
             host_generation: req.host_generation,
             agent_id: AgentId::new(r.agent.clone()).unwrap(),
-            runtime_compatibility_id: req.runtime_compatibility_id,
+            runtime_compatibility_id: CompatibilityId::new(BUILD).unwrap(),
             placement: Placement::Dedicated,
             internal_endpoint: "ws://127.0.0.1:1".into(),
             residency: ResidencyState::Resident,
