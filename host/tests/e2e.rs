@@ -252,8 +252,8 @@ mod cases {
             loop {
                 match feed.recv().await {
                     Ok(host::link::FeedItem::Enduring(p)) => {
-                        seqs.push(p.journal_seq.get());
-                        if p.body().get().contains("turn_done") {
+                        seqs.push(p.record.journal_seq.get());
+                        if p.record.body().get().contains("turn_done") {
                             return;
                         }
                     }

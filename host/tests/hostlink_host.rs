@@ -316,7 +316,7 @@ mod cases {
             host_id: o.host_id.clone(),
             host_generation: o.host_generation,
             agent_id: o.agent_id.clone(),
-            runtime_compatibility_id: o.runtime_compatibility_id.clone(),
+            runtime_compatibility_id: Some(o.runtime_compatibility_id.clone()),
             mode: AttachMode::Restore,
             actor_id: ActorId::new("probe").unwrap(),
             trace_id: None,
