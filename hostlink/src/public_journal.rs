@@ -4,8 +4,9 @@
 //! public command id the client admitted — or is removed, with an emptied `cause`, for a
 //! command with no public id. Any other mention of a known runtime command id — in any string
 //! or member name, at any depth, hyphenated in either case or as 32 bare hex digits — becomes
-//! its public id too, whatever runtime wrote the body. Member order is kept, and a body with
-//! nothing to rewrite is returned byte for byte.
+//! its public id too, whatever runtime wrote the body. Member order is kept; a body with
+//! nothing to rewrite is returned byte for byte, and one whose only changes are renamed ids keeps
+//! every other byte (spacing, escapes, number spelling). Only a removed cause re-serialises it.
 
 use std::collections::{HashMap, HashSet};
 
@@ -241,6 +242,14 @@ pub fn project(
     }
     if !changed {
         return Ok(body.to_vec());
+    }
+    // Keep every other byte when the projection is only renames of ids spelled literally in
+    // the text: rename them in place, and use that only if it reads back as the projection
+    // (a removed cause, an id spelled with escapes or one inside a number falls back).
+    if let Some(renamed) = private.rewrite(text)
+        && serde_json::from_str::<Value>(&renamed).is_ok_and(|v| v == value)
+    {
+        return Ok(renamed.into_bytes());
     }
     serde_json::to_vec(&value).map_err(|e| ProjectionError(e.to_string()))
 }
@@ -499,6 +508,29 @@ mod tests {
             ),
             other => other.clone(),
         }
+    }
+
+    #[test]
+    fn renaming_ids_keeps_every_other_byte_and_only_a_removed_cause_reserialises() {
+        let (rs, s) = ids();
+        let runtime = uuid::Uuid::now_v7();
+        let mut map = CommandMap::default();
+        map.insert(&runtime.hyphenated().to_string(), "cmd-7");
+        let body = format!(
+            "{{ \"z\": 1.50,\n  \"t\": \"caf\\u00e9 {rs}\",\"cause\" : {{\"command_id\":\"{runtime}\"}} }}"
+        );
+        let out = String::from_utf8(project(body.as_bytes(), rs, &s, &map).unwrap()).unwrap();
+        assert_eq!(
+            out,
+            "{ \"z\": 1.50,\n  \"t\": \"caf\\u00e9 public-s\",\"cause\" : {\"command_id\":\"cmd-7\"} }"
+        );
+        let machine = format!(
+            "{{ \"z\": 1.50, \"cause\": {{\"command_id\":\"{}\"}} }}",
+            uuid::Uuid::now_v7()
+        );
+        let out = String::from_utf8(project(machine.as_bytes(), rs, &s, &map).unwrap()).unwrap();
+        // Removing the cause re-serialises: spacing and number spelling are not kept then.
+        assert_eq!(out, r#"{"z":1.5}"#);
     }
 
     proptest! {
