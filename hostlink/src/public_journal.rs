@@ -367,6 +367,111 @@ impl PublicJournal {
     }
 }
 
+/// The readers of many sessions' public journals, kept warm: a reader that has learnt a
+/// session's command mapping keeps it for the next page, so paging a long journal does not
+/// rescan it from the start each time. At most `capacity` readers are kept; the least recently
+/// used is dropped first. A cached reader serves only the tenant, session and binding it was
+/// made for.
+pub struct PublicJournals {
+    capacity: usize,
+    cache: std::sync::Mutex<JournalCache>,
+}
+
+#[derive(Default)]
+struct JournalCache {
+    tick: u64,
+    hits: u64,
+    readers: HashMap<(TenantId, SessionId), (u64, PublicJournal)>,
+}
+
+impl PublicJournals {
+    /// How many readers are kept by default.
+    pub const DEFAULT_CAPACITY: usize = 1024;
+
+    /// A cache of at most `capacity` readers (at least one).
+    pub fn new(capacity: usize) -> PublicJournals {
+        PublicJournals {
+            capacity: capacity.max(1),
+            cache: std::sync::Mutex::new(JournalCache::default()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, JournalCache> {
+        match self.cache.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// Reads a page of `session`'s public events, projected, through a cached reader when
+    /// one for this tenant, session and binding is kept.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn page(
+        &self,
+        store: &Store,
+        tenant: &TenantId,
+        session: &SessionId,
+        binding: &SessionBinding,
+        after: u64,
+        pinned_tip: Option<u64>,
+        limit: usize,
+    ) -> Result<PublicJournalPage, PublicJournalError> {
+        let key = (tenant.clone(), session.clone());
+        let cached = {
+            let mut c = self.lock();
+            match c.readers.remove(&key) {
+                Some((_, reader)) if &reader.binding == binding => {
+                    c.hits += 1;
+                    Some(reader)
+                }
+                _ => None,
+            }
+        };
+        let mut reader = cached.unwrap_or_else(|| {
+            PublicJournal::new(
+                store.clone(),
+                tenant.clone(),
+                session.clone(),
+                binding.clone(),
+            )
+        });
+        let page = reader.page(after, pinned_tip, limit).await;
+        let mut c = self.lock();
+        c.tick += 1;
+        let tick = c.tick;
+        c.readers.insert(key, (tick, reader));
+        while c.readers.len() > self.capacity {
+            let oldest = c
+                .readers
+                .iter()
+                .min_by_key(|(_, (t, _))| *t)
+                .map(|(k, _)| k.clone());
+            match oldest {
+                Some(k) => {
+                    c.readers.remove(&k);
+                }
+                None => break,
+            }
+        }
+        page
+    }
+
+    /// How many readers are kept now.
+    pub fn len(&self) -> usize {
+        self.lock().readers.len()
+    }
+
+    /// True when no reader is kept.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// How many reads were served by a kept reader.
+    pub fn hits(&self) -> u64 {
+        self.lock().hits
+    }
+}
+
 /// A failed public journal read.
 #[derive(Debug, thiserror::Error)]
 pub enum PublicJournalError {
