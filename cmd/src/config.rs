@@ -78,6 +78,8 @@ pub struct ServeOptions {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub credentials_file: Option<PathBuf>,
     pub sqlite_synchronous: SyncMode,
+    /// The largest command body stored by reference, in bytes (above 64 KiB, at most 16 MiB).
+    pub referenced_body_cap: u64,
     pub host: Options,
     pub link: LinkOptions,
     pub agents: AgentOptions,
@@ -92,6 +94,7 @@ impl Default for ServeOptions {
             store: None,
             credentials_file: None,
             sqlite_synchronous: SyncMode::Full,
+            referenced_body_cap: sessionstore::limits::DEFAULT_REFERENCED_BODY_CAP,
             host: Options::default(),
             link: LinkOptions::default(),
             agents: AgentOptions::default(),
@@ -149,6 +152,14 @@ pub struct ServeFlags {
         value_enum
     )]
     sqlite_synchronous: Option<SyncMode>,
+    /// The largest command body a controller may store by reference, in bytes (above 65536,
+    /// at most 16777216) [default: 8388608].
+    #[arg(
+        id = "referenced_body_cap",
+        long = "referenced-body-cap",
+        env = "HOST_REFERENCED_BODY_CAP"
+    )]
+    referenced_body_cap: Option<u64>,
 
     /// This Host's stable id, unique in a fleet [default: hostd-<hostname>].
     #[arg(id = "host.host_id", long = "host-id", env = "HOST_ID", value_parser = host_id)]
@@ -392,6 +403,7 @@ impl ServeFlags {
             listen => listen;
             data_dir => data_dir;
             sqlite_synchronous => sqlite_synchronous;
+            referenced_body_cap => referenced_body_cap;
             isolation_class => host.isolation_class;
             placement => host.placement;
             capacity => host.capacity;
@@ -518,6 +530,8 @@ pub fn load(
         .model
         .validate()
         .context("the model client's options ([model])")?;
+    sessionstore::limits::check_referenced_body_cap(options.referenced_body_cap)
+        .context("the store's options")?;
     let mut sources = BTreeMap::new();
     for path in in_file {
         sources.insert(path, Source::File);

@@ -146,6 +146,7 @@ pub async fn run(args: ServeArgs, matches: Option<&ArgMatches>, out: Output) -> 
         SyncMode::Full => Synchronous::Full,
         SyncMode::Normal => Synchronous::Normal,
     };
+    store.referenced_body_cap = options.referenced_body_cap;
     let agents = &options.agents;
     let openai = match (
         &agents.openai_endpoint,

@@ -23,7 +23,7 @@ use sessionstore::{
 use tokio::sync::mpsc;
 
 use crate::client::{ClientError, HostLinkClient, Publication, idempotency_key, nonzero};
-use hostlink::public_journal::{PublicJournal, PublicJournalError, PublicJournalPage};
+use hostlink::public_journal::{PublicJournalError, PublicJournalPage, PublicJournals};
 use hostlink::records::{
     ActorId, AttachMode, AttachRequest, BindRequest, HostLinkError, IdempotencyKey,
     RegistryObservation, V1,
@@ -64,6 +64,8 @@ pub struct Controller {
     name: String,
     /// How long an admitted command may wait before its apply deadline.
     pub apply_within: Duration,
+    /// Warm public journal readers, shared by every clone.
+    journals: Arc<PublicJournals>,
 }
 
 impl std::fmt::Debug for Controller {
@@ -83,6 +85,7 @@ impl Controller {
             token: token.into(),
             name: "hostd-controller".into(),
             apply_within: Duration::from_secs(600),
+            journals: Arc::new(PublicJournals::new(PublicJournals::DEFAULT_CAPACITY)),
         }
     }
 
@@ -296,13 +299,18 @@ impl Controller {
         limit: usize,
     ) -> Result<PublicJournalPage, ControllerError> {
         let record = self.store.session(&self.tenant, session).await?;
-        let mut j = PublicJournal::new(
-            self.store.clone(),
-            self.tenant.clone(),
-            session.clone(),
-            record.binding,
-        );
-        Ok(j.page(after, pinned_tip, limit).await?)
+        Ok(self
+            .journals
+            .page(
+                &self.store,
+                &self.tenant,
+                session,
+                &record.binding,
+                after,
+                pinned_tip,
+                limit,
+            )
+            .await?)
     }
 
     /// The session's open gates.

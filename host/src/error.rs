@@ -5,9 +5,13 @@
 /// A refusal or failure of a Host operation.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HostError {
-    /// The Host is draining, not started, or the isolation class forbids this tenant.
+    /// The Host is draining, or the isolation class forbids this tenant.
     #[error("not_admitting: {0}")]
     NotAdmitting(String),
+    /// The Host has not been started: a caller error (start it first), not a placement
+    /// outcome. Over HostLink it cannot happen (no link is accepted before start).
+    #[error("not_started: the Host has not started")]
+    NotStarted,
     /// The session is being released here; wait and re-place it.
     #[error("releasing: the session is being released")]
     Releasing,
@@ -44,10 +48,12 @@ fn unreleased_note(v: &[String]) -> String {
 }
 
 impl HostError {
-    /// The HostLink error code, or `None` for an internal failure.
+    /// The stable code (a HostLink error code, or `not_started`), or `None` for an internal
+    /// failure.
     pub fn code(&self) -> Option<&'static str> {
         match self {
             HostError::NotAdmitting(_) => Some("not_admitting"),
+            HostError::NotStarted => Some("not_started"),
             HostError::Releasing => Some("releasing"),
             HostError::NoCapacity { .. } => Some("no_capacity"),
             HostError::EpochMismatch { .. } => Some("epoch_mismatch"),

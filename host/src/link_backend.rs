@@ -144,7 +144,8 @@ impl HostBackend {
 
 fn refusal(e: HostError) -> Refusal {
     match e {
-        HostError::NotAdmitting(_) => HostLinkError::NotAdmitting.into(),
+        // No link is accepted before start; should one race it, it is told to go elsewhere.
+        HostError::NotAdmitting(_) | HostError::NotStarted => HostLinkError::NotAdmitting.into(),
         HostError::Releasing => HostLinkError::Releasing.into(),
         HostError::NoCapacity { .. } => HostLinkError::NoCapacity.into(),
         HostError::EpochMismatch {

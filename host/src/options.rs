@@ -130,11 +130,14 @@ impl OptionsCode {
 
 /// An option refused at validation.
 #[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
-#[error("{}: option {field}: {reason}", .code.as_str())]
+#[error("{}: option {field}: {reason}{}", .code.as_str(), .cause.map(|c| format!(" ({c})")).unwrap_or_default())]
 pub struct OptionsError {
     pub code: OptionsCode,
     pub field: &'static str,
     pub reason: String,
+    /// A finer stable code under `code`, when there is one (the endpoint refusals:
+    /// [`endpoint_causes`]).
+    pub cause: Option<&'static str>,
 }
 
 impl OptionsError {
@@ -143,8 +146,26 @@ impl OptionsError {
             code,
             field,
             reason: reason.into(),
+            cause: None,
         }
     }
+
+    fn because(mut self, cause: &'static str) -> Self {
+        self.cause = Some(cause);
+        self
+    }
+}
+
+/// The causes an `invalid` internal endpoint is refused with.
+pub mod endpoint_causes {
+    /// Not a `ws://` or `wss://` base with a host (scheme, credentials, query, whitespace).
+    pub const INVALID_BASE: &str = "invalid_base";
+    /// The per-tenant spelling `…/hostlink` or `…/hostlink/<tenant>`: give the bare base.
+    pub const BASE_NAMES_TENANT: &str = "base_names_tenant";
+    /// Any other path (an ingress prefix, say), or a fragment.
+    pub const BASE_NOT_BARE: &str = "base_not_bare";
+    /// So long that not even a one-byte tenant's address fits the advertised limit.
+    pub const TOO_LONG: &str = "too_long";
 }
 
 /// Everything a Host is configured with. Build one (or read it from a config file's `[host]`
@@ -296,8 +317,11 @@ fn count(field: &'static str, n: usize, max: usize) -> Result<(), OptionsError> 
 /// Checks a HostLink base endpoint: `ws`/`wss`, an authority with a dialable port, and no
 /// path, query, fragment or credentials.
 pub fn check_endpoint(endpoint: &str) -> Result<(), OptionsError> {
+    use endpoint_causes::*;
     let field = "internal_endpoint";
-    let invalid = |reason: &str| OptionsError::new(OptionsCode::Invalid, field, reason.to_owned());
+    let invalid = |reason: &str| {
+        OptionsError::new(OptionsCode::Invalid, field, reason.to_owned()).because(INVALID_BASE)
+    };
     let rest = endpoint
         .strip_prefix("ws://")
         .or_else(|| endpoint.strip_prefix("wss://"))
@@ -305,10 +329,47 @@ pub fn check_endpoint(endpoint: &str) -> Result<(), OptionsError> {
     if rest.is_empty() {
         return Err(invalid("has no authority"));
     }
-    if rest.contains('/') || rest.contains('?') || rest.contains('#') {
-        return Err(invalid(
-            "must be a bare base: no path, query or fragment (the tenant path is derived)",
-        ));
+    if rest.contains('?') {
+        return Err(invalid("must not carry a query"));
+    }
+    if let Some(slash) = rest.find(['/', '#']) {
+        let path = &rest[slash..];
+        let names_tenant = path == "/hostlink"
+            || path == "/hostlink/"
+            || path
+                .strip_prefix("/hostlink/")
+                .is_some_and(|t| !t.is_empty() && !t.contains(['/', '#']));
+        return Err(if names_tenant {
+            OptionsError::new(
+                OptionsCode::Invalid,
+                field,
+                "names the tenant path: give the bare base, the tenant path is derived",
+            )
+            .because(BASE_NAMES_TENANT)
+        } else {
+            OptionsError::new(
+                OptionsCode::Invalid,
+                field,
+                "must be a bare base: no path or fragment (use host-based routing, not a path prefix)",
+            )
+            .because(BASE_NOT_BARE)
+        });
+    }
+    // The longest address derived from it is base + "/hostlink/" + the tenant; with a one-byte
+    // tenant it must still fit what a registry observation may carry.
+    if endpoint.len() + crate::link::HOSTLINK_PATH_PREFIX.len() + 1
+        > hostlink::records::MAX_ENDPOINT_BYTES
+    {
+        return Err(OptionsError::new(
+            OptionsCode::Invalid,
+            field,
+            format!(
+                "is {} bytes: no tenant's address would fit {} bytes",
+                endpoint.len(),
+                hostlink::records::MAX_ENDPOINT_BYTES
+            ),
+        )
+        .because(TOO_LONG));
     }
     if rest.contains('@') {
         return Err(invalid("must not carry credentials"));
@@ -557,6 +618,7 @@ mod tests {
             ("ws://h:1?x=1", "invalid"),
             ("ws://u:p@h:1", "invalid"),
             ("ws://", "invalid"),
+            ("ws://h:1#", "invalid"),
             ("ws://h:", "undialable_endpoint"),
             ("ws://h:0", "undialable_endpoint"),
             ("ws://h:99999", "undialable_endpoint"),
@@ -576,6 +638,42 @@ mod tests {
         ] {
             check_endpoint(ok).unwrap();
         }
+    }
+
+    #[test]
+    fn an_invalid_endpoint_names_its_cause() {
+        let long = format!("ws://{}", "h".repeat(2048));
+        for (e, cause) in [
+            ("http://h:1", "invalid_base"),
+            ("ws://u:p@h:1", "invalid_base"),
+            ("ws://h:1?x=1", "invalid_base"),
+            ("ws://", "invalid_base"),
+            ("ws://h:1/hostlink", "base_names_tenant"),
+            ("ws://h:1/hostlink/", "base_names_tenant"),
+            ("ws://h:1/hostlink/acme", "base_names_tenant"),
+            ("wss://gw/pods/h7/", "base_not_bare"),
+            ("ws://h:1/", "base_not_bare"),
+            ("ws://h:1#", "base_not_bare"),
+            (long.as_str(), "too_long"),
+        ] {
+            let err = check_endpoint(e).unwrap_err();
+            assert_eq!(
+                (err.code, err.field, err.cause),
+                (OptionsCode::Invalid, "internal_endpoint", Some(cause)),
+                "{e}"
+            );
+            assert!(err.to_string().contains(cause), "{err}");
+        }
+        // The longest base that still fits a one-byte tenant is accepted.
+        let fits = format!(
+            "ws://{}",
+            "h".repeat(hostlink::records::MAX_ENDPOINT_BYTES - 5 - 11)
+        );
+        check_endpoint(&fits).unwrap();
+        assert_eq!(
+            check_endpoint(&format!("{fits}h")).unwrap_err().cause,
+            Some("too_long")
+        );
     }
 
     #[test]

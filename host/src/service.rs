@@ -268,7 +268,12 @@ impl Service {
     /// Makes a session resident (idempotent for a resident session).
     pub async fn attach(&self, req: AttachRequest) -> Result<Attached, HostError> {
         let span = tracing::info_span!("attach", tenant = %req.tenant, session = %req.session);
-        self.inner.attach(req).instrument(span).await
+        let (tenant, session) = (req.tenant.clone(), req.session.clone());
+        let result = self.inner.attach(req).instrument(span).await;
+        if let Err(e) = &result {
+            log_refusal(&tenant, &session, e);
+        }
+        result
     }
 
     /// A wake-up hint for a resident session's consumer (a HostLink delivery).
@@ -353,6 +358,30 @@ impl Service {
             });
         }
         report
+    }
+}
+
+/// Logs a refused attach: placement races a controller resolves by placing again at DEBUG,
+/// refusals an operator may have to act on (this Host cannot run the session) at WARN, and
+/// internal failures at ERROR.
+fn log_refusal(tenant: &TenantId, session: &SessionId, e: &HostError) {
+    let code = e.code().unwrap_or("internal");
+    match e {
+        HostError::EpochMismatch { .. }
+        | HostError::Releasing
+        | HostError::NoCapacity { .. }
+        | HostError::NotAdmitting(_) => {
+            tracing::debug!(%tenant, %session, step = "attach", code, reason = %e, "attach refused")
+        }
+        HostError::Internal { .. } => {
+            tracing::error!(%tenant, %session, step = "attach", code, reason = %e, "attach failed")
+        }
+        HostError::RuntimeUnavailable(_)
+        | HostError::RuntimeMismatch { .. }
+        | HostError::Invalid(_)
+        | HostError::NotStarted => {
+            tracing::warn!(%tenant, %session, step = "attach", code, reason = %e, "attach refused")
+        }
     }
 }
 
@@ -499,7 +528,7 @@ impl Inner {
         let started = Instant::now();
         let host = &self.host;
         if !host.started() {
-            return Err(HostError::NotAdmitting("this Host has not started".into()));
+            return Err(HostError::NotStarted);
         }
         // 1. Validate.
         if let Some(fixed) = &host.config().fixed_session
@@ -700,6 +729,14 @@ impl Inner {
             .await
             .map_err(|e| HostError::internal(format!("launch ({mode:?}) failed: {e}")))?;
             unwind.runtime = Some(runtime.clone());
+            // What this runtime cannot do is an operator's to know now, not at the first
+            // stranded attempt or the first journal fault.
+            if runtime.closer.is_none() {
+                tracing::warn!(tenant = %key.tenant, session = %key.session, code = "attempt_closer_unavailable", "the runtime cannot close a predecessor's attempt: a stranded attempt will hold this session's stream until an operator closes it");
+            }
+            if runtime.faults.is_none() {
+                tracing::error!(tenant = %key.tenant, session = %key.session, code = "persistence_faults_unavailable", "the runtime reports no persistence faults: it stays resident unsupervised and cannot be abandoned by a drain");
+            }
             // 7. Register resident, then start the session's tasks.
             let (hints_tx, hints_rx) = mpsc::channel(self.host.config().command_queue_size);
             let (state, _) = watch::channel(ResidentState::Resident);

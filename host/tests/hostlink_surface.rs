@@ -821,6 +821,26 @@ async fn a_client_that_answers_pings_stays_and_one_that_misses_a_pong_is_closed_
     assert_eq!(reply_data(&r)["residency"], "resident");
 }
 
+#[tokio::test]
+async fn a_heartbeat_turned_off_sends_no_ping_and_closes_no_silent_client() {
+    let options = LinkOptions {
+        ping_interval: Duration::ZERO,
+        pong_timeout: Duration::ZERO,
+        ..quiet_options()
+    };
+    let s = TestServer::start(TestBackend::new(&["acme"]), options).await;
+    let (mut silent, reply) = s.connect("acme").await;
+    assert_eq!(reply["connect"]["ping"], 0);
+    assert_eq!(reply["connect"]["pong"], false);
+    // Well past what a 300 ms heartbeat would have taken to close it, the silent client is
+    // still served, and nothing but the reply to its own call was sent to it.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let r = silent
+        .rpc("hostlink.attach", &attach_data("acme", "s1"))
+        .await;
+    assert_eq!(reply_data(&r)["residency"], "resident");
+}
+
 // ---------------------------------------------------------------- bounds
 
 #[tokio::test]

@@ -4,8 +4,9 @@
 //! public command id the client admitted — or is removed, with an emptied `cause`, for a
 //! command with no public id. Any other mention of a known runtime command id — in any string
 //! or member name, at any depth, hyphenated in either case or as 32 bare hex digits — becomes
-//! its public id too, whatever runtime wrote the body. Member order is kept, and a body with
-//! nothing to rewrite is returned byte for byte.
+//! its public id too, whatever runtime wrote the body. Member order is kept; a body with
+//! nothing to rewrite is returned byte for byte, and one whose only changes are renamed ids keeps
+//! every other byte (spacing, escapes, number spelling). Only a removed cause re-serialises it.
 
 use std::collections::{HashMap, HashSet};
 
@@ -242,6 +243,14 @@ pub fn project(
     if !changed {
         return Ok(body.to_vec());
     }
+    // Keep every other byte when the projection is only renames of ids spelled literally in
+    // the text: rename them in place, and use that only if it reads back as the projection
+    // (a removed cause, an id spelled with escapes or one inside a number falls back).
+    if let Some(renamed) = private.rewrite(text)
+        && serde_json::from_str::<Value>(&renamed).is_ok_and(|v| v == value)
+    {
+        return Ok(renamed.into_bytes());
+    }
     serde_json::to_vec(&value).map_err(|e| ProjectionError(e.to_string()))
 }
 
@@ -431,6 +440,112 @@ pub fn stream_epoch(runtime_session: RuntimeSessionId) -> String {
     hex::encode(&digest[..8])
 }
 
+
+/// The readers of many sessions' public journals, kept warm: a reader that has learnt a
+/// session's command mapping keeps it for the next page, so paging a long journal does not
+/// rescan it from the start each time. At most `capacity` readers are kept; the least recently
+/// used is dropped first. A cached reader serves only the tenant, session and binding it was
+/// made for.
+pub struct PublicJournals {
+    capacity: usize,
+    cache: std::sync::Mutex<JournalCache>,
+}
+
+#[derive(Default)]
+struct JournalCache {
+    tick: u64,
+    hits: u64,
+    readers: HashMap<(TenantId, SessionId), (u64, PublicJournal)>,
+}
+
+impl PublicJournals {
+    /// How many readers are kept by default.
+    pub const DEFAULT_CAPACITY: usize = 1024;
+
+    /// A cache of at most `capacity` readers (at least one).
+    pub fn new(capacity: usize) -> PublicJournals {
+        PublicJournals {
+            capacity: capacity.max(1),
+            cache: std::sync::Mutex::new(JournalCache::default()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, JournalCache> {
+        match self.cache.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// Reads a page of `session`'s public events, projected, through a cached reader when
+    /// one for this tenant, session and binding is kept.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn page(
+        &self,
+        store: &Store,
+        tenant: &TenantId,
+        session: &SessionId,
+        binding: &SessionBinding,
+        after: u64,
+        pinned_tip: Option<u64>,
+        limit: usize,
+    ) -> Result<PublicJournalPage, PublicJournalError> {
+        let key = (tenant.clone(), session.clone());
+        let cached = {
+            let mut c = self.lock();
+            match c.readers.remove(&key) {
+                Some((_, reader)) if &reader.binding == binding => {
+                    c.hits += 1;
+                    Some(reader)
+                }
+                _ => None,
+            }
+        };
+        let mut reader = cached.unwrap_or_else(|| {
+            PublicJournal::new(
+                store.clone(),
+                tenant.clone(),
+                session.clone(),
+                binding.clone(),
+            )
+        });
+        let page = reader.page(after, pinned_tip, limit).await;
+        let mut c = self.lock();
+        c.tick += 1;
+        let tick = c.tick;
+        c.readers.insert(key, (tick, reader));
+        while c.readers.len() > self.capacity {
+            let oldest = c
+                .readers
+                .iter()
+                .min_by_key(|(_, (t, _))| *t)
+                .map(|(k, _)| k.clone());
+            match oldest {
+                Some(k) => {
+                    c.readers.remove(&k);
+                }
+                None => break,
+            }
+        }
+        page
+    }
+
+    /// How many readers are kept now.
+    pub fn len(&self) -> usize {
+        self.lock().readers.len()
+    }
+
+    /// True when no reader is kept.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// How many reads were served by a kept reader.
+    pub fn hits(&self) -> u64 {
+        self.lock().hits
+    }
+}
+
 /// A failed public journal read.
 #[derive(Debug, thiserror::Error)]
 pub enum PublicJournalError {
@@ -582,6 +697,29 @@ mod tests {
             ),
             other => other.clone(),
         }
+    }
+
+    #[test]
+    fn renaming_ids_keeps_every_other_byte_and_only_a_removed_cause_reserialises() {
+        let (rs, s) = ids();
+        let runtime = uuid::Uuid::now_v7();
+        let mut map = CommandMap::default();
+        map.insert(&runtime.hyphenated().to_string(), "cmd-7");
+        let body = format!(
+            "{{ \"z\": 1.50,\n  \"t\": \"caf\\u00e9 {rs}\",\"cause\" : {{\"command_id\":\"{runtime}\"}} }}"
+        );
+        let out = String::from_utf8(project(body.as_bytes(), rs, &s, &map).unwrap()).unwrap();
+        assert_eq!(
+            out,
+            "{ \"z\": 1.50,\n  \"t\": \"caf\\u00e9 public-s\",\"cause\" : {\"command_id\":\"cmd-7\"} }"
+        );
+        let machine = format!(
+            "{{ \"z\": 1.50, \"cause\": {{\"command_id\":\"{}\"}} }}",
+            uuid::Uuid::now_v7()
+        );
+        let out = String::from_utf8(project(machine.as_bytes(), rs, &s, &map).unwrap()).unwrap();
+        // Removing the cause re-serialises: spacing and number spelling are not kept then.
+        assert_eq!(out, r#"{"z":1.5}"#);
     }
 
     proptest! {

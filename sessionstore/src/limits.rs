@@ -30,6 +30,20 @@ pub const MAX_METADATA_BYTES: usize = 16 * 1024;
 /// A short text (gate prompt summary, reject reason, principal) is at most this large.
 pub const MAX_SHORT_TEXT_BYTES: usize = 4 * 1024;
 
+/// Checks a referenced-body cap: above [`MAX_INLINE_BODY_BYTES`] (a referenced body is one too
+/// large to be inline) and at most [`MAX_REFERENCED_BODY_BYTES`].
+pub fn check_referenced_body_cap(cap: u64) -> crate::StoreResult<()> {
+    if cap <= MAX_INLINE_BODY_BYTES as u64 || cap > MAX_REFERENCED_BODY_BYTES {
+        return Err(crate::StoreError::invalid(
+            "referenced_body_cap",
+            format!(
+                "is {cap}; must be above {MAX_INLINE_BODY_BYTES} and at most {MAX_REFERENCED_BODY_BYTES} bytes"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 pub(crate) fn ttl_ms(field: &'static str, ttl: Duration, max: Duration) -> crate::StoreResult<i64> {
     if ttl.is_zero() {
         return Err(crate::StoreError::invalid(field, "must be positive"));

@@ -93,16 +93,7 @@ impl StoreOptions {
     fn validate(&self) -> StoreResult<()> {
         // A referenced body is one too large to be inline, so a cap at or below the inline
         // limit would refuse every body that needs a reference.
-        if self.referenced_body_cap <= MAX_INLINE_BODY_BYTES as u64
-            || self.referenced_body_cap > MAX_REFERENCED_BODY_BYTES
-        {
-            return Err(StoreError::invalid(
-                "referenced_body_cap",
-                format!(
-                    "must be above {MAX_INLINE_BODY_BYTES} and at most {MAX_REFERENCED_BODY_BYTES} bytes"
-                ),
-            ));
-        }
+        check_referenced_body_cap(self.referenced_body_cap)?;
         if self.sqlite_readers == 0 || self.sqlite_readers > 64 {
             return Err(StoreError::invalid(
                 "sqlite_readers",

@@ -133,6 +133,31 @@ fn serve_refuses_invalid_options_with_the_field_named() {
 }
 
 #[test]
+fn serve_refuses_a_referenced_body_cap_outside_its_range_and_prints_a_valid_one() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    for bad in ["65536", "16777217"] {
+        let out = hostd_run(
+            tmp.path(),
+            &["serve", "--print-config", "--referenced-body-cap", bad],
+            &[],
+        );
+        assert!(!out.status.success(), "{bad} was accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("referenced_body_cap"), "{err}");
+    }
+    let text = ok(hostd_run(
+        tmp.path(),
+        &["serve", "--print-config"],
+        &[("HOST_REFERENCED_BODY_CAP", "1048576")],
+    ));
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("referenced_body_cap = 1048576")),
+        "{text}"
+    );
+}
+
+#[test]
 fn a_flag_beats_the_environment_which_beats_the_file_which_beats_the_default() {
     let tmp = tempfile::tempdir().expect("tempdir");
     std::fs::write(

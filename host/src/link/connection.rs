@@ -344,7 +344,7 @@ async fn handshake<B: LinkBackend>(
             version: &version,
             data: &data,
             ping_secs: core.config.advertised_ping_secs(),
-            pong: true,
+            pong: core.config.heartbeat(),
         },
     );
     heartbeat.set_connected();

@@ -64,7 +64,8 @@ pub struct LinkOptionsError {
 #[serde(default, deny_unknown_fields)]
 pub struct LinkOptions {
     /// How often the server sends an application ping (`{}`); advertised in the connect reply
-    /// in whole seconds, rounded up. Paired with `pong_timeout`.
+    /// in whole seconds, rounded up. Paired with `pong_timeout`: both zero turn the
+    /// heartbeat off (no ping is sent or advertised; a dead peer is then found only by TCP).
     #[serde(with = "duration_text")]
     pub ping_interval: Duration,
     /// How long after a ping the client's pong (`{}`) may arrive before the link is closed
@@ -138,8 +139,17 @@ impl LinkConfig {
         &self.options
     }
 
-    /// The connect reply's `ping`: the interval in whole seconds, rounded up.
+    /// Whether the application heartbeat runs (it is off when both of its options are zero).
+    pub fn heartbeat(&self) -> bool {
+        !self.options.ping_interval.is_zero()
+    }
+
+    /// The connect reply's `ping`: the interval in whole seconds, rounded up; 0 when the
+    /// heartbeat is off.
     pub fn advertised_ping_secs(&self) -> u32 {
+        if !self.heartbeat() {
+            return 0;
+        }
         let d = self.options.ping_interval;
         let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
         u32::try_from(secs.max(1)).unwrap_or(u32::MAX)
@@ -185,9 +195,12 @@ fn count(field: &'static str, n: usize, max: usize) -> Result<(), LinkOptionsErr
 impl LinkOptions {
     /// Validates every option once.
     pub fn validate(self) -> Result<LinkConfig, LinkOptionsError> {
-        duration("ping_interval", self.ping_interval)?;
-        duration("pong_timeout", self.pong_timeout)?;
-        if self.pong_timeout >= self.ping_interval {
+        let off = self.ping_interval.is_zero() && self.pong_timeout.is_zero();
+        if !off {
+            duration("ping_interval", self.ping_interval)?;
+            duration("pong_timeout", self.pong_timeout)?;
+        }
+        if !off && self.pong_timeout >= self.ping_interval {
             return Err(err(
                 LinkOptionsCode::HeartbeatMargin,
                 "pong_timeout",
@@ -280,6 +293,30 @@ mod tests {
         .validate()
         .unwrap_err();
         assert_eq!(e.code, LinkOptionsCode::NotPositive);
+        let e = LinkOptions {
+            ping_interval: Duration::ZERO,
+            ..LinkOptions::default()
+        }
+        .validate()
+        .unwrap_err();
+        assert_eq!(
+            (e.code, e.field),
+            (LinkOptionsCode::NotPositive, "ping_interval")
+        );
+    }
+
+    #[test]
+    fn both_heartbeat_options_zero_turn_the_heartbeat_off() {
+        let c = LinkOptions {
+            ping_interval: Duration::ZERO,
+            pong_timeout: Duration::ZERO,
+            ..LinkOptions::default()
+        }
+        .validate()
+        .unwrap();
+        assert!(!c.heartbeat());
+        assert_eq!(c.advertised_ping_secs(), 0);
+        assert!(LinkOptions::default().validate().unwrap().heartbeat());
     }
 
     #[test]

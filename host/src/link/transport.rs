@@ -302,7 +302,8 @@ pub(crate) async fn write_loop(
                         Some(Err(WriteFailure::Broken)) => { closer.close(Disconnect::CONNECTION_CLOSED); break; }
                     }
                 }
-                if start_heartbeat && next_ping.is_none() {
+                // A zero interval is a heartbeat turned off: no ping, so no pong is awaited.
+                if start_heartbeat && next_ping.is_none() && !timing.ping_interval.is_zero() {
                     next_ping = Some(Instant::now() + timing.ping_interval);
                 }
             }
