@@ -1,7 +1,8 @@
 //! `hostd serve`'s options, declared once each. The serde types own every option's type,
 //! default and validation: [`ServeOptions`] (the process: listener, data folder, store) with a
 //! nested section per component — `[host]` is `host::Options`, `[link]` is
-//! `host::link::LinkOptions`, `[agents]` is [`AgentOptions`], `[model]` is the model client's
+//! `host::link::LinkOptions`, `[listener]` is `host::listener::ListenerOptions`, `[agents]` is
+//! [`AgentOptions`], `[model]` is the model client's
 //! `harness::model::OpenAiOptions` — so a config file (`--config
 //! host.toml`) is that same type and a new component adds one more section. [`ServeFlags`]
 //! owns each option's flag, environment variable and help text as an `Option<T>` override
@@ -21,6 +22,7 @@ use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, ValueEnum};
 use harness::model::OpenAiOptions;
 use host::link::LinkOptions;
+use host::listener::ListenerOptions;
 use host::options::{duration_text, parse_placement};
 use host::{IsolationClass, Options};
 use serde::{Deserialize, Serialize};
@@ -80,6 +82,7 @@ pub struct ServeOptions {
     pub sqlite_synchronous: SyncMode,
     pub host: Options,
     pub link: LinkOptions,
+    pub listener: ListenerOptions,
     pub agents: AgentOptions,
     pub model: OpenAiOptions,
 }
@@ -94,6 +97,7 @@ impl Default for ServeOptions {
             sqlite_synchronous: SyncMode::Full,
             host: Options::default(),
             link: LinkOptions::default(),
+            listener: ListenerOptions::default(),
             agents: AgentOptions::default(),
             model: OpenAiOptions::default(),
         }
@@ -283,6 +287,21 @@ pub struct ServeFlags {
     #[arg(id = "link.preview_flush_interval", long = "preview-flush-interval", env = "HOST_PREVIEW_FLUSH_INTERVAL", value_parser = duration)]
     preview_flush_interval: Option<Duration>,
 
+    /// How long a client may take to send a request's whole header (a slower one is cut off).
+    #[arg(id = "listener.header_read_timeout", long = "header-read-timeout", env = "HOST_HEADER_READ_TIMEOUT", value_parser = duration)]
+    header_read_timeout: Option<Duration>,
+    /// How long a connection may send nothing before it is closed (longer than --link-ping).
+    #[arg(id = "listener.idle_timeout", long = "idle-timeout", env = "HOST_IDLE_TIMEOUT", value_parser = duration)]
+    idle_timeout: Option<Duration>,
+    /// The most connections open at once, before any authentication; past it a connection
+    /// is answered 503 and closed.
+    #[arg(
+        id = "listener.max_connections",
+        long = "max-connections",
+        env = "HOST_MAX_CONNECTIONS"
+    )]
+    max_connections: Option<usize>,
+
     /// How long a permission gate waits before denying.
     #[arg(id = "agents.permission_timeout", long = "permission-timeout", env = "HOST_PERMISSION_TIMEOUT", value_parser = duration)]
     permission_timeout: Option<Duration>,
@@ -404,6 +423,9 @@ impl ServeFlags {
             preview_rate_bytes_per_sec => link.preview_rate_bytes_per_sec;
             preview_burst_bytes => link.preview_burst_bytes;
             preview_flush_interval => link.preview_flush_interval;
+            header_read_timeout => listener.header_read_timeout;
+            idle_timeout => listener.idle_timeout;
+            max_connections => listener.max_connections;
             permission_timeout => agents.permission_timeout;
             openai_model => agents.openai_model;
             runnable_tools => agents.runnable_tools;
@@ -501,6 +523,10 @@ pub fn load(
         .model
         .validate()
         .context("the model client's options ([model])")?;
+    options
+        .listener
+        .validate(options.link.ping_interval)
+        .context("the listener's options ([listener])")?;
     let mut sources = BTreeMap::new();
     for path in in_file {
         sources.insert(path, Source::File);

@@ -6,20 +6,17 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// The cluster's name and default port (overridable with `HOST_FAULT_PG_PORT`).
 pub const CLUSTER: &str = "hostfaults";
 const DEFAULT_PORT: u16 = 5441;
 
-/// Holds the fault tests one at a time.
-pub fn serial() -> MutexGuard<'static, ()> {
-    static ONE: Mutex<()> = Mutex::new(());
-    match ONE.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    }
+/// Holds the fault tests that stop the cluster one at a time.
+pub async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    static ONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    ONE.lock().await
 }
 
 fn run(cmd: &mut Command) -> Result<String, String> {
