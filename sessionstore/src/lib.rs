@@ -21,6 +21,7 @@ mod pgexec;
 #[cfg(feature = "testing")]
 pub mod plans;
 mod postgres;
+pub mod runs;
 mod sql;
 mod sqlite;
 pub mod stats;
@@ -38,6 +39,11 @@ pub use journal::*;
 pub use location::StoreLocation;
 pub use model::*;
 pub use packages::{NewPackage, PackageSummary, Publication, StoredPackage};
+pub use runs::{
+    AnswerRecorded, Checkpoint, CheckpointKind, NewCheckpoint, NewRun, NewStepEntry, RunAnswer,
+    RunCreated, RunEnd, RunFailure, RunFence, RunProgram, RunState, RunStatus, StepEntry,
+    StepEntryKind, Takeover, TakeoverRule,
+};
 pub use stats::StoreStats;
 pub use store::{
     BackendKind, LOCAL_STORAGE_BINDING, Store, StoreOptions, Synchronous, local_binding,
