@@ -1,8 +1,8 @@
 //! Fault injection for the fault suite (`tests/tests/faults.rs`): a PostgreSQL cluster of the
 //! suite's own (made with `pg_createcluster` on its own port, never the shared server, so it
 //! can be stopped and restarted under load), a small tmpfs for a SQLite store to fill, and a
-//! recorder of `/readyz` answers over time. Only one fault test runs at a time
-//! ([`serial`]), since they share the cluster.
+//! recorder of `/readyz` answers over time. The tests that stop the cluster take turns
+//! ([`serial`]).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -13,10 +13,25 @@ use std::time::{Duration, Instant};
 pub const CLUSTER: &str = "hostfaults";
 const DEFAULT_PORT: u16 = 5441;
 
-/// Holds the fault tests that stop the cluster one at a time.
-pub async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
-    static ONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-    ONE.lock().await
+/// Held while a test stops and starts the cluster: an OS file lock, so test processes run
+/// side by side (`cargo nextest`) still take turns.
+pub struct Turn(std::fs::File);
+
+/// Waits for this test's turn with the cluster.
+pub async fn serial() -> Turn {
+    let path = std::env::temp_dir().join(format!("{CLUSTER}.lock"));
+    tokio::task::spawn_blocking(move || {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .expect("the fault suite's lock file");
+        file.lock().expect("the fault suite's lock");
+        Turn(file)
+    })
+    .await
+    .expect("the lock waiter")
 }
 
 fn run(cmd: &mut Command) -> Result<String, String> {
