@@ -15,7 +15,9 @@ const DEFAULT_PORT: u16 = 5441;
 
 /// Held while a test stops and starts the cluster: an OS file lock, so test processes run
 /// side by side (`cargo nextest`) still take turns.
-pub struct Turn(std::fs::File);
+pub struct Turn {
+    _held: std::fs::File,
+}
 
 /// Waits for this test's turn with the cluster.
 pub async fn serial() -> Turn {
@@ -28,7 +30,7 @@ pub async fn serial() -> Turn {
             .open(&path)
             .expect("the fault suite's lock file");
         file.lock().expect("the fault suite's lock");
-        Turn(file)
+        Turn { _held: file }
     })
     .await
     .expect("the lock waiter")
