@@ -1,7 +1,8 @@
 //! `hostd serve`'s options, declared once each. The serde types own every option's type,
 //! default and validation: [`ServeOptions`] (the process: listener, data folder, store) with a
 //! nested section per component — `[host]` is `host::Options`, `[link]` is
-//! `host::link::LinkOptions`, `[agents]` is [`AgentOptions`], `[model]` is the model client's
+//! `host::link::LinkOptions`, `[listener]` is `host::listener::ListenerOptions`, `[agents]` is
+//! [`AgentOptions`], `[model]` is the model client's
 //! `harness::model::OpenAiOptions` — so a config file (`--config
 //! host.toml`) is that same type and a new component adds one more section. [`ServeFlags`]
 //! owns each option's flag, environment variable and help text as an `Option<T>` override
@@ -21,6 +22,7 @@ use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, ValueEnum};
 use harness::model::OpenAiOptions;
 use host::link::LinkOptions;
+use host::listener::ListenerOptions;
 use host::options::{duration_text, parse_placement};
 use host::{IsolationClass, Options};
 use serde::{Deserialize, Serialize};
@@ -82,6 +84,7 @@ pub struct ServeOptions {
     pub referenced_body_cap: u64,
     pub host: Options,
     pub link: LinkOptions,
+    pub listener: ListenerOptions,
     pub agents: AgentOptions,
     pub model: OpenAiOptions,
 }
@@ -97,6 +100,7 @@ impl Default for ServeOptions {
             referenced_body_cap: sessionstore::limits::DEFAULT_REFERENCED_BODY_CAP,
             host: Options::default(),
             link: LinkOptions::default(),
+            listener: ListenerOptions::default(),
             agents: AgentOptions::default(),
             model: OpenAiOptions::default(),
         }
@@ -309,6 +313,21 @@ pub struct ServeFlags {
     )]
     history_limit: Option<usize>,
 
+    /// How long a client may take to send a request's whole header (a slower one is cut off).
+    #[arg(id = "listener.header_read_timeout", long = "header-read-timeout", env = "HOST_HEADER_READ_TIMEOUT", value_parser = duration)]
+    header_read_timeout: Option<Duration>,
+    /// How long a connection may send nothing before it is closed (longer than --link-ping).
+    #[arg(id = "listener.idle_timeout", long = "idle-timeout", env = "HOST_IDLE_TIMEOUT", value_parser = duration)]
+    idle_timeout: Option<Duration>,
+    /// The most connections open at once, before any authentication; past it a connection
+    /// is answered 503 and closed.
+    #[arg(
+        id = "listener.max_connections",
+        long = "max-connections",
+        env = "HOST_MAX_CONNECTIONS"
+    )]
+    max_connections: Option<usize>,
+
     /// How long a permission gate waits before denying.
     #[arg(id = "agents.permission_timeout", long = "permission-timeout", env = "HOST_PERMISSION_TIMEOUT", value_parser = duration)]
     permission_timeout: Option<Duration>,
@@ -433,6 +452,9 @@ impl ServeFlags {
             preview_flush_interval => link.preview_flush_interval;
             recovery_window => link.recovery_window;
             history_limit => link.history_limit;
+            header_read_timeout => listener.header_read_timeout;
+            idle_timeout => listener.idle_timeout;
+            max_connections => listener.max_connections;
             permission_timeout => agents.permission_timeout;
             openai_model => agents.openai_model;
             runnable_tools => agents.runnable_tools;
@@ -532,6 +554,10 @@ pub fn load(
         .context("the model client's options ([model])")?;
     sessionstore::limits::check_referenced_body_cap(options.referenced_body_cap)
         .context("the store's options")?;
+    options
+        .listener
+        .validate(options.link.ping_interval)
+        .context("the listener's options ([listener])")?;
     let mut sources = BTreeMap::new();
     for path in in_file {
         sources.insert(path, Source::File);

@@ -31,8 +31,8 @@ file (--config; --print-config shows one), by the environment variable shown in 
 its flag; a flag beats the environment, which beats the file, which beats the default."
 )]
 pub struct ServeArgs {
-    /// A TOML config file: top-level process options and the sections [host], [link] and
-    /// [agents] and [model], named as --print-config prints them.
+    /// A TOML config file: top-level process options and the sections [host], [link],
+    /// [listener], [agents] and [model], named as --print-config prints them.
     #[arg(long, env = "HOST_CONFIG", value_name = "FILE")]
     config: Option<PathBuf>,
     /// Print the effective value of every option and where it came from (as a config file),
@@ -181,7 +181,13 @@ pub async fn run(args: ServeArgs, matches: Option<&ArgMatches>, out: Output) -> 
         .start()
         .await
         .map_err(|e| anyhow::anyhow!("start: {e}"))?;
-    let server = Server::from_listener(service.clone(), Box::new(creds), link, listener).await?;
+    let bounds = options
+        .listener
+        .validate(options.link.ping_interval)
+        .context("the listener's options ([listener])")?;
+    let server =
+        Server::from_listener_with(service.clone(), Box::new(creds), link, bounds, listener)
+            .await?;
     let tenant = if embedded {
         LOCAL_TENANT.to_owned()
     } else {

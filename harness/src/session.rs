@@ -380,6 +380,62 @@ async fn read_state(
     Ok(state)
 }
 
+/// The record a journal entry becomes once written.
+fn record_kind(entry: JournalEntry) -> sessionstore::RecordKind {
+    match entry {
+        JournalEntry::Event {
+            event,
+            public_body,
+            private_body,
+            cause,
+        } => sessionstore::RecordKind::Event {
+            event,
+            public_body,
+            private_body,
+            cause,
+        },
+        JournalEntry::Control { body, cause } => sessionstore::RecordKind::Control { body, cause },
+        JournalEntry::Application {
+            identity,
+            attempt,
+            attempt_epoch,
+            outcome,
+            detail,
+        } => sessionstore::RecordKind::Application {
+            identity,
+            attempt,
+            attempt_epoch,
+            outcome,
+            detail,
+        },
+        JournalEntry::Closure {
+            identity,
+            attempt,
+            attempt_epoch,
+        } => sessionstore::RecordKind::Closure {
+            identity,
+            attempt,
+            attempt_epoch,
+        },
+    }
+}
+
+/// The first wait before retrying an interrupted journal write, and the longest.
+const RETRY_INITIAL_BACKOFF: Duration = Duration::from_millis(50);
+const RETRY_MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// A number in [0, 1), different on every call; enough for backoff jitter.
+fn jitter_fraction() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64
+}
+
 fn new_event_id() -> EventId {
     // A UUID's text always satisfies the id rule.
     EventId::new(Uuid::now_v7().to_string()).unwrap_or_else(|_| new_event_id())
@@ -513,11 +569,7 @@ impl Actor {
             return Err(RuntimeError::Faulted(f.reason.clone()));
         }
         let first = self.lease.tip + 1;
-        match self
-            .store
-            .journal_append(&self.lease, entries.clone())
-            .await
-        {
+        match self.write_journal(&entries).await {
             Ok(tip) => {
                 self.lease.tip = tip;
                 let now = self.clock.now_ms();
@@ -539,50 +591,81 @@ impl Actor {
         }
     }
 
+    /// One journal append as a compare-and-set on the tip. A transient store failure (a reset
+    /// connection, a restarting server, a busy file) is retried with jittered, doubling backoff
+    /// for at most a third of the lease TTL — within the lease, so no successor can have taken
+    /// the journal meanwhile without the append being refused as `epoch`. An interrupted try
+    /// may have committed before its answer was lost: a retry then meets the tip already moved
+    /// (`conflict`), and the records after the old tip are read back — if they are exactly
+    /// these entries under this lease's epoch, the append happened. Anything else is definite.
+    async fn write_journal(&self, entries: &[JournalEntry]) -> Result<u64, StoreError> {
+        let deadline = tokio::time::Instant::now() + self.agent.lease_ttl / 3;
+        let mut backoff = RETRY_INITIAL_BACKOFF;
+        let mut interrupted = false;
+        loop {
+            let error = match self
+                .store
+                .journal_append(&self.lease, entries.to_vec())
+                .await
+            {
+                Ok(tip) => return Ok(tip),
+                Err(e) if interrupted && e.code() == ErrorCode::Conflict => {
+                    match self.appended_before(entries).await {
+                        Ok(true) => {
+                            tracing::info!("an interrupted journal append had committed");
+                            return Ok(self.lease.tip + entries.len() as u64);
+                        }
+                        Ok(false) => return Err(e),
+                        Err(read) if read.is_transient() => read,
+                        Err(read) => return Err(read),
+                    }
+                }
+                Err(e) if e.is_transient() => e,
+                Err(e) => return Err(e),
+            };
+            interrupted = true;
+            let wait = backoff.mul_f64(0.5 + 0.5 * jitter_fraction());
+            if tokio::time::Instant::now() + wait > deadline {
+                return Err(error);
+            }
+            tracing::warn!(error = %error, retry_in_ms = wait.as_millis() as u64, "a journal write was interrupted; retrying");
+            tokio::time::sleep(wait).await;
+            backoff = (backoff * 2).min(RETRY_MAX_BACKOFF);
+        }
+    }
+
+    /// True when the records right after the lease's tip are exactly `entries`, written under
+    /// this lease's epoch.
+    async fn appended_before(&self, entries: &[JournalEntry]) -> Result<bool, StoreError> {
+        let page = self
+            .store
+            .journal_runtime_page(
+                &self.lease.tenant,
+                self.lease.runtime_session,
+                self.lease.tip,
+                entries.len(),
+            )
+            .await?;
+        Ok(page.len() == entries.len()
+            && page.iter().zip(entries).enumerate().all(|(i, (r, e))| {
+                r.seq == self.lease.tip + 1 + i as u64
+                    && r.epoch == self.lease.epoch
+                    && r.kind == record_kind(e.clone())
+            }))
+    }
+
     fn fold_written(&mut self, entry: JournalEntry, seq: u64, now: sessionstore::Millis) {
         let record = sessionstore::JournalRecord {
             seq,
             epoch: self.lease.epoch,
             written_at_ms: now,
-            kind: match entry {
-                JournalEntry::Event {
-                    event,
-                    public_body,
-                    private_body,
-                    cause,
-                } => sessionstore::RecordKind::Event {
-                    event,
-                    public_body,
-                    private_body,
-                    cause,
-                },
-                JournalEntry::Control { body, cause } => {
-                    sessionstore::RecordKind::Control { body, cause }
-                }
-                JournalEntry::Application {
-                    identity,
-                    attempt,
-                    attempt_epoch,
-                    outcome,
-                    detail,
-                } => sessionstore::RecordKind::Application {
-                    identity,
-                    attempt,
-                    attempt_epoch,
-                    outcome,
-                    detail,
-                },
-                JournalEntry::Closure {
-                    identity,
-                    attempt,
-                    attempt_epoch,
-                } => sessionstore::RecordKind::Closure {
-                    identity,
-                    attempt,
-                    attempt_epoch,
-                },
-            },
+            kind: record_kind(entry),
         };
+        self.fold_record(record);
+    }
+
+    fn fold_record(&mut self, record: sessionstore::JournalRecord) {
+        let seq = record.seq;
         if let sessionstore::RecordKind::Event {
             event, public_body, ..
         } = &record.kind

@@ -327,6 +327,13 @@ impl Consumer {
         command.metadata = checked.metadata;
         let recorded: Recorded = match r.runtime.applier.apply(command).await {
             Ok(rec) => rec,
+            Err(RuntimeError::Store(e)) if e.is_transient() => {
+                // The runtime wrote nothing and its store may be back in a moment: the next
+                // pass finds our own attempt and offers it again under the same identity.
+                return Err(Stop::Retry(format!(
+                    "the runtime could not reach its store: {e}"
+                )));
+            }
             Err(e) => {
                 // An attempt exists and the runtime recorded nothing: it is unsound.
                 return Err(Stop::End(EndReason::Fault(format!(

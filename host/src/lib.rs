@@ -11,6 +11,7 @@ pub mod failpoints;
 pub mod feed;
 pub mod link;
 mod link_backend;
+pub mod listener;
 pub mod metrics;
 pub mod options;
 mod publisher;

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex, Weak};
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 pub const SESSIONS: &str = "host_sessions";
@@ -23,6 +23,7 @@ pub const COMMAND_QUEUE_DEPTH: &str = "host_command_queue_depth";
 pub const RELEASE_FAILURES: &str = "host_release_failures_total";
 pub const ATTACH_SECONDS: &str = "host_attach_seconds";
 pub const COMMAND_APPLY_SECONDS: &str = "host_command_apply_seconds";
+pub const CONNECTIONS_CUT: &str = "host_connections_cut_total";
 
 /// The residency states `host_sessions` is labelled with.
 pub const SESSION_STATES: [&str; 3] = ["attaching", "resident", "releasing"];
@@ -56,6 +57,9 @@ pub struct Metrics {
     pub release_failures: IntCounter,
     pub attach_seconds: HistogramVec,
     pub apply_seconds: HistogramVec,
+    /// Connections the listener cut, by the bound that bit (`max_connections`,
+    /// `header_timeout`, `idle_timeout`).
+    pub connections_cut: IntCounterVec,
 }
 
 /// The gauge series, owned by the collector and set from a fresh sample at each scrape.
@@ -244,6 +248,16 @@ impl Metrics {
                     )
                     .buckets(latency),
                     &["kind"],
+                ))?,
+            )?,
+            connections_cut: reg(
+                &r,
+                m(IntCounterVec::new(
+                    Opts::new(
+                        CONNECTIONS_CUT,
+                        "Connections the listener cut, by the bound that bit.",
+                    ),
+                    &["reason"],
                 ))?,
             )?,
             registry: r,

@@ -13,7 +13,6 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::serve::ListenerExt as _;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -21,6 +20,7 @@ use tokio::task::JoinHandle;
 use crate::link::options::LinkConfig;
 use crate::link::{HostLinkHandle, hostlink_router};
 use crate::link_backend::HostBackend;
+use crate::listener::ListenerOptions;
 use crate::release::DrainReport;
 use crate::service::Service;
 use hostlink::auth::AuthVerifier;
@@ -34,6 +34,8 @@ pub enum ServerError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error("listener options: {0}")]
+    Options(crate::options::OptionsError),
 }
 
 /// A running listener.
@@ -118,11 +120,26 @@ impl Server {
     }
 
     /// As [`Server::bind`], on a listener the caller already bound (so it can learn the port
-    /// before composing the Host's advertised endpoint).
+    /// before composing the Host's advertised endpoint), with the listener's default bounds.
     pub async fn from_listener(
         service: Service,
         auth: Box<dyn AuthVerifier>,
         link: LinkConfig,
+        listener: TcpListener,
+    ) -> Result<Server, ServerError> {
+        let bounds = ListenerOptions::default()
+            .validate(link.options().ping_interval)
+            .map_err(ServerError::Options)?;
+        Server::from_listener_with(service, auth, link, bounds, listener).await
+    }
+
+    /// As [`Server::from_listener`], under the connection bounds `bounds` (validated by the
+    /// caller against the link's ping interval).
+    pub async fn from_listener_with(
+        service: Service,
+        auth: Box<dyn AuthVerifier>,
+        link: LinkConfig,
+        bounds: ListenerOptions,
         listener: TcpListener,
     ) -> Result<Server, ServerError> {
         let local_addr = listener.local_addr().map_err(|source| ServerError::Bind {
@@ -138,23 +155,16 @@ impl Server {
             .with_state(service.clone())
             .merge(hostlink);
         let (trigger, mut triggered) = watch::channel(false);
-        let (listener_stop, mut listener_stopped) = watch::channel(false);
-        let server = tokio::spawn(async move {
-            let listener = listener.tap_io(|tcp| {
-                // Pipelined WebSocket traffic otherwise stalls on Nagle.
-                if let Err(e) = tcp.set_nodelay(true) {
-                    tracing::debug!(error = %e, "TCP_NODELAY could not be set on a connection");
-                }
-            });
-            let result = axum::serve(listener, app.into_make_service())
-                .with_graceful_shutdown(async move {
-                    let _ = listener_stopped.wait_for(|s| *s).await;
-                })
-                .await;
-            if let Err(e) = result {
-                tracing::error!(error = %e, "the listener failed");
-            }
-        });
+        let (listener_stop, listener_stopped) = watch::channel(false);
+        let server = tokio::spawn(crate::listener::serve(
+            listener,
+            app,
+            bounds,
+            service.metrics().clone(),
+            listener_stopped,
+            // Open HTTP requests get a quarter of the stop's tail to finish.
+            crate::release::stop_tail(service.config().idle_boundary) / 4,
+        ));
         let links_for_stop = links.clone();
         let task = tokio::spawn(async move {
             let _ = triggered.wait_for(|t| *t).await;

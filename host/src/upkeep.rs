@@ -12,11 +12,15 @@ use crate::resident::ResidentState;
 pub(crate) async fn renew(ctx: SessionCtx) {
     let r = ctx.resident().clone();
     let config = ctx.config().clone();
+    // After a failed renewal the next try comes sooner (a quarter heartbeat), so a store that
+    // is back within the lease's life renews it in time.
+    let mut wait = config.registry_heartbeat;
     loop {
         tokio::select! {
             _ = r.cancel.cancelled() => return,
-            _ = tokio::time::sleep(config.registry_heartbeat) => {}
+            _ = tokio::time::sleep(wait) => {}
         }
+        wait = config.registry_heartbeat;
         let grant = r.grant();
         match ctx
             .store()
@@ -46,6 +50,7 @@ pub(crate) async fn renew(ctx: SessionCtx) {
                     return;
                 }
                 tracing::warn!(error = %e, "residency renewal failed; retrying");
+                wait = config.registry_heartbeat / 4;
                 continue;
             }
         }

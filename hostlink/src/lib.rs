@@ -3,7 +3,8 @@
 //! protocol's JSON framing ([`frame`]), the HostLink records carried in it ([`records`]), every
 //! code a client branches on ([`codes`]), session channel names ([`channel`]), tenant
 //! credential digests ([`auth`]) and the public projection of journal bodies that both the
-//! live tail and durable journal pages use ([`public_journal`]). See
+//! live tail and durable journal pages use ([`public_journal`]), and the protocol an upgrade
+//! request asks for ([`upgrade`]). See
 //! `shared/design/HOSTLINK.md` for the contract.
 //!
 //! This crate is shared by the server (`host`) and every client (`controller`). It owns no
@@ -19,6 +20,7 @@ pub mod json;
 pub mod public_journal;
 pub mod records;
 pub mod timestamp;
+pub mod upgrade;
 
 pub use auth::{AuthRefused, AuthVerifier, CredentialStore, mint_credential};
 pub use codes::{Disconnect, HostLinkErrorCode, ReplyError};

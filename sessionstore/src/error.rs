@@ -129,9 +129,13 @@ pub enum StoreError {
         reason: String,
     },
 
-    /// The store cannot be reached or is closed.
+    /// The store cannot be reached or is closed. `transient` when the failure is of the kind
+    /// that passes on its own (a reset or refused connection, the server shutting down or
+    /// restarting, a serialization failure or deadlock, a pool timeout, a busy SQLite file): the
+    /// same operation may be tried again. A closed store, a full disk or an I/O error on the
+    /// database file are not transient.
     #[error("unavailable: {reason}")]
-    Unavailable { reason: String },
+    Unavailable { reason: String, transient: bool },
 
     /// The store URL names no backend this build has (`given` is its scheme, never the
     /// whole URL).
@@ -181,7 +185,27 @@ impl StoreError {
     pub(crate) fn unavailable(reason: impl Into<String>) -> Self {
         StoreError::Unavailable {
             reason: reason.into(),
+            transient: false,
         }
+    }
+
+    pub(crate) fn transient(reason: impl Into<String>) -> Self {
+        StoreError::Unavailable {
+            reason: reason.into(),
+            transient: true,
+        }
+    }
+
+    /// True when the same operation may succeed if tried again shortly: only a transient
+    /// `unavailable`. Every other error is definite.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Unavailable {
+                transient: true,
+                ..
+            }
+        )
     }
 
     pub(crate) fn not_found(entity: &'static str, key: impl Into<String>) -> Self {

@@ -30,6 +30,17 @@ pub(crate) fn is_retryable(e: &sqlx::Error) -> bool {
     }
 }
 
+/// SQLSTATEs that pass on their own: connection exceptions (class 08), the server shutting
+/// down, crashing or starting (57P01, 57P02, 57P03), too many connections (53300), and losing a
+/// serialization race or a deadlock (40001, 40P01).
+fn transient_sqlstate(code: &str) -> bool {
+    code.starts_with("08")
+        || matches!(
+            code,
+            "57P01" | "57P02" | "57P03" | "53300" | "40001" | "40P01"
+        )
+}
+
 pub(crate) fn map_err(e: sqlx::Error) -> StoreError {
     match &e {
         sqlx::Error::Database(db) => {
@@ -40,10 +51,13 @@ pub(crate) fn map_err(e: sqlx::Error) -> StoreError {
                     "database",
                     format!("constraint refused the write: {}", db.message()),
                 ),
-                "40001" | "40P01" => StoreError::unavailable(format!(
+                "40001" | "40P01" => StoreError::transient(format!(
                     "the transaction kept losing to concurrent writers: {}",
                     db.message()
                 )),
+                c if transient_sqlstate(c) => {
+                    StoreError::transient(format!("postgres ({c}): {}", db.message()))
+                }
                 _ => StoreError::unavailable(format!("postgres: {}", db.message())),
             }
         }
@@ -51,6 +65,11 @@ pub(crate) fn map_err(e: sqlx::Error) -> StoreError {
         | sqlx::Error::Decode(_)
         | sqlx::Error::TypeNotFound { .. } => StoreError::integrity("row", e.to_string()),
         sqlx::Error::PoolClosed => StoreError::unavailable("the store is closed"),
+        // The connection broke (reset, refused, closed mid-statement) or none came free in
+        // time: the server may be back a moment later.
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut => {
+            StoreError::transient(format!("postgres: {e}"))
+        }
         _ => StoreError::unavailable(format!("postgres: {e}")),
     }
 }
@@ -423,6 +442,39 @@ async fn run_wave(conn: &mut PgConnection, mut group: Vec<Request>) -> Result<()
                 answer(slot, Err(e.clone()));
             }
             Err(e)
+        }
+    }
+}
+
+#[cfg(test)]
+mod transient_tests {
+    use super::*;
+
+    #[test]
+    fn a_broken_connection_or_a_pool_timeout_is_transient_and_a_closed_store_is_not() {
+        for kind in [
+            std::io::ErrorKind::ConnectionReset,
+            std::io::ErrorKind::ConnectionRefused,
+            std::io::ErrorKind::UnexpectedEof,
+        ] {
+            let e = map_err(sqlx::Error::Io(std::io::Error::from(kind)));
+            assert!(e.is_transient(), "{kind:?}");
+            assert_eq!(e.code(), crate::ErrorCode::Unavailable);
+        }
+        assert!(map_err(sqlx::Error::PoolTimedOut).is_transient());
+        assert!(!map_err(sqlx::Error::PoolClosed).is_transient());
+        assert!(!map_err(sqlx::Error::RowNotFound).is_transient());
+    }
+
+    #[test]
+    fn shutdown_restart_connection_and_serialization_sqlstates_are_transient() {
+        for code in [
+            "57P01", "57P02", "57P03", "08006", "08001", "53300", "40001", "40P01",
+        ] {
+            assert!(transient_sqlstate(code), "{code}");
+        }
+        for code in ["23505", "42P01", "22001", "XX000"] {
+            assert!(!transient_sqlstate(code), "{code}");
         }
     }
 }

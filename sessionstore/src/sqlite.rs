@@ -70,7 +70,7 @@ pub(crate) fn map_err(e: rusqlite::Error) -> StoreError {
     use rusqlite::ErrorCode as C;
     match &e {
         rusqlite::Error::SqliteFailure(f, msg) => match f.code {
-            C::DatabaseBusy | C::DatabaseLocked => StoreError::unavailable(format!(
+            C::DatabaseBusy | C::DatabaseLocked => StoreError::transient(format!(
                 "the database stayed locked past the busy timeout: {}",
                 msg.as_deref().unwrap_or("busy")
             )),

@@ -5,6 +5,7 @@
 //! `hostd` as a child process ([`process`]) and a PostgreSQL database of a test's own ([`pg`]).
 //! Nothing here is shipped: only test targets depend on this crate.
 
+pub mod faults;
 pub mod fixture;
 pub mod pg;
 pub mod poll;

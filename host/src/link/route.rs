@@ -14,16 +14,14 @@ use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use hostlink::upgrade::{Protocol, select_protocol};
 use sessionstore::TenantId;
 
 use super::Core;
 use super::connection::run_link;
 use crate::link::backend::LinkBackend;
 
-/// The JSON subprotocol name.
-pub const JSON_SUBPROTOCOL: &str = "centrifuge-json";
-/// The Protobuf subprotocol name (refused: not implemented).
-pub const PROTOBUF_SUBPROTOCOL: &str = "centrifuge-protobuf";
+use hostlink::upgrade::JSON_SUBPROTOCOL;
 
 pub(crate) struct RouteState<B> {
     pub(crate) core: Arc<Core>,
@@ -32,44 +30,6 @@ pub(crate) struct RouteState<B> {
 
 fn refuse(status: StatusCode, text: &'static str) -> Response {
     (status, text).into_response()
-}
-
-/// What the request asks for: JSON (with or without naming the subprotocol) or something
-/// this Host does not speak.
-enum Protocol {
-    Json { subprotocol: bool },
-    Refused(&'static str),
-}
-
-fn select_protocol(query: &[(String, String)], headers: &HeaderMap) -> Protocol {
-    for (key, value) in query {
-        match key.as_str() {
-            "format" | "cf_protocol" => match value.as_str() {
-                "json" => {}
-                "protobuf" => return Protocol::Refused("the protobuf protocol is not served"),
-                _ => return Protocol::Refused("unknown protocol format"),
-            },
-            "cf_protocol_version" if value != "v2" => {
-                return Protocol::Refused("only Centrifuge protocol v2 is served");
-            }
-            _ => {}
-        }
-    }
-    let offered: Vec<String> = headers
-        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|p| p.trim().to_owned())
-        .filter(|p| !p.is_empty())
-        .collect();
-    if offered.iter().any(|p| p == JSON_SUBPROTOCOL) {
-        return Protocol::Json { subprotocol: true };
-    }
-    if offered.iter().any(|p| p == PROTOBUF_SUBPROTOCOL) {
-        return Protocol::Refused("the protobuf protocol is not served");
-    }
-    Protocol::Json { subprotocol: false }
 }
 
 pub(crate) async fn accept<B: LinkBackend>(
@@ -98,7 +58,12 @@ pub(crate) async fn accept<B: LinkBackend>(
     let Ok(Query(query)) = query else {
         return refuse(StatusCode::BAD_REQUEST, "the query is malformed");
     };
-    let subprotocol = match select_protocol(&query, &headers) {
+    let offered: Vec<&[u8]> = headers
+        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .map(|v| v.as_bytes())
+        .collect();
+    let subprotocol = match select_protocol(&query, &offered) {
         Protocol::Json { subprotocol } => subprotocol,
         Protocol::Refused(why) => return refuse(StatusCode::BAD_REQUEST, why),
     };
