@@ -97,8 +97,9 @@ pub(crate) struct Resident {
     pub gates_open: AtomicUsize,
     /// Guards the single end of this residency (release, drain, fault or loss).
     pub ending: AtomicBool,
-    /// Projected committed events, relayed to every subscriber of this session.
-    pub relay: tokio::sync::broadcast::Sender<crate::link::FeedItem>,
+    /// Projected committed events, relayed to every subscriber of this session (a buffer only
+    /// while someone watches).
+    pub relay: crate::feed::Relay,
 }
 
 impl std::fmt::Debug for Resident {
