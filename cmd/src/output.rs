@@ -1,12 +1,16 @@
 //! The one place `hostd` speaks to its user (the `flow` subcommand still writes on its own).
-//! Data — what a script would parse — goes to stdout, as human lines or, with `--json`, one
-//! JSON value per line; diagnostics (notes, warnings, errors, progress) go to stderr. Colour is
-//! used only when the stream is a terminal and `NO_COLOR` is unset. A write to a closed pipe
+//! Data — what a script would parse — goes to stdout, as human lines or, with `--json`, JSON:
+//! a command that streams events (`watch`, `journal`) prints one JSON value per line, every
+//! other command prints exactly one JSON document. Diagnostics (notes, warnings, errors,
+//! progress) go to stderr; under `--json` an error is one JSON object
+//! `{"error": {"code": ..., "message": ...}}` on one line. Colour and progress lines are used
+//! only when stderr is a terminal (colour also never with `NO_COLOR`). A write to a closed pipe
 //! (`hostd session ls | head -1`) surfaces as [`ClosedPipe`], which ends the command quietly
 //! with success instead of a panic. Never prints a secret: callers pass only what may be shown.
 
 use std::fmt::Display;
 use std::io::{self, IsTerminal, Write};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -36,6 +40,7 @@ pub enum Format {
 pub struct Output {
     format: Format,
     colour_stderr: bool,
+    progress: bool,
 }
 
 /// Colour only on a terminal, and never when `NO_COLOR` is set to anything non-empty.
@@ -53,9 +58,11 @@ fn pipe(e: io::Error) -> anyhow::Error {
 
 impl Output {
     pub fn new(json: bool) -> Output {
+        let terminal = io::stderr().is_terminal();
         Output {
             format: if json { Format::Json } else { Format::Human },
-            colour_stderr: colour_for(io::stderr().is_terminal()),
+            colour_stderr: colour_for(terminal),
+            progress: terminal,
         }
     }
 
@@ -112,6 +119,85 @@ impl Output {
     pub fn error(&self, text: impl Display) {
         self.diagnostic("error: ", "31", text);
     }
+
+    /// An error with its stable code: one JSON object on one line under `--json` (with
+    /// `extra` members such as the command id beside code and message), else a line.
+    pub fn coded_error(&self, code: &str, message: &str, extra: &[(&str, &str)]) {
+        if self.is_json() {
+            let mut error = serde_json::Map::new();
+            error.insert("code".into(), Value::from(code));
+            error.insert("message".into(), Value::from(message));
+            for (k, v) in extra {
+                error.insert((*k).into(), Value::from(*v));
+            }
+            let mut err = io::stderr().lock();
+            let _ = writeln!(err, "{}", serde_json::json!({ "error": error }));
+        } else {
+            self.error(format_args!("{message} [{code}]"));
+        }
+    }
+
+    /// A progress line on a terminal's stderr, replacing the previous one; nothing otherwise.
+    pub fn progress(&self, text: impl Display) {
+        if self.progress {
+            let mut err = io::stderr().lock();
+            let _ = write!(err, "\r\x1b[2Khostd: {text}");
+            let _ = err.flush();
+        }
+    }
+
+    /// Clears the progress line, if one is shown.
+    pub fn end_progress(&self) {
+        if self.progress {
+            let mut err = io::stderr().lock();
+            let _ = write!(err, "\r\x1b[2K");
+            let _ = err.flush();
+        }
+    }
+}
+
+/// A wait that shows, on a terminal only, what it waits for and for how long (once a second,
+/// after the first second); the line is cleared when the wait ends.
+pub struct Progress<'a> {
+    out: &'a Output,
+    what: String,
+    bound: Duration,
+    started: Instant,
+    shown: Option<u64>,
+}
+
+impl<'a> Progress<'a> {
+    pub fn new(out: &'a Output, what: impl Into<String>, bound: Duration) -> Progress<'a> {
+        Progress {
+            out,
+            what: what.into(),
+            bound,
+            started: Instant::now(),
+            shown: None,
+        }
+    }
+
+    /// Updates the line if a new second has passed.
+    pub fn tick(&mut self) {
+        let secs = self.started.elapsed().as_secs();
+        if secs >= 1 && self.shown != Some(secs) {
+            self.shown = Some(secs);
+            self.out
+                .progress(progress_text(&self.what, secs, self.bound));
+        }
+    }
+}
+
+impl Drop for Progress<'_> {
+    fn drop(&mut self) {
+        if self.shown.is_some() {
+            self.out.end_progress();
+        }
+    }
+}
+
+fn progress_text(what: &str, secs: u64, bound: Duration) -> String {
+    format!("{what} ({secs} s of {} s)", bound.as_secs())
 }
 
 #[cfg(test)]
@@ -125,6 +211,16 @@ mod tests {
         assert!(is_closed_pipe(&anyhow::Error::from(ClosedPipe)));
         let other = anyhow::Error::from(io::Error::from(io::ErrorKind::NotFound));
         assert!(!is_closed_pipe(&other));
+    }
+
+    #[test]
+    fn a_progress_line_says_what_is_awaited_and_for_how_long() {
+        let text = progress_text(
+            "waiting for command c-1 to be applied",
+            3,
+            Duration::from_secs(60),
+        );
+        assert_eq!(text, "waiting for command c-1 to be applied (3 s of 60 s)");
     }
 
     #[test]

@@ -229,14 +229,34 @@ impl Residency {
         true
     }
 
-    /// Stops every task (bounded by the idle boundary), closes the store last and turns
-    /// `/healthz` false.
-    pub async fn stop(&self) {
+    /// Stops every task, closes the store last and turns `/healthz` false, all within
+    /// `bound`: the tasks get half of it, the store the rest. Returns the steps that did not
+    /// finish in time as (step, reason); the stop goes on without them.
+    pub async fn stop(&self, bound: Duration) -> Vec<(&'static str, String)> {
+        let deadline = tokio::time::Instant::now() + bound;
+        let mut failures = Vec::new();
         self.shutdown.cancel();
         self.tasks.close();
-        let _ = tokio::time::timeout(self.config.idle_boundary, self.tasks.wait()).await;
-        self.store.close().await;
+        if tokio::time::timeout(bound / 2, self.tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                tasks = self.tasks.len(),
+                "some Host tasks did not stop within their share of the stop bound"
+            );
+        }
+        if tokio::time::timeout_at(deadline, self.store.close())
+            .await
+            .is_err()
+        {
+            failures.push((
+                "close_store",
+                format!("the store did not close within {bound:?}"),
+            ));
+        }
         self.live.store(false, Ordering::SeqCst);
+        failures
     }
 
     /// Cancelled when the Host stops.
@@ -477,6 +497,11 @@ impl SessionCtx {
     /// True once the Host has begun to drain.
     pub fn draining(&self) -> bool {
         self.host.draining()
+    }
+
+    /// The Host generation this residency runs under.
+    pub fn host_generation(&self) -> u64 {
+        self.host.generation()
     }
 
     /// This Host's registration of the session in `residency`.

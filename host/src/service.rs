@@ -324,10 +324,25 @@ impl Service {
     }
 
     /// Drains, then stops everything and closes the store last. `/healthz` turns false when
-    /// this returns.
+    /// this returns. The stop after the drain is bounded by half an idle boundary, so the
+    /// whole of it ends within `drain_grace + 2 × idle_boundary`.
     pub async fn stop(&self) -> DrainReport {
-        let report = self.drain().await;
-        self.host().stop().await;
+        let bound = crate::release::stop_tail(self.host().config().idle_boundary);
+        self.stop_within(bound).await
+    }
+
+    /// Drains, then stops within `bound`; a step that did not finish in time (`close_store`)
+    /// is added to the drain's report.
+    pub async fn stop_within(&self, bound: std::time::Duration) -> DrainReport {
+        let mut report = self.drain().await;
+        for (step, reason) in self.host().stop(bound).await {
+            tracing::warn!(step, reason = %reason, host_generation = report.generation, "stop step failed");
+            report.failures.push(crate::release::DrainFailure {
+                session: None,
+                step,
+                reason,
+            });
+        }
         report
     }
 }
@@ -639,6 +654,7 @@ impl Inner {
                 tasks: TaskTracker::new(),
                 gates_open: std::sync::atomic::AtomicUsize::new(0),
                 ending: std::sync::atomic::AtomicBool::new(false),
+                warm_released: std::sync::atomic::AtomicBool::new(false),
                 relay: crate::feed::Relay::default(),
             });
             let (reg, projected) = tokio::join!(

@@ -314,7 +314,9 @@ mod cases {
         s.server.wait().await;
     }
 
-    pub async fn a_dedicated_hosts_fixed_session_drains_only_for_its_tenant(ts: &TestStore) {
+    pub async fn a_fixed_session_drains_for_its_holder_and_a_reconnected_beginner_reads_drained(
+        ts: &TestStore,
+    ) {
         let session = sid("fixed");
         let fixed = session.clone();
         let s = serve(ts, "link-dedicated", move |o| {
@@ -372,17 +374,32 @@ mod cases {
         })
         .await;
         assert!(s.service.residents().is_empty());
-        // Another link of the same tenant, which no longer holds the session, is refused.
-        let other = HostLinkClient::connect(
+        // The mutator stays attributed to a holder: after the release, even the link that
+        // began the drain is refused.
+        assert_eq!(
+            placed.client.drain(&req("acme")).await.unwrap(),
+            Err(HostLinkError::RuntimeUnavailable)
+        );
+        // A controller that reconnects (another link of the tenant the drain was begun with)
+        // reads the terminal answer it needs before deleting the workload.
+        let reconnected = HostLinkClient::connect(
             &s.base,
             &TenantId::new("acme").unwrap(),
             &s.token("acme"),
-            "other",
+            "reconnected",
         )
         .await
         .unwrap();
+        let o = reconnected
+            .drain_status(&req("acme"))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(o.state, DrainState::Drained);
+        assert_eq!(o.drain_generation, began.drain_generation);
+        // A tenant that never held the fixed session began nothing and learns nothing.
         assert_eq!(
-            other.drain_status(&req("acme")).await.unwrap(),
+            globex.drain_status(&req("globex")).await.unwrap(),
             Err(HostLinkError::RuntimeUnavailable)
         );
         s.server.shutdown();
@@ -407,6 +424,6 @@ sessionstore::both_backends!(cases =>
     readyz_turns_503_when_a_drain_starts_and_healthz_stays_200_until_stop,
     metrics_pass_promtools_own_check,
     a_pooled_host_answers_no_hostlink_drain,
-    a_dedicated_hosts_fixed_session_drains_only_for_its_tenant,
+    a_fixed_session_drains_for_its_holder_and_a_reconnected_beginner_reads_drained,
     placement_with_no_live_host_is_a_clear_refusal,
 );

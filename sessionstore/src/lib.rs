@@ -20,6 +20,7 @@ mod pgexec;
 #[cfg(feature = "testing")]
 pub mod plans;
 mod postgres;
+pub mod runs;
 mod sql;
 mod sqlite;
 pub mod stats;
@@ -36,6 +37,11 @@ pub use ids::*;
 pub use journal::*;
 pub use model::*;
 pub use packages::{NewPackage, PackageSummary, Publication, StoredPackage};
+pub use runs::{
+    AnswerRecorded, Checkpoint, CheckpointKind, NewCheckpoint, NewRun, NewStepEntry, RunAnswer,
+    RunCreated, RunEnd, RunFailure, RunFence, RunProgram, RunState, RunStatus, StepEntry,
+    StepEntryKind, Takeover, TakeoverRule,
+};
 pub use stats::StoreStats;
 pub use store::{
     BackendKind, LOCAL_STORAGE_BINDING, Store, StoreOptions, Synchronous, local_binding,

@@ -44,6 +44,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
         3,
         include_str!("../migrations/postgres/0003_runnable_packages.sql"),
     ),
+    (4, include_str!("../migrations/postgres/0004_runs.sql")),
 ];
 /// The store's tables: analysed when due (see [`DUE_SQL`]) right after the migrations, at
 /// open and every `pg_statistics_interval`, so the planner's statistics follow the tables'
@@ -60,6 +61,11 @@ const TABLES: &[&str] = &[
     "journal_leases",
     "journal_records",
     "runnable_packages",
+    "run_programs",
+    "run_status",
+    "run_journal",
+    "run_checkpoints",
+    "run_answers",
 ];
 const MAX_TX_ATTEMPTS: usize = 8;
 /// How the store's connections plan. Every statement the store runs reads or writes rows by
@@ -162,6 +168,11 @@ impl WriteKey {
             name.as_bytes(),
             version.as_bytes(),
         ]))
+    }
+
+    /// The records of one workflow run.
+    pub(crate) fn run(run_id: &str) -> WriteKey {
+        WriteKey(fnv1a(&[b"run", run_id.as_bytes()]))
     }
 
     /// One Host's advertisement.

@@ -28,6 +28,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
         3,
         include_str!("../migrations/sqlite/0003_runnable_packages.sql"),
     ),
+    (4, include_str!("../migrations/sqlite/0004_runs.sql")),
 ];
 
 /// A connection usable by the generic SQL layer.
