@@ -121,8 +121,10 @@ impl std::fmt::Debug for SessionHandle {
 const INBOX: usize = 64;
 /// How many committed events and previews a slow subscriber may fall behind.
 const EVENT_BUFFER: usize = 64;
-/// The size of a journal page read at restore.
-const RESTORE_PAGE: usize = 1000;
+/// The size of a journal page read at restore. Small on purpose: a restore folds the whole
+/// journal, and pages sized to a long journal are large short-lived buffers that grow with it
+/// and scatter the allocator's heap (memory a recycling Host never gets back).
+const RESTORE_PAGE: usize = 128;
 
 struct Actor {
     store: Store,

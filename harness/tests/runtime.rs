@@ -397,6 +397,41 @@ mod cases {
         assert!(texts[2].contains("second"), "{texts:?}");
     }
 
+    pub async fn a_restore_folds_a_journal_longer_than_one_read_page_whole(ts: &TestStore) {
+        let fx = Fx::new(ts).await;
+        let h = fx.launch(LaunchMode::Create).await;
+        let turns = 80;
+        for i in 0..turns {
+            fx.ok(&h, input(&format!("m{i}"))).await;
+            idle(&h).await;
+        }
+        h.release().await.unwrap();
+        assert!(
+            fx.tip().await > 2 * 128,
+            "the journal must span several restore pages"
+        );
+        let restored = fx.launch(LaunchMode::Restore).await;
+        fx.ok(&restored, input("last")).await;
+        idle(&restored).await;
+        let requests = fx.model.requests.lock().unwrap().clone();
+        let texts: Vec<String> = requests
+            .last()
+            .unwrap()
+            .messages
+            .iter()
+            .map(|m| format!("{m:?}"))
+            .collect();
+        assert_eq!(texts.len(), 2 * turns + 1, "{texts:?}");
+        for i in 0..turns {
+            assert!(texts[2 * i].contains(&format!("m{i}")), "{texts:?}");
+            assert!(
+                texts[2 * i + 1].contains(&format!("You said: m{i}")),
+                "{texts:?}"
+            );
+        }
+        assert!(texts[2 * turns].contains("last"), "{texts:?}");
+    }
+
     pub async fn create_refuses_an_existing_conversation_and_restore_an_absent_one(ts: &TestStore) {
         let fx = Fx::new(ts).await;
         let err = fx
@@ -677,6 +712,7 @@ sessionstore::both_backends!(cases =>
     a_permission_gate_restored_open_resumes_and_the_approved_tool_runs_once,
     an_ask_user_gate_restored_open_delivers_its_answer_to_the_tool,
     a_restore_replays_the_conversation_for_the_next_turn,
+    a_restore_folds_a_journal_longer_than_one_read_page_whole,
     create_refuses_an_existing_conversation_and_restore_an_absent_one,
     a_closure_needs_a_later_epoch_and_no_effect,
     a_closure_is_refused_when_the_journal_holds_an_effect_of_the_command,

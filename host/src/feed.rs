@@ -13,7 +13,7 @@
 //! until it succeeds.
 
 use std::num::NonZeroU64;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use serde_json::value::RawValue;
@@ -37,6 +37,48 @@ pub const MAPPING_RETRY_MAX: Duration = Duration::from_secs(2);
 /// The pause after `pause`: doubled, capped.
 fn next_pause(pause: Duration) -> Duration {
     (pause * 2).min(MAPPING_RETRY_MAX)
+}
+
+/// A session's fan-out to its live viewers. The buffer ([`RELAY_BUFFER`] slots, about 40 KiB)
+/// exists only while someone watches: made by the first subscriber, dropped when the relay
+/// next finds nobody listening. A resident session nobody watches holds none.
+#[derive(Default)]
+pub(crate) struct Relay {
+    tx: Mutex<Option<broadcast::Sender<FeedItem>>>,
+}
+
+impl Relay {
+    fn slot(&self) -> MutexGuard<'_, Option<broadcast::Sender<FeedItem>>> {
+        match self.tx.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// A new viewer of the feed from now on (allocating the buffer when it is the first).
+    pub fn subscribe(&self) -> broadcast::Receiver<FeedItem> {
+        self.slot()
+            .get_or_insert_with(|| broadcast::channel(RELAY_BUFFER).0)
+            .subscribe()
+    }
+
+    /// The sender while anyone listens; with nobody left, the buffer is dropped.
+    fn listening(&self) -> Option<broadcast::Sender<FeedItem>> {
+        let mut slot = self.slot();
+        match slot.as_ref() {
+            Some(tx) if tx.receiver_count() > 0 => Some(tx.clone()),
+            Some(_) => {
+                *slot = None;
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Whether a buffer is held now.
+    pub fn allocated(&self) -> bool {
+        self.slot().is_some()
+    }
 }
 
 /// Projects and relays committed events and previews until the residency ends.
@@ -68,10 +110,10 @@ pub(crate) async fn relay(ctx: SessionCtx) {
                     }
                     Err(broadcast::error::RecvError::Closed) => return,
                 };
-                if r.relay.receiver_count() == 0 {
+                let Some(tx) = r.relay.listening() else {
                     last_offset = last_offset.map(|o| o + 1);
                     continue;
-                }
+                };
                 let offset = match last_offset {
                     Some(o) => o + 1,
                     None => match journal.offset_at(event.seq).await {
@@ -130,7 +172,7 @@ pub(crate) async fn relay(ctx: SessionCtx) {
                     });
                 match publication {
                     Ok(record) => {
-                        let _ = r.relay.send(FeedItem::Enduring(Arc::new(StreamPublication {
+                        let _ = tx.send(FeedItem::Enduring(Arc::new(StreamPublication {
                             offset,
                             record,
                         })));
@@ -151,16 +193,19 @@ pub(crate) async fn relay(ctx: SessionCtx) {
                         continue;
                     }
                 };
-                if r.relay.receiver_count() == 0 || preview.delta.is_empty() {
+                if preview.delta.is_empty() {
                     continue;
                 }
+                let Some(tx) = r.relay.listening() else {
+                    continue;
+                };
                 let p = EphemeralPublication::delta(
                     r.key.tenant.clone(),
                     r.key.session.clone(),
                     PreviewStream::Text,
                     preview.delta,
                 );
-                let _ = r.relay.send(FeedItem::Ephemeral(Arc::new(p)));
+                let _ = tx.send(FeedItem::Ephemeral(Arc::new(p)));
             }
         }
     }
@@ -181,5 +226,25 @@ mod tests {
         assert_eq!(seen[1], MAPPING_RETRY_FIRST * 2);
         assert!(seen.windows(2).all(|w| w[1] >= w[0]));
         assert_eq!(*seen.last().unwrap(), MAPPING_RETRY_MAX);
+    }
+
+    #[test]
+    fn a_relay_holds_no_buffer_until_someone_subscribes_and_drops_it_when_all_have_left() {
+        let relay = Relay::default();
+        assert!(!relay.allocated(), "nobody watches yet");
+        assert!(relay.listening().is_none());
+        assert!(!relay.allocated());
+        let a = relay.subscribe();
+        let b = relay.subscribe();
+        assert!(relay.allocated());
+        assert!(relay.listening().is_some());
+        drop(a);
+        assert!(relay.listening().is_some(), "one viewer is left");
+        drop(b);
+        assert!(relay.listening().is_none());
+        assert!(!relay.allocated(), "the buffer went with the last viewer");
+        // A later viewer gets a fresh buffer.
+        let _c = relay.subscribe();
+        assert!(relay.listening().is_some());
     }
 }

@@ -29,6 +29,7 @@ pub use link_backend::{CAPABILITIES, HostBackend};
 pub use options::{Config, IsolationClass, Options, OptionsCode, OptionsError};
 pub use publisher::default_timeout;
 pub use release::{DrainFailure, DrainReport, steps as drain_steps};
+pub use residency::Footprint;
 pub use resident::{ResidentState, SessionKey};
 pub use service::{
     AttachRequest, Attached, Composition, CompositionError, Observation, Registrar, Service,

@@ -26,6 +26,10 @@ pub fn default_timeout(kind: &str) -> Duration {
     }
 }
 
+/// Journal records read per page while folding. Small: each restore folds the whole journal,
+/// and a buffer sized to a long journal is a large short-lived allocation that grows with it.
+const FOLD_PAGE: usize = 128;
+
 #[derive(Clone, Debug)]
 struct JournalGate {
     event: EventId,
@@ -118,7 +122,7 @@ async fn converge(
                 &r.key.tenant,
                 r.binding.runtime_session_id,
                 fold.folded,
-                1000,
+                FOLD_PAGE,
             )
             .await
             .map_err(|e| Stopped::Retry(e.to_string()))?;
@@ -160,7 +164,7 @@ async fn converge(
                 None => {}
             }
         }
-        if page.len() < 1000 {
+        if page.len() < FOLD_PAGE {
             break;
         }
     }

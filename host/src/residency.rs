@@ -125,6 +125,21 @@ impl Drop for SessionGuard<'_> {
     }
 }
 
+/// What this Host holds per session right now, counted from the structures themselves. Each
+/// count returns to zero once no session is resident, attaching or watched: nothing keyed by
+/// a session outlives its residency.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Footprint {
+    /// Entries in the table of residents.
+    pub residents: usize,
+    /// Per-session attach locks (only those held or waited for).
+    pub attach_locks: usize,
+    /// Admission charges (resident and attaching sessions).
+    pub admission_charges: usize,
+    /// Live-feed buffers (only sessions someone watches).
+    pub relay_buffers: usize,
+}
+
 /// The residency owner. Cheap to share (`Arc`); its fields are private to this module.
 pub(crate) struct Residency {
     config: Config,
@@ -337,6 +352,21 @@ impl Residency {
     /// How many per-session locks exist now (only those held or waited for).
     pub fn session_locks(&self) -> usize {
         self.locks.len()
+    }
+
+    /// What this Host holds per session now.
+    pub fn footprint(&self) -> Footprint {
+        let (residents, relay_buffers) = {
+            let table = lock(&self.residents);
+            let watched = table.values().filter(|r| r.relay.allocated()).count();
+            (table.len(), watched)
+        };
+        Footprint {
+            residents,
+            attach_locks: self.locks.len(),
+            admission_charges: lock(&self.admission).charged().count(),
+            relay_buffers,
+        }
     }
 
     /// Charges `weight` for `key` to a fresh attach generation, which is returned.

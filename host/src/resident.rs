@@ -100,8 +100,9 @@ pub(crate) struct Resident {
     /// Set by a warm release that gave the residency back (so a drain that waited for it
     /// can report the session released).
     pub warm_released: AtomicBool,
-    /// Projected committed events, relayed to every subscriber of this session.
-    pub relay: tokio::sync::broadcast::Sender<crate::link::FeedItem>,
+    /// Projected committed events, relayed to every subscriber of this session (a buffer only
+    /// while someone watches).
+    pub relay: crate::feed::Relay,
 }
 
 impl std::fmt::Debug for Resident {

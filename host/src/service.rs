@@ -30,8 +30,11 @@ use crate::metrics::Metrics;
 use crate::options::{Config, Options, OptionsError};
 use crate::readiness::{Fence, ReadinessReport};
 use crate::release::{DrainOnce, DrainReport};
-use crate::residency::{Residency, SessionCtx};
+use crate::residency::{Footprint, Residency, SessionCtx};
 use crate::resident::{ConsumerControl, Resident, ResidentState, SessionKey};
+
+/// Journal records read per page while deciding create versus restore.
+const CONVERSATION_PROBE_PAGE: usize = 16;
 
 /// Produces the department's registrations, once, at composition. It is given the store so a
 /// target can journal into it.
@@ -308,6 +311,12 @@ impl Service {
     /// How many per-session attach locks exist now (only those held or waited for).
     pub fn session_locks(&self) -> usize {
         self.host().session_locks()
+    }
+
+    /// What this Host holds per session now (every count is zero with nothing resident,
+    /// attaching or watched).
+    pub fn footprint(&self) -> Footprint {
+        self.host().footprint()
     }
 
     /// The live feed of a resident session (projected committed events and previews, in
@@ -762,7 +771,7 @@ impl Inner {
                 gates_open: std::sync::atomic::AtomicUsize::new(0),
                 ending: std::sync::atomic::AtomicBool::new(false),
                 warm_released: std::sync::atomic::AtomicBool::new(false),
-                relay: broadcast::channel(crate::feed::RELAY_BUFFER).0,
+                relay: crate::feed::Relay::default(),
             });
             let (reg, projected) = tokio::join!(
                 store.put_registration(self.host.registration(
@@ -817,7 +826,9 @@ impl Inner {
         }
     }
 
-    /// A conversation exists when the journal holds any public event.
+    /// A conversation exists when the journal holds any public event. The first record of a
+    /// created conversation is its `session_started` event, so a small page nearly always
+    /// answers (a page sized to the whole journal was a large, growing buffer per restore).
     async fn has_conversation(
         &self,
         tenant: &TenantId,
@@ -828,7 +839,7 @@ impl Inner {
             let page = self
                 .host
                 .store()
-                .journal_runtime_page(tenant, rs, after, 1000)
+                .journal_runtime_page(tenant, rs, after, CONVERSATION_PROBE_PAGE)
                 .await
                 .map_err(|e| HostError::internal(format!("reading the journal failed: {e}")))?;
             if page
@@ -838,7 +849,7 @@ impl Inner {
                 return Ok(true);
             }
             match page.last() {
-                Some(last) if page.len() == 1000 => after = last.seq,
+                Some(last) if page.len() == CONVERSATION_PROBE_PAGE => after = last.seq,
                 _ => return Ok(false),
             }
         }

@@ -462,6 +462,43 @@ mod cases {
         svc.stop().await;
     }
 
+    pub async fn a_released_session_leaves_nothing_keyed_by_it_behind(ts: &TestStore) {
+        let mut o = options("h-footprint");
+        o.warm_ttl = Duration::from_millis(1500);
+        let (svc, _) = started(ts, o).await;
+        let c = Controller::new(ts);
+        let mut sessions = Vec::new();
+        for _ in 0..3 {
+            sessions.push(c.session().await);
+        }
+        for round in 0..2 {
+            let mut inputs = Vec::new();
+            for s in &sessions {
+                inputs.push(c.admit(s, input(&format!("round {round}"))).await);
+                c.attach(&svc, s).await;
+            }
+            // Only a watched session holds a live-feed buffer.
+            let watched = svc.subscribe(&sessions[0].tenant, &sessions[0].session);
+            let fp = svc.footprint();
+            assert_eq!(
+                (fp.residents, fp.admission_charges, fp.relay_buffers),
+                (3, 3, 1),
+                "round {round}: {fp:?}"
+            );
+            drop(watched);
+            for (s, i) in sessions.iter().zip(&inputs) {
+                assert_eq!(c.terminal(s, i).await.outcome, Some(Outcome::Applied));
+            }
+            wait_until("every session warm-released", || svc.residents().is_empty()).await;
+            assert_eq!(
+                svc.footprint(),
+                host::Footprint::default(),
+                "round {round}: released sessions must leave nothing behind"
+            );
+        }
+        svc.stop().await;
+    }
+
     pub async fn a_command_arriving_during_a_warm_release_aborts_it(ts: &TestStore) {
         let mut o = options("h-warm-abort");
         o.warm_ttl = Duration::from_millis(300);
@@ -658,6 +695,7 @@ sessionstore::both_backends!(cases =>
     two_hosts_racing_to_attach_one_session_have_one_winner,
     an_idle_session_is_warm_released_and_restored_by_its_next_command,
     a_command_arriving_during_a_warm_release_aborts_it,
+    a_released_session_leaves_nothing_keyed_by_it_behind,
     drain_releases_idle_sessions_and_abandons_busy_and_gated_ones_as_failed_steps,
     a_lost_lease_abandons_the_session_and_credits_capacity,
     a_journal_write_failure_abandons_the_session_and_a_successor_restores_it,

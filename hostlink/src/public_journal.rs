@@ -440,7 +440,6 @@ pub fn stream_epoch(runtime_session: RuntimeSessionId) -> String {
     hex::encode(&digest[..8])
 }
 
-
 /// The readers of many sessions' public journals, kept warm: a reader that has learnt a
 /// session's command mapping keeps it for the next page, so paging a long journal does not
 /// rescan it from the start each time. At most `capacity` readers are kept; the least recently

@@ -1,7 +1,7 @@
 //! The SQLite backend. Owns the database file's connections: exactly one writer connection per
 //! process, driven by one thread that groups queued writes into one `BEGIN IMMEDIATE`
 //! transaction (each write inside its own savepoint, so one refusal never undoes another), and
-//! a small pool of read-only connections. WAL mode; `synchronous=FULL` unless the caller opted
+//! a small, fixed set of read-only connections, each on a thread of its own. WAL mode; `synchronous=FULL` unless the caller opted
 //! into `NORMAL`; a write that finds another process holding the lock waits up to the busy
 //! timeout. Results are released to callers only after the transaction commits.
 
@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, mpsc};
 
 use rusqlite::types::{Value as SqlValue, ValueRef};
 use rusqlite::{Connection, OpenFlags, params_from_iter};
-use tokio::sync::{Semaphore, broadcast, oneshot};
+use tokio::sync::{broadcast, oneshot};
 
 use crate::backend::Admission;
 use crate::clock::{Millis, SharedClock};
@@ -209,16 +209,62 @@ where
     }
 }
 
+/// One queued read: runs on a reader thread, against that thread's connection.
+type ReadJob = Box<dyn FnOnce(&Connection, &Counters) + Send>;
+
+/// The read-only connections, each owned by a thread of its own that takes reads from one
+/// shared queue. A fixed set of threads: reads never borrow the runtime's blocking pool, whose
+/// thread count ratchets up under a steady stream of short jobs (each new thread brings a
+/// stack and an allocator arena that a long-running Host never gives back).
 struct ReaderPool {
-    conns: Mutex<Vec<Connection>>,
-    permits: Semaphore,
+    jobs: Mutex<Option<mpsc::Sender<ReadJob>>>,
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+}
+
+impl ReaderPool {
+    fn start(conns: Vec<Connection>, counters: &Arc<Counters>) -> StoreResult<ReaderPool> {
+        let (tx, rx) = mpsc::channel::<ReadJob>();
+        let rx = Arc::new(Mutex::new(rx));
+        let mut threads = Vec::with_capacity(conns.len());
+        for (i, conn) in conns.into_iter().enumerate() {
+            let rx = rx.clone();
+            let counters = counters.clone();
+            let handle = std::thread::Builder::new()
+                .name(format!("sqlite-reader-{i}"))
+                .spawn(move || reader_loop(conn, &rx, &counters))
+                .map_err(|e| {
+                    StoreError::unavailable(format!("cannot start a reader thread: {e}"))
+                })?;
+            threads.push(handle);
+        }
+        Ok(ReaderPool {
+            jobs: Mutex::new(Some(tx)),
+            threads: Mutex::new(threads),
+        })
+    }
+}
+
+/// Takes reads from the shared queue until it closes. A read that panics loses only its own
+/// answer (its caller sees the reader stop before answering); the thread keeps serving.
+fn reader_loop(conn: Connection, jobs: &Mutex<mpsc::Receiver<ReadJob>>, counters: &Counters) {
+    loop {
+        let job = {
+            let rx = match jobs.lock() {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+            rx.recv()
+        };
+        let Ok(job) = job else { return };
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&conn, counters)));
+    }
 }
 
 /// The SQLite engine: the writer thread, the readers, and the admission notifier.
 pub(crate) struct SqliteEngine {
     jobs: Mutex<Option<mpsc::Sender<Box<dyn WriteJob>>>>,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
-    readers: Arc<ReaderPool>,
+    readers: ReaderPool,
     clock: SharedClock,
     admissions: broadcast::Sender<Admission>,
     closed: AtomicBool,
@@ -424,15 +470,12 @@ impl SqliteEngine {
             .name("sessionstore-sqlite-writer".into())
             .spawn(move || writer_loop(writer_conn, rx, writer_clock, max_batch, writer_counters))
             .map_err(|e| StoreError::unavailable(format!("cannot start the writer thread: {e}")))?;
-        let n = readers.len();
+        let readers = ReaderPool::start(readers, &counters)?;
         let (admissions, _) = broadcast::channel(1024);
         Ok(SqliteEngine {
             jobs: Mutex::new(Some(tx)),
             writer: Mutex::new(Some(handle)),
-            readers: Arc::new(ReaderPool {
-                conns: Mutex::new(readers),
-                permits: Semaphore::new(n),
-            }),
+            readers,
             clock,
             admissions,
             closed: AtomicBool::new(false),
@@ -477,46 +520,36 @@ impl SqliteEngine {
             .map_err(|_| StoreError::unavailable("the writer stopped before answering"))?
     }
 
-    /// Runs `op` on a read-only connection.
+    /// Runs `op` on a read-only connection (on one of the reader threads).
     pub(crate) async fn read<T, F>(&self, op: F) -> StoreResult<T>
     where
         T: Send + 'static,
         F: for<'a> FnOnce(&mut SqliteTx<'a>) -> StoreResult<T> + Send + 'static,
     {
         self.check_open()?;
-        let permit = self
-            .readers
-            .permits
-            .acquire()
-            .await
-            .map_err(|_| StoreError::unavailable("the store is closed"))?;
-        let pool = self.readers.clone();
-        let counters = self.counters.clone();
-        let result = tokio::task::spawn_blocking(move || {
-            let conn = pool
-                .conns
-                .lock()
-                .map_err(|_| StoreError::unavailable("the reader pool is poisoned"))?
-                .pop()
-                .ok_or_else(|| StoreError::unavailable("no reader connection is free"))?;
-            let result = {
-                let mut tx = SqlTx {
-                    conn: SqliteConn {
-                        conn: &conn,
-                        counters: &counters,
-                    },
-                };
-                op(&mut tx)
+        let (reply, rx) = oneshot::channel();
+        let job: ReadJob = Box::new(move |conn, counters| {
+            let mut tx = SqlTx {
+                conn: SqliteConn { conn, counters },
             };
-            if let Ok(mut conns) = pool.conns.lock() {
-                conns.push(conn);
-            }
-            result
-        })
-        .await
-        .map_err(|e| StoreError::unavailable(format!("a read failed: {e}")))?;
-        drop(permit);
-        result
+            // The caller may have stopped waiting; nothing to do then.
+            let _ = reply.send(op(&mut tx));
+        });
+        {
+            let guard = self
+                .readers
+                .jobs
+                .lock()
+                .map_err(|_| StoreError::unavailable("the reader pool is poisoned"))?;
+            guard
+                .as_ref()
+                .ok_or_else(|| StoreError::unavailable("the store is closed"))?
+                .send(job)
+                .map_err(|_| StoreError::unavailable("the readers have stopped"))?;
+        }
+        rx.await.map_err(|_| {
+            StoreError::unavailable("a read failed: the reader stopped before answering")
+        })?
     }
 
     pub(crate) fn now_ms(&self) -> Millis {
@@ -541,9 +574,23 @@ impl SqliteEngine {
         if let Some(h) = handle {
             let _ = tokio::task::spawn_blocking(move || h.join()).await;
         }
-        self.readers.permits.close();
-        if let Ok(mut conns) = self.readers.conns.lock() {
-            conns.clear();
+        // Reads already queued still run; the threads then close their connections.
+        if let Ok(mut guard) = self.readers.jobs.lock() {
+            guard.take();
+        }
+        let threads = self
+            .readers
+            .threads
+            .lock()
+            .map(|mut g| std::mem::take(&mut *g))
+            .unwrap_or_default();
+        if !threads.is_empty() {
+            let _ = tokio::task::spawn_blocking(move || {
+                for t in threads {
+                    let _ = t.join();
+                }
+            })
+            .await;
         }
     }
 }

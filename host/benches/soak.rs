@@ -1,0 +1,432 @@
+//! `cargo bench -p host --bench soak [-- sqlite|postgres]`
+//!
+//! Does memory stay flat while a Host recycles sessions? For each backend, in a process of its
+//! own (so one backend's heap never colours the other's figures): one composed Host (pooled,
+//! the real harness and its scripted model, a short warm TTL), then
+//!
+//! 1. **restores**: a fixed set of sessions cycled through restore and warm release until
+//!    `HOST_SOAK_N` restores have happened (attach, idle, release: the journal does not grow);
+//! 2. **restores with an input**: the same again, each restore applying one input, so the
+//!    consumer, publisher, relay and the runtime's turn all run every time (each conversation
+//!    grows by a turn per restore, as a soak driven by client messages does);
+//! 3. **new sessions**: `HOST_SOAK_N` sessions never seen before, each created, given one
+//!    input and warm-released.
+//!
+//! After every round (all of the round's sessions released) the bench samples the process's
+//! resident set (VmRSS and its anonymous part), its descriptors and its threads. It prints the
+//! least-squares slope of each over the phase — bytes of RSS per restore and per distinct
+//! session, with R² — beside the baseline RSS measured in the same run after a warm-up (the
+//! ratio is the phase's fitted growth over that baseline). Goal: < 100 bytes per restore and
+//! per distinct session once released; descriptors and threads flat.
+//!
+//! `HOST_SOAK_N` (default 1600) and `HOST_SOAK_SESSIONS` (the fixed set and the round size,
+//! default 16) size the run; PostgreSQL runs when `HOST_TEST_DATABASE_URL` is set. With
+//! `HOST_SOAK_NO_STOP` set the process exits without stopping the Host, so a heap profiler
+//! (`heaptrack`) reports everything still held as leaked, by allocation site.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use department::{LaunchMode, Registration, RuntimeProfile};
+use harness::model::ScriptedModel;
+use harness::tool::ToolRegistry;
+use harness::{AgentConfig, HarnessTarget};
+use host::{AttachRequest, Composition, Options, Registrar, Service};
+use sessionstore::wire::{CommandBodyV1, encode_command_body};
+use sessionstore::*;
+
+const DEFAULT_N: usize = 1600;
+const DEFAULT_SESSIONS: usize = 16;
+/// Rounds run before the baseline is taken (allocator arenas, statement caches and pools
+/// reach their working size).
+const WARM_UP_ROUNDS: usize = 6;
+
+struct Reg;
+
+#[async_trait::async_trait]
+impl Registrar for Reg {
+    async fn register(&self, store: &Store) -> Result<Vec<Registration>, String> {
+        let agent = AgentConfig::new(
+            Arc::new(ScriptedModel::new()),
+            ToolRegistry::new(vec![]).map_err(|e| e.to_string())?,
+        );
+        let target =
+            HarnessTarget::new(store.clone(), agent, CompatibilityId::new("soak").unwrap())
+                .map_err(|e| e.to_string())?;
+        Ok(vec![Registration {
+            agent: AgentId::new("assistant").unwrap(),
+            target: Arc::new(target),
+        }])
+    }
+}
+
+fn env_usize(name: &str, default: usize) -> usize {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|_| panic!("{name} must be a whole number, not {v:?}")),
+        Err(_) => default,
+    }
+}
+
+fn tenant() -> TenantId {
+    TenantId::new("soak").unwrap()
+}
+
+async fn new_session(store: &Store, name: &str) -> SessionRecord {
+    store
+        .create_session(NewSession {
+            tenant: tenant(),
+            session: SessionId::new(name).unwrap(),
+            agent: AgentId::new("assistant").unwrap(),
+            compatibility: CompatibilityId::new("soak").unwrap(),
+            binding: SessionBinding {
+                runtime_session_id: RuntimeSessionId::mint(),
+                storage_binding_id: local_binding(),
+                binding_version: 1,
+            },
+        })
+        .await
+        .expect("session")
+}
+
+async fn host(options: StoreOptions) -> Service {
+    let svc = Composition {
+        options: Options {
+            host_id: Some(HostId::new("soak").unwrap()),
+            internal_endpoint: Some("ws://127.0.0.1:7400".into()),
+            capacity: 10_000,
+            warm_ttl: Duration::from_millis(20),
+            reconcile_interval: Duration::from_millis(500),
+            ..Options::default()
+        },
+        store: options,
+        registrar: Box::new(Reg),
+        profile: RuntimeProfile::Durable,
+        version: "soak".into(),
+    }
+    .build()
+    .await
+    .expect("compose");
+    svc.start().await.expect("start");
+    svc
+}
+
+fn attach_req(s: &SessionRecord) -> AttachRequest {
+    AttachRequest {
+        tenant: s.tenant.clone(),
+        session: s.session.clone(),
+        agent: s.agent.clone(),
+        compatibility: s.compatibility.clone(),
+        mode: LaunchMode::Restore,
+        actor: None,
+        trace: None,
+    }
+}
+
+/// How many inputs the Host has applied so far (its own in-memory count).
+fn applied(svc: &Service) -> u64 {
+    svc.metrics()
+        .apply_seconds
+        .with_label_values(&["input"])
+        .get_sample_count()
+}
+
+/// One round: each session is attached (create or restore) — with one input admitted first
+/// when `input` names the round — and the round returns once every input is applied and every
+/// session is warm-released again.
+async fn round(svc: &Service, store: &Store, sessions: &[SessionRecord], input: Option<&str>) {
+    let expected = applied(svc) + input.map_or(0, |_| sessions.len() as u64);
+    let work = sessions.iter().map(|s| {
+        let svc = svc.clone();
+        let store = store.clone();
+        let s = s.clone();
+        let command = input.map(|label| CommandId::new(format!("c-{label}")).unwrap());
+        async move {
+            if let Some(command) = command {
+                store
+                    .admit(NewCommand {
+                        tenant: s.tenant.clone(),
+                        session: s.session.clone(),
+                        command,
+                        kind: CommandKind::Input,
+                        body: CommandBody::Inline(encode_command_body(&CommandBodyV1::Input {
+                            text: "hello".into(),
+                        })),
+                        principal: None,
+                        metadata: None,
+                        apply_within: Duration::from_secs(3600),
+                    })
+                    .await
+                    .expect("admit");
+            }
+            svc.attach(attach_req(&s)).await.expect("attach");
+        }
+    });
+    futures::future::join_all(work).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while applied(svc) < expected || !svc.residents().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "round {input:?}: {} of {expected} applied, {} still resident after 60 s",
+            applied(svc),
+            svc.residents().len()
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// What the process holds now.
+#[derive(Clone, Copy, Debug, Default)]
+struct Sample {
+    rss: f64,
+    anon: f64,
+    fds: f64,
+    threads: f64,
+}
+
+fn status_kib(status: &str, field: &str) -> f64 {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(f64::NAN)
+}
+
+fn sample() -> Sample {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let fds = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count());
+    Sample {
+        rss: status_kib(&status, "VmRSS:") * 1024.0,
+        anon: status_kib(&status, "RssAnon:") * 1024.0,
+        fds: fds as f64,
+        threads: status_kib(&status, "Threads:"),
+    }
+}
+
+/// Least squares: (slope, R²).
+fn fit(points: &[(f64, f64)]) -> (f64, f64) {
+    let n = points.len() as f64;
+    let mx = points.iter().map(|p| p.0).sum::<f64>() / n;
+    let my = points.iter().map(|p| p.1).sum::<f64>() / n;
+    let sxx: f64 = points.iter().map(|p| (p.0 - mx).powi(2)).sum();
+    let sxy: f64 = points.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+    let syy: f64 = points.iter().map(|p| (p.1 - my).powi(2)).sum();
+    if sxx == 0.0 {
+        return (0.0, 0.0);
+    }
+    let slope = sxy / sxx;
+    let r2 = if syy == 0.0 {
+        1.0
+    } else {
+        sxy * sxy / (sxx * syy)
+    };
+    (slope, r2)
+}
+
+/// A phase's samples against its work count (restores or sessions).
+#[derive(Default)]
+struct Phase {
+    samples: Vec<(f64, Sample)>,
+}
+
+impl Phase {
+    fn push(&mut self, x: usize) {
+        self.samples.push((x as f64, sample()));
+    }
+
+    fn slope(&self, f: impl Fn(&Sample) -> f64) -> (f64, f64) {
+        let pts: Vec<(f64, f64)> = self.samples.iter().map(|(x, s)| (*x, f(s))).collect();
+        fit(&pts)
+    }
+
+    /// The slope over the phase's second half alone (growth that is levelling off shows a
+    /// smaller slope here than over the whole phase).
+    fn late_slope(&self, f: impl Fn(&Sample) -> f64) -> f64 {
+        let half = self.samples.len() / 2;
+        let pts: Vec<(f64, f64)> = self.samples[half..]
+            .iter()
+            .map(|(x, s)| (*x, f(s)))
+            .collect();
+        fit(&pts).0
+    }
+
+    fn range(&self, f: impl Fn(&Sample) -> f64) -> (f64, f64) {
+        self.samples
+            .iter()
+            .map(|(_, s)| f(s))
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+                (lo.min(v), hi.max(v))
+            })
+    }
+
+    fn report(&self, backend: &str, per: &str, baseline: &Sample) {
+        let work = self.samples.last().map_or(0.0, |(x, _)| *x);
+        let (rss, rss_r2) = self.slope(|s| s.rss);
+        let late = self.late_slope(|s| s.rss);
+        let (anon, anon_r2) = self.slope(|s| s.anon);
+        let (fds, _) = self.slope(|s| s.fds);
+        let (threads, _) = self.slope(|s| s.threads);
+        let (fd_lo, fd_hi) = self.range(|s| s.fds);
+        let (th_lo, th_hi) = self.range(|s| s.threads);
+        let (rss_lo, rss_hi) = self.range(|s| s.rss);
+        println!(
+            "{backend}: {:>6.0} bytes RSS per {per} (R² {rss_r2:.2}; second half {late:.0}), {:>6.0} bytes anonymous (R² {anon_r2:.2}), goal < 100; over {work:.0} {per}s the fit grows {:.3}% of the baseline RSS {:.1} MB (seen {:.1}–{:.1} MB)",
+            rss,
+            anon,
+            100.0 * rss * work / baseline.rss,
+            baseline.rss / 1e6,
+            rss_lo / 1e6,
+            rss_hi / 1e6,
+        );
+        println!(
+            "{backend}: descriptors {fd_lo:.0}–{fd_hi:.0} ({fds:+.5} per {per}; baseline {:.0}), threads {th_lo:.0}–{th_hi:.0} ({threads:+.5} per {per}; baseline {:.0})",
+            baseline.fds, baseline.threads,
+        );
+    }
+}
+
+async fn soak(backend: &str, options: StoreOptions, n: usize, k: usize) {
+    let store = Store::open(options.clone()).await.expect("store");
+    let svc = host(options).await;
+    let started = Instant::now();
+    let mut fixed = Vec::with_capacity(k);
+    for i in 0..k {
+        fixed.push(new_session(&store, &format!("fixed-{i}")).await);
+    }
+    let mut fresh = 0;
+    let mut new_batch = |store: Store| {
+        fresh += 1;
+        let b = fresh;
+        async move {
+            let mut batch = Vec::with_capacity(k);
+            for i in 0..k {
+                batch.push(new_session(&store, &format!("new-{b}-{i}")).await);
+            }
+            batch
+        }
+    };
+    // Warm-up: every kind of round a few times.
+    for w in 0..WARM_UP_ROUNDS {
+        round(&svc, &store, &fixed, Some(&format!("warm-{w}"))).await;
+        round(&svc, &store, &fixed, None).await;
+        let batch = new_batch(store.clone()).await;
+        round(&svc, &store, &batch, Some("first")).await;
+    }
+    let baseline = sample();
+    // 1. Restores alone: attach, idle, warm release (the journal does not grow).
+    let mut bare = Phase::default();
+    bare.push(0);
+    let mut done = 0;
+    while done < n {
+        round(&svc, &store, &fixed, None).await;
+        done += k;
+        bare.push(done);
+    }
+    // 2. Restores that each apply one input (each conversation grows by a turn).
+    let mut busy = Phase::default();
+    busy.push(0);
+    let mut done = 0;
+    let mut r = 0;
+    while done < n {
+        round(&svc, &store, &fixed, Some(&format!("r{r}"))).await;
+        done += k;
+        r += 1;
+        busy.push(done);
+    }
+    // 3. New sessions, each created, given one input, released.
+    let mut sessions = Phase::default();
+    sessions.push(0);
+    let mut made = 0;
+    while made < n {
+        let batch = new_batch(store.clone()).await;
+        round(&svc, &store, &batch, Some("first")).await;
+        made += k;
+        sessions.push(made);
+    }
+    let footprint = svc.footprint();
+    println!(
+        "{backend}: {n} restores alone, {n} restores with an input ({k} sessions), {made} new sessions, in {:.0} s; per-session state left on the Host: {footprint:?}",
+        started.elapsed().as_secs_f64(),
+    );
+    bare.report(backend, "restore", &baseline);
+    busy.report(backend, "restore with an input", &baseline);
+    sessions.report(backend, "distinct session", &baseline);
+    if std::env::var_os("HOST_SOAK_NO_STOP").is_some() {
+        // For a heap profiler: exit holding everything, so what is still held shows as leaked.
+        std::process::exit(0);
+    }
+    svc.stop().await;
+    store.close().await;
+}
+
+fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+fn run_one(backend: &str) {
+    let n = env_usize("HOST_SOAK_N", DEFAULT_N);
+    let k = env_usize("HOST_SOAK_SESSIONS", DEFAULT_SESSIONS).max(1);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    match backend {
+        "sqlite" => {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let o = StoreOptions::new(format!("sqlite://{}", dir.path().join("host.db").display()));
+            rt.block_on(soak("sqlite", o, n, k));
+        }
+        _ => match std::env::var("HOST_TEST_DATABASE_URL") {
+            Ok(url) if !url.is_empty() => {
+                let schema = format!("bench_soak_{}", std::process::id());
+                let mut o = StoreOptions::new(url.clone());
+                o.pg_schema = Some(schema.clone());
+                rt.block_on(soak("postgres", o, n, k));
+                rt.block_on(async {
+                    use sqlx::{Connection, Executor};
+                    if let Ok(mut c) = sqlx::PgConnection::connect(&url).await {
+                        let _ = c
+                            .execute(sqlx::AssertSqlSafe(format!(
+                                "DROP SCHEMA IF EXISTS {schema} CASCADE"
+                            )))
+                            .await;
+                    }
+                });
+            }
+            _ => println!("postgres: skipped (HOST_TEST_DATABASE_URL is unset)"),
+        },
+    }
+}
+
+/// Both backends unless one is named (`cargo bench` itself passes `--bench`); each backend
+/// runs in a child process of its own.
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let named: Vec<&str> = ["sqlite", "postgres"]
+        .into_iter()
+        .filter(|b| args.iter().any(|a| a == b))
+        .collect();
+    if let [one] = named.as_slice() {
+        run_one(one);
+        return;
+    }
+    let me = std::env::current_exe().expect("the bench's own path");
+    println!(
+        "soak: HOST_SOAK_N={} HOST_SOAK_SESSIONS={}; load average {}",
+        env_usize("HOST_SOAK_N", DEFAULT_N),
+        env_usize("HOST_SOAK_SESSIONS", DEFAULT_SESSIONS),
+        load()
+    );
+    for backend in ["sqlite", "postgres"] {
+        let status = std::process::Command::new(&me)
+            .arg(backend)
+            .status()
+            .expect("the bench runs a child per backend");
+        assert!(status.success(), "the {backend} soak failed: {status}");
+        println!("load average {}", load());
+    }
+}
