@@ -8,6 +8,7 @@ mod backend;
 pub mod clock;
 pub mod error;
 pub mod evidence;
+pub mod fleet;
 pub mod ids;
 pub mod journal;
 pub mod limits;
@@ -31,6 +32,10 @@ pub mod wire;
 pub use backend::Admission;
 pub use clock::{Clock, ManualClock, Millis, SharedClock, SystemClock};
 pub use error::{ErrorCode, StoreError, StoreResult};
+pub use fleet::{
+    HeartbeatReport, HostHeartbeat, HostLoad, Leadership, LeadershipRequest, Orphan,
+    PlacementRecord, PlacementRequest, RenewedResidency,
+};
 pub use evidence::{EvidenceReader, EvidenceRouter, FixedEvidenceRouter};
 pub use ids::*;
 pub use journal::*;

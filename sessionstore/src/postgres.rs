@@ -44,6 +44,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
         3,
         include_str!("../migrations/postgres/0003_runnable_packages.sql"),
     ),
+    (5, include_str!("../migrations/postgres/0005_fleet.sql")),
 ];
 /// The store's tables: analysed when due (see [`DUE_SQL`]) right after the migrations, at
 /// open and every `pg_statistics_interval`, so the planner's statistics follow the tables'
@@ -58,6 +59,8 @@ const TABLES: &[&str] = &[
     "gates",
     "payload_objects",
     "journal_leases",
+    "fleet_leaders",
+    "placements",
     "journal_records",
     "runnable_packages",
 ];
@@ -985,7 +988,7 @@ impl PgEngine {
     }
 
     /// Announces an admission to every process listening (after the commit).
-    async fn announce(&self, a: Admission) {
+    pub(crate) async fn announce(&self, a: Admission) {
         let payload = admission_payload(&a);
         self.counters.server_statements(1);
         // A lost notification only delays a consumer until its next reconcile pass.

@@ -28,6 +28,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
         3,
         include_str!("../migrations/sqlite/0003_runnable_packages.sql"),
     ),
+    (5, include_str!("../migrations/sqlite/0005_fleet.sql")),
 ];
 
 /// A connection usable by the generic SQL layer.

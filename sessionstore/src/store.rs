@@ -1239,3 +1239,5 @@ impl Store {
         read_op!(self, |tx| crate::packages::list(tx))
     }
 }
+
+mod fleet;
