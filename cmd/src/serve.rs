@@ -138,6 +138,18 @@ pub async fn run(args: ServeArgs, matches: Option<&ArgMatches>, out: Output) -> 
         .await
         .map_err(|e| anyhow::anyhow!("start: {e}"))?;
     let server = Server::from_listener(service.clone(), Box::new(creds), link, listener).await?;
+    // The fleet reconciler: every Host of a fleet runs one; one of them acts at a time.
+    let reconciler_stop = tokio_util::sync::CancellationToken::new();
+    let reconciler = if options.fleet.enabled_for(&store_url) {
+        let r = controller::fleet::Reconciler::new(
+            service.store().clone(),
+            options.fleet.reconciler_options()?,
+            host_id.as_str(),
+        )?;
+        Some(tokio::spawn(r.run(reconciler_stop.clone())))
+    } else {
+        None
+    };
     let tenant = if embedded {
         LOCAL_TENANT.to_owned()
     } else {
@@ -165,6 +177,11 @@ pub async fn run(args: ServeArgs, matches: Option<&ArgMatches>, out: Output) -> 
 
     let signal = stop.next().await;
     tracing::info!(signal, "draining");
+    // Stop placing (and give the leadership back) before this Host stops admitting.
+    reconciler_stop.cancel();
+    if let Some(r) = reconciler {
+        let _ = r.await;
+    }
     server.shutdown();
     // A second signal during the drain exits at once.
     let report = tokio::select! {

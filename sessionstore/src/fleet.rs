@@ -306,7 +306,11 @@ impl<C: Conn> SqlTx<C> {
     }
 
     /// Requires `l` to be the current, live leadership at `now`.
-    pub(crate) async fn require_leadership(&mut self, l: &Leadership, now: Millis) -> StoreResult<()> {
+    pub(crate) async fn require_leadership(
+        &mut self,
+        l: &Leadership,
+        now: Millis,
+    ) -> StoreResult<()> {
         match self.leadership(&l.name).await? {
             None => Err(StoreError::not_found("fleet_leader", l.name.clone())),
             Some((epoch, _, _)) if epoch != l.epoch => Err(StoreError::Epoch {

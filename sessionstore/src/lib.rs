@@ -32,11 +32,11 @@ pub mod wire;
 pub use backend::Admission;
 pub use clock::{Clock, ManualClock, Millis, SharedClock, SystemClock};
 pub use error::{ErrorCode, StoreError, StoreResult};
+pub use evidence::{EvidenceReader, EvidenceRouter, FixedEvidenceRouter};
 pub use fleet::{
     HeartbeatReport, HostHeartbeat, HostLoad, Leadership, LeadershipRequest, Orphan,
     PlacementRecord, PlacementRequest, RenewedResidency,
 };
-pub use evidence::{EvidenceReader, EvidenceRouter, FixedEvidenceRouter};
 pub use ids::*;
 pub use journal::*;
 pub use model::*;

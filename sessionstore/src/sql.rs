@@ -240,7 +240,11 @@ impl Row {
         }
     }
 
-    pub(crate) fn id<T>(&self, i: usize, parse: impl Fn(String) -> StoreResult<T>) -> StoreResult<T> {
+    pub(crate) fn id<T>(
+        &self,
+        i: usize,
+        parse: impl Fn(String) -> StoreResult<T>,
+    ) -> StoreResult<T> {
         let text = self.text(i)?;
         parse(text).map_err(|e| self.bad(i, &format!("invalid id: {e}")))
     }

@@ -166,9 +166,7 @@ mod cases {
         assert_eq!(t.expires_at_ms, Some(successor.expires_at_ms));
     }
 
-    pub async fn a_heartbeat_of_an_older_generation_is_refused_and_renews_nothing(
-        ts: &TestStore,
-    ) {
+    pub async fn a_heartbeat_of_an_older_generation_is_refused_and_renews_nothing(ts: &TestStore) {
         let s = new_session(ts, "s").await;
         let g = reside(ts, &s, "h1", 1, SHORT).await;
         ts.store.heartbeat(heartbeat("h1", 2, LONG)).await.unwrap();
@@ -253,13 +251,20 @@ mod cases {
             ts.store.next_host_generation(&host("gone")).await.unwrap(),
             8
         );
-        assert_eq!(ts.store.next_host_generation(&host("new")).await.unwrap(), 1);
+        assert_eq!(
+            ts.store.next_host_generation(&host("new")).await.unwrap(),
+            1
+        );
     }
 
     pub async fn one_reconciler_leads_at_a_time_and_a_deposed_one_cannot_assign(ts: &TestStore) {
         let s = new_session(ts, "s").await;
         let cmd = admit(ts, &s, "c1").await;
-        let a = ts.store.acquire_leadership(leader("a", SHORT)).await.unwrap();
+        let a = ts
+            .store
+            .acquire_leadership(leader("a", SHORT))
+            .await
+            .unwrap();
         assert_eq!(a.epoch, 1);
         let err = ts
             .store
@@ -267,10 +272,18 @@ mod cases {
             .await
             .unwrap_err();
         assert_eq!(err.code(), ErrorCode::ClaimHeld);
-        let renewed = ts.store.acquire_leadership(leader("a", SHORT)).await.unwrap();
+        let renewed = ts
+            .store
+            .acquire_leadership(leader("a", SHORT))
+            .await
+            .unwrap();
         assert_eq!(renewed.epoch, 1);
         ts.advance(PAST_SHORT).await;
-        let b = ts.store.acquire_leadership(leader("b", LONG)).await.unwrap();
+        let b = ts
+            .store
+            .acquire_leadership(leader("b", LONG))
+            .await
+            .unwrap();
         assert_eq!(b.epoch, 2);
         let assign = |l: &Leadership| PlacementRequest {
             tenant: s.tenant.clone(),
@@ -300,7 +313,11 @@ mod cases {
             .await
             .unwrap_err();
         assert_eq!(err.code(), ErrorCode::ClaimLost);
-        let c = ts.store.acquire_leadership(leader("c", LONG)).await.unwrap();
+        let c = ts
+            .store
+            .acquire_leadership(leader("c", LONG))
+            .await
+            .unwrap();
         assert_eq!(c.epoch, 3);
     }
 
@@ -335,7 +352,11 @@ mod cases {
                 .is_empty()
         );
 
-        let l = ts.store.acquire_leadership(leader("a", LONG)).await.unwrap();
+        let l = ts
+            .store
+            .acquire_leadership(leader("a", LONG))
+            .await
+            .unwrap();
         let req = |s: &SessionRecord, ttl| PlacementRequest {
             tenant: s.tenant.clone(),
             session: s.session.clone(),

@@ -4,11 +4,11 @@
 //! the open backend.
 
 use super::*;
-use crate::ops::Tx as _;
 use crate::fleet::{
     self, HeartbeatReport, HostHeartbeat, HostLoad, Leadership, LeadershipRequest, Orphan,
     PlacementRecord, PlacementRequest,
 };
+use crate::ops::Tx as _;
 
 /// The most orphans one scan returns.
 pub const MAX_ORPHANS_PER_SCAN: usize = 10_000;
@@ -24,8 +24,16 @@ impl Store {
         check_epoch("generation", a.generation)?;
         check_endpoint(&a.endpoint)?;
         check_short_text("isolation_class", &a.isolation_class)?;
-        let ttl = ttl_ms("advertisement_ttl", a.ttl, MAX_REGISTRATION_TTL.min(MAX_LEASE_TTL))?;
-        let retention = ttl_ms("retention", hb.retention, Duration::from_secs(7 * 24 * 3600))?;
+        let ttl = ttl_ms(
+            "advertisement_ttl",
+            a.ttl,
+            MAX_REGISTRATION_TTL.min(MAX_LEASE_TTL),
+        )?;
+        let retention = ttl_ms(
+            "retention",
+            hb.retention,
+            Duration::from_secs(7 * 24 * 3600),
+        )?;
         write_op!(
             self,
             WriteKey::host(&hb.advertisement.host),
@@ -49,18 +57,23 @@ impl Store {
         check_leadership_name(&req.name)?;
         check_holder(&req.holder)?;
         let ttl = ttl_ms("leader_ttl", req.ttl, MAX_LEASE_TTL)?;
-        write_op!(self, leadership_key(&req.name), [req], |tx, now| async move {
-            let current = tx.leadership(&req.name).await?;
-            let granted = fleet::acquire_leadership(current.clone(), &req, ttl, now)?;
-            tx.put_leadership(
-                &granted.name,
-                granted.epoch,
-                Some(&granted.holder),
-                Some(granted.expires_at_ms),
-            )
-            .await?;
-            Ok(granted)
-        })
+        write_op!(
+            self,
+            leadership_key(&req.name),
+            [req],
+            |tx, now| async move {
+                let current = tx.leadership(&req.name).await?;
+                let granted = fleet::acquire_leadership(current.clone(), &req, ttl, now)?;
+                tx.put_leadership(
+                    &granted.name,
+                    granted.epoch,
+                    Some(&granted.holder),
+                    Some(granted.expires_at_ms),
+                )
+                .await?;
+                Ok(granted)
+            }
+        )
     }
 
     /// Releases a leadership its holder still holds (the epoch stays); anything else is left.
