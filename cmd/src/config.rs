@@ -154,6 +154,10 @@ pub struct ServeOptions {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub credentials_file: Option<PathBuf>,
     pub sqlite_synchronous: SyncMode,
+    /// PostgreSQL: how long a connection may sit idle inside a transaction before the server
+    /// ends it (a frozen Host stalls the fleet for at most this long).
+    #[serde(with = "duration_text")]
+    pub pg_idle_transaction_timeout: Duration,
     pub host: Options,
     pub link: LinkOptions,
     pub agents: AgentOptions,
@@ -169,6 +173,7 @@ impl Default for ServeOptions {
             store: None,
             credentials_file: None,
             sqlite_synchronous: SyncMode::Full,
+            pg_idle_transaction_timeout: Duration::from_secs(5),
             host: Options::default(),
             link: LinkOptions::default(),
             agents: AgentOptions::default(),
@@ -226,6 +231,10 @@ pub struct ServeFlags {
         value_enum
     )]
     sqlite_synchronous: Option<SyncMode>,
+    /// PostgreSQL: how long a connection may sit idle inside a transaction before the server
+    /// ends it and its row locks (a frozen Host stalls the rest of the fleet at most this long).
+    #[arg(id = "pg_idle_transaction_timeout", long = "pg-idle-transaction-timeout", env = "HOST_PG_IDLE_TRANSACTION_TIMEOUT", value_parser = duration)]
+    pg_idle_transaction_timeout: Option<Duration>,
 
     /// This Host's stable id, unique in a fleet [default: hostd-<hostname>].
     #[arg(id = "host.host_id", long = "host-id", env = "HOST_ID", value_parser = host_id)]
@@ -486,6 +495,7 @@ impl ServeFlags {
             listen => listen;
             data_dir => data_dir;
             sqlite_synchronous => sqlite_synchronous;
+            pg_idle_transaction_timeout => pg_idle_transaction_timeout;
             isolation_class => host.isolation_class;
             placement => host.placement;
             capacity => host.capacity;

@@ -103,6 +103,7 @@ pub async fn run(args: ServeArgs, matches: Option<&ArgMatches>, out: Output) -> 
         SyncMode::Full => Synchronous::Full,
         SyncMode::Normal => Synchronous::Normal,
     };
+    store.pg_idle_transaction_timeout = options.pg_idle_transaction_timeout;
     let agents = &options.agents;
     let openai = match (
         &agents.openai_endpoint,

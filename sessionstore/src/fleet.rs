@@ -13,7 +13,7 @@ use crate::error::{StoreError, StoreResult};
 use crate::ids::*;
 use crate::machine;
 use crate::model::*;
-use crate::sql::{Conn, Row, SqlTx, TARGET_COLS, decode_target, flag, int, ms, text};
+use crate::sql::{Conn, Dialect, Row, SqlTx, TARGET_COLS, decode_target, flag, int, ms, text};
 
 /// A Host's heartbeat: its advertisement (whose `ttl` is also how long every residency and
 /// registration it holds stays alive from now), the admission weight it has charged, and how
@@ -235,9 +235,18 @@ impl<C: Conn> SqlTx<C> {
                 ],
             )
             .await?;
+        // Never waits for a row another transaction holds (on PostgreSQL a stalled Host may
+        // hold its own row): a row skipped now is collected by a later heartbeat.
+        let collect = match self.conn.dialect() {
+            Dialect::Postgres => {
+                "DELETE FROM host_targets WHERE host_id IN (SELECT host_id FROM host_targets \
+                 WHERE host_id <> $1 AND expires_at < $2 FOR UPDATE SKIP LOCKED)"
+            }
+            Dialect::Sqlite => "DELETE FROM host_targets WHERE host_id <> $1 AND expires_at < $2",
+        };
         let collected = self
             .exec(
-                "DELETE FROM host_targets WHERE host_id <> $1 AND expires_at < $2",
+                collect,
                 vec![text(a.host.as_str()), ms(now.saturating_sub(retention_ms))],
             )
             .await?;

@@ -751,7 +751,13 @@ impl PgEngine {
             .url
             .parse::<PgConnectOptions>()
             .map_err(|e| StoreError::invalid("url", format!("is not a PostgreSQL URL: {e}")))?
-            .options(PLANNER_SETTINGS);
+            .options(PLANNER_SETTINGS)
+            // A client stalled inside a transaction (a frozen process) would hold its row locks
+            // for ever and wedge every other Host of the fleet; the server ends such a session.
+            .options([(
+                "idle_in_transaction_session_timeout",
+                format!("{}ms", options.pg_idle_transaction_timeout.as_millis()).as_str(),
+            )]);
         if let Some(schema) = &options.pg_schema {
             let mut c = PgConnection::connect_with(&connect)
                 .await
