@@ -15,6 +15,7 @@ mod link_backend;
 pub mod metrics;
 pub mod options;
 mod publisher;
+pub mod readiness;
 mod release;
 mod residency;
 mod resident;
@@ -26,7 +27,7 @@ pub use error::HostError;
 pub use link_backend::{CAPABILITIES, HostBackend};
 pub use options::{Config, IsolationClass, Options, OptionsCode, OptionsError};
 pub use publisher::default_timeout;
-pub use release::{DrainFailure, DrainReport};
+pub use release::{DrainFailure, DrainReport, steps as drain_steps};
 pub use resident::{ResidentState, SessionKey};
 pub use service::{
     AttachRequest, Attached, Composition, CompositionError, Observation, Registrar, Service,

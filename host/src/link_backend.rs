@@ -13,7 +13,7 @@ use sessionstore::{CommandId, CompatibilityId, Placement, SessionId, TenantId};
 use tokio::sync::broadcast;
 
 use crate::error::HostError;
-use crate::link::backend::{LinkBackend, LinkCtx, LinkId, Refusal, SessionFeed};
+use crate::link::backend::{LinkBackend, LinkCtx, Refusal, SessionFeed};
 use crate::resident::ResidentState;
 use crate::service::{AttachRequest as HostAttach, Observation, Service};
 use hostlink::auth::AuthVerifier;
@@ -31,7 +31,6 @@ pub const CAPABILITIES: [&str; 3] = [
 ];
 
 struct LinkDrain {
-    link: LinkId,
     tenant: TenantId,
     session: SessionId,
     generation: u64,
@@ -181,6 +180,10 @@ impl LinkBackend for HostBackend {
         CAPABILITIES.iter().map(|c| (*c).to_owned()).collect()
     }
 
+    /// New links once the Host has started and until it stops. The process's stop refuses
+    /// new links itself from its first instant ([`crate::server::Server::shutdown`]); during a
+    /// HostLink drain of a dedicated Host's fixed session a controller may still reconnect to
+    /// read `drain_status`, while attach and bind answer `not_admitting`.
     fn accepting_links(&self) -> bool {
         self.service.live() && self.service.generation() > 0
     }
@@ -220,6 +223,10 @@ impl LinkBackend for HostBackend {
 
     async fn bind(&self, link: &LinkCtx, req: BindRequest) -> Result<SessionFeed, Refusal> {
         self.check_host(&req.host_id, req.host_generation)?;
+        if self.service.draining() {
+            // A draining Host takes no new route to a session it is giving back.
+            return Err(HostLinkError::NotAdmitting.into());
+        }
         let Some((epoch, state)) = self.service.residency(&link.tenant, &req.session_id) else {
             return Err(HostLinkError::RuntimeUnavailable.into());
         };
@@ -257,8 +264,10 @@ impl LinkBackend for HostBackend {
                 .lock()
                 .map_err(|_| Refusal::Internal("poisoned".into()))?;
             if let Some(d) = current.as_ref() {
-                // Observing a drain already begun (idempotent for its own caller or holder).
-                if d.link == link.link || self.holds(&link.tenant, &scope.session_id) {
+                // The mutator is attributed to a holder: repeating it is idempotent while the
+                // session is still held, and refused once it was released, even for the link
+                // that began it (observation is `drain_status`'s job).
+                if self.holds(&link.tenant, &scope.session_id) {
                     return self.drain_observation(d);
                 }
                 return Err(HostLinkError::RuntimeUnavailable.into());
@@ -269,7 +278,6 @@ impl LinkBackend for HostBackend {
         }
         let generation = self.drains.fetch_add(1, Ordering::SeqCst) + 1;
         let d = LinkDrain {
-            link: link.link,
             tenant: scope.tenant_id.clone(),
             session: scope.session_id.clone(),
             generation,
@@ -285,12 +293,14 @@ impl LinkBackend for HostBackend {
             let report = service.drain().await;
             tracing::info!(
                 clean = report.is_clean(),
+                state = report.state.as_str(),
                 "HostLink drain of the fixed session finished"
             );
+            // `drained` is withheld while a lease may still be held (a parked session).
             if let Ok(mut s) = slot.lock()
                 && let Some(d) = s.as_mut()
             {
-                d.done = true;
+                d.done = report.state == DrainState::Drained;
             }
         });
         Ok(observation)
@@ -307,9 +317,14 @@ impl LinkBackend for HostBackend {
             .lock()
             .map_err(|_| Refusal::Internal("poisoned".into()))?;
         match current.as_ref() {
-            // The caller that began this very drain may always observe it; otherwise only the
-            // tenant holding the fixed session.
-            Some(d) if d.link == link.link || self.holds(&link.tenant, &scope.session_id) => {
+            // The tenant holding the fixed session may observe; so may whoever began this very
+            // drain, matched on the tenant and session it was begun with (not on the link: a
+            // controller that reconnects must still read the terminal `drained`). Nobody else:
+            // that would tell any link naming the fixed session who occupies this Host.
+            Some(d)
+                if self.holds(&link.tenant, &scope.session_id)
+                    || (d.tenant == link.tenant && d.session == scope.session_id) =>
+            {
                 self.drain_observation(d)
             }
             _ => Err(HostLinkError::RuntimeUnavailable.into()),

@@ -9,12 +9,13 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use hostlink::records::DrainState;
 use sessionstore::{ResidencyState, SessionProjection};
 use tokio::time::Instant;
 
-use crate::failpoints::{self, steps};
+use crate::failpoints;
 use crate::residency::{Residency, SessionCtx};
-use crate::resident::{ResidentState, SessionKey};
+use crate::resident::{Resident, ResidentState, SessionKey};
 
 /// One failed step of a drain.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -24,11 +25,18 @@ pub struct DrainFailure {
     pub reason: String,
 }
 
-/// What a drain did.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// What a drain did: the Host generation it drained, where it ended, and every session and
+/// failed step.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DrainReport {
+    /// The Host generation that drained.
+    pub generation: u64,
+    /// `Drained` once every session was given back with its lease released; a drain that left
+    /// a parked session or a lease it could not release stays `Draining` (withheld).
+    pub state: DrainState,
     pub released: Vec<SessionKey>,
-    /// Sessions stopped crash-equivalently (not idle: parked at a gate or mid-turn).
+    /// Sessions stopped crash-equivalently (not idle: parked at a gate or mid-turn). Each is
+    /// also a failed `release_runtime` step: the graceful release was refused.
     pub abandoned: Vec<SessionKey>,
     /// Sessions whose runtime could be neither released nor abandoned: the process must exit.
     pub parked: Vec<SessionKey>,
@@ -36,10 +44,54 @@ pub struct DrainReport {
 }
 
 impl DrainReport {
+    /// An empty report of a drain of `generation`, not yet settled.
+    pub fn new(generation: u64) -> DrainReport {
+        DrainReport {
+            generation,
+            state: DrainState::Draining,
+            released: Vec::new(),
+            abandoned: Vec::new(),
+            parked: Vec::new(),
+            failures: Vec::new(),
+        }
+    }
+
     /// True when every step succeeded and nothing is parked.
     pub fn is_clean(&self) -> bool {
         self.failures.is_empty() && self.parked.is_empty()
     }
+
+    /// Decides the terminal state: drained unless something may still hold a lease.
+    fn settle(&mut self) {
+        let lease_held = self.failures.iter().any(|f| f.step == steps::RELEASE_LEASE);
+        self.state = if self.parked.is_empty() && !lease_held {
+            DrainState::Drained
+        } else {
+            DrainState::Draining
+        };
+    }
+}
+
+/// The names of drain and stop steps a [`DrainFailure`] carries.
+pub mod steps {
+    pub const PUBLISH_NOT_ACCEPTING: &str = "publish_not_accepting";
+    pub const CLAIM_RESIDENCY: &str = "claim_residency";
+    pub const HALT_CONSUMPTION: &str = "halt_consumption";
+    pub const MARK_RELEASING: &str = "mark_releasing";
+    pub const CHECKPOINT: &str = "checkpoint";
+    /// The graceful runtime release was refused (or never possible: not idle in time).
+    pub const RELEASE_RUNTIME: &str = "release_runtime";
+    pub const ABANDON_RESIDENCY: &str = "abandon_residency";
+    pub const TOMBSTONE: &str = "tombstone";
+    pub const RELEASE_LEASE: &str = "release_lease";
+    /// A session's drain did not finish within the grace and its abandon budget.
+    pub const DRAIN_SESSION: &str = "drain_session";
+    /// Links still open when the stop's bounded tail ran out.
+    pub const CLOSE_LINK: &str = "close_link";
+    /// The store did not close within the stop's bounded tail.
+    pub const CLOSE_STORE: &str = "close_store";
+    /// The stop itself failed (its task ended abnormally).
+    pub const STOP: &str = "stop";
 }
 
 enum Outcome {
@@ -141,51 +193,47 @@ async fn mark(ctx: &SessionCtx, residency: ResidencyState) -> Result<(), String>
         .map_err(|e| e.to_string())
 }
 
-/// A warm release. Err says why it was aborted (the session is still resident then).
+/// A warm release. Err says why it was aborted: the session is resident again then, or, when
+/// a drain began meanwhile, held halted for the drain to end.
 async fn warm_release(ctx: &SessionCtx) -> Result<(), String> {
     let r = ctx.resident();
     let config = ctx.config();
-    if !r.consumer.halt(config.idle_boundary).await {
-        r.consumer.resume();
-        return Err("a command pass did not finish in time".into());
-    }
-    let abort = |why: String| {
-        r.consumer.resume();
-        Err(why)
-    };
-    if !*r.runtime.idle.idle().borrow() {
-        return abort("the session is no longer idle".into());
-    }
-    match inbox_has_work(ctx).await {
-        Ok(false) => {}
-        Ok(true) => return abort("a command arrived".into()),
-        Err(e) => return abort(format!("the inbox could not be read: {e}")),
-    }
+    // Claim the end first. From here until the claim is given back a drain waits for this
+    // release instead of skipping the session, and only this path may resume the consumer.
     if !r.begin_end() {
         return Err("another path is ending this residency".into());
     }
-    r.set_state(ResidentState::Releasing);
-    let revert = |why: String| async move {
-        ctx.metrics().release_failures.inc();
-        r.ending.store(false, Ordering::SeqCst);
-        r.set_state(ResidentState::Resident);
-        if let Err(e) = mark(ctx, ResidencyState::Resident).await {
-            tracing::warn!(error = %e, "re-publishing the registration after a taken-back release failed");
+    if ctx.draining() {
+        return take_back(ctx, "a drain began".into(), false).await;
+    }
+    if !r.consumer.halt(config.idle_boundary).await {
+        return take_back(ctx, "a command pass did not finish in time".into(), false).await;
+    }
+    if !*r.runtime.idle.idle().borrow() {
+        return take_back(ctx, "the session is no longer idle".into(), false).await;
+    }
+    match inbox_has_work(ctx).await {
+        Ok(false) => {}
+        Ok(true) => return take_back(ctx, "a command arrived".into(), false).await,
+        Err(e) => {
+            return take_back(ctx, format!("the inbox could not be read: {e}"), false).await;
         }
-        r.consumer.resume();
-        Err::<(), String>(why)
-    };
+    }
+    r.set_state(ResidentState::Releasing);
     if let Err(e) = mark(ctx, ResidencyState::Releasing).await {
-        return revert(format!("marking releasing failed: {e}")).await;
+        return take_back(ctx, format!("marking releasing failed: {e}"), true).await;
     }
     if let Err(e) = checkpoint(ctx, ResidencyState::Releasing).await {
-        return revert(format!("checkpoint failed: {e}")).await;
+        return take_back(ctx, format!("checkpoint failed: {e}"), true).await;
     }
     match tokio::time::timeout(config.drain_grace, r.runtime.release.release()).await {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => return revert(format!("the runtime refused the release: {e}")).await,
-        Err(_) => return revert("the runtime release timed out".into()).await,
+        Ok(Err(e)) => {
+            return take_back(ctx, format!("the runtime refused the release: {e}"), true).await;
+        }
+        Err(_) => return take_back(ctx, "the runtime release timed out".into(), true).await,
     }
+    r.warm_released.store(true, Ordering::SeqCst);
     let failures = ctx.give_back().await;
     for (step, reason) in &failures {
         tracing::warn!(step, reason = %reason, "warm release step failed");
@@ -195,12 +243,79 @@ async fn warm_release(ctx: &SessionCtx) -> Result<(), String> {
     Ok(())
 }
 
+/// Takes a warm release back (`published`: the registration already said releasing, so this
+/// counts as a release failure). Outside a drain the session is an ordinary resident again:
+/// re-published and its consumer resumed. While a drain runs the take-back is refused: the
+/// consumer stays halted, nothing is re-published, and the claim passes to the drain. The
+/// consumer is resumed before the claim is given up, so a drain that claims next always
+/// halts it after any resume.
+async fn take_back(ctx: &SessionCtx, why: String, published: bool) -> Result<(), String> {
+    let r = ctx.resident();
+    if published {
+        ctx.metrics().release_failures.inc();
+    }
+    if ctx.draining() {
+        tracing::info!(
+            tenant = %r.key.tenant,
+            session = %r.key.session,
+            epoch = r.epoch.0,
+            reason = %why,
+            "warm release given up during a drain; the session is held for the drain"
+        );
+    } else {
+        if published && let Err(e) = mark(ctx, ResidencyState::Resident).await {
+            tracing::warn!(error = %e, "re-publishing the registration after a taken-back release failed");
+        }
+        r.consumer.resume();
+    }
+    r.abandon_end_claim();
+    Err(why)
+}
+
+/// How a drain came to hold (or not) a session's end.
+enum Claim {
+    /// The drain ends it.
+    Claimed,
+    /// Another path (a warm release, or an abnormal end) ended it while the drain waited.
+    EndedElsewhere,
+    /// Another path still held it at the deadline.
+    StillHeld,
+}
+
+/// Claims the end of `r` for the drain, waiting (up to `deadline`) while another path holds
+/// it: a warm release in flight either gives the session back (then the drain claims it) or
+/// ends it. A drain never skips a session because someone else was busy with it.
+async fn claim_for_drain(r: &Resident, deadline: Instant) -> Claim {
+    let mut state = r.state.subscribe();
+    loop {
+        // Read the state before trying the claim: a give-back between the two still wakes us.
+        let seen = *state.borrow_and_update();
+        if r.begin_end() {
+            return Claim::Claimed;
+        }
+        if seen == ResidentState::Ended {
+            return Claim::EndedElsewhere;
+        }
+        match tokio::time::timeout(remaining(deadline), state.changed()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return Claim::EndedElsewhere,
+            Err(_) => return Claim::StillHeld,
+        }
+    }
+}
+
 async fn drain_session(ctx: SessionCtx, deadline: Instant, report: &std::sync::Mutex<DrainReport>) {
     let r = ctx.resident().clone();
     let config = ctx.config();
     let key = r.key.clone();
+    let generation = ctx.host_generation();
     let fail = |step: &'static str, reason: String| {
-        tracing::warn!(tenant = %key.tenant, session = %key.session, epoch = r.epoch.0, step, reason = %reason, "drain step failed");
+        // A refused runtime release is the crash-equivalent case: an operator must know.
+        if step == steps::RELEASE_RUNTIME {
+            tracing::error!(tenant = %key.tenant, session = %key.session, epoch = r.epoch.0, host_generation = generation, step, reason = %reason, "drain step failed");
+        } else {
+            tracing::warn!(tenant = %key.tenant, session = %key.session, epoch = r.epoch.0, host_generation = generation, step, reason = %reason, "drain step failed");
+        }
         if let Ok(mut rep) = report.lock() {
             rep.failures.push(DrainFailure {
                 session: Some(key.clone()),
@@ -209,39 +324,64 @@ async fn drain_session(ctx: SessionCtx, deadline: Instant, report: &std::sync::M
             });
         }
     };
-    if !r.begin_end() {
-        return;
+    match claim_for_drain(&r, deadline).await {
+        Claim::Claimed => {}
+        Claim::EndedElsewhere => {
+            if r.warm_released.load(Ordering::SeqCst)
+                && let Ok(mut rep) = report.lock()
+            {
+                rep.released.push(key.clone());
+            }
+            return;
+        }
+        Claim::StillHeld => {
+            fail(
+                steps::CLAIM_RESIDENCY,
+                "a warm release still held the session at the end of the grace".into(),
+            );
+            if let Ok(mut rep) = report.lock() {
+                rep.parked.push(key.clone());
+            }
+            return;
+        }
     }
     r.set_state(ResidentState::Releasing);
     let bound = config.idle_boundary.min(remaining(deadline));
     if !r.consumer.halt(bound).await {
         fail(
-            "halt_consumption",
+            steps::HALT_CONSUMPTION,
             "a command pass did not finish within the bound".into(),
         );
     }
     if let Err(e) = mark(&ctx, ResidencyState::Releasing).await {
-        fail("mark_releasing", e);
+        fail(steps::MARK_RELEASING, e);
     }
     let bound = config.idle_boundary.min(remaining(deadline));
     let idle = department::wait_idle(r.runtime.idle.as_ref(), bound).await;
     if let Err(e) = checkpoint(&ctx, ResidencyState::Releasing).await {
-        fail("checkpoint", e);
+        fail(steps::CHECKPOINT, e);
     }
     let mut outcome = None;
     if idle {
         match tokio::time::timeout(remaining(deadline), r.runtime.release.release()).await {
             Ok(Ok(())) => outcome = Some(Outcome::Released),
-            Ok(Err(e)) => fail("release_runtime", e.to_string()),
-            Err(_) => fail("release_runtime", "timed out".into()),
+            Ok(Err(e)) => fail(steps::RELEASE_RUNTIME, e.to_string()),
+            Err(_) => fail(steps::RELEASE_RUNTIME, "timed out".into()),
         }
+    } else {
+        // A graceful release needs whole-session idle; this session is parked at a gate or
+        // mid-turn, so the runtime would refuse it: a failed step, stopped crash-equivalently.
+        fail(
+            steps::RELEASE_RUNTIME,
+            "not idle within the bound (a gate is open or a turn runs): refused, abandoning".into(),
+        );
     }
     if outcome.is_none() {
         // Not idle (a turn, or parked at a gate): crash-equivalent, writing nothing.
         match &r.runtime.faults {
             None => {
                 fail(
-                    "abandon_residency",
+                    steps::ABANDON_RESIDENCY,
                     "the runtime cannot be abandoned".into(),
                 );
                 outcome = Some(Outcome::Parked);
@@ -254,17 +394,17 @@ async fn drain_session(ctx: SessionCtx, deadline: Instant, report: &std::sync::M
                     }
                     Ok(Ok(())) => {
                         fail(
-                            "abandon_residency",
+                            steps::ABANDON_RESIDENCY,
                             "the runtime is still alive after abandonment".into(),
                         );
                         outcome = Some(Outcome::Parked);
                     }
                     Ok(Err(e)) => {
-                        fail("abandon_residency", e.to_string());
+                        fail(steps::ABANDON_RESIDENCY, e.to_string());
                         outcome = Some(Outcome::Parked);
                     }
                     Err(_) => {
-                        fail("abandon_residency", "timed out".into());
+                        fail(steps::ABANDON_RESIDENCY, "timed out".into());
                         outcome = Some(Outcome::Parked);
                     }
                 }
@@ -335,7 +475,7 @@ pub(crate) async fn drain(host: &Arc<Residency>, once: &DrainOnce) -> DrainRepor
         return once.wait().await;
     }
     let config = host.config();
-    let report = std::sync::Mutex::new(DrainReport::default());
+    let report = std::sync::Mutex::new(DrainReport::new(host.generation()));
     let deadline = Instant::now() + config.drain_grace;
     if host.started() {
         match tokio::time::timeout(
@@ -345,12 +485,14 @@ pub(crate) async fn drain(host: &Arc<Residency>, once: &DrainOnce) -> DrainRepor
         .await
         {
             Ok(Ok(_)) => {}
-            Ok(Err(e)) => whole_host_failure(&report, "publish_not_accepting", e.to_string()),
-            Err(_) => whole_host_failure(&report, "publish_not_accepting", "timed out".into()),
+            Ok(Err(e)) => whole_host_failure(&report, steps::PUBLISH_NOT_ACCEPTING, e.to_string()),
+            Err(_) => whole_host_failure(&report, steps::PUBLISH_NOT_ACCEPTING, "timed out".into()),
         }
     }
-    failpoints::hit(config.host_id.as_str(), steps::MID_DRAIN).await;
-    let drains = host.residents().into_iter().map(|r| {
+    failpoints::hit(config.host_id.as_str(), failpoints::steps::MID_DRAIN).await;
+    let residents = host.residents();
+    let keys: Vec<SessionKey> = residents.iter().map(|r| r.key.clone()).collect();
+    let drains = residents.into_iter().map(|r| {
         let report = &report;
         async move {
             // Wait for an attach in flight on this session.
@@ -358,10 +500,35 @@ pub(crate) async fn drain(host: &Arc<Residency>, once: &DrainOnce) -> DrainRepor
             drain_session(host.session(r), deadline, report).await;
         }
     });
-    futures::future::join_all(drains).await;
-    let report = report.into_inner().unwrap_or_default();
+    // Everything before an abandon stops at the grace; an abandon gets one fresh idle
+    // boundary and the give-back half of one more. What is still running then is reported
+    // parked, so the drain ends by grace + 1.5 × idle boundary (see `stop_tail`).
+    let cut = deadline + config.idle_boundary + config.idle_boundary / 2;
+    let finished = tokio::time::timeout_at(cut, futures::future::join_all(drains))
+        .await
+        .is_ok();
+    let mut report = report.into_inner().unwrap_or_else(|p| p.into_inner());
+    if !finished {
+        for key in keys {
+            let reported = report.released.contains(&key)
+                || report.abandoned.contains(&key)
+                || report.parked.contains(&key);
+            if !reported {
+                tracing::error!(tenant = %key.tenant, session = %key.session, host_generation = report.generation, step = steps::DRAIN_SESSION, "drain step failed: the session's drain did not finish in its budget");
+                report.failures.push(DrainFailure {
+                    session: Some(key.clone()),
+                    step: steps::DRAIN_SESSION,
+                    reason: "did not finish within the grace and its abandon budget".into(),
+                });
+                report.parked.push(key);
+            }
+        }
+    }
+    report.settle();
     once.finish(report.clone());
     tracing::info!(
+        host_generation = report.generation,
+        state = report.state.as_str(),
         released = report.released.len(),
         abandoned = report.abandoned.len(),
         parked = report.parked.len(),
@@ -369,4 +536,11 @@ pub(crate) async fn drain(host: &Arc<Residency>, once: &DrainOnce) -> DrainRepor
         "drain finished"
     );
     report
+}
+
+/// The budget of the stop's tail after the drain (closing links, stopping tasks, closing the
+/// store): half an idle boundary, so the whole stop ends within
+/// `drain_grace + 2 × idle_boundary` (the bound the README gives for termination grace).
+pub fn stop_tail(idle_boundary: Duration) -> Duration {
+    idle_boundary / 2
 }

@@ -27,6 +27,7 @@ use crate::admission::Admission;
 use crate::error::HostError;
 use crate::metrics::{GaugeSample, GaugeSource, Metrics};
 use crate::options::Config;
+use crate::readiness::Readiness;
 use crate::resident::{Resident, ResidentState, SessionKey};
 
 /// How many route invalidations may queue before a slow listener misses some (it then drops
@@ -140,6 +141,7 @@ pub(crate) struct Residency {
     invalidations: broadcast::Sender<(TenantId, SessionId)>,
     shutdown: CancellationToken,
     tasks: TaskTracker,
+    readiness: Readiness,
 }
 
 impl Residency {
@@ -147,6 +149,7 @@ impl Residency {
     pub fn new(config: Config, store: Store, metrics: Metrics) -> Arc<Residency> {
         let admission = Admission::new(config.capacity, config.isolation_class);
         let (invalidations, _) = broadcast::channel(INVALIDATION_BUFFER);
+        let readiness = Readiness::new(config.store_unreachable_bound);
         let me = Arc::new(Residency {
             config,
             store,
@@ -162,6 +165,7 @@ impl Residency {
             invalidations,
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),
+            readiness,
         });
         let source: Arc<dyn GaugeSource> = me.clone();
         me.metrics.sample_from(Arc::downgrade(&source));
@@ -178,6 +182,11 @@ impl Residency {
 
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    /// What `/readyz` answers from.
+    pub fn readiness(&self) -> &Readiness {
+        &self.readiness
     }
 
     // ---------------------------------------------------------------- lifecycle
@@ -214,14 +223,34 @@ impl Residency {
         true
     }
 
-    /// Stops every task (bounded by the idle boundary), closes the store last and turns
-    /// `/healthz` false.
-    pub async fn stop(&self) {
+    /// Stops every task, closes the store last and turns `/healthz` false, all within
+    /// `bound`: the tasks get half of it, the store the rest. Returns the steps that did not
+    /// finish in time as (step, reason); the stop goes on without them.
+    pub async fn stop(&self, bound: Duration) -> Vec<(&'static str, String)> {
+        let deadline = tokio::time::Instant::now() + bound;
+        let mut failures = Vec::new();
         self.shutdown.cancel();
         self.tasks.close();
-        let _ = tokio::time::timeout(self.config.idle_boundary, self.tasks.wait()).await;
-        self.store.close().await;
+        if tokio::time::timeout(bound / 2, self.tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                tasks = self.tasks.len(),
+                "some Host tasks did not stop within their share of the stop bound"
+            );
+        }
+        if tokio::time::timeout_at(deadline, self.store.close())
+            .await
+            .is_err()
+        {
+            failures.push((
+                "close_store",
+                format!("the store did not close within {bound:?}"),
+            ));
+        }
         self.live.store(false, Ordering::SeqCst);
+        failures
     }
 
     /// Cancelled when the Host stops.
@@ -454,6 +483,11 @@ impl SessionCtx {
         self.host.draining()
     }
 
+    /// The Host generation this residency runs under.
+    pub fn host_generation(&self) -> u64 {
+        self.host.generation()
+    }
+
     /// This Host's registration of the session in `residency`.
     pub fn registration(&self, residency: ResidencyState) -> RegistrationUpdate {
         self.host
@@ -468,6 +502,13 @@ impl SessionCtx {
     /// Ends this residency abnormally, on a task of its own.
     pub fn end_later(&self, reason: EndReason) {
         self.host.end_later(self.resident.clone(), reason);
+    }
+
+    /// The session's runtime latched a persistence fault (`/readyz` reports it).
+    pub fn persistence_fault(&self, reason: &str) {
+        self.host
+            .readiness
+            .persistence_fault(self.resident.key.session.to_string(), reason.to_owned());
     }
 
     /// Gives back what a released residency held: tombstone, stop its tasks, release the

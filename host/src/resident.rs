@@ -97,6 +97,9 @@ pub(crate) struct Resident {
     pub gates_open: AtomicUsize,
     /// Guards the single end of this residency (release, drain, fault or loss).
     pub ending: AtomicBool,
+    /// Set by a warm release that gave the residency back (so a drain that waited for it
+    /// can report the session released).
+    pub warm_released: AtomicBool,
     /// Projected committed events, relayed to every subscriber of this session.
     pub relay: tokio::sync::broadcast::Sender<crate::link::FeedItem>,
 }
@@ -138,5 +141,13 @@ impl Resident {
     /// Claims the right to end this residency; false when another path already ends it.
     pub fn begin_end(&self) -> bool {
         !self.ending.swap(true, Ordering::SeqCst)
+    }
+
+    /// Gives up a claim taken with [`Resident::begin_end`] without ending the residency (a
+    /// warm release taken back): the session is an ordinary resident again, and whoever waits
+    /// to end it (a drain) is woken to claim it.
+    pub fn abandon_end_claim(&self) {
+        self.ending.store(false, Ordering::SeqCst);
+        self.set_state(ResidentState::Resident);
     }
 }

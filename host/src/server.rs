@@ -7,11 +7,10 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::serve::ListenerExt as _;
@@ -26,9 +25,6 @@ use crate::release::DrainReport;
 use crate::service::Service;
 use hostlink::auth::AuthVerifier;
 use hostlink::codes::Disconnect;
-
-/// How long closing links may take after the drain before the stop goes on without them.
-pub const LINK_CLOSE_GRACE: Duration = Duration::from_secs(5);
 
 /// Why the listener could not start.
 #[derive(Debug, thiserror::Error)]
@@ -56,11 +52,37 @@ impl std::fmt::Debug for Server {
     }
 }
 
-async fn readyz(State(s): State<Service>) -> Response {
-    if s.ready() {
-        (StatusCode::OK, "ready\n").into_response()
+/// True when the request asks for JSON (`Accept: application/json`).
+fn wants_json(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|m| {
+            let m = m.split(';').next().unwrap_or_default().trim();
+            m.eq_ignore_ascii_case("application/json")
+        })
+}
+
+/// 200 when the Host can do its work, 503 otherwise, with every reason: a line of text, or
+/// `{"ready":…,"reasons":[{"code":…,"detail":…}]}` on `Accept: application/json`.
+async fn readyz(State(s): State<Service>, headers: HeaderMap) -> Response {
+    let report = s.readiness();
+    let status = if report.ready {
+        StatusCode::OK
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n").into_response()
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    if wants_json(&headers) {
+        match serde_json::to_string(&report) {
+            Ok(body) => {
+                (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+            }
+            Err(_) => (status, report.text()).into_response(),
+        }
+    } else {
+        (status, report.text()).into_response()
     }
 }
 
@@ -137,17 +159,32 @@ impl Server {
         let task = tokio::spawn(async move {
             let _ = triggered.wait_for(|t| *t).await;
             tracing::info!("stopping: draining while the listener still serves");
-            let report = service.drain().await;
+            let drained = service.drain().await;
+            // The tail after the drain is bounded as a whole: links and listener get half of
+            // it, the Service's stop (tasks, then the store) the rest.
+            let tail = crate::release::stop_tail(service.config().idle_boundary);
+            let tail_end = tokio::time::Instant::now() + tail;
             let _ = listener_stop.send(true);
             links_for_stop.close_all(Disconnect::SHUTDOWN);
-            if tokio::time::timeout(LINK_CLOSE_GRACE, links_for_stop.wait())
+            let links_closed = tokio::time::timeout(tail / 2, links_for_stop.wait())
                 .await
-                .is_err()
-            {
-                tracing::warn!("some HostLink tasks did not finish within the grace");
+                .is_ok();
+            let _ = tokio::time::timeout_at(tokio::time::Instant::now() + tail / 4, server).await;
+            let mut report = service
+                .stop_within(tail_end.saturating_duration_since(tokio::time::Instant::now()))
+                .await;
+            if !links_closed {
+                tracing::warn!(
+                    host_generation = drained.generation,
+                    step = crate::release::steps::CLOSE_LINK,
+                    "some HostLink tasks did not finish within the stop bound"
+                );
+                report.failures.push(crate::release::DrainFailure {
+                    session: None,
+                    step: crate::release::steps::CLOSE_LINK,
+                    reason: format!("HostLink tasks still open after {:?}", tail / 2),
+                });
             }
-            let _ = tokio::time::timeout(LINK_CLOSE_GRACE, server).await;
-            service.stop().await;
             report
         });
         Ok(Server {
@@ -168,8 +205,10 @@ impl Server {
         &self.links
     }
 
-    /// Begins the stop (what SIGTERM does). Idempotent.
+    /// Begins the stop (what SIGTERM does): new links are refused from this instant, then
+    /// the drain runs. Idempotent.
     pub fn shutdown(&self) {
+        self.links.refuse_new_links();
         let _ = self.trigger.send(true);
     }
 
@@ -177,14 +216,15 @@ impl Server {
     pub async fn wait(self) -> DrainReport {
         match self.task.await {
             Ok(r) => r,
-            Err(e) => DrainReport {
-                failures: vec![crate::release::DrainFailure {
+            Err(e) => {
+                let mut report = DrainReport::new(0);
+                report.failures.push(crate::release::DrainFailure {
                     session: None,
-                    step: "stop",
+                    step: crate::release::steps::STOP,
                     reason: e.to_string(),
-                }],
-                ..DrainReport::default()
-            },
+                });
+                report
+            }
         }
     }
 }

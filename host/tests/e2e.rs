@@ -321,7 +321,9 @@ mod cases {
         svc.stop().await;
     }
 
-    pub async fn drain_releases_idle_sessions_and_abandons_busy_and_gated_ones(ts: &TestStore) {
+    pub async fn drain_releases_idle_sessions_and_abandons_busy_and_gated_ones_as_failed_steps(
+        ts: &TestStore,
+    ) {
         let (svc, _) = started(ts, options("h-drain")).await;
         let c = Controller::new(ts);
         let idle = c.session().await;
@@ -351,6 +353,19 @@ mod cases {
         assert!(report.abandoned.contains(&key(&gated)), "{report:?}");
         assert!(report.abandoned.contains(&key(&busy)), "{report:?}");
         assert!(report.parked.is_empty());
+        // A refused (crash-equivalent) release is a failed step for each abandoned session,
+        // and only for those: the drain is not clean, yet the Host is drained.
+        let refused: Vec<_> = report
+            .failures
+            .iter()
+            .filter(|f| f.step == host::drain_steps::RELEASE_RUNTIME)
+            .filter_map(|f| f.session.clone())
+            .collect();
+        assert_eq!(refused.len(), 2, "{report:?}");
+        assert!(refused.contains(&key(&gated)) && refused.contains(&key(&busy)));
+        assert!(!report.is_clean());
+        assert_eq!(report.state, hostlink::records::DrainState::Drained);
+        assert_eq!(report.generation, svc.generation());
         assert!(svc.residents().is_empty());
         // The gate stays open and answerable on a successor.
         let (next, rocket) = started(ts, options("h-drain-successor")).await;
@@ -479,7 +494,7 @@ sessionstore::both_backends!(cases =>
     two_hosts_racing_to_attach_one_session_have_one_winner,
     an_idle_session_is_warm_released_and_restored_by_its_next_command,
     a_command_arriving_during_a_warm_release_aborts_it,
-    drain_releases_idle_sessions_and_abandons_busy_and_gated_ones,
+    drain_releases_idle_sessions_and_abandons_busy_and_gated_ones_as_failed_steps,
     a_lost_lease_abandons_the_session_and_credits_capacity,
     a_journal_write_failure_abandons_the_session_and_a_successor_restores_it,
     the_metrics_registry_exports_every_named_series,

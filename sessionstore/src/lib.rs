@@ -12,6 +12,7 @@ pub mod fleet;
 pub mod ids;
 pub mod journal;
 pub mod limits;
+pub mod location;
 pub mod machine;
 mod merged;
 pub mod model;
@@ -21,6 +22,7 @@ mod pgexec;
 #[cfg(feature = "testing")]
 pub mod plans;
 mod postgres;
+pub mod runs;
 mod sql;
 mod sqlite;
 pub mod stats;
@@ -39,8 +41,14 @@ pub use fleet::{
 };
 pub use ids::*;
 pub use journal::*;
+pub use location::StoreLocation;
 pub use model::*;
 pub use packages::{NewPackage, PackageSummary, Publication, StoredPackage};
+pub use runs::{
+    AnswerRecorded, Checkpoint, CheckpointKind, NewCheckpoint, NewRun, NewStepEntry, RunAnswer,
+    RunCreated, RunEnd, RunFailure, RunFence, RunProgram, RunState, RunStatus, StepEntry,
+    StepEntryKind, Takeover, TakeoverRule,
+};
 pub use stats::StoreStats;
 pub use store::{
     BackendKind, LOCAL_STORAGE_BINDING, Store, StoreOptions, Synchronous, local_binding,

@@ -44,6 +44,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
         3,
         include_str!("../migrations/postgres/0003_runnable_packages.sql"),
     ),
+    (4, include_str!("../migrations/postgres/0004_runs.sql")),
     (5, include_str!("../migrations/postgres/0005_fleet.sql")),
 ];
 /// The store's tables: analysed when due (see [`DUE_SQL`]) right after the migrations, at
@@ -63,6 +64,11 @@ const TABLES: &[&str] = &[
     "placements",
     "journal_records",
     "runnable_packages",
+    "run_programs",
+    "run_status",
+    "run_journal",
+    "run_checkpoints",
+    "run_answers",
 ];
 const MAX_TX_ATTEMPTS: usize = 8;
 /// How the store's connections plan. Every statement the store runs reads or writes rows by
@@ -165,6 +171,11 @@ impl WriteKey {
             name.as_bytes(),
             version.as_bytes(),
         ]))
+    }
+
+    /// The records of one workflow run.
+    pub(crate) fn run(run_id: &str) -> WriteKey {
+        WriteKey(fnv1a(&[b"run", run_id.as_bytes()]))
     }
 
     /// One Host's advertisement.
@@ -742,6 +753,27 @@ async fn migrate(pool: &PgPool) -> StoreResult<()> {
     tx.commit().await.map_err(map_err)
 }
 
+/// Why the server named by `connect` could not be reached, saying where: a refused or
+/// unresolvable address names its host and port rather than only "pool timed out".
+fn unreachable_server(connect: &PgConnectOptions, e: sqlx::Error) -> StoreError {
+    let at = format!("{}:{}", connect.get_host(), connect.get_port());
+    match &e {
+        sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
+            StoreError::unavailable(format!(
+                "cannot connect to PostgreSQL: connection refused at {at}"
+            ))
+        }
+        sqlx::Error::Io(io) => {
+            StoreError::unavailable(format!("cannot connect to PostgreSQL at {at}: {io}"))
+        }
+        sqlx::Error::PoolTimedOut => StoreError::unavailable(format!(
+            "cannot connect to PostgreSQL at {at}: no connection within the pool's timeout"
+        )),
+        sqlx::Error::Database(_) => map_err(e),
+        _ => StoreError::unavailable(format!("cannot connect to PostgreSQL at {at}: {e}")),
+    }
+}
+
 impl PgEngine {
     pub(crate) async fn open(
         options: &StoreOptions,
@@ -758,18 +790,21 @@ impl PgEngine {
                 "idle_in_transaction_session_timeout",
                 format!("{}ms", options.pg_idle_transaction_timeout.as_millis()).as_str(),
             )]);
+        // One direct connection first: the pool would retry a refused connect until its
+        // acquire timeout and report only that it timed out.
+        let mut first = PgConnection::connect_with(&connect)
+            .await
+            .map_err(|e| unreachable_server(&connect, e))?;
         if let Some(schema) = &options.pg_schema {
-            let mut c = PgConnection::connect_with(&connect)
-                .await
-                .map_err(map_err)?;
+            let c = &mut first;
             c.execute(AssertSqlSafe(format!(
                 "CREATE SCHEMA IF NOT EXISTS {}",
                 quote_ident(schema)
             )))
             .await
             .map_err(map_err)?;
-            let _ = c.close().await;
         }
+        let _ = first.close().await;
         let search_path = options.pg_schema.clone();
         let pool = PgPoolOptions::new()
             .max_connections(options.pg_max_connections)
@@ -787,9 +822,9 @@ impl PgEngine {
                     Ok(())
                 })
             })
-            .connect_with(connect)
+            .connect_with(connect.clone())
             .await
-            .map_err(|e| StoreError::unavailable(format!("cannot connect to PostgreSQL: {e}")))?;
+            .map_err(|e| unreachable_server(&connect, e))?;
         migrate(&pool).await?;
         // After the migrations (and at every open): the tables with data get statistics.
         analyse_grown(&pool).await?;

@@ -297,18 +297,16 @@ impl Store {
     pub async fn open(options: StoreOptions) -> StoreResult<Store> {
         options.validate()?;
         let counters = Arc::new(Counters::default());
-        let (engine, kind) =
-            if options.url.starts_with("postgres://") || options.url.starts_with("postgresql://") {
-                (
-                    Engine::Postgres(PgEngine::open(&options, counters.clone()).await?),
-                    BackendKind::Postgres,
-                )
-            } else {
-                (
-                    Engine::Sqlite(SqliteEngine::open(&options, counters.clone()).await?),
-                    BackendKind::Sqlite,
-                )
-            };
+        let (engine, kind) = match crate::location::StoreLocation::parse(&options.url)? {
+            crate::location::StoreLocation::Postgres(_) => (
+                Engine::Postgres(PgEngine::open(&options, counters.clone()).await?),
+                BackendKind::Postgres,
+            ),
+            crate::location::StoreLocation::Sqlite(_) => (
+                Engine::Sqlite(SqliteEngine::open(&options, counters.clone()).await?),
+                BackendKind::Sqlite,
+            ),
+        };
         let bindings = options.local_storage_bindings.clone();
         let inner = Arc::new_cyclic(|weak: &std::sync::Weak<Inner>| {
             let reader: Arc<dyn EvidenceReader> = Arc::new(OwnJournalEvidence {
@@ -1251,6 +1249,187 @@ impl Store {
     /// Every published release (without bytes).
     pub async fn packages(&self) -> StoreResult<Vec<crate::packages::PackageSummary>> {
         read_op!(self, |tx| crate::packages::list(tx))
+    }
+}
+
+// ---- workflow runs (see `crate::runs`) --------------------------------------------------------
+
+impl Store {
+    /// Records a run's program (create-only, the exact source) and its first status (running,
+    /// epoch 1) in one transaction. A start retried with the same idempotency key returns the
+    /// run recorded first, writing nothing; a second create of a run id is `conflict`.
+    pub async fn create_run(&self, r: crate::runs::NewRun) -> StoreResult<crate::runs::RunCreated> {
+        crate::runs::check_new_run(&r)?;
+        let key = match &r.idempotency_key {
+            Some(k) => WriteKey::run(&format!("{}\u{0}{k}", r.tenant)),
+            None => WriteKey::run(r.run_id.as_str()),
+        };
+        write_op!(self, key, [r], |tx, now| crate::runs::create(tx, r, now))
+    }
+
+    /// One run's status; `tenant` scopes it (another tenant's run reads as absent). `None`
+    /// reads any tenant's run (for a Host's own scans, never for a caller's request).
+    pub async fn run_status(
+        &self,
+        tenant: Option<&TenantId>,
+        run_id: &RunId,
+    ) -> StoreResult<Option<crate::runs::RunStatus>> {
+        let (t, r) = (tenant.cloned(), run_id.clone());
+        read_op!(self, |tx| crate::runs::status(tx, t.as_ref(), &r))
+    }
+
+    /// A tenant's runs, oldest first.
+    pub async fn runs(&self, tenant: &TenantId) -> StoreResult<Vec<crate::runs::RunStatus>> {
+        let t = tenant.clone();
+        read_op!(self, |tx| crate::runs::list(tx, &t))
+    }
+
+    /// Every tenant's runs in `state`, oldest first, at most `limit` (for reconcile scans).
+    pub async fn runs_in_state(
+        &self,
+        state: crate::runs::RunState,
+        limit: usize,
+    ) -> StoreResult<Vec<crate::runs::RunStatus>> {
+        let limit = limit.min(crate::limits::MAX_PAGE) as u64;
+        read_op!(self, |tx| crate::runs::in_state(tx, state, limit))
+    }
+
+    /// A run's recorded program (checked against its SHA-256).
+    pub async fn run_program(
+        &self,
+        run_id: &RunId,
+    ) -> StoreResult<Option<crate::runs::RunProgram>> {
+        let r = run_id.clone();
+        read_op!(self, |tx| crate::runs::program(tx, &r))
+    }
+
+    /// Takes a running run over under epoch + 1 and a new fencing token: `conflict` when its
+    /// epoch is not the expected one, `claim_held` when the rule does not allow it yet,
+    /// `state` when it is not running.
+    pub async fn take_run(&self, t: crate::runs::Takeover) -> StoreResult<crate::runs::RunStatus> {
+        crate::runs::check_takeover(&t)?;
+        write_op!(self, WriteKey::run(t.run_id.as_str()), [t], |tx, now| {
+            crate::runs::take(tx, t, now)
+        })
+    }
+
+    /// Extends the driver's lease; `claim_lost` once its fence is stale.
+    pub async fn renew_run(
+        &self,
+        fence: &crate::runs::RunFence,
+        lease: std::time::Duration,
+    ) -> StoreResult<Millis> {
+        crate::runs::check_fence(fence)?;
+        crate::runs::check_lease(lease)?;
+        let f = fence.clone();
+        write_op!(self, WriteKey::run(f.run_id.as_str()), [f], |tx, now| {
+            crate::runs::renew(tx, f, lease, now)
+        })
+    }
+
+    /// Appends a journal entry under the fence: `claim_lost` when the fence is stale,
+    /// `conflict` when the step already has that entry (a step has one result).
+    pub async fn append_run_step(
+        &self,
+        fence: &crate::runs::RunFence,
+        entry: crate::runs::NewStepEntry,
+    ) -> StoreResult<crate::runs::StepEntry> {
+        crate::runs::check_fence(fence)?;
+        crate::runs::check_entry(&entry)?;
+        let f = fence.clone();
+        write_op!(
+            self,
+            WriteKey::run(f.run_id.as_str()),
+            [f, entry],
+            |tx, now| { crate::runs::append(tx, f, entry, now) }
+        )
+    }
+
+    /// Arms a checkpoint under the fence, or returns the one armed earlier unchanged.
+    pub async fn arm_run_checkpoint(
+        &self,
+        fence: &crate::runs::RunFence,
+        checkpoint: crate::runs::NewCheckpoint,
+    ) -> StoreResult<crate::runs::Checkpoint> {
+        crate::runs::check_fence(fence)?;
+        crate::runs::check_checkpoint(&checkpoint)?;
+        let f = fence.clone();
+        write_op!(
+            self,
+            WriteKey::run(f.run_id.as_str()),
+            [f, checkpoint],
+            |tx, now| { crate::runs::arm(tx, f, checkpoint, now) }
+        )
+    }
+
+    /// Ends a run (completed or failed) or parks it for an operator, under the fence.
+    pub async fn end_run(
+        &self,
+        fence: &crate::runs::RunFence,
+        how: crate::runs::RunEnd,
+    ) -> StoreResult<crate::runs::RunStatus> {
+        crate::runs::check_fence(fence)?;
+        let f = fence.clone();
+        write_op!(
+            self,
+            WriteKey::run(f.run_id.as_str()),
+            [f, how],
+            |tx, now| { crate::runs::end(tx, f, how, now) }
+        )
+    }
+
+    /// Cancels a tenant's unfinished run, fencing its driver out.
+    pub async fn cancel_run(
+        &self,
+        tenant: &TenantId,
+        run_id: &RunId,
+    ) -> StoreResult<crate::runs::RunStatus> {
+        let (t, r) = (tenant.clone(), run_id.clone());
+        write_op!(self, WriteKey::run(r.as_str()), [t, r], |tx, now| {
+            crate::runs::cancel(tx, t, r, now)
+        })
+    }
+
+    /// Records an answer to an open checkpoint of a tenant's run; the answerer is whoever the
+    /// caller authenticated. The only way an answer record is created.
+    pub async fn answer_run(
+        &self,
+        tenant: &TenantId,
+        run_id: &RunId,
+        checkpoint: &str,
+        value: &str,
+        answerer: &str,
+    ) -> StoreResult<crate::runs::AnswerRecorded> {
+        crate::runs::check_answer(checkpoint, value, answerer)?;
+        let (t, r) = (tenant.clone(), run_id.clone());
+        let (c, v, a) = (checkpoint.to_owned(), value.to_owned(), answerer.to_owned());
+        write_op!(
+            self,
+            WriteKey::run(r.as_str()),
+            [t, r, c, v, a],
+            |tx, now| { crate::runs::answer(tx, t, r, c, v, a, now) }
+        )
+    }
+
+    /// A run's step journal, in order.
+    pub async fn run_journal(&self, run_id: &RunId) -> StoreResult<Vec<crate::runs::StepEntry>> {
+        let r = run_id.clone();
+        read_op!(self, |tx| crate::runs::journal(tx, &r))
+    }
+
+    /// A run's armed checkpoints.
+    pub async fn run_checkpoints(
+        &self,
+        run_id: &RunId,
+    ) -> StoreResult<Vec<crate::runs::Checkpoint>> {
+        let r = run_id.clone();
+        read_op!(self, |tx| crate::runs::checkpoints(tx, &r))
+    }
+
+    /// A run's recorded answers.
+    pub async fn run_answers(&self, run_id: &RunId) -> StoreResult<Vec<crate::runs::RunAnswer>> {
+        let r = run_id.clone();
+        read_op!(self, |tx| crate::runs::answers(tx, &r))
     }
 }
 

@@ -47,7 +47,7 @@ fn open_gate(dir: &Path, s: &str) -> String {
 }
 
 #[test]
-fn a_session_parked_at_a_gate_survives_sigterm_and_is_answered_on_the_next_host() {
+fn a_session_parked_at_a_gate_survives_sigterm_as_a_failed_step_and_is_answered_on_the_next_host() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path();
     let first = serve(dir, "host-one");
@@ -60,10 +60,21 @@ fn a_session_parked_at_a_gate_survives_sigterm_and_is_answered_on_the_next_host(
     let gate = open_gate(dir, &s);
 
     // SIGTERM while parked: the drain abandons the session crash-equivalently (nothing is
-    // written, the gate stays open) and the process exits 0.
+    // written, the gate stays open). The refused release is a failed step, logged at ERROR,
+    // so the process exits non-zero: an operator has something to reconcile.
     let (status, log) = first.terminate();
-    assert!(status.success(), "hostd serve exited {status}:\n{log}");
+    assert_eq!(
+        status.code(),
+        Some(1),
+        "hostd serve exited {status}:\n{log}"
+    );
     assert!(log.contains("1 abandoned"), "{log}");
+    assert!(log.contains("1 failures"), "{log}");
+    assert!(
+        log.lines()
+            .any(|l| l.contains("ERROR") && l.contains("release_runtime")),
+        "{log}"
+    );
     assert_eq!(
         open_gate(dir, &s),
         gate,
@@ -87,10 +98,10 @@ fn a_session_parked_at_a_gate_survives_sigterm_and_is_answered_on_the_next_host(
         1,
         "the tool ran once:\n{journal}"
     );
-    let listed = ok(session(dir, &["ls", "--json"]));
-    let row: Value =
-        serde_json::from_str(listed.lines().next().expect("a session")).expect("ls JSON");
-    assert_eq!(row["host_id"], "host-two");
+    // `ls --json` is one document: the array of sessions.
+    let listed: Value =
+        serde_json::from_str(&ok(session(dir, &["ls", "--json"]))).expect("ls JSON");
+    assert_eq!(listed[0]["host_id"], "host-two", "{listed}");
     let (status, log) = second.terminate();
     assert!(status.success(), "{log}");
 }

@@ -1,0 +1,177 @@
+//! A drain racing a warm release, on SQLite and PostgreSQL. The runtime's first graceful
+//! release is held until the drain has begun, then refused, so the warm release has to be
+//! taken back while the Host drains: the drain must wait for it instead of skipping the
+//! session, the consumer it halted must stay halted, and the drain must release the lease.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use department::{
+    Capabilities, GracefulRelease, LaunchError, LaunchRequest, LaunchTarget, Registration, Runtime,
+    RuntimeError,
+};
+use host::Registrar;
+use sessionstore::{CompatibilityId, Store};
+use testkit::HarnessRegistrar;
+use tokio::sync::Notify;
+
+/// Holds the first release until `go`, then refuses it; later releases are the runtime's own.
+#[derive(Default)]
+pub struct ReleaseGate {
+    pub entered: Notify,
+    pub go: Notify,
+    used: AtomicBool,
+}
+
+struct HeldRelease {
+    inner: Arc<dyn GracefulRelease>,
+    gate: Arc<ReleaseGate>,
+}
+
+#[async_trait::async_trait]
+impl GracefulRelease for HeldRelease {
+    async fn release(&self) -> Result<(), RuntimeError> {
+        if self.gate.used.swap(true, Ordering::SeqCst) {
+            return self.inner.release().await;
+        }
+        self.gate.entered.notify_one();
+        self.gate.go.notified().await;
+        Err(RuntimeError::NotIdle)
+    }
+}
+
+struct HeldTarget {
+    inner: Arc<dyn LaunchTarget>,
+    gate: Arc<ReleaseGate>,
+}
+
+#[async_trait::async_trait]
+impl LaunchTarget for HeldTarget {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn compatibility(&self) -> CompatibilityId {
+        self.inner.compatibility()
+    }
+    async fn launch(&self, request: LaunchRequest) -> Result<Runtime, LaunchError> {
+        let mut runtime = self.inner.launch(request).await?;
+        runtime.release = Arc::new(HeldRelease {
+            inner: runtime.release.clone(),
+            gate: self.gate.clone(),
+        });
+        Ok(runtime)
+    }
+}
+
+/// The harness agent, with its release held by `gate`.
+pub struct HeldRegistrar {
+    pub gate: Arc<ReleaseGate>,
+}
+
+#[async_trait::async_trait]
+impl Registrar for HeldRegistrar {
+    async fn register(&self, store: &Store) -> Result<Vec<Registration>, String> {
+        let inner = HarnessRegistrar {
+            rocket: Default::default(),
+        };
+        Ok(inner
+            .register(store)
+            .await?
+            .into_iter()
+            .map(|r| Registration {
+                agent: r.agent,
+                target: Arc::new(HeldTarget {
+                    inner: r.target,
+                    gate: self.gate.clone(),
+                }),
+            })
+            .collect())
+    }
+}
+
+mod cases {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use sessionstore::testing::TestStore;
+    use sessionstore::*;
+    use testkit::*;
+
+    use super::{HeldRegistrar, ReleaseGate};
+
+    pub async fn a_drain_waits_for_a_warm_release_in_flight_and_releases_the_session_it_gives_back(
+        ts: &TestStore,
+    ) {
+        let gate = Arc::new(ReleaseGate::default());
+        let mut o = options("h-warm-drain");
+        o.warm_ttl = Duration::from_millis(300);
+        let svc = host::Composition {
+            options: o,
+            store: ts.options(),
+            registrar: Box::new(HeldRegistrar { gate: gate.clone() }),
+            profile: department::RuntimeProfile::Durable,
+            version: "test".into(),
+        }
+        .build()
+        .await
+        .expect("the Host composes");
+        svc.start().await.expect("the Host starts");
+        let c = Controller::new(ts);
+        let s = c.session().await;
+        c.attach(&svc, &s).await;
+        let first = c.send(&svc, &s, input("before")).await;
+        assert_eq!(c.terminal(&s, &first).await.outcome, Some(Outcome::Applied));
+        // The session goes idle; the warm release reaches the runtime and is held there.
+        tokio::time::timeout(WAIT, gate.entered.notified())
+            .await
+            .expect("the warm release reaches the runtime");
+        let drainer = {
+            let svc = svc.clone();
+            tokio::spawn(async move { svc.drain().await })
+        };
+        wait_until("the drain to begin", || svc.draining()).await;
+        // Admitted during the drain: it must stay pending for the successor.
+        let during = c.admit(&s, input("during the drain")).await;
+        // The runtime refuses the held release: the warm release is taken back mid-drain.
+        gate.go.notify_one();
+        let report = drainer.await.expect("the drain task");
+        let key = host::SessionKey {
+            tenant: s.tenant.clone(),
+            session: s.session.clone(),
+        };
+        assert_eq!(report.released, vec![key], "{report:?}");
+        assert!(report.is_clean(), "{report:?}");
+        assert!(svc.residents().is_empty());
+        let reg = c
+            .store
+            .registration(&s.tenant, &s.session)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(reg.residency, ResidencyState::Released, "tombstoned");
+        // The consumer the drain halted never ran again: nothing was claimed or applied.
+        let still = c
+            .store
+            .command(&s.tenant, &s.session, &during.command)
+            .await
+            .unwrap();
+        assert_eq!(still.state, CommandState::Pending, "{still:?}");
+        assert!(still.attempt.is_none());
+        // The lease was handed back: a successor restores at once and applies it, once.
+        let (next, _) = started(ts, options("h-warm-drain-next")).await;
+        let a = c.attach(&next, &s).await;
+        assert_eq!(a.launched, department::LaunchMode::Restore);
+        next.deliver(&s.tenant, &s.session).unwrap();
+        assert_eq!(
+            c.terminal(&s, &during).await.outcome,
+            Some(Outcome::Applied)
+        );
+        c.check_exactly_once(&s).await;
+        svc.stop().await;
+        next.stop().await;
+    }
+}
+
+sessionstore::both_backends!(cases =>
+    a_drain_waits_for_a_warm_release_in_flight_and_releases_the_session_it_gives_back,
+);

@@ -1,0 +1,520 @@
+//! Workflow run records: every case runs against SQLite and PostgreSQL.
+
+mod cases {
+    use std::time::Duration;
+
+    use sessionstore::testing::TestStore;
+    use sessionstore::*;
+
+    const PROGRAM: &str = "# a comment kept verbatim\nsteps:\n  - name: one\n    sleep: 1s\n";
+
+    fn tenant(t: &str) -> TenantId {
+        TenantId::new(t).unwrap()
+    }
+
+    fn new_run(id: &str, key: Option<&str>) -> NewRun {
+        NewRun {
+            run_id: RunId::new(id).unwrap(),
+            tenant: tenant("acme"),
+            source: PROGRAM.into(),
+            input: r#"{"n":1}"#.into(),
+            holder: "host-a/attempt-1".into(),
+            fencing_token: format!("token-{id}-1"),
+            lease: Duration::from_secs(60),
+            idempotency_key: key.map(str::to_owned),
+        }
+    }
+
+    fn result(step: &str, body: &str) -> NewStepEntry {
+        NewStepEntry {
+            step: step.into(),
+            kind: StepEntryKind::Result,
+            attempt: 0,
+            outcome: Some("succeeded".into()),
+            body: body.into(),
+            started_at_ms: None,
+            consumes: None,
+        }
+    }
+
+    fn ask(name: &str) -> NewCheckpoint {
+        NewCheckpoint {
+            name: name.into(),
+            kind: CheckpointKind::Ask,
+            question: Some("ship it?".into()),
+            schema: Some(r#"{"type":"boolean"}"#.into()),
+            sleep: None,
+        }
+    }
+
+    async fn start(ts: &TestStore, id: &str) -> RunStatus {
+        ts.store.create_run(new_run(id, None)).await.unwrap().status
+    }
+
+    pub async fn a_run_is_recorded_with_its_exact_program_and_a_first_status_at_epoch_one(
+        ts: &TestStore,
+    ) {
+        let created = ts.store.create_run(new_run("run-1", None)).await.unwrap();
+        assert!(created.created);
+        let s = created.status;
+        assert_eq!(
+            (s.state, s.epoch, s.holder.as_str()),
+            (RunState::Running, 1, "host-a/attempt-1")
+        );
+        assert_eq!(s.input, r#"{"n":1}"#);
+        let program = ts.store.run_program(&s.run_id).await.unwrap().unwrap();
+        assert_eq!(program.source, PROGRAM);
+        assert_eq!(program.sha256, sessionstore::sha256_hex(PROGRAM.as_bytes()));
+        let mut second = new_run("run-1", None);
+        second.source = "steps: []\n".into();
+        let err = ts.store.create_run(second).await.unwrap_err();
+        assert_eq!(err.code(), ErrorCode::Conflict, "{err}");
+        let program = ts.store.run_program(&s.run_id).await.unwrap().unwrap();
+        assert_eq!(program.source, PROGRAM, "the first program stands");
+    }
+
+    pub async fn a_start_retried_with_its_idempotency_key_returns_the_first_run(ts: &TestStore) {
+        let first = ts
+            .store
+            .create_run(new_run("run-1", Some("key-1")))
+            .await
+            .unwrap();
+        let again = ts
+            .store
+            .create_run(new_run("run-2", Some("key-1")))
+            .await
+            .unwrap();
+        assert!(first.created);
+        assert!(!again.created);
+        assert_eq!(again.status.run_id, first.status.run_id);
+        assert!(
+            ts.store
+                .run_status(None, &RunId::new("run-2").unwrap())
+                .await
+                .unwrap()
+                .is_none()
+        );
+        assert_eq!(ts.store.runs(&tenant("acme")).await.unwrap().len(), 1);
+    }
+
+    pub async fn another_tenants_run_reads_exactly_like_an_unknown_one(ts: &TestStore) {
+        let s = start(ts, "run-1").await;
+        let other = tenant("globex");
+        assert!(
+            ts.store
+                .run_status(Some(&other), &s.run_id)
+                .await
+                .unwrap()
+                .is_none()
+        );
+        assert!(ts.store.runs(&other).await.unwrap().is_empty());
+        let fence = s.fence();
+        ts.store
+            .arm_run_checkpoint(&fence, ask("approve"))
+            .await
+            .unwrap();
+        let theirs = ts
+            .store
+            .answer_run(&other, &s.run_id, "approve", "true", "globex")
+            .await
+            .unwrap_err();
+        let unknown = ts
+            .store
+            .answer_run(
+                &other,
+                &RunId::new("nosuch").unwrap(),
+                "approve",
+                "true",
+                "globex",
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(theirs.code(), ErrorCode::NotFound);
+        assert_eq!(unknown.code(), ErrorCode::NotFound);
+        let err = ts.store.cancel_run(&other, &s.run_id).await.unwrap_err();
+        assert_eq!(err.code(), ErrorCode::NotFound);
+        assert!(ts.store.run_answers(&s.run_id).await.unwrap().is_empty());
+    }
+
+    pub async fn a_step_has_at_most_one_result(ts: &TestStore) {
+        let s = start(ts, "run-1").await;
+        let fence = s.fence();
+        let e = ts
+            .store
+            .append_run_step(&fence, result("one", "1"))
+            .await
+            .unwrap();
+        assert_eq!((e.seq, e.epoch, e.body.as_str()), (1, 1, "1"));
+        let err = ts
+            .store
+            .append_run_step(&fence, result("one", "2"))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::Conflict, "{err}");
+        let journal = ts.store.run_journal(&s.run_id).await.unwrap();
+        assert_eq!(journal.len(), 1);
+        assert_eq!(journal[0].body, "1");
+        let status = ts.store.run_status(None, &s.run_id).await.unwrap().unwrap();
+        assert_eq!(status.step.as_deref(), Some("one"));
+    }
+
+    pub async fn after_a_takeover_every_write_under_the_old_fence_is_refused(ts: &TestStore) {
+        let s = start(ts, "run-1").await;
+        let old = s.fence();
+        let taken = ts
+            .store
+            .take_run(Takeover {
+                run_id: s.run_id.clone(),
+                expected_epoch: 1,
+                holder: "host-b/attempt-1".into(),
+                fencing_token: "token-b".into(),
+                lease: Duration::from_secs(60),
+                rule: TakeoverRule::HeldByOrExpired("host-a/".into()),
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            (taken.epoch, taken.holder.as_str()),
+            (2, "host-b/attempt-1")
+        );
+        assert_ne!(taken.fencing_token, s.fencing_token);
+        let refusals = [
+            ts.store
+                .append_run_step(&old, result("one", "1"))
+                .await
+                .unwrap_err(),
+            ts.store
+                .arm_run_checkpoint(&old, ask("approve"))
+                .await
+                .unwrap_err(),
+            ts.store.end_run(&old, RunEnd::Completed).await.unwrap_err(),
+            ts.store
+                .renew_run(&old, Duration::from_secs(60))
+                .await
+                .unwrap_err(),
+        ];
+        for err in refusals {
+            assert_eq!(err.code(), ErrorCode::ClaimLost, "{err}");
+        }
+        assert!(ts.store.run_journal(&s.run_id).await.unwrap().is_empty());
+        ts.store
+            .append_run_step(&taken.fence(), result("one", "1"))
+            .await
+            .unwrap();
+        let now = ts.store.run_status(None, &s.run_id).await.unwrap().unwrap();
+        assert_eq!(now.state, RunState::Running);
+        assert_eq!(now.epoch, 2);
+    }
+
+    pub async fn a_takeover_needs_the_read_epoch_and_an_expired_lease_of_another_holder(
+        ts: &TestStore,
+    ) {
+        let mut r = new_run("run-1", None);
+        r.lease = Duration::from_millis(300);
+        let s = ts.store.create_run(r).await.unwrap().status;
+        let take = |holder: &str, epoch: u64| Takeover {
+            run_id: s.run_id.clone(),
+            expected_epoch: epoch,
+            holder: holder.into(),
+            fencing_token: format!("tok-{holder}"),
+            lease: Duration::from_secs(60),
+            rule: TakeoverRule::LeaseExpired,
+        };
+        let early = ts.store.take_run(take("host-b/1", 1)).await.unwrap_err();
+        assert_eq!(early.code(), ErrorCode::ClaimHeld, "{early}");
+        ts.advance(Duration::from_millis(600)).await;
+        let stale = ts.store.take_run(take("host-b/1", 7)).await.unwrap_err();
+        assert_eq!(stale.code(), ErrorCode::Conflict, "{stale}");
+        let (a, b) = tokio::join!(
+            ts.store.take_run(take("host-b/1", 1)),
+            ts.store.take_run(take("host-c/1", 1))
+        );
+        assert!(
+            a.is_ok() != b.is_ok(),
+            "exactly one takeover wins: {a:?} {b:?}"
+        );
+        let loser = a.err().or(b.err()).unwrap();
+        assert_eq!(loser.code(), ErrorCode::Conflict, "{loser}");
+        let now = ts.store.run_status(None, &s.run_id).await.unwrap().unwrap();
+        assert_eq!(now.epoch, 2);
+    }
+
+    pub async fn a_sleep_armed_again_keeps_its_first_deadline(ts: &TestStore) {
+        let s = start(ts, "run-1").await;
+        let nap = NewCheckpoint {
+            name: "nap".into(),
+            kind: CheckpointKind::Sleep,
+            question: None,
+            schema: None,
+            sleep: Some(Duration::from_secs(60)),
+        };
+        let first = ts
+            .store
+            .arm_run_checkpoint(&s.fence(), nap.clone())
+            .await
+            .unwrap();
+        let deadline = first.deadline_at_ms.unwrap();
+        assert_eq!(deadline - first.armed_at_ms, 60_000);
+        ts.advance(Duration::from_millis(200)).await;
+        let again = ts.store.arm_run_checkpoint(&s.fence(), nap).await.unwrap();
+        assert_eq!(again, first);
+    }
+
+    pub async fn an_answer_is_recorded_once_and_consumed_once(ts: &TestStore) {
+        let s = start(ts, "run-1").await;
+        let fence = s.fence();
+        let acme = tenant("acme");
+        let early = ts
+            .store
+            .answer_run(&acme, &s.run_id, "approve", "true", "acme")
+            .await
+            .unwrap_err();
+        assert_eq!(
+            early.code(),
+            ErrorCode::NotFound,
+            "an unarmed checkpoint takes no answer"
+        );
+        ts.store
+            .arm_run_checkpoint(&fence, ask("approve"))
+            .await
+            .unwrap();
+        let first = ts
+            .store
+            .answer_run(&acme, &s.run_id, "approve", "true", "acme")
+            .await
+            .unwrap();
+        assert!(matches!(first, AnswerRecorded::Recorded(ref a) if a.answerer == "acme"));
+        let same = ts
+            .store
+            .answer_run(&acme, &s.run_id, "approve", " true ", "acme")
+            .await
+            .unwrap();
+        assert!(matches!(same, AnswerRecorded::Unchanged(_)));
+        let other = ts
+            .store
+            .answer_run(&acme, &s.run_id, "approve", "false", "acme")
+            .await
+            .unwrap_err();
+        assert_eq!(other.code(), ErrorCode::Conflict);
+        let mut consume = result("approve", "true");
+        consume.consumes = Some("approve".into());
+        ts.store
+            .append_run_step(&fence, consume.clone())
+            .await
+            .unwrap();
+        let answers = ts.store.run_answers(&s.run_id).await.unwrap();
+        assert_eq!(answers.len(), 1);
+        assert_eq!(answers[0].consumed_epoch, Some(1));
+        let twice = ts.store.append_run_step(&fence, consume).await.unwrap_err();
+        assert_ne!(twice.code(), ErrorCode::ClaimLost);
+        let late = ts
+            .store
+            .answer_run(&acme, &s.run_id, "approve", "true", "acme")
+            .await;
+        assert!(matches!(late, Ok(AnswerRecorded::Unchanged(_))), "{late:?}");
+        ts.store
+            .arm_run_checkpoint(&fence, ask("second"))
+            .await
+            .unwrap();
+        let mut unanswered = result("second", "1");
+        unanswered.consumes = Some("second".into());
+        let err = ts
+            .store
+            .append_run_step(&fence, unanswered)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.code(),
+            ErrorCode::State,
+            "a driver cannot consume an answer nobody gave"
+        );
+        assert_eq!(ts.store.run_journal(&s.run_id).await.unwrap().len(), 1);
+    }
+
+    pub async fn a_finished_run_is_final(ts: &TestStore) {
+        let s = start(ts, "run-1").await;
+        let fence = s.fence();
+        ts.store
+            .arm_run_checkpoint(&fence, ask("approve"))
+            .await
+            .unwrap();
+        let failed = ts
+            .store
+            .end_run(
+                &fence,
+                RunEnd::Failed(RunFailure {
+                    code: "step_failed".into(),
+                    step: "approve".into(),
+                    message: "no".into(),
+                }),
+            )
+            .await
+            .unwrap();
+        assert_eq!(failed.state, RunState::Failed);
+        assert_eq!(failed.failure.as_ref().unwrap().code, "step_failed");
+        let acme = tenant("acme");
+        let answer = ts
+            .store
+            .answer_run(&acme, &s.run_id, "approve", "true", "acme")
+            .await
+            .unwrap_err();
+        assert_eq!(answer.code(), ErrorCode::State);
+        let cancel = ts.store.cancel_run(&acme, &s.run_id).await.unwrap_err();
+        assert_eq!(cancel.code(), ErrorCode::State);
+        let take = ts
+            .store
+            .take_run(Takeover {
+                run_id: s.run_id.clone(),
+                expected_epoch: 1,
+                holder: "host-a/2".into(),
+                fencing_token: "t2".into(),
+                lease: Duration::from_secs(5),
+                rule: TakeoverRule::HeldByOrExpired("host-a/".into()),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(take.code(), ErrorCode::State);
+        let end = ts
+            .store
+            .end_run(&fence, RunEnd::Completed)
+            .await
+            .unwrap_err();
+        assert_eq!(end.code(), ErrorCode::ClaimLost);
+        let now = ts.store.run_status(None, &s.run_id).await.unwrap().unwrap();
+        assert_eq!(now, failed);
+    }
+
+    pub async fn a_cancelled_run_fences_its_driver_out(ts: &TestStore) {
+        let s = start(ts, "run-1").await;
+        let cancelled = ts
+            .store
+            .cancel_run(&tenant("acme"), &s.run_id)
+            .await
+            .unwrap();
+        assert_eq!(cancelled.state, RunState::Cancelled);
+        let err = ts
+            .store
+            .append_run_step(&s.fence(), result("one", "1"))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::ClaimLost);
+    }
+
+    pub async fn answering_an_attention_point_hands_the_run_back_for_a_takeover(ts: &TestStore) {
+        let s = start(ts, "run-1").await;
+        let fence = s.fence();
+        ts.store
+            .arm_run_checkpoint(
+                &fence,
+                NewCheckpoint {
+                    name: "charge".into(),
+                    kind: CheckpointKind::Attention,
+                    question: Some("outcome unknown".into()),
+                    schema: None,
+                    sleep: None,
+                },
+            )
+            .await
+            .unwrap();
+        let parked = ts
+            .store
+            .end_run(
+                &fence,
+                RunEnd::NeedsAttention {
+                    step: "charge".into(),
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(parked.state, RunState::NeedsAttention);
+        let take = Takeover {
+            run_id: s.run_id.clone(),
+            expected_epoch: 1,
+            holder: "host-b/1".into(),
+            fencing_token: "tb".into(),
+            lease: Duration::from_secs(5),
+            rule: TakeoverRule::LeaseExpired,
+        };
+        let refused = ts.store.take_run(take.clone()).await.unwrap_err();
+        assert_eq!(
+            refused.code(),
+            ErrorCode::State,
+            "no driver takes a run waiting for an operator"
+        );
+        ts.store
+            .answer_run(
+                &tenant("acme"),
+                &s.run_id,
+                "charge",
+                r#"{"action":"retry"}"#,
+                "acme",
+            )
+            .await
+            .unwrap();
+        let back = ts.store.run_status(None, &s.run_id).await.unwrap().unwrap();
+        assert_eq!(back.state, RunState::Running);
+        let taken = ts.store.take_run(take).await.unwrap();
+        assert_eq!(taken.epoch, 2);
+    }
+
+    pub async fn status_and_list_reads_change_no_revision(ts: &TestStore) {
+        let s = start(ts, "run-1").await;
+        for _ in 0..20 {
+            ts.store
+                .run_status(Some(&tenant("acme")), &s.run_id)
+                .await
+                .unwrap();
+            ts.store.runs(&tenant("acme")).await.unwrap();
+            ts.store.run_journal(&s.run_id).await.unwrap();
+        }
+        let after = ts.store.run_status(None, &s.run_id).await.unwrap().unwrap();
+        assert_eq!(after, s);
+    }
+
+    pub async fn running_runs_are_listed_across_tenants_for_reconcile(ts: &TestStore) {
+        let a = start(ts, "run-a").await;
+        let mut other = new_run("run-b", None);
+        other.tenant = tenant("globex");
+        ts.store.create_run(other).await.unwrap();
+        ts.store
+            .end_run(&a.fence(), RunEnd::Completed)
+            .await
+            .unwrap();
+        let running = ts
+            .store
+            .runs_in_state(RunState::Running, 100)
+            .await
+            .unwrap();
+        let ids: Vec<&str> = running.iter().map(|s| s.run_id.as_str()).collect();
+        assert_eq!(ids, ["run-b"]);
+    }
+
+    pub async fn bad_run_input_is_refused_with_a_typed_error(ts: &TestStore) {
+        let mut no_json = new_run("run-1", None);
+        no_json.input = "{not json".into();
+        let mut empty = new_run("run-1", None);
+        empty.source = String::new();
+        for r in [no_json, empty] {
+            let err = ts.store.create_run(r).await.unwrap_err();
+            assert_eq!(err.code(), ErrorCode::Invalid, "{err}");
+        }
+        assert!(ts.store.runs(&tenant("acme")).await.unwrap().is_empty());
+    }
+}
+
+sessionstore::both_backends!(cases =>
+    a_run_is_recorded_with_its_exact_program_and_a_first_status_at_epoch_one,
+    a_start_retried_with_its_idempotency_key_returns_the_first_run,
+    another_tenants_run_reads_exactly_like_an_unknown_one,
+    a_step_has_at_most_one_result,
+    after_a_takeover_every_write_under_the_old_fence_is_refused,
+    a_takeover_needs_the_read_epoch_and_an_expired_lease_of_another_holder,
+    a_sleep_armed_again_keeps_its_first_deadline,
+    an_answer_is_recorded_once_and_consumed_once,
+    a_finished_run_is_final,
+    a_cancelled_run_fences_its_driver_out,
+    answering_an_attention_point_hands_the_run_back_for_a_takeover,
+    status_and_list_reads_change_no_revision,
+    running_runs_are_listed_across_tenants_for_reconcile,
+    bad_run_input_is_refused_with_a_typed_error,
+);
