@@ -59,6 +59,10 @@ fn fleet_host(dir: &Path, name: &str, store: &str, credentials: &Path) -> Serve 
     )
 }
 
+/// One fleet at a time: each is three `hostd` processes, and fleets running side by side on a
+/// small machine only measure each other.
+static ONE_FLEET: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 struct Fleet {
     db: FreshDatabase,
     dir: tempfile::TempDir,
@@ -66,11 +70,13 @@ struct Fleet {
     hosts: HashMap<String, Serve>,
     store: Store,
     tenant: TenantId,
+    _serial: tokio::sync::MutexGuard<'static, ()>,
 }
 
 impl Fleet {
     async fn start(label: &str, names: &[&str]) -> Option<Fleet> {
         let db = FreshDatabase::create(label).await?;
+        let serial = ONE_FLEET.lock().await;
         let dir = tempfile::tempdir().expect("tempdir");
         let (_, digest) = hostlink::auth::mint_credential();
         let credentials = dir.path().join("credentials");
@@ -92,6 +98,7 @@ impl Fleet {
             hosts,
             store,
             tenant: TenantId::new("acme").unwrap(),
+            _serial: serial,
         })
     }
 
@@ -277,36 +284,38 @@ async fn a_killed_hosts_admitted_commands_are_applied_on_survivors_with_no_clien
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_frozen_hosts_sessions_move_and_it_writes_nothing_once_thawed() {
+async fn a_frozen_hosts_sessions_move_and_once_thawed_it_writes_nothing_under_its_old_epochs() {
     let Some(fleet) = Fleet::start("heal_stop", &["stop-a", "stop-b", "stop-c"]).await else {
         return;
     };
     let ss = sessions(&fleet, "f", 6).await;
     let holders = fleet.all_resident(&ss).await;
     let victim = busiest(&holders);
-    let moved: Vec<SessionRecord> = ss
-        .iter()
-        .filter(|s| holders[&s.session].as_str() == victim)
-        .cloned()
-        .collect();
+    let mut moved = Vec::new();
+    for s in ss.iter().filter(|s| holders[&s.session].as_str() == victim) {
+        let lease = fleet.store.residency(&s.tenant, &s.session).await.unwrap();
+        let epoch = lease
+            .map(|l| l.epoch)
+            .expect("a resident session has a lease");
+        moved.push((s.clone(), epoch));
+    }
     fleet.hosts[&victim].freeze();
     let mut after = Vec::new();
-    for s in &moved {
+    for (s, _) in &moved {
         after.push((s.clone(), fleet.input(s, "while-frozen").await));
     }
     for (s, c) in &after {
         fleet.applied(s, c).await;
     }
     fleet.hosts[&victim].thaw();
-    // Thawed, it finds its leases taken and holds nothing of what moved.
-    for s in &moved {
+    // Thawed, its old residencies are fenced: whatever holds each session now holds it under
+    // a newer epoch, and every command applies exactly once.
+    for (s, frozen_epoch) in &moved {
         let c = fleet.input(s, "after-thaw").await;
         fleet.applied(s, &c).await;
-        let held = fleet.holders(std::slice::from_ref(s)).await;
-        assert_ne!(
-            held[&s.session].as_ref().map(|h| h.to_string()),
-            Some(victim.clone())
-        );
+        let lease = fleet.store.residency(&s.tenant, &s.session).await.unwrap();
+        let now = lease.map(|l| l.epoch).expect("a lease");
+        assert!(now > *frozen_epoch, "{now:?} after {frozen_epoch:?}");
     }
     fleet.check_all(&ss).await;
     fleet.close().await;
