@@ -69,6 +69,82 @@ impl Default for AgentOptions {
     }
 }
 
+/// When `hostd serve` runs the fleet reconciler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FleetMode {
+    /// With a PostgreSQL store (a fleet), not with the embedded SQLite one.
+    Auto,
+    /// Always.
+    On,
+    /// Never (run `hostd controller` elsewhere, or place sessions yourself).
+    Off,
+}
+
+/// The fleet reconciler (`[fleet]`): re-places sessions with work and no live Host. One
+/// process of a fleet acts at a time, under a leadership lease in the store.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FleetOptions {
+    pub reconciler: FleetMode,
+    /// How often a reconcile pass runs (and the leadership is renewed).
+    #[serde(with = "duration_text")]
+    pub interval: Duration,
+    /// How long the leadership lives unrenewed (at least 2 intervals).
+    #[serde(with = "duration_text")]
+    pub leader_ttl: Duration,
+    /// The most sessions one pass places.
+    pub placements_per_pass: usize,
+    /// The most sessions one pass places on one Host.
+    pub placements_per_host: usize,
+    /// How long an assignment stands if its Host never acts on it (at least 2 intervals).
+    #[serde(with = "duration_text")]
+    pub assignment_ttl: Duration,
+}
+
+impl Default for FleetOptions {
+    fn default() -> Self {
+        let d = controller::fleet::ReconcilerOptions::default();
+        FleetOptions {
+            reconciler: FleetMode::Auto,
+            interval: d.interval,
+            leader_ttl: d.leader_ttl,
+            placements_per_pass: d.placements_per_pass,
+            placements_per_host: d.placements_per_host,
+            assignment_ttl: d.assignment_ttl,
+        }
+    }
+}
+
+impl FleetOptions {
+    /// The reconciler's options (validated).
+    pub fn reconciler_options(
+        &self,
+    ) -> Result<controller::fleet::ReconcilerOptions, controller::fleet::ReconcilerError> {
+        let o = controller::fleet::ReconcilerOptions {
+            name: controller::fleet::ReconcilerOptions::default().name,
+            interval: self.interval,
+            leader_ttl: self.leader_ttl,
+            placements_per_pass: self.placements_per_pass,
+            placements_per_host: self.placements_per_host,
+            assignment_ttl: self.assignment_ttl,
+        };
+        o.validate()?;
+        Ok(o)
+    }
+
+    /// Whether a Host on `store_url` runs the reconciler.
+    pub fn enabled_for(&self, store_url: &str) -> bool {
+        match self.reconciler {
+            FleetMode::On => true,
+            FleetMode::Off => false,
+            FleetMode::Auto => {
+                store_url.starts_with("postgres://") || store_url.starts_with("postgresql://")
+            }
+        }
+    }
+}
+
 /// Everything `hostd serve` runs with; a config file is this type in TOML.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -82,11 +158,16 @@ pub struct ServeOptions {
     pub sqlite_synchronous: SyncMode,
     /// The largest command body stored by reference, in bytes (above 64 KiB, at most 16 MiB).
     pub referenced_body_cap: u64,
+    /// PostgreSQL: how long a connection may sit idle inside a transaction before the server
+    /// ends it (a frozen Host stalls the fleet for at most this long).
+    #[serde(with = "duration_text")]
+    pub pg_idle_transaction_timeout: Duration,
     pub host: Options,
     pub link: LinkOptions,
     pub listener: ListenerOptions,
     pub agents: AgentOptions,
     pub model: OpenAiOptions,
+    pub fleet: FleetOptions,
 }
 
 impl Default for ServeOptions {
@@ -98,11 +179,13 @@ impl Default for ServeOptions {
             credentials_file: None,
             sqlite_synchronous: SyncMode::Full,
             referenced_body_cap: sessionstore::limits::DEFAULT_REFERENCED_BODY_CAP,
+            pg_idle_transaction_timeout: Duration::from_secs(5),
             host: Options::default(),
             link: LinkOptions::default(),
             listener: ListenerOptions::default(),
             agents: AgentOptions::default(),
             model: OpenAiOptions::default(),
+            fleet: FleetOptions::default(),
         }
     }
 }
@@ -164,6 +247,10 @@ pub struct ServeFlags {
         env = "HOST_REFERENCED_BODY_CAP"
     )]
     referenced_body_cap: Option<u64>,
+    /// PostgreSQL: how long a connection may sit idle inside a transaction before the server
+    /// ends it and its row locks (a frozen Host stalls the rest of the fleet at most this long).
+    #[arg(id = "pg_idle_transaction_timeout", long = "pg-idle-transaction-timeout", env = "HOST_PG_IDLE_TRANSACTION_TIMEOUT", value_parser = duration)]
+    pg_idle_transaction_timeout: Option<Duration>,
 
     /// This Host's stable id, unique in a fleet [default: hostd-<hostname>].
     #[arg(id = "host.host_id", long = "host-id", env = "HOST_ID", value_parser = host_id)]
@@ -191,12 +278,16 @@ pub struct ServeFlags {
     /// How long an idle pooled session stays resident.
     #[arg(id = "host.warm_ttl", long = "warm-ttl", env = "HOST_WARM_TTL", value_parser = duration)]
     warm_ttl: Option<Duration>,
-    /// How often the Host renews its advertisement and each residency lease.
+    /// How often the Host heartbeats: one write renews its advertisement and every residency lease it holds.
     #[arg(id = "host.registry_heartbeat", long = "registry-heartbeat", env = "HOST_REGISTRY_HEARTBEAT", value_parser = duration)]
     registry_heartbeat: Option<Duration>,
     /// How long an advertisement or a residency lease lives unrenewed (at least 3 heartbeats).
     #[arg(id = "host.registry_expiry", long = "registry-expiry", env = "HOST_REGISTRY_EXPIRY", value_parser = duration)]
     registry_expiry: Option<Duration>,
+    /// How long another Host's expired advertisement stays listed before a heartbeat collects
+    /// it (at least the registry expiry).
+    #[arg(id = "host.registry_retention", long = "registry-retention", env = "HOST_REGISTRY_RETENTION", value_parser = duration)]
+    registry_retention: Option<Duration>,
     /// How long a command claim lives before another consumer may take it.
     #[arg(id = "host.claim_ttl", long = "claim-ttl", env = "HOST_CLAIM_TTL", value_parser = duration)]
     claim_ttl: Option<Duration>,
@@ -403,6 +494,37 @@ pub struct ServeFlags {
         env = "HOST_MODEL_TEMPERATURE"
     )]
     model_temperature: Option<f32>,
+    /// When this process runs the fleet reconciler (auto: with a PostgreSQL store).
+    #[arg(
+        id = "fleet.reconciler",
+        long = "fleet-reconciler",
+        env = "HOST_FLEET_RECONCILER",
+        value_enum
+    )]
+    fleet_reconciler: Option<FleetMode>,
+    /// How often the fleet reconciler runs a pass.
+    #[arg(id = "fleet.interval", long = "fleet-interval", env = "HOST_FLEET_INTERVAL", value_parser = duration)]
+    fleet_interval: Option<Duration>,
+    /// How long the fleet reconciler's leadership lives unrenewed (at least 2 intervals).
+    #[arg(id = "fleet.leader_ttl", long = "fleet-leader-ttl", env = "HOST_FLEET_LEADER_TTL", value_parser = duration)]
+    fleet_leader_ttl: Option<Duration>,
+    /// The most sessions one reconcile pass places.
+    #[arg(
+        id = "fleet.placements_per_pass",
+        long = "fleet-placements-per-pass",
+        env = "HOST_FLEET_PLACEMENTS_PER_PASS"
+    )]
+    fleet_placements_per_pass: Option<usize>,
+    /// The most sessions one reconcile pass places on one Host.
+    #[arg(
+        id = "fleet.placements_per_host",
+        long = "fleet-placements-per-host",
+        env = "HOST_FLEET_PLACEMENTS_PER_HOST"
+    )]
+    fleet_placements_per_host: Option<usize>,
+    /// How long a placement stands if its Host never acts on it (at least 2 intervals).
+    #[arg(id = "fleet.assignment_ttl", long = "fleet-assignment-ttl", env = "HOST_FLEET_ASSIGNMENT_TTL", value_parser = duration)]
+    fleet_assignment_ttl: Option<Duration>,
 }
 
 impl ServeFlags {
@@ -423,12 +545,14 @@ impl ServeFlags {
             data_dir => data_dir;
             sqlite_synchronous => sqlite_synchronous;
             referenced_body_cap => referenced_body_cap;
+            pg_idle_transaction_timeout => pg_idle_transaction_timeout;
             isolation_class => host.isolation_class;
             placement => host.placement;
             capacity => host.capacity;
             warm_ttl => host.warm_ttl;
             registry_heartbeat => host.registry_heartbeat;
             registry_expiry => host.registry_expiry;
+            registry_retention => host.registry_retention;
             claim_ttl => host.claim_ttl;
             apply_deadline => host.apply_deadline;
             command_queue_size => host.command_queue_size;
@@ -464,6 +588,12 @@ impl ServeFlags {
             model_max_retries => model.max_retries;
             model_backoff_initial => model.backoff_initial;
             model_backoff_max => model.backoff_max;
+            fleet_reconciler => fleet.reconciler;
+            fleet_interval => fleet.interval;
+            fleet_leader_ttl => fleet.leader_ttl;
+            fleet_placements_per_pass => fleet.placements_per_pass;
+            fleet_placements_per_host => fleet.placements_per_host;
+            fleet_assignment_ttl => fleet.assignment_ttl;
         }
         set_some! {
             store => store;
@@ -558,6 +688,10 @@ pub fn load(
         .listener
         .validate(options.link.ping_interval)
         .context("the listener's options ([listener])")?;
+    options
+        .fleet
+        .reconciler_options()
+        .context("the fleet reconciler's options ([fleet])")?;
     let mut sources = BTreeMap::new();
     for path in in_file {
         sources.insert(path, Source::File);

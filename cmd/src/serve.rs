@@ -147,6 +147,7 @@ pub async fn run(args: ServeArgs, matches: Option<&ArgMatches>, out: Output) -> 
         SyncMode::Normal => Synchronous::Normal,
     };
     store.referenced_body_cap = options.referenced_body_cap;
+    store.pg_idle_transaction_timeout = options.pg_idle_transaction_timeout;
     let agents = &options.agents;
     let openai = match (
         &agents.openai_endpoint,
@@ -188,6 +189,18 @@ pub async fn run(args: ServeArgs, matches: Option<&ArgMatches>, out: Output) -> 
     let server =
         Server::from_listener_with(service.clone(), Box::new(creds), link, bounds, listener)
             .await?;
+    // The fleet reconciler: every Host of a fleet runs one; one of them acts at a time.
+    let reconciler_stop = tokio_util::sync::CancellationToken::new();
+    let reconciler = if options.fleet.enabled_for(&store_url) {
+        let r = controller::fleet::Reconciler::new(
+            service.store().clone(),
+            options.fleet.reconciler_options()?,
+            host_id.as_str(),
+        )?;
+        Some(tokio::spawn(r.run(reconciler_stop.clone())))
+    } else {
+        None
+    };
     let tenant = if embedded {
         LOCAL_TENANT.to_owned()
     } else {
@@ -221,6 +234,11 @@ pub async fn run(args: ServeArgs, matches: Option<&ArgMatches>, out: Output) -> 
         }
         fence = fences.wait_for(|f| f.is_some()) => fence.ok().and_then(|f| f.clone()),
     };
+    // Stop placing (and give the leadership back) before this Host stops admitting.
+    reconciler_stop.cancel();
+    if let Some(r) = reconciler {
+        let _ = r.await;
+    }
     if let Some(fence) = fence {
         // Serving on would only be refused: stop, and say so with a failing exit.
         server.shutdown();

@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 pub mod client;
+pub mod fleet;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -180,23 +181,23 @@ impl Controller {
     }
 
     /// Places the session: on the Host its registration names when that Host is live and
-    /// holds it resident, otherwise on a live, accepting Host from the registry; then
-    /// attaches it over HostLink.
+    /// holds it resident, otherwise on the live, accepting Host with the most free admission
+    /// weight (see [`fleet::rank_hosts`]); then attaches it over HostLink.
     pub async fn place(&self, session: &SessionId) -> Result<Placed, ControllerError> {
         let record = self.store.session(&self.tenant, session).await?;
         let now = self.store.now_ms().await?;
-        let live: Vec<HostTarget> = self
-            .store
-            .targets(true)
-            .await?
-            .into_iter()
-            .filter(|t| t.accepting && t.is_live(now))
-            .collect();
+        // Live, accepting Hosts with room for this tenant, the least loaded first.
+        let targets = self.store.targets(true).await?;
+        let loads = self.store.host_loads().await?;
+        let live: Vec<HostTarget> =
+            fleet::rank_hosts(&targets, &loads, &self.tenant, session.as_str(), now);
         let mut candidates: Vec<HostTarget> = Vec::new();
         if let Some(reg) = self.store.registration(&self.tenant, session).await?
             && reg.residency == ResidencyState::Resident
             && reg.expires_at_ms > now
-            && let Some(t) = live.iter().find(|t| t.host == reg.host)
+            && let Some(t) = targets
+                .iter()
+                .find(|t| t.host == reg.host && t.accepting && t.is_live(now))
         {
             candidates.push(t.clone());
         }

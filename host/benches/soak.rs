@@ -117,7 +117,7 @@ fn attach_req(s: &SessionRecord) -> AttachRequest {
         tenant: s.tenant.clone(),
         session: s.session.clone(),
         agent: s.agent.clone(),
-        compatibility: s.compatibility.clone(),
+        compatibility: Some(s.compatibility.clone()),
         mode: LaunchMode::Restore,
         actor: None,
         trace: None,

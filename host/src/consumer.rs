@@ -65,7 +65,8 @@ pub(crate) async fn run(ctx: SessionCtx, mut hints: mpsc::Receiver<()>) {
         tokens: HashMap::new(),
     };
     async move {
-        let interval = c.ctx.config().reconcile_interval;
+        // No timer of its own: the Host's one reconcile loop wakes this consumer every
+        // reconcile interval while the session has a command not yet ended.
         let cancel = c.resident.cancel.clone();
         loop {
             tokio::select! {
@@ -74,7 +75,6 @@ pub(crate) async fn run(ctx: SessionCtx, mut hints: mpsc::Receiver<()>) {
                     if h.is_none() { break; }
                     while hints.try_recv().is_ok() {}
                 }
-                _ = tokio::time::sleep(interval) => {}
             }
             if c.resident.consumer.halted.load(Ordering::SeqCst) {
                 continue;

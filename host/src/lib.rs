@@ -9,6 +9,7 @@ mod consumer;
 pub mod error;
 pub mod failpoints;
 pub mod feed;
+mod fleet;
 pub mod link;
 mod link_backend;
 pub mod listener;

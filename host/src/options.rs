@@ -194,6 +194,10 @@ pub struct Options {
     pub registry_heartbeat: Duration,
     #[serde(with = "duration_text")]
     pub registry_expiry: Duration,
+    /// How long another Host's advertisement may stay expired before a heartbeat collects it
+    /// (at least the registry expiry).
+    #[serde(with = "duration_text")]
+    pub registry_retention: Duration,
     #[serde(with = "duration_text")]
     pub claim_ttl: Duration,
     #[serde(with = "duration_text")]
@@ -227,6 +231,7 @@ impl Default for Options {
             warm_ttl: Duration::from_secs(300),
             registry_heartbeat: Duration::from_secs(5),
             registry_expiry: Duration::from_secs(20),
+            registry_retention: Duration::from_secs(600),
             claim_ttl: Duration::from_secs(30),
             apply_deadline: Duration::from_secs(600),
             command_queue_size: 256,
@@ -252,6 +257,7 @@ pub struct Config {
     pub warm_ttl: Duration,
     pub registry_heartbeat: Duration,
     pub registry_expiry: Duration,
+    pub registry_retention: Duration,
     pub claim_ttl: Duration,
     pub apply_deadline: Duration,
     pub command_queue_size: usize,
@@ -272,6 +278,7 @@ pub mod bounds {
     pub const MAX_BATCH: usize = 1_000;
     pub const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
     pub const MAX_REGISTRY_EXPIRY: Duration = Duration::from_secs(3600);
+    pub const MAX_REGISTRY_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
     pub const MAX_CLAIM_TTL: Duration = Duration::from_secs(3600);
     pub const MAX_APPLY_DEADLINE: Duration = Duration::from_secs(30 * 24 * 3600);
     pub const MIN_STORE_UNREACHABLE_BOUND: Duration = Duration::from_millis(200);
@@ -501,6 +508,21 @@ impl Options {
                 ),
             ));
         }
+        positive(
+            "registry_retention",
+            self.registry_retention,
+            bounds::MAX_REGISTRY_RETENTION,
+        )?;
+        if self.registry_retention < self.registry_expiry {
+            return Err(OptionsError::new(
+                OptionsCode::HeartbeatMargin,
+                "registry_retention",
+                format!(
+                    "is {:?}; it must be at least the registry expiry of {:?}",
+                    self.registry_retention, self.registry_expiry
+                ),
+            ));
+        }
         positive("claim_ttl", self.claim_ttl, bounds::MAX_CLAIM_TTL)?;
         positive(
             "apply_deadline",
@@ -557,6 +579,7 @@ impl Options {
             warm_ttl: self.warm_ttl,
             registry_heartbeat: self.registry_heartbeat,
             registry_expiry: self.registry_expiry,
+            registry_retention: self.registry_retention,
             claim_ttl: self.claim_ttl,
             apply_deadline: self.apply_deadline,
             command_queue_size: self.command_queue_size,

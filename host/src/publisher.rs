@@ -62,10 +62,14 @@ pub(crate) async fn run(ctx: SessionCtx) {
             resolved: BTreeMap::new(),
         };
         let mut full_logged = false;
-        let mut tick = tokio::time::interval(ctx.config().reconcile_interval);
+        // No periodic pass while idle: a pass runs on a gate event, and again after a
+        // failed one (one reconcile interval later) until it succeeds.
+        let retry_after = ctx.config().reconcile_interval;
+        let mut retry = false;
         let mut due = true;
         loop {
             if due {
+                retry = false;
                 match converge(&ctx, &r, &mut fold, &mut full_logged).await {
                     Ok(changed) => {
                         if changed {
@@ -79,28 +83,40 @@ pub(crate) async fn run(ctx: SessionCtx) {
                     }
                     Err(Stopped::Retry(reason)) => {
                         tracing::warn!(reason = %reason, "gate pass failed; retrying");
+                        retry = true;
                     }
                 }
             }
             tokio::select! {
                 _ = r.cancel.cancelled() => return,
                 h = hints.recv() => match h {
-                    // Only a gate event can change the projection; the interval covers the rest.
-                    Ok(event) => due = GateEvent::parse(&event.body).is_some(),
+                    // Only a gate event can change the projection.
+                    Ok(event) => due = GateEvent::parse(&event.body).is_some() || retry,
                     Err(broadcast::error::RecvError::Lagged(_)) => due = true,
                     Err(broadcast::error::RecvError::Closed) => {
+                        // The runtime is gone (the fault watch ends the residency); only a
+                        // failed pass is still worth retrying.
                         tokio::select! {
                             _ = r.cancel.cancelled() => return,
-                            _ = tick.tick() => due = true,
+                            _ = retry_wait(retry, retry_after) => due = true,
                         }
                     }
                 },
-                _ = tick.tick() => due = true,
+                _ = retry_wait(retry, retry_after) => due = true,
             }
         }
     }
     .instrument(span)
     .await;
+}
+
+/// Sleeps `after` when a retry is due; otherwise never returns.
+async fn retry_wait(retry: bool, after: std::time::Duration) {
+    if retry {
+        tokio::time::sleep(after).await;
+    } else {
+        std::future::pending::<()>().await;
+    }
 }
 
 enum Stopped {

@@ -281,6 +281,11 @@ impl Residency {
         self.tasks.spawn(work);
     }
 
+    /// The admission weight charged now (published with each heartbeat).
+    pub fn weight_consumed(&self) -> u32 {
+        lock(&self.admission).consumed()
+    }
+
     pub fn advertisement(&self, accepting: bool) -> HostAdvertisement {
         HostAdvertisement {
             host: self.config.host_id.clone(),

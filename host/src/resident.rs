@@ -131,6 +131,14 @@ impl Resident {
         }
     }
 
+    /// Records the lease's expiry as the Host's last heartbeat renewed it.
+    pub fn set_lease_expiry(&self, expires_at_ms: i64) {
+        match self.grant.lock() {
+            Ok(mut g) => g.expires_at_ms = expires_at_ms,
+            Err(p) => p.into_inner().expires_at_ms = expires_at_ms,
+        }
+    }
+
     /// Claims the right to end this residency; false when another path already ends it.
     pub fn begin_end(&self) -> bool {
         !self.ending.swap(true, Ordering::SeqCst)

@@ -250,18 +250,33 @@ impl Service {
         if host.started() {
             return Ok(());
         }
-        let previous = host.store().target(&host.config().host_id).await?;
-        let generation = previous.map_or(1, |t| t.generation + 1);
+        // One above any generation this id ever held, so a collected advertisement can never
+        // let a restart reuse one.
+        let generation = host
+            .store()
+            .next_host_generation(&host.config().host_id)
+            .await?;
         let mut first = host.advertisement(true);
         first.generation = generation;
-        host.store().advertise(first).await.map_err(|e| {
-            HostError::internal(format!("the first advertisement was refused: {e}"))
-        })?;
+        let report = host
+            .store()
+            .heartbeat(sessionstore::HostHeartbeat {
+                advertisement: first,
+                weight_used: 0,
+                retention: host.config().registry_retention,
+            })
+            .await
+            .map_err(|e| {
+                HostError::internal(format!("the first advertisement was refused: {e}"))
+            })?;
         host.mark_started(generation);
-        let me = self.inner.clone();
-        host.spawn(async move { me.advertise_loop().await });
+        host.spawn(crate::upkeep::heartbeat(
+            host.clone(),
+            report.target.expires_at_ms,
+        ));
         let me = self.inner.clone();
         host.spawn(async move { me.admission_hints().await });
+        host.spawn(crate::fleet::reconcile(self.clone(), host.clone()));
         let me = self.inner.clone();
         host.spawn(async move { me.probe_store().await });
         tracing::info!(host = %host.config().host_id, generation, "host started");
@@ -407,7 +422,6 @@ fn start_tasks(ctx: SessionCtx, hints: mpsc::Receiver<()>) {
     tasks.spawn(crate::consumer::run(ctx.clone(), hints));
     tasks.spawn(crate::publisher::run(ctx.clone()));
     tasks.spawn(crate::feed::relay(ctx.clone()));
-    tasks.spawn(crate::upkeep::renew(ctx.clone()));
     tasks.spawn(crate::upkeep::supervise(ctx.clone()));
     if ctx.config().placement == Placement::Pooled {
         tasks.spawn(crate::release::warm_watch(ctx));
@@ -416,24 +430,6 @@ fn start_tasks(ctx: SessionCtx, hints: mpsc::Receiver<()>) {
 }
 
 impl Inner {
-    async fn advertise_loop(self: Arc<Self>) {
-        loop {
-            tokio::select! {
-                _ = self.host.shutdown().cancelled() => return,
-                _ = tokio::time::sleep(self.host.config().registry_heartbeat) => {}
-            }
-            let accepting = !self.host.draining();
-            if let Err(e) = self
-                .host
-                .store()
-                .advertise(self.host.advertisement(accepting))
-                .await
-            {
-                tracing::warn!(error = %e, "advertisement heartbeat failed");
-            }
-        }
-    }
-
     /// Probes the store four times per unreachable bound, for `/readyz`: a read of this
     /// Host's own advertisement (which also reveals a newer generation of its id: a fence),
     /// and, while a persistence fault is held, a write (the advertisement again) to learn

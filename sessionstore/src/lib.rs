@@ -8,6 +8,7 @@ mod backend;
 pub mod clock;
 pub mod error;
 pub mod evidence;
+pub mod fleet;
 pub mod ids;
 pub mod journal;
 pub mod limits;
@@ -34,6 +35,10 @@ pub use backend::Admission;
 pub use clock::{Clock, ManualClock, Millis, SharedClock, SystemClock};
 pub use error::{ErrorCode, StoreError, StoreResult};
 pub use evidence::{EvidenceReader, EvidenceRouter, FixedEvidenceRouter};
+pub use fleet::{
+    HeartbeatReport, HostHeartbeat, HostLoad, Leadership, LeadershipRequest, Orphan,
+    PlacementRecord, PlacementRequest, RenewedResidency,
+};
 pub use ids::*;
 pub use journal::*;
 pub use location::StoreLocation;

@@ -270,6 +270,8 @@ pub struct HostTarget {
     pub generation: u64,
     pub observed_at_ms: Millis,
     pub expires_at_ms: Millis,
+    /// The admission weight the Host had charged at its last heartbeat.
+    pub weight_used: u32,
 }
 
 impl HostTarget {

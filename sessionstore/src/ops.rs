@@ -476,7 +476,8 @@ pub(crate) async fn advertise<T: Tx>(
     ttl_ms: i64,
     now: Millis,
 ) -> StoreResult<HostTarget> {
-    if let Some(existing) = tx.target(&a.host).await? {
+    let existing = tx.target(&a.host).await?;
+    if let Some(existing) = &existing {
         machine::fence("host_target.generation", existing.generation, a.generation)?;
     }
     let target = HostTarget {
@@ -489,6 +490,8 @@ pub(crate) async fn advertise<T: Tx>(
         generation: a.generation,
         observed_at_ms: now,
         expires_at_ms: now.saturating_add(ttl_ms),
+        // A plain advertisement keeps the weight the last heartbeat published.
+        weight_used: existing.map_or(0, |e| e.weight_used),
     };
     tx.put_target(&target).await?;
     Ok(target)

@@ -45,6 +45,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
         include_str!("../migrations/postgres/0003_runnable_packages.sql"),
     ),
     (4, include_str!("../migrations/postgres/0004_runs.sql")),
+    (5, include_str!("../migrations/postgres/0005_fleet.sql")),
     (
         6,
         include_str!("../migrations/postgres/0006_public_offsets.sql"),
@@ -63,6 +64,8 @@ const TABLES: &[&str] = &[
     "gates",
     "payload_objects",
     "journal_leases",
+    "fleet_leaders",
+    "placements",
     "journal_records",
     "runnable_packages",
     "run_programs",
@@ -784,7 +787,13 @@ impl PgEngine {
             .url
             .parse::<PgConnectOptions>()
             .map_err(|e| StoreError::invalid("url", format!("is not a PostgreSQL URL: {e}")))?
-            .options(PLANNER_SETTINGS);
+            .options(PLANNER_SETTINGS)
+            // A client stalled inside a transaction (a frozen process) would hold its row locks
+            // for ever and wedge every other Host of the fleet; the server ends such a session.
+            .options([(
+                "idle_in_transaction_session_timeout",
+                format!("{}ms", options.pg_idle_transaction_timeout.as_millis()).as_str(),
+            )]);
         // One direct connection first: the pool would retry a refused connect until its
         // acquire timeout and report only that it timed out.
         let mut first = PgConnection::connect_with(&connect)
@@ -1024,7 +1033,7 @@ impl PgEngine {
     }
 
     /// Announces an admission to every process listening (after the commit).
-    async fn announce(&self, a: Admission) {
+    pub(crate) async fn announce(&self, a: Admission) {
         let payload = admission_payload(&a);
         self.counters.server_statements(1);
         // A lost notification only delays a consumer until its next reconcile pass.

@@ -240,7 +240,11 @@ impl Row {
         }
     }
 
-    fn id<T>(&self, i: usize, parse: impl Fn(String) -> StoreResult<T>) -> StoreResult<T> {
+    pub(crate) fn id<T>(
+        &self,
+        i: usize,
+        parse: impl Fn(String) -> StoreResult<T>,
+    ) -> StoreResult<T> {
         let text = self.text(i)?;
         parse(text).map_err(|e| self.bad(i, &format!("invalid id: {e}")))
     }
@@ -345,10 +349,10 @@ fn decode_registration(r: &Row) -> StoreResult<HostRegistration> {
     })
 }
 
-const TARGET_COLS: &str = "host_id, endpoint, placement, isolation_class, capacity, accepting, \
-     generation, observed_at, expires_at";
+pub(crate) const TARGET_COLS: &str = "host_id, endpoint, placement, isolation_class, capacity, accepting, \
+     generation, observed_at, expires_at, weight_used";
 
-fn decode_target(r: &Row) -> StoreResult<HostTarget> {
+pub(crate) fn decode_target(r: &Row) -> StoreResult<HostTarget> {
     Ok(HostTarget {
         host: r.id(0, HostId::new)?,
         endpoint: r.text(1)?,
@@ -360,6 +364,8 @@ fn decode_target(r: &Row) -> StoreResult<HostTarget> {
         generation: r.u64(6)?,
         observed_at_ms: r.i64(7)?,
         expires_at_ms: r.i64(8)?,
+        weight_used: u32::try_from(r.u64(9)?)
+            .map_err(|_| StoreError::integrity("host_target", "weight_used out of range"))?,
     })
 }
 
@@ -699,7 +705,7 @@ pub(crate) struct SqlTx<C: Conn> {
 }
 
 impl<C: Conn> SqlTx<C> {
-    async fn rows(
+    pub(crate) async fn rows(
         &mut self,
         template: &str,
         params: Vec<Param>,
@@ -709,7 +715,7 @@ impl<C: Conn> SqlTx<C> {
         self.conn.query(&sql, params, entity).await
     }
 
-    async fn one<T>(
+    pub(crate) async fn one<T>(
         &mut self,
         template: &str,
         params: Vec<Param>,
@@ -723,7 +729,7 @@ impl<C: Conn> SqlTx<C> {
         }
     }
 
-    async fn many<T>(
+    pub(crate) async fn many<T>(
         &mut self,
         template: &str,
         params: Vec<Param>,
@@ -734,7 +740,7 @@ impl<C: Conn> SqlTx<C> {
         rows.iter().map(decode).collect()
     }
 
-    async fn exec(&mut self, template: &str, params: Vec<Param>) -> StoreResult<u64> {
+    pub(crate) async fn exec(&mut self, template: &str, params: Vec<Param>) -> StoreResult<u64> {
         let sql = render(template, self.conn.dialect(), false);
         self.conn.execute(&sql, params).await
     }
@@ -923,12 +929,12 @@ impl<C: Conn> Tx for SqlTx<C> {
 
     async fn put_target(&mut self, h: &HostTarget) -> StoreResult<()> {
         let q = format!(
-            "INSERT INTO host_targets ({TARGET_COLS}) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9) \
+            "INSERT INTO host_targets ({TARGET_COLS}) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10) \
              ON CONFLICT (host_id) DO UPDATE SET endpoint = excluded.endpoint, \
              placement = excluded.placement, isolation_class = excluded.isolation_class, \
              capacity = excluded.capacity, accepting = excluded.accepting, \
              generation = excluded.generation, observed_at = excluded.observed_at, \
-             expires_at = excluded.expires_at"
+             expires_at = excluded.expires_at, weight_used = excluded.weight_used"
         );
         self.exec(
             &q,
@@ -942,6 +948,7 @@ impl<C: Conn> Tx for SqlTx<C> {
                 int(h.generation),
                 ms(h.observed_at_ms),
                 ms(h.expires_at_ms),
+                int(u64::from(h.weight_used)),
             ],
         )
         .await?;

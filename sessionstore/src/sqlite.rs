@@ -29,6 +29,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
         include_str!("../migrations/sqlite/0003_runnable_packages.sql"),
     ),
     (4, include_str!("../migrations/sqlite/0004_runs.sql")),
+    (5, include_str!("../migrations/sqlite/0005_fleet.sql")),
     (
         6,
         include_str!("../migrations/sqlite/0006_public_offsets.sql"),

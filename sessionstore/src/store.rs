@@ -55,6 +55,11 @@ pub struct StoreOptions {
     pub pg_write_lanes: usize,
     /// PostgreSQL schema to use (created if missing); `None` uses the connection's default.
     pub pg_schema: Option<String>,
+    /// How long a PostgreSQL connection of this store may sit idle inside a transaction before
+    /// the server ends it (and so releases its row locks): a frozen Host then stalls the rest
+    /// of the fleet for at most this long. 100 ms to 1 hour; default 5 s (the store's own
+    /// transactions are never idle for more than a round trip).
+    pub pg_idle_transaction_timeout: Duration,
     /// How often (PostgreSQL) the store checks which of its tables of at least 10 pages were
     /// never analysed or changed by more than 50 rows and a tenth since the database last
     /// analysed them (autovacuum's default rule), and analyses those, so query plans follow
@@ -83,6 +88,7 @@ impl StoreOptions {
             pg_max_connections: 16,
             pg_write_lanes: 2,
             pg_schema: None,
+            pg_idle_transaction_timeout: Duration::from_secs(5),
             pg_statistics_interval: Duration::from_secs(10),
             referenced_body_cap: DEFAULT_REFERENCED_BODY_CAP,
             local_storage_bindings: vec![local_binding()],
@@ -110,6 +116,14 @@ impl StoreOptions {
             return Err(StoreError::invalid(
                 "pg_max_connections",
                 "must be between 1 and 512",
+            ));
+        }
+        if self.pg_idle_transaction_timeout < Duration::from_millis(100)
+            || self.pg_idle_transaction_timeout > Duration::from_secs(3600)
+        {
+            return Err(StoreError::invalid(
+                "pg_idle_transaction_timeout",
+                "must be between 100 ms and 1 hour",
             ));
         }
         if self.pg_write_lanes == 0 || self.pg_write_lanes > 64 {
@@ -1447,3 +1461,5 @@ impl Store {
         read_op!(self, |tx| crate::runs::answers(tx, &r))
     }
 }
+
+mod fleet;

@@ -136,6 +136,16 @@ impl Serve {
         self.wait_exit("hostd serve to exit after SIGTERM")
     }
 
+    /// SIGSTOP: the process freezes where it is (its sockets stay open, nothing answers).
+    pub fn freeze(&self) {
+        kill(Pid::from_raw(self.pid() as i32), Signal::SIGSTOP).expect("SIGSTOP");
+    }
+
+    /// SIGCONT: a frozen process resumes.
+    pub fn thaw(&self) {
+        kill(Pid::from_raw(self.pid() as i32), Signal::SIGCONT).expect("SIGCONT");
+    }
+
     /// SIGKILL: the process dies at whatever instruction it was on.
     pub fn kill_dead(self) -> (ExitStatus, String) {
         kill(Pid::from_raw(self.pid() as i32), Signal::SIGKILL).expect("SIGKILL");
