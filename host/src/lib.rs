@@ -17,6 +17,7 @@ mod publisher;
 mod release;
 mod residency;
 mod resident;
+pub mod runs;
 pub mod server;
 mod service;
 mod upkeep;

@@ -18,6 +18,7 @@ pub mod frame;
 pub mod json;
 pub mod public_journal;
 pub mod records;
+pub mod runs;
 pub mod timestamp;
 
 pub use auth::{AuthRefused, AuthVerifier, CredentialStore, mint_credential};
