@@ -22,6 +22,7 @@ use clap::{ArgMatches, Args, ValueEnum};
 use harness::model::OpenAiOptions;
 use host::link::LinkOptions;
 use host::options::{duration_text, parse_placement};
+use host::runs::RunOptions;
 use host::{IsolationClass, Options};
 use serde::{Deserialize, Serialize};
 use sessionstore::{HostId, Placement, SessionId};
@@ -82,6 +83,7 @@ pub struct ServeOptions {
     pub link: LinkOptions,
     pub agents: AgentOptions,
     pub model: OpenAiOptions,
+    pub runs: RunOptions,
 }
 
 impl Default for ServeOptions {
@@ -96,6 +98,7 @@ impl Default for ServeOptions {
             link: LinkOptions::default(),
             agents: AgentOptions::default(),
             model: OpenAiOptions::default(),
+            runs: RunOptions::default(),
         }
     }
 }
@@ -354,6 +357,33 @@ pub struct ServeFlags {
         env = "HOST_MODEL_TEMPERATURE"
     )]
     model_temperature: Option<f32>,
+
+    /// Host workflow runs: serve run.* over HostLink and advertise hostlink.run.
+    #[arg(
+        id = "runs.enabled",
+        long = "runs",
+        env = "HOST_RUNS",
+        value_name = "BOOL"
+    )]
+    runs_enabled: Option<bool>,
+    /// The most runs this Host drives at once (parked ones included); past it a start or a
+    /// resume is refused resource_exhausted.
+    #[arg(
+        id = "runs.max_active",
+        long = "run-max-active",
+        env = "HOST_RUN_MAX_ACTIVE"
+    )]
+    run_max_active: Option<u32>,
+    /// A run driver's hold on its run; a run whose Host stopped renewing it is taken over by a
+    /// live Host once it expires.
+    #[arg(id = "runs.lease", long = "run-lease", env = "HOST_RUN_LEASE", value_parser = duration)]
+    run_lease: Option<Duration>,
+    /// How often this Host looks for runs whose holder's lease expired.
+    #[arg(id = "runs.scan_interval", long = "run-scan-interval", env = "HOST_RUN_SCAN_INTERVAL", value_parser = duration)]
+    run_scan_interval: Option<Duration>,
+    /// How often a parked run driver re-reads its answers without a wake-up.
+    #[arg(id = "runs.poll", long = "run-poll", env = "HOST_RUN_POLL", value_parser = duration)]
+    run_poll: Option<Duration>,
 }
 
 impl ServeFlags {
@@ -408,6 +438,11 @@ impl ServeFlags {
             model_max_retries => model.max_retries;
             model_backoff_initial => model.backoff_initial;
             model_backoff_max => model.backoff_max;
+            runs_enabled => runs.enabled;
+            run_max_active => runs.max_active;
+            run_lease => runs.lease;
+            run_scan_interval => runs.scan_interval;
+            run_poll => runs.poll;
         }
         set_some! {
             store => store;
@@ -496,6 +531,11 @@ pub fn load(
         .model
         .validate()
         .context("the model client's options ([model])")?;
+    options
+        .runs
+        .validate()
+        .map_err(anyhow::Error::msg)
+        .context("the run hosting options ([runs])")?;
     let mut sources = BTreeMap::new();
     for path in in_file {
         sources.insert(path, Source::File);
@@ -716,6 +756,26 @@ mod tests {
         assert!(text.contains("[model]"), "{text}");
         assert!(text.contains("out_of_range"), "{text}");
         assert!(text.contains("temperature"), "{text}");
+    }
+
+    #[test]
+    fn a_run_option_out_of_its_range_is_refused_at_load_naming_the_section() {
+        let matches = Probe::command()
+            .try_get_matches_from(["probe", "--run-max-active", "0"])
+            .unwrap();
+        let probe = Probe::from_arg_matches(&matches).unwrap();
+        let err = load(None, probe.flags, Some(&matches)).unwrap_err();
+        let text = format!("{err:#}");
+        assert!(text.contains("[runs]"), "{text}");
+        assert!(text.contains("max_active"), "{text}");
+        let matches = Probe::command()
+            .try_get_matches_from(["probe", "--runs", "false", "--run-lease", "2s"])
+            .unwrap();
+        let probe = Probe::from_arg_matches(&matches).unwrap();
+        let e = load(None, probe.flags, Some(&matches)).unwrap();
+        assert!(!e.options.runs.enabled);
+        assert_eq!(e.options.runs.lease, Duration::from_secs(2));
+        assert_eq!(e.source("runs.lease"), Source::Flag);
     }
 
     #[test]

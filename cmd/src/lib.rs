@@ -10,6 +10,7 @@ mod config;
 mod flow;
 mod local;
 mod output;
+mod run;
 mod runnable;
 mod serve;
 mod session;
@@ -66,6 +67,8 @@ enum Command {
     Flow(flow::FlowArgs),
     /// Typed, versioned operations: list, show, build, invoke and publish runnables.
     Runnable(runnable::RunnableArgs),
+    /// Durable workflow runs on a Host: start, resume, answer, status, ps, logs, cancel.
+    Run(run::RunArgs),
 }
 
 /// Runs the `hostd` command line on this process's arguments.
@@ -106,6 +109,7 @@ pub fn main() -> ExitCode {
                 serve::run(*args, matches.subcommand_matches("serve"), out).await
             }
             Command::Session(args) => session::run(args, out).await,
+            Command::Run(args) => run::run(args, out).await,
         }
     });
     match result {
@@ -156,10 +160,10 @@ mod tests {
     }
 
     #[test]
-    fn every_flag_and_argument_of_serve_and_session_has_help() {
+    fn every_flag_and_argument_of_serve_session_and_run_has_help() {
         let cmd = Cli::command();
         let mut missing = Vec::new();
-        for name in ["serve", "session"] {
+        for name in ["serve", "session", "run"] {
             let sub = cmd.find_subcommand(name).expect("the subcommand exists");
             undocumented(sub, &format!("hostd {name}"), &mut missing);
         }

@@ -137,7 +137,18 @@ pub async fn run(args: ServeArgs, matches: Option<&ArgMatches>, out: Output) -> 
         .start()
         .await
         .map_err(|e| anyhow::anyhow!("start: {e}"))?;
-    let server = Server::from_listener(service.clone(), Box::new(creds), link, listener).await?;
+    let runs = if options.runs.enabled {
+        Some(crate::run::hosting(
+            &service,
+            &store_url,
+            &options,
+            &data,
+            host_id.clone(),
+        )?)
+    } else {
+        None
+    };
+    let server = Server::with_runs(service.clone(), Box::new(creds), link, listener, runs).await?;
     let tenant = if embedded {
         LOCAL_TENANT.to_owned()
     } else {
