@@ -25,7 +25,7 @@ use host::options::{duration_text, parse_placement};
 use host::runs::RunOptions;
 use host::{IsolationClass, Options};
 use serde::{Deserialize, Serialize};
-use sessionstore::{HostId, Placement, SessionId};
+use sessionstore::{HostId, Placement, SessionId, StoreLocation};
 
 use crate::local::DataDir;
 
@@ -133,7 +133,8 @@ pub struct ServeFlags {
     /// The data folder (embedded store, local tenant, runtime info).
     #[arg(id = "data_dir", long = "data-dir", env = "HOST_DATA_DIR")]
     data_dir: Option<PathBuf>,
-    /// Store URL: postgres://... for a fleet [default: a SQLite file in the data folder].
+    /// Store URL: postgres://... (or postgresql://) for a fleet, sqlite://PATH or a plain path
+    /// for one Host; any other scheme is refused [default: a SQLite file in the data folder].
     #[arg(id = "store", long = "store", env = "HOST_STORE_URL")]
     store: Option<String>,
     /// Tenant credentials: one `tenant sha256hex` per line [default: the data folder's].
@@ -216,6 +217,9 @@ pub struct ServeFlags {
     /// How long a drain waits to publish that the Host no longer accepts sessions.
     #[arg(id = "host.publish_bound", long = "drain-publish-bound", env = "HOST_DRAIN_PUBLISH_BOUND", value_parser = duration)]
     publish_bound: Option<Duration>,
+    /// How long the store may go unanswered before /readyz reports `store_unreachable`.
+    #[arg(id = "host.store_unreachable_bound", long = "store-unreachable-bound", env = "HOST_STORE_UNREACHABLE_BOUND", value_parser = duration)]
+    store_unreachable_bound: Option<Duration>,
 
     /// HostLink application ping interval.
     #[arg(id = "link.ping_interval", long = "link-ping", env = "HOST_LINK_PING", value_parser = duration)]
@@ -417,6 +421,7 @@ impl ServeFlags {
             drain_grace => host.drain_grace;
             idle_boundary => host.idle_boundary;
             publish_bound => host.publish_bound;
+            store_unreachable_bound => host.store_unreachable_bound;
             link_ping => link.ping_interval;
             link_pong => link.pong_timeout;
             max_frame_bytes => link.max_frame_bytes;
@@ -554,6 +559,10 @@ pub fn load(
             }
         }
     }
+    if let Some(url) = &options.store {
+        // Refused here, before a data folder or a SQLite file named after a typo is made.
+        StoreLocation::parse(url).context("--store (HOST_STORE_URL)")?;
+    }
     let embedded = options.store.is_none();
     let default_credentials = options.credentials_file.is_none();
     let default_endpoint = options.host.internal_endpoint.is_none();
@@ -683,6 +692,90 @@ pub fn document_defaults(mut cmd: clap::Command) -> clap::Command {
         cmd = cmd.mut_arg(id, |a| a.value_name(name));
     }
     cmd
+}
+
+/// How long a client command waits for a local Host that is starting, unless told otherwise.
+pub const DEFAULT_WAIT_FOR_HOST: Duration = Duration::from_secs(10);
+/// The longest a client command may be told to wait for a Host.
+const MAX_WAIT_FOR_HOST: Duration = Duration::from_secs(3600);
+
+fn wait_bound(s: &str) -> Result<Duration, String> {
+    let d = duration(s)?;
+    if d > MAX_WAIT_FOR_HOST {
+        return Err(format!(
+            "above_bound: at most {}",
+            humantime::format_duration(MAX_WAIT_FOR_HOST)
+        ));
+    }
+    Ok(d)
+}
+
+/// Where a client command finds its Host and store (`hostd session`, `hostd wait`). Each is
+/// `None` unless given.
+#[derive(Clone, Debug, Default, Args)]
+pub struct HostLocation {
+    /// The data folder of the local `hostd serve` [default: ./.hostd].
+    #[arg(long = "data-dir", global = true, env = "HOST_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Store URL [default: the local `hostd serve`'s].
+    #[arg(long = "store", global = true, env = "HOST_STORE_URL")]
+    pub store: Option<String>,
+}
+
+impl HostLocation {
+    pub fn data_dir(&self) -> PathBuf {
+        self.data_dir
+            .clone()
+            .unwrap_or_else(|| ServeOptions::default().data_dir)
+    }
+}
+
+/// The options of the commands that act as a controller (`hostd session`): where the store,
+/// the Host and the tenant's token are, and how long to wait for a local Host that is
+/// starting. Each is `None` unless given; the defaults are the methods'.
+#[derive(Clone, Debug, Default, Args)]
+pub struct ClientFlags {
+    #[command(flatten)]
+    pub location: HostLocation,
+    /// Tenant [default: the local tenant].
+    #[arg(long = "tenant", global = true, env = "HOST_TENANT")]
+    pub tenant: Option<String>,
+    /// The tenant's HostLink token [default: read from the data folder]. Checked before
+    /// anything is read or admitted.
+    #[arg(
+        long = "token",
+        global = true,
+        env = "HOST_TENANT_TOKEN",
+        hide_env_values = true
+    )]
+    pub token: Option<String>,
+    /// How long to wait for a local Host that is starting (`hostd serve &` just run) before
+    /// giving up; 0s does not wait [default: 10s].
+    #[arg(long = "wait-for-host", global = true, env = "HOST_WAIT_FOR_HOST", value_parser = wait_bound, value_name = "DURATION")]
+    pub wait_for_host: Option<Duration>,
+}
+
+impl ClientFlags {
+    pub fn wait_for_host(&self) -> Duration {
+        self.wait_for_host.unwrap_or(DEFAULT_WAIT_FOR_HOST)
+    }
+}
+
+/// How long `hostd wait` waits, unless told otherwise.
+pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// `hostd wait`'s own option.
+#[derive(Clone, Debug, Default, Args)]
+pub struct WaitFlags {
+    /// How long to wait for a Host to be ready before giving up [default: 30s].
+    #[arg(long = "timeout", env = "HOST_WAIT_TIMEOUT", value_parser = wait_bound, value_name = "DURATION")]
+    pub timeout: Option<Duration>,
+}
+
+impl WaitFlags {
+    pub fn timeout(&self) -> Duration {
+        self.timeout.unwrap_or(DEFAULT_WAIT_TIMEOUT)
+    }
 }
 
 #[cfg(test)]

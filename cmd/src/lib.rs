@@ -7,6 +7,7 @@
 
 mod agents;
 mod config;
+mod exit;
 mod flow;
 mod local;
 mod output;
@@ -15,16 +16,20 @@ mod runnable;
 mod serve;
 mod session;
 mod signals;
+mod wait;
 
 use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
+/// The version `--version` prints: the package version and the commit it was built from.
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("HOSTD_COMMIT"), ")");
+
 /// hostd: the Host command line.
 ///
 /// Every subcommand has its own help: `hostd <command> --help`.
 #[derive(Debug, Parser)]
-#[command(name = "hostd", version, propagate_version = true)]
+#[command(name = "hostd", version = VERSION, propagate_version = true)]
 struct Cli {
     /// Log filter for hostd's own diagnostics (e.g. `info`, `host=debug`); defaults to the
     /// RUST_LOG variable, else `info` for serve and `warn` otherwise.
@@ -41,7 +46,9 @@ struct Cli {
     )]
     log_format: LogFormat,
 
-    /// Print data as JSON (one value per line) instead of text; diagnostics stay on stderr.
+    /// Print data as JSON instead of text: one JSON document per command, or one value per
+    /// line for event streams (`session watch`, `session journal`); an error is one JSON
+    /// object `{"error": {"code", "message"}}` on stderr.
     #[arg(long, global = true)]
     json: bool,
 
@@ -69,22 +76,82 @@ enum Command {
     Runnable(runnable::RunnableArgs),
     /// Durable workflow runs on a Host: start, resume, answer, status, ps, logs, cancel.
     Run(run::RunArgs),
+    /// Wait until a Host is ready to take sessions (for scripts that just started one).
+    Wait(wait::WaitArgs),
+    /// Print a shell completion script: `hostd completions bash > /etc/bash_completion.d/hostd`.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: Shell,
+    },
+}
+
+/// The shells `hostd completions` writes for.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum Shell {
+    Bash,
+    Zsh,
+    Fish,
+}
+
+/// The whole command line, as shells and help see it.
+fn cli_command() -> clap::Command {
+    Cli::command().mut_subcommand("serve", config::document_defaults)
+}
+
+/// The completion script for `shell`.
+fn completions(shell: Shell) -> Vec<u8> {
+    use clap_complete::{Shell as S, generate};
+    let shell = match shell {
+        Shell::Bash => S::Bash,
+        Shell::Zsh => S::Zsh,
+        Shell::Fish => S::Fish,
+    };
+    let mut script = Vec::new();
+    generate(shell, &mut cli_command(), "hostd", &mut script);
+    script
+}
+
+/// A command line clap refused: under `--json` one JSON error object, else clap's own text.
+fn refuse_usage(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    let wants_json = std::env::args_os().any(|a| a == "--json");
+    let display = matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    );
+    if wants_json && !display {
+        let text = e.render().to_string();
+        let message = text
+            .lines()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("the command line is wrong")
+            .trim_start_matches("error: ")
+            .to_owned();
+        output::Output::new(true).coded_error("usage", &message, &[]);
+        return exit::code(exit::USAGE);
+    }
+    e.exit()
 }
 
 /// Runs the `hostd` command line on this process's arguments.
 pub fn main() -> ExitCode {
-    let matches = Cli::command()
-        .mut_subcommand("serve", config::document_defaults)
-        .get_matches();
+    let matches = match cli_command().try_get_matches() {
+        Ok(m) => m,
+        Err(e) => return refuse_usage(e),
+    };
     let cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
-        Err(e) => e.exit(),
+        Err(e) => return refuse_usage(e),
     };
     let default_level = match cli.command {
         Command::Serve(_) => "info",
         _ => "warn",
     };
-    let out = output::Output::new(cli.json);
+    let out = output::Output::new(cli.json)
+        .with_json_diagnostics(matches!(cli.log_format, LogFormat::Json));
     init_tracing(
         cli.log.as_deref(),
         cli.log_format,
@@ -110,6 +177,11 @@ pub fn main() -> ExitCode {
             }
             Command::Session(args) => session::run(args, out).await,
             Command::Run(args) => run::run(args, out).await,
+            Command::Wait(args) => wait::run(args, out).await,
+            Command::Completions { shell } => {
+                out.partial(&String::from_utf8_lossy(&completions(shell)))?;
+                Ok(ExitCode::SUCCESS)
+            }
         }
     });
     match result {
@@ -117,8 +189,14 @@ pub fn main() -> ExitCode {
         // The reader went away (`hostd session ls | head -1`): nothing more to say.
         Err(e) if output::is_closed_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
-            out.error(format_args!("{e:#}"));
-            ExitCode::FAILURE
+            let c = exit::classify(&e);
+            let extra: Vec<(&str, &str)> = c
+                .command_id
+                .map(|id| ("command_id", id))
+                .into_iter()
+                .collect();
+            out.coded_error(c.code, &format!("{e:#}"), &extra);
+            exit::code(c.status)
         }
     }
 }
@@ -160,10 +238,26 @@ mod tests {
     }
 
     #[test]
-    fn every_flag_and_argument_of_serve_session_and_run_has_help() {
+    fn every_completion_script_names_the_subcommands() {
+        for shell in [Shell::Bash, Shell::Zsh, Shell::Fish] {
+            let script = String::from_utf8(completions(shell)).expect("UTF-8");
+            for word in ["serve", "session", "wait", "completions", "wait-for-host"] {
+                assert!(script.contains(word), "{shell:?} lacks {word}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_version_names_the_commit_or_says_it_is_unknown() {
+        assert!(VERSION.starts_with(env!("CARGO_PKG_VERSION")), "{VERSION}");
+        assert!(VERSION.contains("(commit "), "{VERSION}");
+    }
+
+    #[test]
+    fn every_flag_and_argument_of_serve_session_run_and_wait_has_help() {
         let cmd = Cli::command();
         let mut missing = Vec::new();
-        for name in ["serve", "session", "run"] {
+        for name in ["serve", "session", "run", "wait", "completions"] {
             let sub = cmd.find_subcommand(name).expect("the subcommand exists");
             undocumented(sub, &format!("hostd {name}"), &mut missing);
         }

@@ -158,3 +158,133 @@ pub fn redacted(token: &str) -> String {
     let head: String = token.chars().take(4).collect();
     format!("{head}… ({} chars)", token.chars().count())
 }
+
+/// What the data folder says about its Host right now.
+#[derive(Debug, Clone)]
+pub enum LocalHost {
+    /// A `hostd serve` recorded itself here, its process lives and `/readyz` answers 200.
+    Ready(Runtime),
+    /// A `hostd serve` recorded itself here but its process is gone: it stopped without
+    /// draining (killed), so its leases run until they expire.
+    Gone(Runtime),
+    /// No Host is ready: none recorded (not started yet, or stopped cleanly), or one that is
+    /// still starting.
+    NotReady(Option<Runtime>),
+}
+
+impl LocalHost {
+    pub fn runtime(&self) -> Option<&Runtime> {
+        match self {
+            LocalHost::Ready(r) | LocalHost::Gone(r) => Some(r),
+            LocalHost::NotReady(r) => r.as_ref(),
+        }
+    }
+}
+
+/// Whether the process `pid` exists (a signal 0 reaches it, or it exists but is not ours).
+fn process_lives(pid: u32) -> bool {
+    let Ok(pid) = i32::try_from(pid) else {
+        return false;
+    };
+    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) {
+        Ok(()) => true,
+        Err(e) => e == nix::errno::Errno::EPERM,
+    }
+}
+
+/// The `host:port` of a `ws://host:port` endpoint.
+fn authority(endpoint: &str) -> Option<&str> {
+    let rest = endpoint.strip_prefix("ws://")?;
+    let end = rest.find('/').unwrap_or(rest.len());
+    Some(&rest[..end]).filter(|a| !a.is_empty())
+}
+
+/// The HTTP status `GET /readyz` gets from the Host at `endpoint`, if anything answers.
+pub async fn readyz(endpoint: &str) -> Option<u16> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = authority(endpoint)?;
+    let bound = std::time::Duration::from_secs(2);
+    let exchange = async {
+        let mut c = tokio::net::TcpStream::connect(addr).await.ok()?;
+        c.write_all(
+            format!("GET /readyz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .ok()?;
+        let mut head = [0u8; 64];
+        let mut n = 0;
+        while n < head.len() {
+            match c.read(&mut head[n..]).await.ok()? {
+                0 => break,
+                k => n += k,
+            }
+            if head[..n].contains(&b'\n') {
+                break;
+            }
+        }
+        let line = std::str::from_utf8(&head[..n]).ok()?;
+        line.split_whitespace().nth(1)?.parse().ok()
+    };
+    tokio::time::timeout(bound, exchange).await.ok().flatten()
+}
+
+impl DataDir {
+    /// Looks once at the Host this folder records.
+    pub async fn probe(&self) -> Result<LocalHost> {
+        let Some(runtime) = self.read_runtime()? else {
+            return Ok(LocalHost::NotReady(None));
+        };
+        if !process_lives(runtime.pid) {
+            return Ok(LocalHost::Gone(runtime));
+        }
+        Ok(match readyz(&runtime.endpoint).await {
+            Some(200) => LocalHost::Ready(runtime),
+            _ => LocalHost::NotReady(Some(runtime)),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_endpoint_names_the_address_to_probe() {
+        assert_eq!(authority("ws://127.0.0.1:7400"), Some("127.0.0.1:7400"));
+        assert_eq!(authority("ws://h:1/base"), Some("h:1"));
+        assert_eq!(authority("http://h:1"), None);
+        assert_eq!(authority("ws://"), None);
+    }
+
+    #[test]
+    fn this_process_lives_and_a_reaped_child_does_not() {
+        assert!(process_lives(std::process::id()));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        assert!(!process_lives(pid));
+    }
+
+    #[tokio::test]
+    async fn a_folder_with_no_host_recorded_is_not_ready() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = DataDir::new(dir.path());
+        assert!(matches!(
+            data.probe().await.unwrap(),
+            LocalHost::NotReady(None)
+        ));
+        data.write_runtime(&Runtime {
+            endpoint: "ws://127.0.0.1:1".into(),
+            store: "sqlite://x".into(),
+            tenant: LOCAL_TENANT.into(),
+            host_id: "h".into(),
+            pid: std::process::id(),
+        })
+        .unwrap();
+        // Our own process lives but answers no /readyz: still starting.
+        assert!(matches!(
+            data.probe().await.unwrap(),
+            LocalHost::NotReady(Some(_))
+        ));
+    }
+}

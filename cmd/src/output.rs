@@ -1,12 +1,16 @@
 //! The one place `hostd` speaks to its user (the `flow` subcommand still writes on its own).
-//! Data — what a script would parse — goes to stdout, as human lines or, with `--json`, one
-//! JSON value per line; diagnostics (notes, warnings, errors, progress) go to stderr. Colour is
-//! used only when the stream is a terminal and `NO_COLOR` is unset. A write to a closed pipe
+//! Data — what a script would parse — goes to stdout, as human lines or, with `--json`, JSON:
+//! a command that streams events (`watch`, `journal`) prints one JSON value per line, every
+//! other command prints exactly one JSON document. Diagnostics (notes, warnings, errors,
+//! progress) go to stderr; under `--json` an error is one JSON object
+//! `{"error": {"code": ..., "message": ...}}` on one line. Colour and progress lines are used
+//! only when stderr is a terminal (colour also never with `NO_COLOR`). A write to a closed pipe
 //! (`hostd session ls | head -1`) surfaces as [`ClosedPipe`], which ends the command quietly
 //! with success instead of a panic. Never prints a secret: callers pass only what may be shown.
 
 use std::fmt::Display;
 use std::io::{self, IsTerminal, Write};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -36,6 +40,10 @@ pub enum Format {
 pub struct Output {
     format: Format,
     colour_stderr: bool,
+    progress: bool,
+    /// With `--log-format json`, diagnostics are JSON objects shaped like the log lines, so
+    /// every line on stderr is one JSON object.
+    json_diagnostics: bool,
 }
 
 /// Colour only on a terminal, and never when `NO_COLOR` is set to anything non-empty.
@@ -53,10 +61,24 @@ fn pipe(e: io::Error) -> anyhow::Error {
 
 impl Output {
     pub fn new(json: bool) -> Output {
+        let terminal = io::stderr().is_terminal();
         Output {
             format: if json { Format::Json } else { Format::Human },
-            colour_stderr: colour_for(io::stderr().is_terminal()),
+            colour_stderr: colour_for(terminal),
+            progress: terminal,
+            json_diagnostics: false,
         }
+    }
+
+    /// Diagnostics as JSON objects (`--log-format json`), never coloured and with no progress
+    /// lines, so every line on stderr stays one JSON object.
+    pub fn with_json_diagnostics(mut self, on: bool) -> Output {
+        self.json_diagnostics = on;
+        if on {
+            self.colour_stderr = false;
+            self.progress = false;
+        }
+        self
     }
 
     pub fn is_json(&self) -> bool {
@@ -89,9 +111,11 @@ impl Output {
         out.flush().map_err(pipe)
     }
 
-    fn diagnostic(&self, label: &str, colour: &str, text: impl Display) {
+    fn diagnostic(&self, label: &str, level: &str, colour: &str, text: impl Display) {
         let mut err = io::stderr().lock();
-        let _ = if self.colour_stderr {
+        let _ = if self.json_diagnostics {
+            writeln!(err, "{}", json_diagnostic(level, &text.to_string()))
+        } else if self.colour_stderr {
             writeln!(err, "\x1b[{colour}mhostd: {label}\x1b[0m{text}")
         } else {
             writeln!(err, "hostd: {label}{text}")
@@ -100,18 +124,108 @@ impl Output {
 
     /// A note for the user on stderr.
     pub fn note(&self, text: impl Display) {
-        self.diagnostic("", "1", text);
+        self.diagnostic("", "INFO", "1", text);
     }
 
     /// A warning on stderr.
     pub fn warn(&self, text: impl Display) {
-        self.diagnostic("warning: ", "33", text);
+        self.diagnostic("warning: ", "WARN", "33", text);
     }
 
     /// An error on stderr.
     pub fn error(&self, text: impl Display) {
-        self.diagnostic("error: ", "31", text);
+        self.diagnostic("error: ", "ERROR", "31", text);
     }
+
+    /// An error with its stable code: one JSON object on one line under `--json` (with
+    /// `extra` members such as the command id beside code and message), else a line.
+    pub fn coded_error(&self, code: &str, message: &str, extra: &[(&str, &str)]) {
+        if self.is_json() {
+            let mut error = serde_json::Map::new();
+            error.insert("code".into(), Value::from(code));
+            error.insert("message".into(), Value::from(message));
+            for (k, v) in extra {
+                error.insert((*k).into(), Value::from(*v));
+            }
+            let mut err = io::stderr().lock();
+            let _ = writeln!(err, "{}", serde_json::json!({ "error": error }));
+        } else {
+            self.error(format_args!("{message} [{code}]"));
+        }
+    }
+
+    /// A progress line on a terminal's stderr, replacing the previous one; nothing otherwise.
+    pub fn progress(&self, text: impl Display) {
+        if self.progress {
+            let mut err = io::stderr().lock();
+            let _ = write!(err, "\r\x1b[2Khostd: {text}");
+            let _ = err.flush();
+        }
+    }
+
+    /// Clears the progress line, if one is shown.
+    pub fn end_progress(&self) {
+        if self.progress {
+            let mut err = io::stderr().lock();
+            let _ = write!(err, "\r\x1b[2K");
+            let _ = err.flush();
+        }
+    }
+}
+
+/// A wait that shows, on a terminal only, what it waits for and for how long (once a second,
+/// after the first second); the line is cleared when the wait ends.
+pub struct Progress<'a> {
+    out: &'a Output,
+    what: String,
+    bound: Duration,
+    started: Instant,
+    shown: Option<u64>,
+}
+
+impl<'a> Progress<'a> {
+    pub fn new(out: &'a Output, what: impl Into<String>, bound: Duration) -> Progress<'a> {
+        Progress {
+            out,
+            what: what.into(),
+            bound,
+            started: Instant::now(),
+            shown: None,
+        }
+    }
+
+    /// Updates the line if a new second has passed.
+    pub fn tick(&mut self) {
+        let secs = self.started.elapsed().as_secs();
+        if secs >= 1 && self.shown != Some(secs) {
+            self.shown = Some(secs);
+            self.out
+                .progress(progress_text(&self.what, secs, self.bound));
+        }
+    }
+}
+
+impl Drop for Progress<'_> {
+    fn drop(&mut self) {
+        if self.shown.is_some() {
+            self.out.end_progress();
+        }
+    }
+}
+
+fn progress_text(what: &str, secs: u64, bound: Duration) -> String {
+    format!("{what} ({secs} s of {} s)", bound.as_secs())
+}
+
+/// One diagnostic as the JSON log formatter shapes an event: timestamp, level, the message
+/// under `fields`, and the target.
+fn json_diagnostic(level: &str, message: &str) -> Value {
+    serde_json::json!({
+        "timestamp": humantime::format_rfc3339_micros(std::time::SystemTime::now()).to_string(),
+        "level": level,
+        "fields": { "message": message },
+        "target": "hostd",
+    })
 }
 
 #[cfg(test)]
@@ -125,6 +239,26 @@ mod tests {
         assert!(is_closed_pipe(&anyhow::Error::from(ClosedPipe)));
         let other = anyhow::Error::from(io::Error::from(io::ErrorKind::NotFound));
         assert!(!is_closed_pipe(&other));
+    }
+
+    #[test]
+    fn a_progress_line_says_what_is_awaited_and_for_how_long() {
+        let text = progress_text(
+            "waiting for command c-1 to be applied",
+            3,
+            Duration::from_secs(60),
+        );
+        assert_eq!(text, "waiting for command c-1 to be applied (3 s of 60 s)");
+    }
+
+    #[test]
+    fn a_json_diagnostic_is_one_line_of_one_object() {
+        let v = json_diagnostic("WARN", "two\nlines \"quoted\"");
+        let line = v.to_string();
+        assert!(!line.contains('\n'), "{line}");
+        let back: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(back["level"], "WARN");
+        assert_eq!(back["fields"]["message"], "two\nlines \"quoted\"");
     }
 
     #[test]

@@ -98,10 +98,10 @@ fn a_session_parked_at_a_gate_survives_sigterm_as_a_failed_step_and_is_answered_
         1,
         "the tool ran once:\n{journal}"
     );
-    let listed = ok(session(dir, &["ls", "--json"]));
-    let row: Value =
-        serde_json::from_str(listed.lines().next().expect("a session")).expect("ls JSON");
-    assert_eq!(row["host_id"], "host-two");
+    // `ls --json` is one document: the array of sessions.
+    let listed: Value =
+        serde_json::from_str(&ok(session(dir, &["ls", "--json"]))).expect("ls JSON");
+    assert_eq!(listed[0]["host_id"], "host-two", "{listed}");
     let (status, log) = second.terminate();
     assert!(status.success(), "{log}");
 }

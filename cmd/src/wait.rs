@@ -1,0 +1,137 @@
+//! `hostd wait`: blocks until a Host is ready to take sessions, for scripts that start one
+//! (`hostd serve &`) and go on at once. With the embedded default it waits for the data
+//! folder's Host to record itself and answer `/readyz`; against a store URL it waits until the
+//! registry holds a live Host that accepts sessions. It only reads: it never admits, places or
+//! writes anything.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Result;
+use clap::Args;
+use sessionstore::{Store, StoreOptions};
+
+use crate::config::{HostLocation, WaitFlags};
+use crate::exit::CliError;
+use crate::local::{DataDir, LocalHost};
+use crate::output::{Output, Progress};
+
+/// Wait until a Host is ready to take sessions (exit 0), or give up after --timeout (exit 1,
+/// code `host_not_ready`).
+#[derive(Debug, Args)]
+#[command(
+    after_help = "In a script: `hostd serve & hostd wait && S=$(hostd session create)`. (`hostd \
+session` commands also wait up to --wait-for-host for a local Host that is starting.)"
+)]
+pub struct WaitArgs {
+    #[command(flatten)]
+    location: HostLocation,
+    #[command(flatten)]
+    wait: WaitFlags,
+}
+
+/// A Host found ready.
+struct Ready {
+    host: String,
+    endpoint: String,
+}
+
+pub async fn run(args: WaitArgs, out: Output) -> Result<ExitCode> {
+    let bound = args.wait.timeout();
+    let deadline = tokio::time::Instant::now() + bound;
+    let mut progress = Progress::new(&out, "waiting for a Host to be ready", bound);
+    let mut store: Option<Store> = None;
+    let mut last = String::from("nothing seen yet");
+    loop {
+        let seen = match &args.location.store {
+            None => local(&args.location, &mut last).await?,
+            Some(url) => fleet(url, &mut store, &mut last).await,
+        };
+        if let Some(ready) = seen {
+            drop(progress);
+            out.record(
+                format_args!("ready: Host {} at {}", ready.host, ready.endpoint),
+                || serde_json::json!({"ready": true, "host_id": ready.host, "endpoint": ready.endpoint}),
+            )?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(CliError::refused(
+                "host_not_ready",
+                format!(
+                    "no Host was ready within {} ({last})",
+                    humantime::format_duration(bound)
+                ),
+            )
+            .into());
+        }
+        progress.tick();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn local(location: &HostLocation, last: &mut String) -> Result<Option<Ready>> {
+    let data = DataDir::new(location.data_dir());
+    Ok(match data.probe().await? {
+        LocalHost::Ready(r) => Some(Ready {
+            host: r.host_id,
+            endpoint: r.endpoint,
+        }),
+        LocalHost::Gone(r) => {
+            *last = format!(
+                "the Host {} recorded in {} (pid {}) is not running",
+                r.host_id,
+                data.root.display(),
+                r.pid
+            );
+            None
+        }
+        LocalHost::NotReady(Some(r)) => {
+            *last = format!("the Host {} is starting", r.host_id);
+            None
+        }
+        LocalHost::NotReady(None) => {
+            *last = format!(
+                "no Host has recorded itself in {} (is `hostd serve` running there?)",
+                data.root.display()
+            );
+            None
+        }
+    })
+}
+
+async fn fleet(url: &str, store: &mut Option<Store>, last: &mut String) -> Option<Ready> {
+    if store.is_none() {
+        match Store::open(StoreOptions::new(url.to_owned())).await {
+            Ok(s) => *store = Some(s),
+            Err(e) => {
+                *last = format!("the store does not open: {e}");
+                return None;
+            }
+        }
+    }
+    let s = store.as_ref()?;
+    let found = async {
+        let now = s.now_ms().await?;
+        Ok::<_, sessionstore::StoreError>(
+            s.targets(true)
+                .await?
+                .into_iter()
+                .find(|t| t.accepting && t.is_live(now)),
+        )
+    };
+    match found.await {
+        Ok(Some(t)) => Some(Ready {
+            host: t.host.to_string(),
+            endpoint: t.endpoint,
+        }),
+        Ok(None) => {
+            *last = "no live Host accepting sessions in the registry".into();
+            None
+        }
+        Err(e) => {
+            *last = format!("reading the registry: {e}");
+            None
+        }
+    }
+}
