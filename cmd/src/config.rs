@@ -24,6 +24,7 @@ use harness::model::OpenAiOptions;
 use host::link::LinkOptions;
 use host::listener::ListenerOptions;
 use host::options::{duration_text, parse_placement};
+use host::runs::RunOptions;
 use host::{IsolationClass, Options};
 use serde::{Deserialize, Serialize};
 use sessionstore::{HostId, Placement, SessionId, StoreLocation};
@@ -168,6 +169,7 @@ pub struct ServeOptions {
     pub agents: AgentOptions,
     pub model: OpenAiOptions,
     pub fleet: FleetOptions,
+    pub runs: RunOptions,
 }
 
 impl Default for ServeOptions {
@@ -186,6 +188,7 @@ impl Default for ServeOptions {
             agents: AgentOptions::default(),
             model: OpenAiOptions::default(),
             fleet: FleetOptions::default(),
+            runs: RunOptions::default(),
         }
     }
 }
@@ -525,6 +528,33 @@ pub struct ServeFlags {
     /// How long a placement stands if its Host never acts on it (at least 2 intervals).
     #[arg(id = "fleet.assignment_ttl", long = "fleet-assignment-ttl", env = "HOST_FLEET_ASSIGNMENT_TTL", value_parser = duration)]
     fleet_assignment_ttl: Option<Duration>,
+
+    /// Host workflow runs: serve run.* over HostLink and advertise hostlink.run.
+    #[arg(
+        id = "runs.enabled",
+        long = "runs",
+        env = "HOST_RUNS",
+        value_name = "BOOL"
+    )]
+    runs_enabled: Option<bool>,
+    /// The most runs this Host drives at once (parked ones included); past it a start or a
+    /// resume is refused resource_exhausted.
+    #[arg(
+        id = "runs.max_active",
+        long = "run-max-active",
+        env = "HOST_RUN_MAX_ACTIVE"
+    )]
+    run_max_active: Option<u32>,
+    /// A run driver's hold on its run; a run whose Host stopped renewing it is taken over by a
+    /// live Host once it expires.
+    #[arg(id = "runs.lease", long = "run-lease", env = "HOST_RUN_LEASE", value_parser = duration)]
+    run_lease: Option<Duration>,
+    /// How often this Host looks for runs whose holder's lease expired.
+    #[arg(id = "runs.scan_interval", long = "run-scan-interval", env = "HOST_RUN_SCAN_INTERVAL", value_parser = duration)]
+    run_scan_interval: Option<Duration>,
+    /// How often a parked run driver re-reads its answers without a wake-up.
+    #[arg(id = "runs.poll", long = "run-poll", env = "HOST_RUN_POLL", value_parser = duration)]
+    run_poll: Option<Duration>,
 }
 
 impl ServeFlags {
@@ -594,6 +624,11 @@ impl ServeFlags {
             fleet_placements_per_pass => fleet.placements_per_pass;
             fleet_placements_per_host => fleet.placements_per_host;
             fleet_assignment_ttl => fleet.assignment_ttl;
+            runs_enabled => runs.enabled;
+            run_max_active => runs.max_active;
+            run_lease => runs.lease;
+            run_scan_interval => runs.scan_interval;
+            run_poll => runs.poll;
         }
         set_some! {
             store => store;
@@ -692,6 +727,11 @@ pub fn load(
         .fleet
         .reconciler_options()
         .context("the fleet reconciler's options ([fleet])")?;
+    options
+        .runs
+        .validate()
+        .map_err(anyhow::Error::msg)
+        .context("the run hosting options ([runs])")?;
     let mut sources = BTreeMap::new();
     for path in in_file {
         sources.insert(path, Source::File);
@@ -1000,6 +1040,26 @@ mod tests {
         assert!(text.contains("[model]"), "{text}");
         assert!(text.contains("out_of_range"), "{text}");
         assert!(text.contains("temperature"), "{text}");
+    }
+
+    #[test]
+    fn a_run_option_out_of_its_range_is_refused_at_load_naming_the_section() {
+        let matches = Probe::command()
+            .try_get_matches_from(["probe", "--run-max-active", "0"])
+            .unwrap();
+        let probe = Probe::from_arg_matches(&matches).unwrap();
+        let err = load(None, probe.flags, Some(&matches)).unwrap_err();
+        let text = format!("{err:#}");
+        assert!(text.contains("[runs]"), "{text}");
+        assert!(text.contains("max_active"), "{text}");
+        let matches = Probe::command()
+            .try_get_matches_from(["probe", "--runs", "false", "--run-lease", "2s"])
+            .unwrap();
+        let probe = Probe::from_arg_matches(&matches).unwrap();
+        let e = load(None, probe.flags, Some(&matches)).unwrap();
+        assert!(!e.options.runs.enabled);
+        assert_eq!(e.options.runs.lease, Duration::from_secs(2));
+        assert_eq!(e.source("runs.lease"), Source::Flag);
     }
 
     #[test]

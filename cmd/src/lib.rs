@@ -11,6 +11,7 @@ mod exit;
 mod flow;
 mod local;
 mod output;
+mod run;
 mod runnable;
 mod serve;
 mod session;
@@ -73,6 +74,8 @@ enum Command {
     Flow(flow::FlowArgs),
     /// Typed, versioned operations: list, show, build, invoke and publish runnables.
     Runnable(runnable::RunnableArgs),
+    /// Durable workflow runs on a Host: start, resume, answer, status, ps, logs, cancel.
+    Run(run::RunArgs),
     /// Wait until a Host is ready to take sessions (for scripts that just started one).
     Wait(wait::WaitArgs),
     /// Print a shell completion script: `hostd completions bash > /etc/bash_completion.d/hostd`.
@@ -173,6 +176,7 @@ pub fn main() -> ExitCode {
                 serve::run(*args, matches.subcommand_matches("serve"), out).await
             }
             Command::Session(args) => session::run(args, out).await,
+            Command::Run(args) => run::run(args, out).await,
             Command::Wait(args) => wait::run(args, out).await,
             Command::Completions { shell } => {
                 out.partial(&String::from_utf8_lossy(&completions(shell)))?;
@@ -250,10 +254,10 @@ mod tests {
     }
 
     #[test]
-    fn every_flag_and_argument_of_serve_and_session_has_help() {
+    fn every_flag_and_argument_of_serve_session_run_and_wait_has_help() {
         let cmd = Cli::command();
         let mut missing = Vec::new();
-        for name in ["serve", "session", "wait", "completions"] {
+        for name in ["serve", "session", "run", "wait", "completions"] {
             let sub = cmd.find_subcommand(name).expect("the subcommand exists");
             undocumented(sub, &format!("hostd {name}"), &mut missing);
         }

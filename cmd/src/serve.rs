@@ -182,13 +182,30 @@ pub async fn run(args: ServeArgs, matches: Option<&ArgMatches>, out: Output) -> 
         .start()
         .await
         .map_err(|e| anyhow::anyhow!("start: {e}"))?;
+    let runs = if options.runs.enabled {
+        Some(crate::run::hosting(
+            &service,
+            &store_url,
+            &options,
+            &data,
+            host_id.clone(),
+        )?)
+    } else {
+        None
+    };
     let bounds = options
         .listener
         .validate(options.link.ping_interval)
         .context("the listener's options ([listener])")?;
-    let server =
-        Server::from_listener_with(service.clone(), Box::new(creds), link, bounds, listener)
-            .await?;
+    let server = Server::from_listener_with(
+        service.clone(),
+        Box::new(creds),
+        link,
+        bounds,
+        listener,
+        runs,
+    )
+    .await?;
     // The fleet reconciler: every Host of a fleet runs one; one of them acts at a time.
     let reconciler_stop = tokio_util::sync::CancellationToken::new();
     let reconciler = if options.fleet.enabled_for(&store_url) {

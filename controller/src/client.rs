@@ -347,6 +347,19 @@ impl HostLinkClient {
         Ok(Ok(data))
     }
 
+    /// A `run.*` RPC (served by a Host advertising `hostlink.run`): the reply's data as JSON
+    /// text, to decode as `hostlink::runs::RunReply`.
+    pub async fn run_rpc(&self, method: &str, data: &Value) -> Result<String, ClientError> {
+        let reply = self
+            .request("rpc", json!({"method": method, "data": data}))
+            .await?;
+        Ok(reply
+            .get("data")
+            .cloned()
+            .unwrap_or(Value::Null)
+            .to_string())
+    }
+
     /// `hostlink.attach`.
     pub async fn attach(
         &self,

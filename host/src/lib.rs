@@ -20,6 +20,7 @@ pub mod readiness;
 mod release;
 mod residency;
 mod resident;
+pub mod runs;
 pub mod server;
 mod service;
 pub mod stream;

@@ -41,6 +41,7 @@ struct LinkDrain {
 /// A Service as HostLink sees it.
 pub struct HostBackend {
     service: Service,
+    runs: Option<crate::runs::RunHost>,
     auth: Box<dyn AuthVerifier>,
     streams: StreamReader,
     drain: std::sync::Arc<Mutex<Option<LinkDrain>>>,
@@ -53,10 +54,17 @@ impl HostBackend {
         HostBackend {
             streams: StreamReader::new(service.store().clone(), DEFAULT_READER_SESSIONS),
             service,
+            runs: None,
             auth,
             drain: std::sync::Arc::default(),
             drains: AtomicU64::new(0),
         }
+    }
+
+    /// Serves `run.*` (and advertises `hostlink.run`) with `runs`.
+    pub fn with_runs(mut self, runs: Option<crate::runs::RunHost>) -> HostBackend {
+        self.runs = runs;
+        self
     }
 
     fn generation(&self) -> Option<NonZeroU64> {
@@ -181,7 +189,25 @@ impl LinkBackend for HostBackend {
     }
 
     fn capability_tokens(&self) -> Vec<String> {
-        CAPABILITIES.iter().map(|c| (*c).to_owned()).collect()
+        let mut tokens: Vec<String> = CAPABILITIES.iter().map(|c| (*c).to_owned()).collect();
+        if self.runs.is_some() {
+            tokens.push(hostlink::runs::RUN_CAPABILITY.to_owned());
+        }
+        tokens
+    }
+
+    async fn extension_rpc(
+        &self,
+        link: &LinkCtx,
+        method: &str,
+        data: Option<&serde_json::value::RawValue>,
+    ) -> crate::link::backend::ExtensionReply {
+        match &self.runs {
+            Some(runs) if method.starts_with("run.") => {
+                runs.handle(&link.tenant, method, data).await
+            }
+            _ => crate::link::backend::ExtensionReply::NotFound,
+        }
     }
 
     /// New links once the Host has started and until it stops. The process's stop refuses

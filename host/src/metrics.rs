@@ -24,6 +24,9 @@ pub const RELEASE_FAILURES: &str = "host_release_failures_total";
 pub const ATTACH_SECONDS: &str = "host_attach_seconds";
 pub const COMMAND_APPLY_SECONDS: &str = "host_command_apply_seconds";
 pub const CONNECTIONS_CUT: &str = "host_connections_cut_total";
+pub const RUNS_DRIVING: &str = "host_runs_driving";
+pub const RUNS_ENDED: &str = "host_runs_ended_total";
+pub const RUN_STEP_SECONDS: &str = "host_run_step_seconds";
 
 /// The residency states `host_sessions` is labelled with.
 pub const SESSION_STATES: [&str; 3] = ["attaching", "resident", "releasing"];
@@ -193,6 +196,14 @@ fn reg<T: prometheus::core::Collector + Clone + 'static>(
     Ok(c)
 }
 
+/// The run hosting series.
+#[derive(Clone)]
+pub struct RunMetrics {
+    pub driving: IntGauge,
+    pub ended: IntCounterVec,
+    pub step_seconds: HistogramVec,
+}
+
 /// The registry owns its collectors by value; the metrics keep a second handle on the gauges
 /// to name their source later.
 struct SharedGauges(Arc<Gauges>);
@@ -271,6 +282,43 @@ impl Metrics {
             Ok(mut g) => *g = Some(source),
             Err(p) => *p.into_inner() = Some(source),
         }
+    }
+
+    /// Registers the run hosting series (once per registry).
+    pub fn runs(&self) -> Result<RunMetrics, MetricsError> {
+        let r = &self.registry;
+        Ok(RunMetrics {
+            driving: reg(
+                r,
+                m(IntGauge::new(
+                    RUNS_DRIVING,
+                    "Workflow runs this Host drives now (running, parked included).",
+                ))?,
+            )?,
+            ended: reg(
+                r,
+                m(IntCounterVec::new(
+                    Opts::new(
+                        RUNS_ENDED,
+                        "Run drivers that ended on this Host, by how: completed, failed, needs_attention, cancelled, fenced, stopped, error.",
+                    ),
+                    &["state"],
+                ))?,
+            )?,
+            step_seconds: reg(
+                r,
+                m(HistogramVec::new(
+                    HistogramOpts::new(
+                        RUN_STEP_SECONDS,
+                        "Run step latency (start to journaled result or park), by step kind.",
+                    )
+                    .buckets(vec![
+                        0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 120.0, 600.0,
+                    ]),
+                    &["kind"],
+                ))?,
+            )?,
+        })
     }
 
     /// The text exposition of this registry.

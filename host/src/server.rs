@@ -127,26 +127,42 @@ impl Server {
         link: LinkConfig,
         listener: TcpListener,
     ) -> Result<Server, ServerError> {
+        Server::with_runs(service, auth, link, listener, None).await
+    }
+
+    /// As [`Server::from_listener`], also hosting workflow runs with `runs` (booted here; its
+    /// drivers stop first when the Host stops), with the listener's default bounds.
+    pub async fn with_runs(
+        service: Service,
+        auth: Box<dyn AuthVerifier>,
+        link: LinkConfig,
+        listener: TcpListener,
+        runs: Option<crate::runs::RunHost>,
+    ) -> Result<Server, ServerError> {
         let bounds = ListenerOptions::default()
             .validate(link.options().ping_interval)
             .map_err(ServerError::Options)?;
-        Server::from_listener_with(service, auth, link, bounds, listener).await
+        Server::from_listener_with(service, auth, link, bounds, listener, runs).await
     }
 
-    /// As [`Server::from_listener`], under the connection bounds `bounds` (validated by the
-    /// caller against the link's ping interval).
+    /// As [`Server::with_runs`], under the connection bounds `bounds` (validated by the caller
+    /// against the link's ping interval).
     pub async fn from_listener_with(
         service: Service,
         auth: Box<dyn AuthVerifier>,
         link: LinkConfig,
         bounds: ListenerOptions,
         listener: TcpListener,
+        runs: Option<crate::runs::RunHost>,
     ) -> Result<Server, ServerError> {
         let local_addr = listener.local_addr().map_err(|source| ServerError::Bind {
             addr: SocketAddr::from(([0, 0, 0, 0], 0)),
             source,
         })?;
-        let backend = Arc::new(HostBackend::new(service.clone(), auth));
+        if let Some(r) = &runs {
+            r.boot();
+        }
+        let backend = Arc::new(HostBackend::new(service.clone(), auth).with_runs(runs.clone()));
         let (hostlink, links) = hostlink_router(backend, link);
         let app = Router::new()
             .route("/readyz", get(readyz))
@@ -169,6 +185,10 @@ impl Server {
         let task = tokio::spawn(async move {
             let _ = triggered.wait_for(|t| *t).await;
             tracing::info!("stopping: draining while the listener still serves");
+            if let Some(r) = &runs {
+                // Run drivers stop crash-equivalently (nothing written) before the store closes.
+                r.shutdown(service.config().idle_boundary).await;
+            }
             let drained = service.drain().await;
             // The tail after the drain is bounded as a whole: links and listener get half of
             // it, the Service's stop (tasks, then the store) the rest.

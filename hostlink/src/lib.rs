@@ -19,6 +19,7 @@ pub mod frame;
 pub mod json;
 pub mod public_journal;
 pub mod records;
+pub mod runs;
 pub mod timestamp;
 pub mod upgrade;
 

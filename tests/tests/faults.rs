@@ -246,6 +246,7 @@ async fn bounded(ts: &TestStore, host: &str, bounds: host::listener::ListenerOpt
         link,
         bounds,
         listener,
+        None,
     )
     .await
     .unwrap();

@@ -1,0 +1,503 @@
+//! `hostd run`: workflow runs from the command line, as a HostLink client of a Host that
+//! serves `run.*` (it never drives a run in-process and never reads the store, so tenant
+//! scoping always applies). Owns argument parsing, rendering (problems with source frames from
+//! the local file, the `ps` table, step journals), the retry of `unavailable` starts and
+//! resumes within a deadline, and `logs -f`. Also builds a serving Host's run hosting from its
+//! options ([`hosting`]).
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand};
+use controller::client::{ClientError, HostLinkClient};
+use hostlink::runs::{
+    ProblemView, RUN_CAPABILITY, RunAnswered, RunList, RunRefusal, RunReply, RunStarted, RunView,
+    refusal_codes,
+};
+use orchestration::run::WorkspaceRunnables;
+use orchestration::runnable::Runner;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use sessionstore::{HostId, TenantId};
+
+use crate::config::ServeOptions;
+use crate::local::{DataDir, LOCAL_TENANT};
+use crate::output::Output;
+
+/// How long `start` and `resume` keep retrying a Host that answers `unavailable` (booting).
+/// Longer than any boot reconcile the Host's own options allow for one page of runs.
+pub const RETRY_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Start, answer and watch durable workflow runs on a Host.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "With `hostd serve` running with its defaults, no flags are needed:\n  \
+R=$(hostd run start examples/runs/order.yaml --input '{\"order\":\"o-1\"}')\n  \
+hostd run status $R\n  hostd run answer $R approve true\n  hostd run logs -f $R\n\
+Against a fleet: --endpoint ws://host:port --tenant T --token ... (or HOST_ENDPOINT, HOST_TENANT, HOST_TENANT_TOKEN)."
+)]
+pub struct RunArgs {
+    /// The data folder of the local `hostd serve` (its endpoint and the local tenant's token).
+    #[arg(long, global = true, env = "HOST_DATA_DIR", default_value = "./.hostd")]
+    data_dir: PathBuf,
+    /// The Host's HostLink base, ws://host:port (default: the local `hostd serve`'s).
+    #[arg(long, global = true, env = "HOST_ENDPOINT")]
+    endpoint: Option<String>,
+    /// Tenant (default: the local tenant).
+    #[arg(long, global = true, env = "HOST_TENANT")]
+    tenant: Option<String>,
+    /// The tenant's HostLink token (default: read from the data folder).
+    #[arg(long, global = true, env = "HOST_TENANT_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    #[command(subcommand)]
+    command: RunCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum RunCommand {
+    /// Validate a program, start it on the Host and print the run id (the run continues
+    /// without this command).
+    Start {
+        /// The program file (YAML).
+        program: PathBuf,
+        /// The run's input, as JSON.
+        #[arg(long, default_value = "{}")]
+        input: String,
+        /// A key that makes a retried start return the same run.
+        #[arg(long)]
+        idempotency_key: Option<String>,
+    },
+    /// Drive a run again that no live attempt holds (its recorded program is used).
+    Resume {
+        /// The run id.
+        run: String,
+    },
+    /// Answer an open checkpoint (an ask, or an attention point with {"action":"retry"} or
+    /// {"action":"skip","output":...}).
+    Answer {
+        /// The run id.
+        run: String,
+        /// The checkpoint name (the ask step's name, or `<step>.attempt-<n>`).
+        checkpoint: String,
+        /// The answer, as JSON (a bare word is taken as a string).
+        value: String,
+    },
+    /// Show a run: state, holder, epoch, the open checkpoint and every journaled step.
+    Status {
+        /// The run id.
+        run: String,
+    },
+    /// List the tenant's runs.
+    Ps,
+    /// Print a run's step journal; with -f, follow it until the run ends.
+    Logs {
+        /// The run id.
+        run: String,
+        /// Keep printing new entries until the run is finished.
+        #[arg(short = 'f', long)]
+        follow: bool,
+    },
+    /// Cancel a run (its driver is fenced out).
+    Cancel {
+        /// The run id.
+        run: String,
+    },
+}
+
+/// A serving Host's run hosting, from its options: the runnables workspace of `--runnables`
+/// (none: programs may not invoke), no agent steps (this Host build runs none yet).
+pub fn hosting(
+    service: &host::Service,
+    _store_url: &str,
+    options: &ServeOptions,
+    data: &DataDir,
+    host_id: HostId,
+) -> Result<host::runs::RunHost> {
+    let _ = data;
+    let runner = match &options.agents.runnables {
+        Some(dir) => Some(
+            Runner::open(dir)
+                .with_context(|| format!("the runnables workspace {}", dir.display()))?,
+        ),
+        None => None,
+    };
+    let runnables = Arc::new(WorkspaceRunnables {
+        runner,
+        agents: BTreeSet::new(),
+    });
+    let metrics = service
+        .metrics()
+        .runs()
+        .map_err(|e| anyhow::anyhow!("run metrics: {e}"))?;
+    Ok(host::runs::RunHost::new(host::runs::RunHosting {
+        store: service.store().clone(),
+        host_id,
+        env: runnables.clone(),
+        invoker: runnables,
+        agents: None,
+        options: options.runs.clone(),
+        metrics: Some(metrics),
+    }))
+}
+
+async fn connect(args: &RunArgs) -> Result<HostLinkClient> {
+    let data = DataDir::new(&args.data_dir);
+    let runtime = data.read_runtime()?;
+    let endpoint = match (&args.endpoint, &runtime) {
+        (Some(e), _) => e.clone(),
+        (None, Some(r)) => r.endpoint.clone(),
+        (None, None) => bail!(
+            "no Host serving runs could be reached: start `hostd serve` (it writes its endpoint to {}), or pass --endpoint",
+            args.data_dir.display()
+        ),
+    };
+    let tenant = match &args.tenant {
+        Some(t) => t.clone(),
+        None => runtime
+            .as_ref()
+            .map(|r| r.tenant.clone())
+            .filter(|t| !t.is_empty())
+            .unwrap_or_else(|| LOCAL_TENANT.to_owned()),
+    };
+    let token = match &args.token {
+        Some(t) => t.clone(),
+        None => data.token(&tenant)?,
+    };
+    let tenant = TenantId::new(tenant).context("--tenant")?;
+    let client = HostLinkClient::connect(&endpoint, &tenant, &token, "hostd-run")
+        .await
+        .map_err(|e| match e {
+            ClientError::Connect(why) => anyhow::anyhow!(
+                "no Host serving runs could be reached at {endpoint}: {why} (start `hostd serve`, or pass --endpoint)"
+            ),
+            other => anyhow::anyhow!("{other}"),
+        })?;
+    if !client.methods.iter().any(|m| m == RUN_CAPABILITY) {
+        bail!(
+            "the Host at {endpoint} does not host workflow runs (it does not advertise {RUN_CAPABILITY})"
+        );
+    }
+    Ok(client)
+}
+
+/// A refusal from the Host, as an error carrying its code.
+#[derive(Debug, thiserror::Error)]
+#[error("{code}: {message}")]
+struct Refused {
+    code: String,
+    message: String,
+}
+
+async fn call<T: DeserializeOwned>(
+    client: &HostLinkClient,
+    method: &str,
+    data: Value,
+) -> Result<Result<T, RunRefusal>> {
+    let text = client
+        .run_rpc(method, &data)
+        .await
+        .map_err(|e| anyhow::anyhow!("{method}: {e}"))?;
+    RunReply::<T>::decode(text.as_bytes()).map_err(|e| anyhow::anyhow!("{method}: {e}"))
+}
+
+fn refused(r: RunRefusal) -> anyhow::Error {
+    anyhow::Error::new(Refused {
+        code: r.code,
+        message: r.message,
+    })
+}
+
+/// Calls `method`, retrying while the Host answers `unavailable`, until [`RETRY_DEADLINE`].
+async fn call_retrying<T: DeserializeOwned>(
+    client: &HostLinkClient,
+    method: &str,
+    data: Value,
+    out: Output,
+) -> Result<Result<T, RunRefusal>> {
+    let began = Instant::now();
+    let mut wait = Duration::from_millis(200);
+    let mut told = false;
+    loop {
+        match call::<T>(client, method, data.clone()).await? {
+            Err(r) if r.code == refusal_codes::UNAVAILABLE && began.elapsed() < RETRY_DEADLINE => {
+                if !told {
+                    out.note(format_args!(
+                        "the Host is not ready ({}); retrying",
+                        r.message
+                    ));
+                    told = true;
+                }
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(2));
+            }
+            other => return Ok(other),
+        }
+    }
+}
+
+/// Renders problems with a frame of the local source, one block per problem.
+pub fn render_problems(path: &str, source: &str, problems: &[ProblemView]) -> String {
+    let lines: Vec<&str> = source.lines().collect();
+    let mut out = String::new();
+    for p in problems {
+        let step = p
+            .step
+            .as_ref()
+            .map(|s| format!(" (step `{s}`)"))
+            .unwrap_or_default();
+        out.push_str(&format!(
+            "{path}:{}:{}: [{}]{step} {}\n",
+            p.line, p.column, p.code, p.message
+        ));
+        if p.line > 0
+            && let Some(text) = lines.get(p.line - 1)
+        {
+            out.push_str(&format!("  {:>4} | {text}\n", p.line));
+            out.push_str(&format!(
+                "       | {}^\n",
+                " ".repeat(p.column.saturating_sub(1))
+            ));
+        }
+    }
+    out
+}
+
+fn time(ms: i64) -> String {
+    humantime::format_rfc3339_millis(
+        std::time::UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0)),
+    )
+    .to_string()
+}
+
+fn journal_lines(v: &RunView, after: u64) -> Vec<String> {
+    v.journal
+        .iter()
+        .filter(|e| e.seq > after)
+        .map(|e| {
+            let outcome = e.outcome.as_deref().unwrap_or("-");
+            format!(
+                "{:>4}  {}  {:<16} {:<8} {:<14} epoch {} attempt {}  {}",
+                e.seq,
+                time(e.recorded_at_ms),
+                e.step,
+                e.entry,
+                outcome,
+                e.epoch,
+                e.attempt,
+                e.body
+            )
+        })
+        .collect()
+}
+
+fn status_text(v: &RunView) -> String {
+    let mut s = format!(
+        "run {}\n  state   {}\n  holder  {}\n  epoch   {}\n",
+        v.run_id, v.state, v.holder, v.epoch
+    );
+    if let Some(step) = &v.step {
+        s.push_str(&format!("  step    {step}\n"));
+    }
+    if let Some(f) = &v.failure {
+        s.push_str(&format!(
+            "  failure {} at step {}: {}\n",
+            f.code, f.step, f.message
+        ));
+    }
+    if let Some(c) = &v.checkpoint {
+        s.push_str(&format!("  open    {} ({})", c.name, c.kind));
+        if let Some(q) = &c.question {
+            s.push_str(&format!(": {q}"));
+        }
+        if let Some(schema) = &c.schema {
+            s.push_str(&format!("  answer schema {schema}"));
+        }
+        if let Some(d) = c.deadline_at_ms {
+            s.push_str(&format!("  until {}", time(d)));
+        }
+        s.push('\n');
+        if c.kind != "sleep" {
+            s.push_str(&format!(
+                "  answer with: hostd run answer {} {} <json>\n",
+                v.run_id, c.name
+            ));
+        }
+    }
+    s.push_str("  journal\n");
+    for l in journal_lines(v, 0) {
+        s.push_str(&format!("  {l}\n"));
+    }
+    s
+}
+
+fn parse_value(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned()))
+}
+
+pub async fn run(args: RunArgs, out: Output) -> Result<ExitCode> {
+    let client = connect(&args).await?;
+    let result = dispatch(&client, &args.command, out).await;
+    client.close();
+    result
+}
+
+async fn dispatch(client: &HostLinkClient, command: &RunCommand, out: Output) -> Result<ExitCode> {
+    match command {
+        RunCommand::Start {
+            program,
+            input,
+            idempotency_key,
+        } => {
+            let source = std::fs::read_to_string(program)
+                .with_context(|| format!("cannot read {}", program.display()))?;
+            let input: Value = serde_json::from_str(input).context("--input is not JSON")?;
+            let mut data = json!({"version": 1, "program": source, "input": input});
+            if let Some(k) = idempotency_key {
+                data["idempotency_key"] = json!(k);
+            }
+            match call_retrying::<RunStarted>(client, "run.start", data, out).await? {
+                Ok(s) => {
+                    out.record(&s.run_id, || json!(s))?;
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(r) if !r.problems.is_empty() => {
+                    let text =
+                        render_problems(&program.display().to_string(), &source, &r.problems);
+                    if out.is_json() {
+                        out.record("", || json!(r))?;
+                    } else {
+                        eprint!("{text}");
+                    }
+                    Err(refused(r))
+                }
+                Err(r) => Err(refused(r)),
+            }
+        }
+        RunCommand::Resume { run } => {
+            let data = json!({"version": 1, "run_id": run});
+            match call_retrying::<RunStarted>(client, "run.resume", data, out).await? {
+                Ok(s) => {
+                    out.record(format_args!("{} epoch {}", s.run_id, s.epoch), || json!(s))?;
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(r) if r.code == refusal_codes::UNAVAILABLE => Err(anyhow::anyhow!(
+                    "{}: {} — retry with: hostd run resume {run}",
+                    r.code,
+                    r.message
+                )),
+                Err(r) => Err(refused(r)),
+            }
+        }
+        RunCommand::Answer {
+            run,
+            checkpoint,
+            value,
+        } => {
+            let data = json!({"version": 1, "run_id": run, "checkpoint": checkpoint, "value": parse_value(value)});
+            let a: RunAnswered = call(client, "run.answer", data).await?.map_err(refused)?;
+            let human = if a.recorded {
+                format!("answered {} of {}", a.checkpoint, a.run_id)
+            } else {
+                format!("{} of {} was already answered so", a.checkpoint, a.run_id)
+            };
+            out.record(human, || json!(a))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        RunCommand::Status { run } => {
+            let v: RunView = call(client, "run.status", json!({"version": 1, "run_id": run}))
+                .await?
+                .map_err(refused)?;
+            out.record(status_text(&v).trim_end(), || json!(v))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        RunCommand::Ps => {
+            let list: RunList = call(client, "run.list", json!({"version": 1}))
+                .await?
+                .map_err(refused)?;
+            if out.is_json() {
+                out.record("", || json!(list))?;
+            } else {
+                out.line(format_args!(
+                    "{:<36}  {:<15}  {:<16}  {:>5}  CREATED",
+                    "RUN", "STATE", "STEP", "EPOCH"
+                ))?;
+                for r in &list.runs {
+                    out.line(format_args!(
+                        "{:<36}  {:<15}  {:<16}  {:>5}  {}",
+                        r.run_id,
+                        r.state,
+                        r.step.as_deref().unwrap_or("-"),
+                        r.epoch,
+                        time(r.created_at_ms)
+                    ))?;
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        RunCommand::Logs { run, follow } => {
+            let mut after = 0;
+            loop {
+                let v: RunView = call(client, "run.status", json!({"version": 1, "run_id": run}))
+                    .await?
+                    .map_err(refused)?;
+                for e in v.journal.iter().filter(|e| e.seq > after) {
+                    let line = journal_lines(&v, after)
+                        .into_iter()
+                        .find(|l| l.trim_start().starts_with(&format!("{} ", e.seq)))
+                        .unwrap_or_default();
+                    out.record(line, || json!(e))?;
+                }
+                after = v.journal.last().map(|e| e.seq).unwrap_or(after);
+                let finished = matches!(v.state.as_str(), "completed" | "failed" | "cancelled");
+                if !follow || finished {
+                    if *follow {
+                        out.note(format_args!("run {} is {}", v.run_id, v.state));
+                    }
+                    return Ok(ExitCode::SUCCESS);
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+        RunCommand::Cancel { run } => {
+            let v: RunView = call(client, "run.cancel", json!({"version": 1, "run_id": run}))
+                .await?
+                .map_err(refused)?;
+            out.record(format_args!("{} {}", v.run_id, v.state), || json!(v))?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_problem_is_rendered_with_a_frame_of_the_local_file() {
+        let source = "steps:\n  - name: a\n    sleep: soon\n";
+        let text = render_problems(
+            "p.yaml",
+            source,
+            &[ProblemView {
+                code: "program.duration".into(),
+                message: "bad".into(),
+                step: Some("a".into()),
+                line: 3,
+                column: 12,
+            }],
+        );
+        assert_eq!(
+            text,
+            "p.yaml:3:12: [program.duration] (step `a`) bad\n     3 |     sleep: soon\n       |            ^\n"
+        );
+    }
+
+    #[test]
+    fn the_client_retries_a_booting_host_for_longer_than_a_boot_takes() {
+        assert!(RETRY_DEADLINE > Duration::from_secs(10));
+    }
+}

@@ -1,0 +1,151 @@
+//! Workflow runs across a fleet: two `hostd serve` processes on one PostgreSQL database. The
+//! Host driving a run is killed with SIGKILL mid-run; the other Host takes the run over once
+//! the dead driver's lease lapses (a lease-expiry scan on each Host), under epoch + 1, and the
+//! run completes with every step journaled once.
+
+use std::path::Path;
+
+use serde_json::Value;
+use testkit::eventually;
+use testkit::pg::FreshDatabase;
+use testkit::process::{Serve, hostd_run, ok};
+
+const PROGRAM: &str = "\
+steps:
+  - name: count
+    invoke: word-count@1.0.0
+    input: {text: \"${input.text}\"}
+  - name: nap
+    sleep: 3s
+  - name: again
+    invoke: word-count@1.0.0
+    input: {text: \"${input.text} and more\"}
+";
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let target = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), target).unwrap();
+        }
+    }
+}
+
+fn fleet_host(dir: &Path, name: &str, store: &str, credentials: &Path, runnables: &Path) -> Serve {
+    let data = format!(".hostd-{name}");
+    Serve::start(
+        dir,
+        name,
+        &[
+            "--store",
+            store,
+            "--credentials-file",
+            credentials.to_str().expect("a UTF-8 path"),
+            "--data-dir",
+            &data,
+            "--host-id",
+            name,
+            "--runnables",
+            runnables.to_str().expect("a UTF-8 path"),
+            "--run-lease",
+            "900ms",
+            "--run-scan-interval",
+            "200ms",
+            "--run-poll",
+            "100ms",
+        ],
+    )
+}
+
+fn run_cli(dir: &Path, host: &Serve, token: &str, args: &[&str]) -> String {
+    let endpoint = format!("ws://127.0.0.1:{}", host.port);
+    let mut all = vec!["--json", "run"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--endpoint", &endpoint, "--tenant", "acme"]);
+    ok(hostd_run(dir, &all, &[("HOST_TENANT_TOKEN", token)]))
+}
+
+fn status(dir: &Path, host: &Serve, token: &str, run: &str) -> Value {
+    serde_json::from_str(&run_cli(dir, host, token, &["status", run])).expect("status JSON")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_on_a_killed_host_completes_on_the_other_under_the_next_epoch() {
+    let Some(db) = FreshDatabase::create("runs_takeover").await else {
+        return;
+    };
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let runnables = dir.join("runnables-ws");
+    copy_dir(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/runnables"),
+        &runnables,
+    );
+    std::fs::write(dir.join("program.yaml"), PROGRAM).unwrap();
+    let (secret, digest) = hostlink::auth::mint_credential();
+    let token = secret.expose_secret().to_owned();
+    let credentials = dir.join("credentials");
+    std::fs::write(&credentials, format!("acme {digest}\n")).unwrap();
+    let a = fleet_host(dir, "fleet-a", &db.url, &credentials, &runnables);
+    let b = fleet_host(dir, "fleet-b", &db.url, &credentials, &runnables);
+
+    let started: Value = serde_json::from_str(&run_cli(
+        dir,
+        &a,
+        &token,
+        &["start", "program.yaml", "--input", r#"{"text":"one two"}"#],
+    ))
+    .expect("start JSON");
+    let run = started["run_id"].as_str().expect("a run id").to_owned();
+    assert_eq!(started["epoch"], 1);
+
+    // Kill the driving Host while the run sleeps (its first step is journaled).
+    eventually("the run to reach its sleep", async || {
+        let v = status(dir, &a, &token, &run);
+        match v["checkpoint"]["name"].as_str() {
+            Some("nap") => Ok(()),
+            _ => Err(v.to_string()),
+        }
+    })
+    .await;
+    let (_, _) = a.kill_dead();
+
+    let done = eventually("the other Host to complete the run", async || {
+        let v = status(dir, &b, &token, &run);
+        if v["state"] == "completed" {
+            Ok(v)
+        } else {
+            Err(v.to_string())
+        }
+    })
+    .await;
+    assert_eq!(done["epoch"], 2, "{done}");
+    assert!(
+        done["holder"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("fleet-b/"),
+        "{done}"
+    );
+    let journal = done["journal"].as_array().expect("a journal");
+    for step in ["count", "nap", "again"] {
+        let results = journal
+            .iter()
+            .filter(|e| e["step"] == step && e["entry"] == "result")
+            .count();
+        assert_eq!(results, 1, "step {step}: {done}");
+    }
+    let count = journal.iter().find(|e| e["step"] == "count").unwrap();
+    assert_eq!(
+        count["epoch"], 1,
+        "the first step was taken from the journal, not re-run"
+    );
+    let again = journal.iter().find(|e| e["step"] == "again").unwrap();
+    assert_eq!(again["body"]["output"]["words"], 4);
+    drop(b);
+    db.drop_now().await;
+}
