@@ -9,6 +9,7 @@ mod agents;
 mod config;
 mod exit;
 mod flow;
+mod hosts;
 mod local;
 mod output;
 mod runnable;
@@ -73,6 +74,10 @@ enum Command {
     Flow(flow::FlowArgs),
     /// Typed, versioned operations: list, show, build, invoke and publish runnables.
     Runnable(runnable::RunnableArgs),
+    /// The fleet's Host registry: `hostd hosts ls`.
+    Hosts(hosts::HostsArgs),
+    /// Run the fleet reconciler alone (placement apart from the Hosts).
+    Controller(hosts::ControllerArgs),
     /// Wait until a Host is ready to take sessions (for scripts that just started one).
     Wait(wait::WaitArgs),
     /// Print a shell completion script: `hostd completions bash > /etc/bash_completion.d/hostd`.
@@ -173,6 +178,8 @@ pub fn main() -> ExitCode {
                 serve::run(*args, matches.subcommand_matches("serve"), out).await
             }
             Command::Session(args) => session::run(args, out).await,
+            Command::Hosts(args) => hosts::hosts(args, out).await,
+            Command::Controller(args) => hosts::controller(args, out).await,
             Command::Wait(args) => wait::run(args, out).await,
             Command::Completions { shell } => {
                 out.partial(&String::from_utf8_lossy(&completions(shell)))?;

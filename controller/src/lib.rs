@@ -23,7 +23,9 @@ use sessionstore::{
 };
 use tokio::sync::mpsc;
 
-use crate::client::{ClientError, HostLinkClient, Publication, idempotency_key, nonzero};
+use crate::client::{
+    ClientError, ClientOptions, HostLinkClient, Publication, idempotency_key, nonzero,
+};
 use hostlink::public_journal::{PublicJournal, PublicJournalError, PublicJournalPage};
 use hostlink::records::{
     ActorId, AttachMode, AttachRequest, BindRequest, HostLinkError, IdempotencyKey,
@@ -65,6 +67,8 @@ pub struct Controller {
     name: String,
     /// How long an admitted command may wait before its apply deadline.
     pub apply_within: Duration,
+    /// The HostLink client's connect and request timeouts for every dial.
+    pub client: ClientOptions,
 }
 
 impl std::fmt::Debug for Controller {
@@ -84,7 +88,14 @@ impl Controller {
             token: token.into(),
             name: "hostd-controller".into(),
             apply_within: Duration::from_secs(600),
+            client: ClientOptions::default(),
         }
+    }
+
+    /// The same controller dialling Hosts with `client`'s timeouts.
+    pub fn with_client(mut self, client: ClientOptions) -> Controller {
+        self.client = client;
+        self
     }
 
     /// The store.
@@ -225,9 +236,14 @@ impl Controller {
         record: &SessionRecord,
         target: &HostTarget,
     ) -> Result<Placed, ControllerError> {
-        let client =
-            HostLinkClient::connect(&target.endpoint, &self.tenant, &self.token, &self.name)
-                .await?;
+        let client = HostLinkClient::connect_with(
+            &target.endpoint,
+            &self.tenant,
+            &self.token,
+            &self.name,
+            self.client,
+        )
+        .await?;
         let req = AttachRequest {
             version: V1,
             tenant_id: self.tenant.clone(),
