@@ -127,7 +127,6 @@ async fn main() {
         ss.push(s);
     }
     let mut samples = Vec::new();
-    let mut next = 3;
     for round in 0..KILLS {
         // Every session resident: one input each (an idle session with no work is left
         // where it is, even when its Host lost it), applied before the kill.
@@ -206,8 +205,8 @@ async fn main() {
             waiting.len(),
             worst.unwrap_or_default()
         );
-        let name = format!("lat-{next}");
-        next += 1;
+        // A new id each time (the three first were lat-0..2).
+        let name = format!("lat-{}", round + 3);
         hosts.insert(name.clone(), host(dir, &name, &db.url));
     }
     samples.sort();
