@@ -146,6 +146,53 @@ impl FleetOptions {
     }
 }
 
+/// The fleet reconciler's flags and `HOST_FLEET_*` overrides, shared by `hostd serve` and
+/// `hostd controller`.
+#[derive(Clone, Debug, Default, Args)]
+pub struct FleetFlags {
+    /// How often the fleet reconciler runs a pass.
+    #[arg(id = "fleet.interval", long = "fleet-interval", env = "HOST_FLEET_INTERVAL", value_parser = duration)]
+    pub fleet_interval: Option<Duration>,
+    /// How long the fleet reconciler's leadership lives unrenewed (at least 2 intervals).
+    #[arg(id = "fleet.leader_ttl", long = "fleet-leader-ttl", env = "HOST_FLEET_LEADER_TTL", value_parser = duration)]
+    pub fleet_leader_ttl: Option<Duration>,
+    /// The most sessions one reconcile pass places.
+    #[arg(
+        id = "fleet.placements_per_pass",
+        long = "fleet-placements-per-pass",
+        env = "HOST_FLEET_PLACEMENTS_PER_PASS"
+    )]
+    pub fleet_placements_per_pass: Option<usize>,
+    /// The most sessions one reconcile pass places on one Host.
+    #[arg(
+        id = "fleet.placements_per_host",
+        long = "fleet-placements-per-host",
+        env = "HOST_FLEET_PLACEMENTS_PER_HOST"
+    )]
+    pub fleet_placements_per_host: Option<usize>,
+    /// How long a placement stands if its Host never acts on it (at least 2 intervals).
+    #[arg(id = "fleet.assignment_ttl", long = "fleet-assignment-ttl", env = "HOST_FLEET_ASSIGNMENT_TTL", value_parser = duration)]
+    pub fleet_assignment_ttl: Option<Duration>,
+}
+
+impl FleetFlags {
+    /// Replaces every fleet option this carries a value for.
+    pub fn overlay(self, o: &mut FleetOptions) {
+        macro_rules! set {
+            ($($flag:ident => $field:ident;)*) => {
+                $(if let Some(v) = self.$flag { o.$field = v; })*
+            };
+        }
+        set! {
+            fleet_interval => interval;
+            fleet_leader_ttl => leader_ttl;
+            fleet_placements_per_pass => placements_per_pass;
+            fleet_placements_per_host => placements_per_host;
+            fleet_assignment_ttl => assignment_ttl;
+        }
+    }
+}
+
 /// Everything `hostd serve` runs with; a config file is this type in TOML.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -555,11 +602,14 @@ pub struct ServeFlags {
     /// How often a parked run driver re-reads its answers without a wake-up.
     #[arg(id = "runs.poll", long = "run-poll", env = "HOST_RUN_POLL", value_parser = duration)]
     run_poll: Option<Duration>,
+    #[command(flatten)]
+    fleet: FleetFlags,
 }
 
 impl ServeFlags {
     /// Replaces every option this carries a value for.
-    fn overlay(self, o: &mut ServeOptions) {
+    fn overlay(mut self, o: &mut ServeOptions) {
+        std::mem::take(&mut self.fleet).overlay(&mut o.fleet);
         macro_rules! set {
             ($($flag:ident => $($path:ident).+;)*) => {
                 $(if let Some(v) = self.$flag { o.$($path).+ = v; })*
@@ -944,12 +994,39 @@ pub struct ClientFlags {
     /// giving up; 0s does not wait [default: 10s].
     #[arg(long = "wait-for-host", global = true, env = "HOST_WAIT_FOR_HOST", value_parser = wait_bound, value_name = "DURATION")]
     pub wait_for_host: Option<Duration>,
+    /// How long a dial of a Host may take (TCP, upgrade and connect reply); a frozen Host is
+    /// given up on after it [default: 5s].
+    #[arg(long = "connect-timeout", global = true, env = "HOST_CONNECT_TIMEOUT", value_parser = client_timeout, value_name = "DURATION")]
+    pub connect_timeout: Option<Duration>,
+    /// How long a request to a Host waits for its answer [default: 30s].
+    #[arg(long = "request-timeout", global = true, env = "HOST_REQUEST_TIMEOUT", value_parser = client_timeout, value_name = "DURATION")]
+    pub request_timeout: Option<Duration>,
 }
 
 impl ClientFlags {
     pub fn wait_for_host(&self) -> Duration {
         self.wait_for_host.unwrap_or(DEFAULT_WAIT_FOR_HOST)
     }
+
+    /// The HostLink client's timeouts (each validated when parsed).
+    pub fn client_options(&self) -> controller::client::ClientOptions {
+        let d = controller::client::ClientOptions::default();
+        controller::client::ClientOptions {
+            connect_timeout: self.connect_timeout.unwrap_or(d.connect_timeout),
+            request_timeout: self.request_timeout.unwrap_or(d.request_timeout),
+        }
+    }
+}
+
+/// A client timeout: positive and at most [`controller::client::MAX_TIMEOUT`].
+fn client_timeout(s: &str) -> Result<Duration, String> {
+    let d = duration(s)?;
+    let probe = controller::client::ClientOptions {
+        connect_timeout: d,
+        request_timeout: d,
+    };
+    probe.validate().map_err(|e| e.reason)?;
+    Ok(d)
 }
 
 /// How long `hostd wait` waits, unless told otherwise.

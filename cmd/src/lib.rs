@@ -9,6 +9,7 @@ mod agents;
 mod config;
 mod exit;
 mod flow;
+mod hosts;
 mod local;
 mod output;
 mod run;
@@ -76,6 +77,10 @@ enum Command {
     Runnable(runnable::RunnableArgs),
     /// Durable workflow runs on a Host: start, resume, answer, status, ps, logs, cancel.
     Run(run::RunArgs),
+    /// The fleet's Host registry: `hostd hosts ls`.
+    Hosts(hosts::HostsArgs),
+    /// Run the fleet reconciler alone (placement apart from the Hosts).
+    Controller(hosts::ControllerArgs),
     /// Wait until a Host is ready to take sessions (for scripts that just started one).
     Wait(wait::WaitArgs),
     /// Print a shell completion script: `hostd completions bash > /etc/bash_completion.d/hostd`.
@@ -177,6 +182,8 @@ pub fn main() -> ExitCode {
             }
             Command::Session(args) => session::run(args, out).await,
             Command::Run(args) => run::run(args, out).await,
+            Command::Hosts(args) => hosts::hosts(args, out).await,
+            Command::Controller(args) => hosts::controller(args, out).await,
             Command::Wait(args) => wait::run(args, out).await,
             Command::Completions { shell } => {
                 out.partial(&String::from_utf8_lossy(&completions(shell)))?;

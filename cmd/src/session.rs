@@ -31,6 +31,8 @@ use crate::local::{DataDir, LOCAL_TENANT, LocalHost};
 use crate::output::{Output, Progress};
 use crate::signals::StopSignals;
 
+mod commands;
+
 /// How long `send`, `interrupt` and `answer` wait for the Host to apply what they admitted.
 const APPLY_WAIT: Duration = Duration::from_secs(60);
 /// How long `gates --wait` and `answer ... next` wait for a gate to open.
@@ -134,6 +136,11 @@ enum SessionCommand {
     },
     /// List the tenant's sessions (all of them, page by page).
     Ls,
+    /// List the session's commands: id, kind, state, outcome, attempting Host and epoch.
+    Commands {
+        /// The session id.
+        session: String,
+    },
 }
 
 impl SessionCommand {
@@ -141,7 +148,10 @@ impl SessionCommand {
     fn needs_host(&self) -> bool {
         !matches!(
             self,
-            SessionCommand::Gates { .. } | SessionCommand::Journal { .. } | SessionCommand::Ls
+            SessionCommand::Gates { .. }
+                | SessionCommand::Journal { .. }
+                | SessionCommand::Ls
+                | SessionCommand::Commands { .. }
         )
     }
 }
@@ -241,7 +251,7 @@ async fn context(flags: &ClientFlags, out: Output, needs_host: bool) -> Result<C
     let local_credentials = embedded.then(|| data.credentials_path());
     authenticate(&store, &tenant, &token, local_credentials.as_deref()).await?;
     Ok(Ctx {
-        controller: Controller::new(store, tenant, token),
+        controller: Controller::new(store, tenant, token).with_client(flags.client_options()),
         out,
         local,
     })
@@ -865,6 +875,7 @@ pub async fn run(args: SessionArgs, out: Output) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         SessionCommand::Ls => list(&ctx).await,
+        SessionCommand::Commands { session } => commands::list(&ctx, &session).await,
     }
 }
 

@@ -22,8 +22,56 @@ use hostlink::records::{
     EphemeralPublication, HostLinkError, RegistryObservation, SubscribeOptions, UnbindRequest, V1,
 };
 
-/// How long a request waits for its reply.
+/// How long a request waits for its reply, unless [`ClientOptions`] say otherwise.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a connect (TCP, WebSocket upgrade and the connect reply together) may take, unless
+/// [`ClientOptions`] say otherwise.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest either timeout may be.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// A client's timeouts. A Host that is frozen (its socket accepts, nothing answers) costs a
+/// caller at most `connect_timeout` per dial and `request_timeout` per request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClientOptions {
+    pub connect_timeout: Duration,
+    pub request_timeout: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            connect_timeout: CONNECT_TIMEOUT,
+            request_timeout: REQUEST_TIMEOUT,
+        }
+    }
+}
+
+/// A client option refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid option {field}: {reason}")]
+pub struct ClientOptionsError {
+    pub field: &'static str,
+    pub reason: String,
+}
+
+impl ClientOptions {
+    /// Refuses a zero timeout or one above [`MAX_TIMEOUT`].
+    pub fn validate(&self) -> Result<(), ClientOptionsError> {
+        for (field, d) in [
+            ("connect_timeout", self.connect_timeout),
+            ("request_timeout", self.request_timeout),
+        ] {
+            if d.is_zero() || d > MAX_TIMEOUT {
+                return Err(ClientOptionsError {
+                    field,
+                    reason: format!("is {d:?}; must be positive and at most {MAX_TIMEOUT:?}"),
+                });
+            }
+        }
+        Ok(())
+    }
+}
 /// How many pushes a subscription buffers before the link treats it as gone.
 pub const SUBSCRIPTION_BUFFER: usize = 4096;
 
@@ -80,6 +128,7 @@ pub struct HostLinkClient {
     /// The Host's build.
     pub server_version: String,
     tenant: TenantId,
+    request_timeout: Duration,
 }
 
 impl std::fmt::Debug for HostLinkClient {
@@ -112,21 +161,43 @@ pub fn hostlink_url(base: &str, tenant: &TenantId) -> String {
 }
 
 impl HostLinkClient {
-    /// Dials `base` (`ws://host:port`) for `tenant`, presenting `token`.
+    /// Dials `base` (`ws://host:port`) for `tenant`, presenting `token`, with the default
+    /// timeouts.
     pub async fn connect(
         base: &str,
         tenant: &TenantId,
         token: &str,
         name: &str,
     ) -> Result<HostLinkClient, ClientError> {
+        Self::connect_with(base, tenant, token, name, ClientOptions::default()).await
+    }
+
+    /// Dials `base` for `tenant` with `options`' timeouts: the whole connect (TCP, upgrade,
+    /// connect reply) within `connect_timeout`, each later request within `request_timeout`.
+    pub async fn connect_with(
+        base: &str,
+        tenant: &TenantId,
+        token: &str,
+        name: &str,
+        options: ClientOptions,
+    ) -> Result<HostLinkClient, ClientError> {
+        let bound = options.connect_timeout;
+        tokio::time::timeout(bound, Self::dial(base, tenant, token, name, options))
+            .await
+            .map_err(|_| ClientError::Timeout(bound))?
+    }
+
+    async fn dial(
+        base: &str,
+        tenant: &TenantId,
+        token: &str,
+        name: &str,
+        options: ClientOptions,
+    ) -> Result<HostLinkClient, ClientError> {
         let url = hostlink_url(base, tenant);
-        let (ws, _) = tokio::time::timeout(
-            REQUEST_TIMEOUT,
-            tokio_tungstenite::connect_async(url.as_str()),
-        )
-        .await
-        .map_err(|_| ClientError::Timeout(REQUEST_TIMEOUT))?
-        .map_err(|e| ClientError::Connect(e.to_string()))?;
+        let (ws, _) = tokio_tungstenite::connect_async(url.as_str())
+            .await
+            .map_err(|e| ClientError::Connect(e.to_string()))?;
         let (mut sink, mut stream) = ws.split();
         let connect = json!({
             "id": 1,
@@ -142,9 +213,7 @@ impl HostLinkClient {
             .map_err(|e| ClientError::Connect(e.to_string()))?;
         // The first answer must be the connect reply.
         let reply = loop {
-            let msg = tokio::time::timeout(REQUEST_TIMEOUT, stream.next())
-                .await
-                .map_err(|_| ClientError::Timeout(REQUEST_TIMEOUT))?;
+            let msg = stream.next().await;
             match msg {
                 Some(Ok(Message::Text(t))) => {
                     let line = t.lines().next().unwrap_or("").to_owned();
@@ -279,6 +348,7 @@ impl HostLinkClient {
             client_id,
             server_version,
             tenant: tenant.clone(),
+            request_timeout: options.request_timeout,
         })
     }
 
@@ -314,14 +384,14 @@ impl HostLinkClient {
                 reason: "the link is closed".into(),
             }));
         }
-        match tokio::time::timeout(REQUEST_TIMEOUT, rx).await {
+        match tokio::time::timeout(self.request_timeout, rx).await {
             Ok(Ok(r)) => r,
             Ok(Err(_)) => Err(self
                 .close_reason()
                 .unwrap_or(ClientError::Protocol("no reply".into()))),
             Err(_) => {
                 lock(&self.pending).remove(&id);
-                Err(ClientError::Timeout(REQUEST_TIMEOUT))
+                Err(ClientError::Timeout(self.request_timeout))
             }
         }
     }

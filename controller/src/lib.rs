@@ -23,7 +23,9 @@ use sessionstore::{
 };
 use tokio::sync::mpsc;
 
-use crate::client::{ClientError, HostLinkClient, Publication, idempotency_key, nonzero};
+use crate::client::{
+    ClientError, ClientOptions, HostLinkClient, Publication, idempotency_key, nonzero,
+};
 use hostlink::public_journal::{PublicJournalError, PublicJournalPage, PublicJournals};
 use hostlink::records::{
     ActorId, AttachMode, AttachRequest, BindRequest, HostLinkError, IdempotencyKey,
@@ -67,6 +69,8 @@ pub struct Controller {
     pub apply_within: Duration,
     /// Warm public journal readers, shared by every clone.
     journals: Arc<PublicJournals>,
+    /// The HostLink client's connect and request timeouts for every dial.
+    pub client: ClientOptions,
 }
 
 impl std::fmt::Debug for Controller {
@@ -87,7 +91,14 @@ impl Controller {
             name: "hostd-controller".into(),
             apply_within: Duration::from_secs(600),
             journals: Arc::new(PublicJournals::new(PublicJournals::DEFAULT_CAPACITY)),
+            client: ClientOptions::default(),
         }
+    }
+
+    /// The same controller dialling Hosts with `client`'s timeouts.
+    pub fn with_client(mut self, client: ClientOptions) -> Controller {
+        self.client = client;
+        self
     }
 
     /// The store.
@@ -228,9 +239,14 @@ impl Controller {
         record: &SessionRecord,
         target: &HostTarget,
     ) -> Result<Placed, ControllerError> {
-        let client =
-            HostLinkClient::connect(&target.endpoint, &self.tenant, &self.token, &self.name)
-                .await?;
+        let client = HostLinkClient::connect_with(
+            &target.endpoint,
+            &self.tenant,
+            &self.token,
+            &self.name,
+            self.client,
+        )
+        .await?;
         let req = AttachRequest {
             version: V1,
             tenant_id: self.tenant.clone(),

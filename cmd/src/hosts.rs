@@ -1,0 +1,145 @@
+//! `hostd hosts` and `hostd controller`: the fleet as an operator sees it. `hosts ls` lists the
+//! Host registry (every advertisement not yet collected: id, endpoint, generation, last
+//! heartbeat, capacity used and free, draining, sessions held); `controller` runs the fleet
+//! reconciler alone, for users who place sessions apart from their Hosts. Both read the store
+//! directly (an operator's view: no tenant token); neither writes a command or a lease.
+
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+use controller::fleet::{Reconciler, sessions_by_host};
+use sessionstore::{Store, StoreOptions};
+
+use crate::config::{FleetOptions, HostLocation};
+use crate::local::DataDir;
+use crate::output::Output;
+use crate::signals::StopSignals;
+
+/// The Host registry of the store.
+#[derive(Debug, Args)]
+pub struct HostsArgs {
+    #[command(flatten)]
+    location: HostLocation,
+    #[command(subcommand)]
+    command: HostsCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum HostsCommand {
+    /// List every Host of the registry: id, endpoint, generation, last heartbeat, capacity
+    /// used/free, draining, sessions held (expired ones until they are collected).
+    Ls,
+}
+
+/// Run the fleet reconciler alone: place sessions that have admitted work and no live Host
+/// on live, accepting Hosts (one reconciler of a fleet acts at a time). Stops on SIGTERM or
+/// SIGINT.
+#[derive(Debug, Args)]
+pub struct ControllerArgs {
+    #[command(flatten)]
+    location: HostLocation,
+    /// This reconciler's name in the leadership (default: hostd-controller-<pid>).
+    #[arg(long = "name")]
+    name: Option<String>,
+    #[command(flatten)]
+    fleet: crate::config::FleetFlags,
+}
+
+async fn open(location: &HostLocation) -> Result<Store> {
+    let url = match &location.store {
+        Some(s) => s.clone(),
+        None => DataDir::new(location.data_dir()).store_url()?,
+    };
+    Store::open(StoreOptions::new(url))
+        .await
+        .context("opening the store")
+}
+
+pub async fn hosts(args: HostsArgs, out: Output) -> Result<ExitCode> {
+    let store = open(&args.location).await?;
+    match args.command {
+        HostsCommand::Ls => list(&store, &out).await?,
+    }
+    store.close().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn list(store: &Store, out: &Output) -> Result<()> {
+    let now = store.now_ms().await?;
+    let targets = store.targets(false).await?;
+    let held = sessions_by_host(&store.host_loads().await?);
+    if targets.is_empty() && !out.is_json() {
+        out.note("no Host is registered");
+    }
+    for t in targets {
+        let (sessions, placing) = held.get(&t.host).copied().unwrap_or((0, 0));
+        let used = t.weight_used;
+        let free = t.capacity.saturating_sub(used);
+        let live = t.is_live(now);
+        let state = match (live, t.accepting) {
+            (false, _) => "expired",
+            (true, true) => "accepting",
+            (true, false) => "draining",
+        };
+        let since = (now - t.observed_at_ms).max(0);
+        out.record(
+            format_args!(
+                "{}\t{}\tgeneration {}\t{state}\theartbeat {:.1}s ago\tused {used}/{}\tfree {free}\tsessions {sessions}{}",
+                t.host,
+                t.endpoint,
+                t.generation,
+                since as f64 / 1000.0,
+                t.capacity,
+                if placing > 0 {
+                    format!(" (+{placing} placing)")
+                } else {
+                    String::new()
+                }
+            ),
+            || {
+                serde_json::json!({
+                    "host_id": t.host.as_str(),
+                    "endpoint": t.endpoint,
+                    "generation": t.generation,
+                    "placement": t.placement.as_str(),
+                    "isolation_class": t.isolation_class,
+                    "last_heartbeat_ms": t.observed_at_ms,
+                    "expires_at_ms": t.expires_at_ms,
+                    "live": live,
+                    "accepting": t.accepting,
+                    "draining": live && !t.accepting,
+                    "capacity": t.capacity,
+                    "capacity_used": used,
+                    "capacity_free": free,
+                    "sessions": sessions,
+                    "placing": placing,
+                })
+            },
+        )?;
+    }
+    Ok(())
+}
+
+pub async fn controller(args: ControllerArgs, out: Output) -> Result<ExitCode> {
+    let mut stop = StopSignals::listen()?;
+    let mut fleet = FleetOptions::default();
+    args.fleet.overlay(&mut fleet);
+    let options = fleet
+        .reconciler_options()
+        .context("the fleet reconciler's options")?;
+    let store = open(&args.location).await?;
+    let who = args
+        .name
+        .unwrap_or_else(|| format!("hostd-controller-{}", std::process::id()));
+    let reconciler = Reconciler::new(store.clone(), options, &who)?;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn(reconciler.run(shutdown.clone()));
+    out.note(format_args!("fleet reconciler {who} running"));
+    let signal = stop.next().await;
+    tracing::info!(signal, "stopping the fleet reconciler");
+    shutdown.cancel();
+    let _ = running.await;
+    store.close().await;
+    Ok(ExitCode::SUCCESS)
+}

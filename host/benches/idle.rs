@@ -1,0 +1,214 @@
+//! `cargo bench -p host --bench idle`
+//!
+//! The idle cost of resident sessions, in one run on one Host over a SQLite store (a file,
+//! `synchronous=FULL`, so every commit is an fsync): first with no session resident (the
+//! baseline: the Host's own heartbeat and reconcile loop), then with 1,000 idle resident
+//! sessions, each measured over the same window with the Host's default heartbeat (5 s) and
+//! reconcile interval (2 s). For each it prints durable writes per second (the store's commits),
+//! durable writes per heartbeat, and the process's CPU as a share of one core; then the ratio of
+//! the 1,000-session figures to the baseline, and the resident-set growth per session. Goal:
+//! at most 1 durable write per heartbeat and under 5% of a core with 1,000 idle sessions.
+//!
+//! CPU is this process's user + system time (`/proc/self/stat`, in USER_HZ = 100 ticks per
+//! second on Linux), so it includes the store's work (SQLite runs in-process).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use department::{LaunchMode, Registration, RuntimeProfile};
+use harness::model::ScriptedModel;
+use harness::tool::ToolRegistry;
+use harness::{AgentConfig, HarnessTarget};
+use host::{AttachRequest, Composition, Options, Registrar, Service};
+use sessionstore::*;
+
+const SESSIONS: usize = 1000;
+const WINDOW: Duration = Duration::from_secs(20);
+const USER_HZ: f64 = 100.0;
+
+struct Reg;
+
+#[async_trait::async_trait]
+impl Registrar for Reg {
+    async fn register(&self, store: &Store) -> Result<Vec<Registration>, String> {
+        let agent = AgentConfig::new(
+            Arc::new(ScriptedModel::new()),
+            ToolRegistry::new(vec![]).map_err(|e| e.to_string())?,
+        );
+        let target =
+            HarnessTarget::new(store.clone(), agent, CompatibilityId::new("bench").unwrap())
+                .map_err(|e| e.to_string())?;
+        Ok(vec![Registration {
+            agent: AgentId::new("assistant").unwrap(),
+            target: Arc::new(target),
+        }])
+    }
+}
+
+/// User + system CPU seconds of this process so far.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which is in parentheses and may hold spaces).
+    let after = stat.rsplit_once(") ").map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the whole line: 11 and 12 after the name.
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / USER_HZ
+}
+
+/// This process's resident set, in KiB.
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+struct Idle {
+    writes_per_sec: f64,
+    writes_per_heartbeat: f64,
+    core_share: f64,
+}
+
+async fn measure(svc: &Service) -> Idle {
+    let heartbeat = svc.config().registry_heartbeat;
+    let before = svc.store().stats();
+    let cpu = cpu_seconds();
+    let started = Instant::now();
+    tokio::time::sleep(WINDOW).await;
+    let elapsed = started.elapsed().as_secs_f64();
+    let spent = svc.store().stats().since(&before);
+    let writes = spent.commits as f64;
+    Idle {
+        writes_per_sec: writes / elapsed,
+        writes_per_heartbeat: writes / (elapsed / heartbeat.as_secs_f64()),
+        core_share: (cpu_seconds() - cpu) / elapsed,
+    }
+}
+
+fn print(label: &str, i: &Idle) {
+    println!(
+        "{label:>22}: {:>7.2} durable writes/s  {:>5.2} per heartbeat  CPU {:>5.2}% of a core",
+        i.writes_per_sec,
+        i.writes_per_heartbeat,
+        i.core_share * 100.0
+    );
+}
+
+fn ratio(a: f64, b: f64) -> String {
+    if b > 0.0 {
+        format!("{:.2}x", a / b)
+    } else {
+        "n/a (baseline 0)".into()
+    }
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let url = format!("sqlite://{}", dir.path().join("idle.db").display());
+    let svc = Composition {
+        options: Options {
+            host_id: Some(HostId::new("idle-bench").unwrap()),
+            internal_endpoint: Some("ws://127.0.0.1:7400".into()),
+            capacity: 2 * SESSIONS as u32,
+            ..Options::default()
+        },
+        store: StoreOptions::new(url),
+        registrar: Box::new(Reg),
+        profile: RuntimeProfile::Durable,
+        version: "bench".into(),
+    }
+    .build()
+    .await
+    .expect("the Host composes");
+    svc.start().await.expect("the Host starts");
+    println!(
+        "idle cost on one Host (SQLite, synchronous=FULL): heartbeat {:?}, reconcile {:?}, window {WINDOW:?}",
+        svc.config().registry_heartbeat,
+        svc.config().reconcile_interval
+    );
+
+    let baseline = measure(&svc).await;
+    print("no session (baseline)", &baseline);
+
+    let rss_before = rss_kib();
+    let tenant = TenantId::new("bench").unwrap();
+    let attach_started = Instant::now();
+    for i in 0..SESSIONS {
+        let s = svc
+            .store()
+            .create_session(NewSession {
+                tenant: tenant.clone(),
+                session: SessionId::new(format!("idle-{i}")).unwrap(),
+                agent: AgentId::new("assistant").unwrap(),
+                compatibility: CompatibilityId::new("bench").unwrap(),
+                binding: SessionBinding {
+                    runtime_session_id: RuntimeSessionId::mint(),
+                    storage_binding_id: local_binding(),
+                    binding_version: 1,
+                },
+            })
+            .await
+            .expect("a session");
+        svc.attach(AttachRequest {
+            tenant: s.tenant.clone(),
+            session: s.session.clone(),
+            agent: s.agent.clone(),
+            compatibility: Some(s.compatibility.clone()),
+            mode: LaunchMode::Create,
+            actor: Some("bench".into()),
+            trace: None,
+        })
+        .await
+        .expect("attach");
+    }
+    let attached_in = attach_started.elapsed();
+    // Let the attach burst's own writes finish before the window opens.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let rss_after = rss_kib();
+    assert_eq!(svc.residents().len(), SESSIONS, "every session resident");
+
+    let loaded = measure(&svc).await;
+    print(&format!("{SESSIONS} idle sessions"), &loaded);
+    assert_eq!(
+        svc.residents().len(),
+        SESSIONS,
+        "every session stayed resident"
+    );
+    println!(
+        "{:>22}: writes/s {}  CPU {}  (attaching {SESSIONS} took {:.1}s)",
+        "ratio to baseline",
+        ratio(loaded.writes_per_sec, baseline.writes_per_sec),
+        ratio(loaded.core_share, baseline.core_share),
+        attached_in.as_secs_f64()
+    );
+    println!(
+        "{:>22}: {} KiB over {SESSIONS} sessions = {:.1} KiB per resident session (this bench process, not hostd)",
+        "RSS growth",
+        rss_after.saturating_sub(rss_before),
+        rss_after.saturating_sub(rss_before) as f64 / SESSIONS as f64
+    );
+    println!(
+        "{:>22}: <= 1 durable write per heartbeat: {}; < 5% of a core: {}",
+        "goals",
+        if loaded.writes_per_heartbeat <= 1.05 {
+            "met"
+        } else {
+            "NOT met"
+        },
+        if loaded.core_share < 0.05 {
+            "met"
+        } else {
+            "NOT met"
+        }
+    );
+    svc.stop().await;
+}

@@ -1,0 +1,228 @@
+//! `cargo run -p system-tests --example failover_latency` (needs `HOST_TEST_DATABASE_URL`,
+//! and the `hostd-under-test` binary the system tests build).
+//!
+//! Failover latency with no client action, measured once: three `hostd serve` on one
+//! PostgreSQL database (heartbeat 200 ms, registry expiry 800 ms, fleet reconciler every
+//! 150 ms), sessions placed by the reconciler. For each of `KILLS` rounds, the Host holding
+//! the most sessions is killed with SIGKILL, one input is admitted on each of its sessions
+//! right after the kill, and the time from the kill until each is applied on a survivor is
+//! recorded (nobody places, attaches or delivers). The killed Host is restarted under a new id
+//! before the next round. Prints p50, p99 and max against the bound: registry expiry + 1 s.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use sessionstore::wire::{CommandBodyV1, encode_command_body};
+use sessionstore::*;
+use testkit::pg::FreshDatabase;
+use testkit::process::Serve;
+
+const KILLS: usize = 20;
+const SESSIONS: usize = 9;
+const EXPIRY: Duration = Duration::from_millis(800);
+
+fn host(dir: &std::path::Path, name: &str, url: &str) -> Serve {
+    Serve::start(
+        dir,
+        name,
+        &[
+            "--store",
+            url,
+            "--credentials-file",
+            "credentials",
+            "--data-dir",
+            &format!(".hostd-{name}"),
+            "--host-id",
+            name,
+            "--registry-heartbeat",
+            "200ms",
+            "--registry-expiry",
+            "800ms",
+            "--registry-retention",
+            "1s",
+            "--reconcile-interval",
+            "100ms",
+            "--claim-ttl",
+            "2s",
+            "--fleet-interval",
+            "150ms",
+            "--fleet-leader-ttl",
+            "600ms",
+            "--fleet-assignment-ttl",
+            "2s",
+            "--pg-idle-transaction-timeout",
+            "1s",
+        ],
+    )
+}
+
+async fn admit(store: &Store, s: &SessionRecord, id: &str, body: CommandBodyV1) -> CommandRecord {
+    store
+        .admit(NewCommand {
+            tenant: s.tenant.clone(),
+            session: s.session.clone(),
+            command: CommandId::new(id).unwrap(),
+            kind: body.kind(),
+            body: CommandBody::Inline(encode_command_body(&body)),
+            principal: None,
+            metadata: None,
+            apply_within: Duration::from_secs(600),
+        })
+        .await
+        .unwrap()
+}
+
+async fn holders(store: &Store, ss: &[SessionRecord]) -> HashMap<SessionId, Option<HostId>> {
+    let now = store.now_ms().await.unwrap();
+    let mut out = HashMap::new();
+    for s in ss {
+        let l = store.residency(&s.tenant, &s.session).await.unwrap();
+        out.insert(
+            s.session.clone(),
+            l.filter(|l| l.is_live(now)).and_then(|l| l.host),
+        );
+    }
+    out
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+#[tokio::main]
+async fn main() {
+    let Some(db) = FreshDatabase::create("failover_latency").await else {
+        eprintln!("HOST_TEST_DATABASE_URL is unset");
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let (_, digest) = hostlink::auth::mint_credential();
+    std::fs::write(dir.join("credentials"), format!("acme {digest}\n")).unwrap();
+    let mut hosts: HashMap<String, Serve> = HashMap::new();
+    for n in ["lat-0", "lat-1", "lat-2"] {
+        hosts.insert(n.into(), host(dir, n, &db.url));
+    }
+    let store = Store::open(StoreOptions::new(db.url.clone()))
+        .await
+        .unwrap();
+    let mut ss = Vec::new();
+    for i in 0..SESSIONS {
+        let s = store
+            .create_session(NewSession {
+                tenant: TenantId::new("acme").unwrap(),
+                session: SessionId::new(format!("lat-{i}")).unwrap(),
+                agent: AgentId::new("assistant").unwrap(),
+                compatibility: CompatibilityId::new("hostd-scripted-1").unwrap(),
+                binding: SessionBinding {
+                    runtime_session_id: RuntimeSessionId::mint(),
+                    storage_binding_id: local_binding(),
+                    binding_version: 1,
+                },
+            })
+            .await
+            .unwrap();
+        admit(&store, &s, "create", CommandBodyV1::Create { text: None }).await;
+        ss.push(s);
+    }
+    let mut samples = Vec::new();
+    for round in 0..KILLS {
+        // Every session resident: one input each (an idle session with no work is left
+        // where it is, even when its Host lost it), applied before the kill.
+        let mut warm = Vec::new();
+        for s in &ss {
+            let c = admit(
+                &store,
+                s,
+                &format!("w{round}"),
+                CommandBodyV1::Input {
+                    text: format!("warm {round}"),
+                },
+            )
+            .await;
+            warm.push((s.clone(), c.command));
+        }
+        for (s, c) in &warm {
+            while !store
+                .command(&s.tenant, &s.session, c)
+                .await
+                .unwrap()
+                .state
+                .is_terminal()
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        let held = holders(&store, &ss).await;
+        let mut count: HashMap<String, usize> = HashMap::new();
+        for h in held.values().flatten() {
+            *count.entry(h.to_string()).or_default() += 1;
+        }
+        let victim = count
+            .into_iter()
+            .max_by_key(|(_, n)| *n)
+            .map(|(h, _)| h)
+            .unwrap();
+        let Some(serve) = hosts.remove(&victim) else {
+            eprintln!("round {round}: {victim} is not one of ours");
+            break;
+        };
+        let killed_at = Instant::now();
+        let _ = serve.kill_dead();
+        let mut waiting = Vec::new();
+        for s in ss
+            .iter()
+            .filter(|s| held[&s.session].as_ref().map(|h| h.as_str()) == Some(victim.as_str()))
+        {
+            let c = admit(
+                &store,
+                s,
+                &format!("r{round}"),
+                CommandBodyV1::Input {
+                    text: format!("round {round}"),
+                },
+            )
+            .await;
+            waiting.push((s.clone(), c.command));
+        }
+        for (s, c) in &waiting {
+            loop {
+                let rec = store.command(&s.tenant, &s.session, c).await.unwrap();
+                if rec.state.is_terminal() {
+                    samples.push(killed_at.elapsed());
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        let worst = samples[samples.len() - waiting.len()..]
+            .iter()
+            .max()
+            .copied();
+        println!(
+            "round {round:>2}: killed {victim} holding {} sessions; last applied after {:?}",
+            waiting.len(),
+            worst.unwrap_or_default()
+        );
+        // A new id each time (the three first were lat-0..2).
+        let name = format!("lat-{}", round + 3);
+        hosts.insert(name.clone(), host(dir, &name, &db.url));
+    }
+    samples.sort();
+    let bound = EXPIRY + Duration::from_secs(1);
+    println!(
+        "failover, kill -9 to applied on a survivor with no client action, {} commands over {KILLS} kills: p50 {:?}  p99 {:?}  max {:?}  bound (registry expiry + 1 s) {:?}  p99/bound {:.2}",
+        samples.len(),
+        percentile(&samples, 0.5),
+        percentile(&samples, 0.99),
+        samples.last().copied().unwrap_or_default(),
+        bound,
+        percentile(&samples, 0.99).as_secs_f64() / bound.as_secs_f64()
+    );
+    for (_, h) in hosts.drain() {
+        let _ = h.terminate();
+    }
+    store.close().await;
+    db.drop_now().await;
+}
