@@ -24,7 +24,7 @@ use host::link::LinkOptions;
 use host::options::{duration_text, parse_placement};
 use host::{IsolationClass, Options};
 use serde::{Deserialize, Serialize};
-use sessionstore::{HostId, Placement, SessionId};
+use sessionstore::{HostId, Placement, SessionId, StoreLocation};
 
 use crate::local::DataDir;
 
@@ -130,7 +130,8 @@ pub struct ServeFlags {
     /// The data folder (embedded store, local tenant, runtime info).
     #[arg(id = "data_dir", long = "data-dir", env = "HOST_DATA_DIR")]
     data_dir: Option<PathBuf>,
-    /// Store URL: postgres://... for a fleet [default: a SQLite file in the data folder].
+    /// Store URL: postgres://... (or postgresql://) for a fleet, sqlite://PATH or a plain path
+    /// for one Host; any other scheme is refused [default: a SQLite file in the data folder].
     #[arg(id = "store", long = "store", env = "HOST_STORE_URL")]
     store: Option<String>,
     /// Tenant credentials: one `tenant sha256hex` per line [default: the data folder's].
@@ -213,6 +214,9 @@ pub struct ServeFlags {
     /// How long a drain waits to publish that the Host no longer accepts sessions.
     #[arg(id = "host.publish_bound", long = "drain-publish-bound", env = "HOST_DRAIN_PUBLISH_BOUND", value_parser = duration)]
     publish_bound: Option<Duration>,
+    /// How long the store may go unanswered before /readyz reports `store_unreachable`.
+    #[arg(id = "host.store_unreachable_bound", long = "store-unreachable-bound", env = "HOST_STORE_UNREACHABLE_BOUND", value_parser = duration)]
+    store_unreachable_bound: Option<Duration>,
 
     /// HostLink application ping interval.
     #[arg(id = "link.ping_interval", long = "link-ping", env = "HOST_LINK_PING", value_parser = duration)]
@@ -402,6 +406,7 @@ impl ServeFlags {
             drain_grace => host.drain_grace;
             idle_boundary => host.idle_boundary;
             publish_bound => host.publish_bound;
+            store_unreachable_bound => host.store_unreachable_bound;
             link_ping => link.ping_interval;
             link_pong => link.pong_timeout;
             max_frame_bytes => link.max_frame_bytes;
@@ -530,6 +535,10 @@ pub fn load(
                 _ => {}
             }
         }
+    }
+    if let Some(url) = &options.store {
+        // Refused here, before a data folder or a SQLite file named after a typo is made.
+        StoreLocation::parse(url).context("--store (HOST_STORE_URL)")?;
     }
     let embedded = options.store.is_none();
     let default_credentials = options.credentials_file.is_none();

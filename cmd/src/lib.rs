@@ -147,7 +147,8 @@ pub fn main() -> ExitCode {
         Command::Serve(_) => "info",
         _ => "warn",
     };
-    let out = output::Output::new(cli.json);
+    let out = output::Output::new(cli.json)
+        .with_json_diagnostics(matches!(cli.log_format, LogFormat::Json));
     init_tracing(
         cli.log.as_deref(),
         cli.log_format,

@@ -41,6 +41,9 @@ pub struct Output {
     format: Format,
     colour_stderr: bool,
     progress: bool,
+    /// With `--log-format json`, diagnostics are JSON objects shaped like the log lines, so
+    /// every line on stderr is one JSON object.
+    json_diagnostics: bool,
 }
 
 /// Colour only on a terminal, and never when `NO_COLOR` is set to anything non-empty.
@@ -63,7 +66,19 @@ impl Output {
             format: if json { Format::Json } else { Format::Human },
             colour_stderr: colour_for(terminal),
             progress: terminal,
+            json_diagnostics: false,
         }
+    }
+
+    /// Diagnostics as JSON objects (`--log-format json`), never coloured and with no progress
+    /// lines, so every line on stderr stays one JSON object.
+    pub fn with_json_diagnostics(mut self, on: bool) -> Output {
+        self.json_diagnostics = on;
+        if on {
+            self.colour_stderr = false;
+            self.progress = false;
+        }
+        self
     }
 
     pub fn is_json(&self) -> bool {
@@ -96,9 +111,11 @@ impl Output {
         out.flush().map_err(pipe)
     }
 
-    fn diagnostic(&self, label: &str, colour: &str, text: impl Display) {
+    fn diagnostic(&self, label: &str, level: &str, colour: &str, text: impl Display) {
         let mut err = io::stderr().lock();
-        let _ = if self.colour_stderr {
+        let _ = if self.json_diagnostics {
+            writeln!(err, "{}", json_diagnostic(level, &text.to_string()))
+        } else if self.colour_stderr {
             writeln!(err, "\x1b[{colour}mhostd: {label}\x1b[0m{text}")
         } else {
             writeln!(err, "hostd: {label}{text}")
@@ -107,17 +124,17 @@ impl Output {
 
     /// A note for the user on stderr.
     pub fn note(&self, text: impl Display) {
-        self.diagnostic("", "1", text);
+        self.diagnostic("", "INFO", "1", text);
     }
 
     /// A warning on stderr.
     pub fn warn(&self, text: impl Display) {
-        self.diagnostic("warning: ", "33", text);
+        self.diagnostic("warning: ", "WARN", "33", text);
     }
 
     /// An error on stderr.
     pub fn error(&self, text: impl Display) {
-        self.diagnostic("error: ", "31", text);
+        self.diagnostic("error: ", "ERROR", "31", text);
     }
 
     /// An error with its stable code: one JSON object on one line under `--json` (with
@@ -200,6 +217,17 @@ fn progress_text(what: &str, secs: u64, bound: Duration) -> String {
     format!("{what} ({secs} s of {} s)", bound.as_secs())
 }
 
+/// One diagnostic as the JSON log formatter shapes an event: timestamp, level, the message
+/// under `fields`, and the target.
+fn json_diagnostic(level: &str, message: &str) -> Value {
+    serde_json::json!({
+        "timestamp": humantime::format_rfc3339_micros(std::time::SystemTime::now()).to_string(),
+        "level": level,
+        "fields": { "message": message },
+        "target": "hostd",
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -221,6 +249,16 @@ mod tests {
             Duration::from_secs(60),
         );
         assert_eq!(text, "waiting for command c-1 to be applied (3 s of 60 s)");
+    }
+
+    #[test]
+    fn a_json_diagnostic_is_one_line_of_one_object() {
+        let v = json_diagnostic("WARN", "two\nlines \"quoted\"");
+        let line = v.to_string();
+        assert!(!line.contains('\n'), "{line}");
+        let back: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(back["level"], "WARN");
+        assert_eq!(back["fields"]["message"], "two\nlines \"quoted\"");
     }
 
     #[test]

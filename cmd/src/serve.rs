@@ -3,7 +3,7 @@
 //! folder), and the signal handling: SIGTERM or SIGINT drains, then exits non-zero if the
 //! drain left failures or parked sessions. All behaviour is the `host` crate's.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
@@ -13,7 +13,7 @@ use harness::model::OpenAiConfig;
 use host::Composition;
 use host::server::Server;
 use hostlink::auth::CredentialStore;
-use sessionstore::{StoreOptions, Synchronous};
+use sessionstore::{StoreLocation, StoreOptions, Synchronous};
 
 use crate::agents::DefaultDepartment;
 use crate::config::{ServeFlags, SyncMode, load};
@@ -43,6 +43,47 @@ pub struct ServeArgs {
     flags: ServeFlags,
 }
 
+/// The data folder's lock file (an OS advisory lock, released when the process ends however it
+/// ends), so two `hostd serve` never share one folder, its store and its default host id.
+const LOCK_FILE: &str = "hostd.lock";
+
+fn lock_data_dir(root: &Path) -> Result<std::fs::File> {
+    use std::io::{Read, Seek, Write};
+    let path = root.join(LOCK_FILE);
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .with_context(|| format!("cannot open the lock file {}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            let holder = holder.trim();
+            let by = if holder.is_empty() {
+                String::new()
+            } else {
+                format!(" (pid {holder})")
+            };
+            bail!(
+                "data_dir_locked: the data folder {} is in use by another hostd serve{by}; \
+                 give each Host its own --data-dir",
+                root.display()
+            );
+        }
+        Err(std::fs::TryLockError::Error(e)) => {
+            return Err(e).with_context(|| format!("cannot lock {}", path.display()));
+        }
+    }
+    file.set_len(0)?;
+    file.rewind()?;
+    writeln!(file, "{}", std::process::id())?;
+    Ok(file)
+}
+
 pub async fn run(args: ServeArgs, matches: Option<&ArgMatches>, out: Output) -> Result<ExitCode> {
     let effective = load(args.config.as_deref(), args.flags, matches)?;
     if args.print_config {
@@ -54,6 +95,8 @@ pub async fn run(args: ServeArgs, matches: Option<&ArgMatches>, out: Output) -> 
     let options = effective.options.clone();
     let data = DataDir::new(&options.data_dir);
     data.ensure()?;
+    // Held until the process exits: a second `hostd serve` on this folder is refused.
+    let _lock = lock_data_dir(&data.root)?;
     let embedded = effective.embedded;
     let store_url = options.store.clone().context("a store URL")?;
     // Credentials: the embedded default makes a local tenant on first start.
@@ -155,7 +198,7 @@ pub async fn run(args: ServeArgs, matches: Option<&ArgMatches>, out: Output) -> 
         host = %host_id,
         generation = service.generation(),
         endpoint = %endpoint,
-        store = %if embedded { store_url.as_str() } else { "postgres" },
+        store = %StoreLocation::parse(&store_url)?,
         "hostd is serving HostLink, /readyz, /healthz and /metrics"
     );
     out.note(format_args!(
@@ -163,8 +206,24 @@ pub async fn run(args: ServeArgs, matches: Option<&ArgMatches>, out: Output) -> 
         server.local_addr()
     ));
 
-    let signal = stop.next().await;
-    tracing::info!(signal, "draining");
+    let mut fences = service.fences();
+    let fence = tokio::select! {
+        signal = stop.next() => {
+            tracing::info!(signal, "draining");
+            None
+        }
+        fence = fences.wait_for(|f| f.is_some()) => fence.ok().and_then(|f| f.clone()),
+    };
+    if let Some(fence) = fence {
+        // Serving on would only be refused: stop, and say so with a failing exit.
+        server.shutdown();
+        let _ = server.wait().await;
+        data.remove_runtime();
+        out.error(format_args!(
+            "host {host_id} is fenced: {fence}; exiting instead of serving fenced"
+        ));
+        return Ok(ExitCode::from(3));
+    }
     server.shutdown();
     // A second signal during the drain exits at once.
     let report = tokio::select! {

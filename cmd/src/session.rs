@@ -235,12 +235,10 @@ async fn context(flags: &ClientFlags, out: Output, needs_host: bool) -> Result<C
                 }
             )
         })?;
-    // The local credentials are the local Host's only when this is the local store.
-    let local_credentials = flags
-        .location
-        .store
-        .is_none()
-        .then(|| data.credentials_path());
+    // The data folder's credentials are the ones its Host checks only in the embedded
+    // default (a Host serving another store records no local tenant).
+    let embedded = flags.location.store.is_none() && runtime.is_none_or(|r| !r.tenant.is_empty());
+    let local_credentials = embedded.then(|| data.credentials_path());
     authenticate(&store, &tenant, &token, local_credentials.as_deref()).await?;
     Ok(Ctx {
         controller: Controller::new(store, tenant, token),
@@ -284,7 +282,11 @@ async fn authenticate(
                 link.close();
                 return Ok(());
             }
-            Err(ClientError::Disconnected { code: 4500, .. }) => return Err(refused_token(tenant)),
+            Err(ClientError::Disconnected { code, .. })
+                if code == hostlink::Disconnect::AUTHENTICATION_FAILED.code =>
+            {
+                return Err(refused_token(tenant));
+            }
             Err(e) => last = Some(format!("{}: {e}", target.host)),
         }
     }
@@ -388,7 +390,6 @@ async fn admitted_pending(
     error: Option<&ControllerError>,
     resend: &str,
 ) -> anyhow::Error {
-    // It may have been applied meanwhile by the Host's own pass.
     let cause = pending_cause(ctx, &rec.session, error).await;
     CliError::AdmittedPending {
         command: rec.command.to_string(),
@@ -534,7 +535,8 @@ async fn deliver_and_report(
         APPLY_WAIT,
     );
     loop {
-        let step = Duration::from_millis(250).min(deadline - tokio::time::Instant::now());
+        let step = Duration::from_millis(250)
+            .min(deadline.saturating_duration_since(tokio::time::Instant::now()));
         if let Some(done) = ctx
             .controller
             .wait_terminal(session, &rec.command, step)

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use department::{Recorded, RuntimeCommand};
+use department::{Recorded, RuntimeCommand, RuntimeError};
 use sessionstore::wire::{CommandBodyV1, DecodeError, decode_command_body};
 use sessionstore::{
     AttemptId, AttemptRequest, ClaimRequest, CommandBody, CommandId, CommandRecord, CommandState,
@@ -394,7 +394,7 @@ impl Consumer {
                 .await
             {
                 Ok(_) => {}
-                Err(e) if e.code() == "closure_refused" => {
+                Err(e @ RuntimeError::ClosureRefused(_)) => {
                     return Err(Stop::Blocked(format!(
                         "the stranded attempt cannot be closed: {e}"
                     )));

@@ -14,6 +14,7 @@ mod link_backend;
 pub mod metrics;
 pub mod options;
 mod publisher;
+pub mod readiness;
 mod release;
 mod residency;
 mod resident;

@@ -183,6 +183,10 @@ impl LinkBackend for HostBackend {
         CAPABILITIES.iter().map(|c| (*c).to_owned()).collect()
     }
 
+    /// New links once the Host has started and until it stops. The process's stop refuses
+    /// new links itself from its first instant ([`crate::server::Server::shutdown`]); during a
+    /// HostLink drain of a dedicated Host's fixed session a controller may still reconnect to
+    /// read `drain_status`, while attach and bind answer `not_admitting`.
     fn accepting_links(&self) -> bool {
         self.service.live() && self.service.generation() > 0
     }
@@ -222,6 +226,10 @@ impl LinkBackend for HostBackend {
 
     async fn bind(&self, link: &LinkCtx, req: BindRequest) -> Result<SessionFeed, Refusal> {
         self.check_host(&req.host_id, req.host_generation)?;
+        if self.service.draining() {
+            // A draining Host takes no new route to a session it is giving back.
+            return Err(HostLinkError::NotAdmitting.into());
+        }
         let Some((epoch, state)) = self.service.residency(&link.tenant, &req.session_id) else {
             return Err(HostLinkError::RuntimeUnavailable.into());
         };

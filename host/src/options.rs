@@ -99,6 +99,7 @@ pub enum OptionsCode {
     UnknownEnum,
     NotPositive,
     AboveBound,
+    BelowBound,
     HeartbeatMargin,
     ClaimMargin,
     DedicatedWithoutFixedSession,
@@ -116,6 +117,7 @@ impl OptionsCode {
             OptionsCode::UnknownEnum => "unknown_enum",
             OptionsCode::NotPositive => "not_positive",
             OptionsCode::AboveBound => "above_bound",
+            OptionsCode::BelowBound => "below_bound",
             OptionsCode::HeartbeatMargin => "heartbeat_margin",
             OptionsCode::ClaimMargin => "claim_margin",
             OptionsCode::DedicatedWithoutFixedSession => "dedicated_without_fixed_session",
@@ -186,6 +188,10 @@ pub struct Options {
     pub idle_boundary: Duration,
     #[serde(with = "duration_text")]
     pub publish_bound: Duration,
+    /// How long the store may go unanswered before `/readyz` reports it unreachable (the
+    /// store is probed four times within it).
+    #[serde(with = "duration_text")]
+    pub store_unreachable_bound: Duration,
 }
 
 impl Default for Options {
@@ -208,6 +214,7 @@ impl Default for Options {
             drain_grace: Duration::from_secs(25),
             idle_boundary: Duration::from_secs(10),
             publish_bound: Duration::from_secs(5),
+            store_unreachable_bound: Duration::from_secs(5),
         }
     }
 }
@@ -232,6 +239,7 @@ pub struct Config {
     pub drain_grace: Duration,
     pub idle_boundary: Duration,
     pub publish_bound: Duration,
+    pub store_unreachable_bound: Duration,
 }
 
 /// Upper bounds (named so refusals can say them).
@@ -245,6 +253,8 @@ pub mod bounds {
     pub const MAX_REGISTRY_EXPIRY: Duration = Duration::from_secs(3600);
     pub const MAX_CLAIM_TTL: Duration = Duration::from_secs(3600);
     pub const MAX_APPLY_DEADLINE: Duration = Duration::from_secs(30 * 24 * 3600);
+    pub const MIN_STORE_UNREACHABLE_BOUND: Duration = Duration::from_millis(200);
+    pub const MAX_STORE_UNREACHABLE_BOUND: Duration = Duration::from_secs(600);
 }
 
 fn positive(field: &'static str, d: Duration, max: Duration) -> Result<(), OptionsError> {
@@ -460,6 +470,22 @@ impl Options {
         positive("drain_grace", self.drain_grace, bounds::MAX_DURATION)?;
         positive("idle_boundary", self.idle_boundary, bounds::MAX_DURATION)?;
         positive("publish_bound", self.publish_bound, bounds::MAX_DURATION)?;
+        positive(
+            "store_unreachable_bound",
+            self.store_unreachable_bound,
+            bounds::MAX_STORE_UNREACHABLE_BOUND,
+        )?;
+        if self.store_unreachable_bound < bounds::MIN_STORE_UNREACHABLE_BOUND {
+            return Err(OptionsError::new(
+                OptionsCode::BelowBound,
+                "store_unreachable_bound",
+                format!(
+                    "is {:?}; at least {:?} (one probe must have time to answer)",
+                    self.store_unreachable_bound,
+                    bounds::MIN_STORE_UNREACHABLE_BOUND
+                ),
+            ));
+        }
         Ok(Config {
             host_id,
             internal_endpoint,
@@ -478,6 +504,7 @@ impl Options {
             drain_grace: self.drain_grace,
             idle_boundary: self.idle_boundary,
             publish_bound: self.publish_bound,
+            store_unreachable_bound: self.store_unreachable_bound,
         })
     }
 }

@@ -27,6 +27,7 @@ use crate::admission::Admission;
 use crate::error::HostError;
 use crate::metrics::{GaugeSample, GaugeSource, Metrics};
 use crate::options::Config;
+use crate::readiness::Readiness;
 use crate::resident::{Resident, ResidentState, SessionKey};
 
 /// How many route invalidations may queue before a slow listener misses some (it then drops
@@ -140,6 +141,7 @@ pub(crate) struct Residency {
     invalidations: broadcast::Sender<(TenantId, SessionId)>,
     shutdown: CancellationToken,
     tasks: TaskTracker,
+    readiness: Readiness,
 }
 
 impl Residency {
@@ -147,6 +149,7 @@ impl Residency {
     pub fn new(config: Config, store: Store, metrics: Metrics) -> Arc<Residency> {
         let admission = Admission::new(config.capacity, config.isolation_class);
         let (invalidations, _) = broadcast::channel(INVALIDATION_BUFFER);
+        let readiness = Readiness::new(config.store_unreachable_bound);
         let me = Arc::new(Residency {
             config,
             store,
@@ -162,6 +165,7 @@ impl Residency {
             invalidations,
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),
+            readiness,
         });
         let source: Arc<dyn GaugeSource> = me.clone();
         me.metrics.sample_from(Arc::downgrade(&source));
@@ -178,6 +182,11 @@ impl Residency {
 
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    /// What `/readyz` answers from.
+    pub fn readiness(&self) -> &Readiness {
+        &self.readiness
     }
 
     // ---------------------------------------------------------------- lifecycle
@@ -488,6 +497,13 @@ impl SessionCtx {
     /// Ends this residency abnormally, on a task of its own.
     pub fn end_later(&self, reason: EndReason) {
         self.host.end_later(self.resident.clone(), reason);
+    }
+
+    /// The session's runtime latched a persistence fault (`/readyz` reports it).
+    pub fn persistence_fault(&self, reason: &str) {
+        self.host
+            .readiness
+            .persistence_fault(self.resident.key.session.to_string(), reason.to_owned());
     }
 
     /// Gives back what a released residency held: tombstone, stop its tasks, release the

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::serve::ListenerExt as _;
@@ -52,11 +52,37 @@ impl std::fmt::Debug for Server {
     }
 }
 
-async fn readyz(State(s): State<Service>) -> Response {
-    if s.ready() {
-        (StatusCode::OK, "ready\n").into_response()
+/// True when the request asks for JSON (`Accept: application/json`).
+fn wants_json(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|m| {
+            let m = m.split(';').next().unwrap_or_default().trim();
+            m.eq_ignore_ascii_case("application/json")
+        })
+}
+
+/// 200 when the Host can do its work, 503 otherwise, with every reason: a line of text, or
+/// `{"ready":…,"reasons":[{"code":…,"detail":…}]}` on `Accept: application/json`.
+async fn readyz(State(s): State<Service>, headers: HeaderMap) -> Response {
+    let report = s.readiness();
+    let status = if report.ready {
+        StatusCode::OK
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n").into_response()
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    if wants_json(&headers) {
+        match serde_json::to_string(&report) {
+            Ok(body) => {
+                (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+            }
+            Err(_) => (status, report.text()).into_response(),
+        }
+    } else {
+        (status, report.text()).into_response()
     }
 }
 
@@ -179,8 +205,10 @@ impl Server {
         &self.links
     }
 
-    /// Begins the stop (what SIGTERM does). Idempotent.
+    /// Begins the stop (what SIGTERM does): new links are refused from this instant, then
+    /// the drain runs. Idempotent.
     pub fn shutdown(&self) {
+        self.links.refuse_new_links();
         let _ = self.trigger.send(true);
     }
 

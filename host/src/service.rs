@@ -28,6 +28,7 @@ use crate::error::HostError;
 use crate::link::FeedItem;
 use crate::metrics::Metrics;
 use crate::options::{Config, Options, OptionsError};
+use crate::readiness::{Fence, ReadinessReport};
 use crate::release::{DrainOnce, DrainReport};
 use crate::residency::{Residency, SessionCtx};
 use crate::resident::{ConsumerControl, Resident, ResidentState, SessionKey};
@@ -204,9 +205,22 @@ impl Service {
         self.host().generation()
     }
 
-    /// `/readyz`: admitting (false from the instant a drain begins).
+    /// `/readyz`: true only when the Host can do its work — started, not draining, not
+    /// fenced, its store answering within the bound and no persistence fault held.
     pub fn ready(&self) -> bool {
-        self.host().started() && !self.host().draining()
+        self.readiness().ready
+    }
+
+    /// Whether the Host is ready, and every reason it is not.
+    pub fn readiness(&self) -> ReadinessReport {
+        let host = self.host();
+        host.readiness().report(host.started(), host.draining())
+    }
+
+    /// Announces (once) that a newer generation took this Host's id: the process should
+    /// stop serving and exit non-zero.
+    pub fn fences(&self) -> watch::Receiver<Option<Fence>> {
+        self.host().readiness().fences()
     }
 
     /// `/healthz`: the process should keep running (true until stop completes).
@@ -243,6 +257,8 @@ impl Service {
         host.spawn(async move { me.advertise_loop().await });
         let me = self.inner.clone();
         host.spawn(async move { me.admission_hints().await });
+        let me = self.inner.clone();
+        host.spawn(async move { me.probe_store().await });
         tracing::info!(host = %host.config().host_id, generation, "host started");
         Ok(())
     }
@@ -378,6 +394,53 @@ impl Inner {
         }
     }
 
+    /// Probes the store four times per unreachable bound, for `/readyz`: a read of this
+    /// Host's own advertisement (which also reveals a newer generation of its id: a fence),
+    /// and, while a persistence fault is held, a write (the advertisement again) to learn
+    /// whether the store takes writes once more. Each probe is cut off at the bound.
+    async fn probe_store(self: Arc<Self>) {
+        let host = &self.host;
+        let readiness = host.readiness();
+        let bound = readiness.bound();
+        let every = bound / 4;
+        let own_id = host.config().host_id.clone();
+        loop {
+            tokio::select! {
+                _ = host.shutdown().cancelled() => return,
+                _ = tokio::time::sleep(every) => {}
+            }
+            let own = host.generation();
+            match tokio::time::timeout(bound, host.store().target(&own_id)).await {
+                Ok(Ok(found)) => {
+                    if let Some(t) = found
+                        && t.generation > own
+                    {
+                        let fence = Fence {
+                            own_generation: own,
+                            newer_generation: t.generation,
+                        };
+                        tracing::error!(host = %own_id, %fence, "this Host is fenced");
+                        readiness.fenced(fence);
+                        readiness.store_answered(false);
+                        continue;
+                    }
+                    let wrote = if readiness.holds_fault() {
+                        let ad = host.advertisement(!host.draining());
+                        matches!(
+                            tokio::time::timeout(bound, host.store().advertise(ad)).await,
+                            Ok(Ok(_))
+                        )
+                    } else {
+                        false
+                    };
+                    readiness.store_answered(wrote);
+                }
+                Ok(Err(e)) => readiness.store_failed(e.to_string()),
+                Err(_) => readiness.store_failed(format!("no answer within {bound:?}")),
+            }
+        }
+    }
+
     /// Wakes a resident session's consumer when the store announces an admission for it
     /// (PostgreSQL `LISTEN/NOTIFY`, SQLite's in-process notifier). A hint only: the
     /// reconcile interval covers a lost one.
@@ -454,7 +517,15 @@ impl Inner {
             });
         }
         let key = key(&req.tenant, &req.session);
+        // From the instant a drain begins nothing is admitted, not even a re-attach of a
+        // session still resident: it is about to be given back.
+        if host.draining() {
+            return Err(HostError::NotAdmitting("this Host is draining".into()));
+        }
         let _serial = host.lock_session(&key, None).await;
+        if host.draining() {
+            return Err(HostError::NotAdmitting("this Host is draining".into()));
+        }
         if let Some(r) = host.resident(&key) {
             return match r.state() {
                 ResidentState::Resident => {
@@ -479,9 +550,6 @@ impl Inner {
                 }
                 _ => Err(HostError::Releasing),
             };
-        }
-        if host.draining() {
-            return Err(HostError::NotAdmitting("this Host is draining".into()));
         }
         // 2. Admit against capacity, charged to this attach's generation.
         let weight = target.capabilities().admission_weight.max(1);

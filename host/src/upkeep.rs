@@ -81,6 +81,7 @@ pub(crate) async fn supervise(ctx: SessionCtx) {
             _ = r.cancel.cancelled() => return,
             f = fault => {
                 let reason = f.map_or_else(|| "fault channel closed".to_owned(), |f| f.reason);
+                ctx.persistence_fault(&reason);
                 ctx.end_later(EndReason::Fault(format!("persistence fault: {reason}")));
                 return;
             }

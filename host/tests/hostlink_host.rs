@@ -245,6 +245,154 @@ mod cases {
         assert!(!s.service.live(), "healthz is false once stop completed");
     }
 
+    /// From the instant a drain begins the Host admits nothing: a new link is refused 503
+    /// before its upgrade, an attach on an open link answers `not_admitting` (never
+    /// `accepting: true`, not even for a session still resident), and a bind is refused.
+    pub async fn a_draining_host_refuses_new_links_attaches_and_binds(ts: &TestStore) {
+        let s = serve(ts, "link-drain-admits", |o| {
+            o.idle_boundary = Duration::from_secs(3)
+        })
+        .await;
+        let f = factory(ts, &s, "acme");
+        // A session parked at a gate keeps the drain busy for the idle boundary.
+        let session = sid("gated");
+        create(&f, &session, Some("/tool launch_rocket {}".into()), "c").await;
+        let placed = f.place(&session).await.unwrap();
+        eventually("a gate to open", async || {
+            let gates = f.gates(&session).await.unwrap();
+            check(!gates.is_empty(), || "none".into())
+        })
+        .await;
+        let o = &placed.observation;
+        let attach = AttachRequest {
+            version: V1,
+            tenant_id: TenantId::new("acme").unwrap(),
+            session_id: session.clone(),
+            host_id: o.host_id.clone(),
+            host_generation: o.host_generation,
+            agent_id: o.agent_id.clone(),
+            runtime_compatibility_id: o.runtime_compatibility_id.clone(),
+            mode: AttachMode::Restore,
+            actor_id: ActorId::new("probe").unwrap(),
+            trace_id: None,
+            idempotency_key: IdempotencyKey::new(uuid::Uuid::now_v7().to_string()).unwrap(),
+        };
+        let bind = BindRequest {
+            version: V1,
+            tenant_id: TenantId::new("acme").unwrap(),
+            session_id: session.clone(),
+            host_id: o.host_id.clone(),
+            host_generation: o.host_generation,
+            lease_epoch: o.lease_epoch,
+            runtime_compatibility_id: o.runtime_compatibility_id.clone(),
+            idempotency_key: IdempotencyKey::new(uuid::Uuid::now_v7().to_string()).unwrap(),
+        };
+        // Before the drain: a re-attach of the resident session reports it accepting.
+        let before = placed.client.attach(&attach).await.unwrap().unwrap();
+        assert!(before.accepting);
+
+        s.server.shutdown();
+        eventually("the drain to begin", async || {
+            check(s.service.draining(), || "not yet".into())
+        })
+        .await;
+        assert_eq!(get(&s.http("/readyz")).await.0, 503);
+        let refused = HostLinkClient::connect(
+            &s.base,
+            &TenantId::new("acme").unwrap(),
+            &s.token("acme"),
+            "late",
+        )
+        .await;
+        match refused {
+            Err(controller::client::ClientError::Connect(why)) => {
+                assert!(why.contains("503"), "{why}")
+            }
+            Err(other) => panic!("refused otherwise: {other}"),
+            Ok(_) => panic!("a new link was accepted during the drain"),
+        }
+        assert_eq!(
+            placed.client.attach(&attach).await.unwrap(),
+            Err(HostLinkError::NotAdmitting)
+        );
+        assert_eq!(
+            placed.client.bind(&bind).await.unwrap(),
+            Err(HostLinkError::NotAdmitting)
+        );
+        let report = s.server.wait().await;
+        assert_eq!(report.abandoned.len(), 1, "{report:?}");
+    }
+
+    /// `/readyz` says why it is not ready: a line of text, or JSON on `Accept:
+    /// application/json`; `/healthz` stays 200 through the drain.
+    pub async fn readyz_gives_its_reasons_as_text_and_as_json(ts: &TestStore) {
+        let s = serve(ts, "link-readyz-reasons", |o| {
+            o.idle_boundary = Duration::from_secs(3)
+        })
+        .await;
+        let json = [("Accept", "application/json")];
+        assert_eq!(get(&s.http("/readyz")).await, (200, "ready\n".to_owned()));
+        let (code, body) = get_with(&s.http("/readyz"), &json).await;
+        assert_eq!(code, 200);
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v, serde_json::json!({"ready": true, "reasons": []}));
+        // A session parked at a gate keeps the drain busy.
+        let f = factory(ts, &s, "acme");
+        let session = sid("gated");
+        create(&f, &session, Some("/tool launch_rocket {}".into()), "c").await;
+        f.place(&session).await.unwrap();
+        eventually("a gate to open", async || {
+            let gates = f.gates(&session).await.unwrap();
+            check(!gates.is_empty(), || "none".into())
+        })
+        .await;
+        s.server.shutdown();
+        let body = eventually("readyz to give the drain as its reason", async || {
+            let (code, body) = get_with(&s.http("/readyz"), &json).await;
+            check(code == 503, || format!("{code} {body}")).map(|_| body)
+        })
+        .await;
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["ready"], false);
+        assert_eq!(v["reasons"][0]["code"], "draining", "{v}");
+        let (code, text) = get(&s.http("/readyz")).await;
+        assert_eq!(code, 503);
+        assert!(text.starts_with("not ready: draining ("), "{text}");
+        assert_eq!(get(&s.http("/healthz")).await.0, 200);
+        s.server.wait().await;
+    }
+
+    /// A second Host that takes this Host's id (a newer generation) fences it: `/readyz`
+    /// answers 503 `fenced`, and the fence is announced for the process to exit on.
+    pub async fn a_host_whose_id_a_newer_generation_took_is_fenced_and_not_ready(ts: &TestStore) {
+        let s = serve(ts, "link-fenced", |o| {
+            o.store_unreachable_bound = Duration::from_millis(400)
+        })
+        .await;
+        let mut fences = s.service.fences();
+        assert!(fences.borrow().is_none());
+        assert_eq!(get(&s.http("/readyz")).await.0, 200);
+        let mut second = options("link-fenced");
+        second.store_unreachable_bound = Duration::from_millis(400);
+        let (newer, _) = started(ts, second).await;
+        assert_eq!(newer.generation(), s.service.generation() + 1);
+        let fence = tokio::time::timeout(WAIT, fences.wait_for(|f| f.is_some()))
+            .await
+            .expect("the fence is announced")
+            .unwrap()
+            .clone()
+            .unwrap();
+        assert_eq!(fence.newer_generation, newer.generation());
+        let (code, body) = get_with(&s.http("/readyz"), &[("Accept", "application/json")]).await;
+        assert_eq!(code, 503);
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["reasons"][0]["code"], "fenced", "{v}");
+        assert!(newer.ready(), "the newer generation is the one serving");
+        s.server.shutdown();
+        s.server.wait().await;
+        newer.stop().await;
+    }
+
     pub async fn metrics_pass_promtools_own_check(ts: &TestStore) {
         let s = serve(ts, "link-metrics", |_| {}).await;
         let f = factory(ts, &s, "acme");
@@ -422,6 +570,9 @@ sessionstore::both_backends!(cases =>
     a_controller_creates_places_binds_delivers_and_streams_the_reply,
     a_foreign_tenant_cannot_tell_whether_a_session_exists,
     readyz_turns_503_when_a_drain_starts_and_healthz_stays_200_until_stop,
+    a_draining_host_refuses_new_links_attaches_and_binds,
+    readyz_gives_its_reasons_as_text_and_as_json,
+    a_host_whose_id_a_newer_generation_took_is_fenced_and_not_ready,
     metrics_pass_promtools_own_check,
     a_pooled_host_answers_no_hostlink_drain,
     a_fixed_session_drains_for_its_holder_and_a_reconnected_beginner_reads_drained,

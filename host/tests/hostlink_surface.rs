@@ -722,6 +722,33 @@ async fn several_commands_in_one_frame_are_all_answered() {
     assert_eq!(ids, [2, 3, 4]);
 }
 
+/// `message_too_big` is decided by the frame decoder's own typed limit, not by matching the
+/// WebSocket library's error type; only a message past the transport's hard ceiling (twice
+/// the limit) is cut off by the transport, and that ends the link as a bad request.
+#[tokio::test]
+async fn an_oversized_message_is_message_too_big_and_one_past_the_transport_ceiling_a_bad_request()
+{
+    let s = server(&["acme"]).await;
+    let limit = hostlink::frame::DEFAULT_MAX_FRAME_BYTES;
+    let over = |n: usize| format!("{{\"id\":2,\"rpc\":{{\"method\":\"{}\"}}}}", "m".repeat(n));
+    let (mut c, _) = s.connect("acme").await;
+    c.send_text(&over(limit + 10)).await;
+    assert_eq!(c.close_code().await.0, 1009);
+    let (mut c, _) = s.connect("acme").await;
+    c.send_text(&over(limit * 2 - 40)).await;
+    assert_eq!(
+        c.close_code().await.0,
+        1009,
+        "up to the ceiling: the decoder's refusal"
+    );
+    let (mut c, _) = s.connect("acme").await;
+    c.send_text(&over(limit * 3)).await;
+    assert_eq!(c.close_code().await.0, 3501);
+    // The server is none the worse.
+    let (_c, reply) = s.connect("acme").await;
+    assert_eq!(reply["id"], 1);
+}
+
 #[tokio::test]
 async fn undecodable_frames_close_the_link_with_bad_request_and_never_take_the_server_down() {
     let s = server(&["acme"]).await;

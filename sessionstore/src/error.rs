@@ -20,6 +20,7 @@ pub enum ErrorCode {
     Invalid,
     Integrity,
     Unavailable,
+    UnsupportedStore,
 }
 
 impl ErrorCode {
@@ -40,6 +41,7 @@ impl ErrorCode {
             ErrorCode::Invalid => "invalid",
             ErrorCode::Integrity => "integrity",
             ErrorCode::Unavailable => "unavailable",
+            ErrorCode::UnsupportedStore => "unsupported_store",
         }
     }
 }
@@ -130,6 +132,14 @@ pub enum StoreError {
     /// The store cannot be reached or is closed.
     #[error("unavailable: {reason}")]
     Unavailable { reason: String },
+
+    /// The store URL names no backend this build has (`given` is its scheme, never the
+    /// whole URL).
+    #[error(
+        "unsupported_store: `{given}` is not a store; give {}",
+        crate::location::STORE_SCHEMES
+    )]
+    UnsupportedStore { given: String },
 }
 
 impl StoreError {
@@ -150,6 +160,7 @@ impl StoreError {
             StoreError::Invalid { .. } => ErrorCode::Invalid,
             StoreError::Integrity { .. } => ErrorCode::Integrity,
             StoreError::Unavailable { .. } => ErrorCode::Unavailable,
+            StoreError::UnsupportedStore { .. } => ErrorCode::UnsupportedStore,
         }
     }
 

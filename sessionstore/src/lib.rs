@@ -11,6 +11,7 @@ pub mod evidence;
 pub mod ids;
 pub mod journal;
 pub mod limits;
+pub mod location;
 pub mod machine;
 mod merged;
 pub mod model;
@@ -35,6 +36,7 @@ pub use error::{ErrorCode, StoreError, StoreResult};
 pub use evidence::{EvidenceReader, EvidenceRouter, FixedEvidenceRouter};
 pub use ids::*;
 pub use journal::*;
+pub use location::StoreLocation;
 pub use model::*;
 pub use packages::{NewPackage, PackageSummary, Publication, StoredPackage};
 pub use runs::{

@@ -754,6 +754,27 @@ async fn migrate(pool: &PgPool) -> StoreResult<()> {
     tx.commit().await.map_err(map_err)
 }
 
+/// Why the server named by `connect` could not be reached, saying where: a refused or
+/// unresolvable address names its host and port rather than only "pool timed out".
+fn unreachable_server(connect: &PgConnectOptions, e: sqlx::Error) -> StoreError {
+    let at = format!("{}:{}", connect.get_host(), connect.get_port());
+    match &e {
+        sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
+            StoreError::unavailable(format!(
+                "cannot connect to PostgreSQL: connection refused at {at}"
+            ))
+        }
+        sqlx::Error::Io(io) => {
+            StoreError::unavailable(format!("cannot connect to PostgreSQL at {at}: {io}"))
+        }
+        sqlx::Error::PoolTimedOut => StoreError::unavailable(format!(
+            "cannot connect to PostgreSQL at {at}: no connection within the pool's timeout"
+        )),
+        sqlx::Error::Database(_) => map_err(e),
+        _ => StoreError::unavailable(format!("cannot connect to PostgreSQL at {at}: {e}")),
+    }
+}
+
 impl PgEngine {
     pub(crate) async fn open(
         options: &StoreOptions,
@@ -764,18 +785,21 @@ impl PgEngine {
             .parse::<PgConnectOptions>()
             .map_err(|e| StoreError::invalid("url", format!("is not a PostgreSQL URL: {e}")))?
             .options(PLANNER_SETTINGS);
+        // One direct connection first: the pool would retry a refused connect until its
+        // acquire timeout and report only that it timed out.
+        let mut first = PgConnection::connect_with(&connect)
+            .await
+            .map_err(|e| unreachable_server(&connect, e))?;
         if let Some(schema) = &options.pg_schema {
-            let mut c = PgConnection::connect_with(&connect)
-                .await
-                .map_err(map_err)?;
+            let c = &mut first;
             c.execute(AssertSqlSafe(format!(
                 "CREATE SCHEMA IF NOT EXISTS {}",
                 quote_ident(schema)
             )))
             .await
             .map_err(map_err)?;
-            let _ = c.close().await;
         }
+        let _ = first.close().await;
         let search_path = options.pg_schema.clone();
         let pool = PgPoolOptions::new()
             .max_connections(options.pg_max_connections)
@@ -793,9 +817,9 @@ impl PgEngine {
                     Ok(())
                 })
             })
-            .connect_with(connect)
+            .connect_with(connect.clone())
             .await
-            .map_err(|e| StoreError::unavailable(format!("cannot connect to PostgreSQL: {e}")))?;
+            .map_err(|e| unreachable_server(&connect, e))?;
         migrate(&pool).await?;
         // After the migrations (and at every open): the tables with data get statistics.
         analyse_grown(&pool).await?;

@@ -226,14 +226,13 @@ pub(crate) struct SqliteEngine {
 }
 
 fn parse_path(url: &str) -> StoreResult<PathBuf> {
-    let path = url
-        .strip_prefix("sqlite://")
-        .or_else(|| url.strip_prefix("sqlite:"))
-        .unwrap_or(url);
-    if path.is_empty() {
-        return Err(StoreError::invalid("url", "names no SQLite file"));
+    match crate::location::StoreLocation::parse(url)? {
+        crate::location::StoreLocation::Sqlite(path) => Ok(path),
+        crate::location::StoreLocation::Postgres(_) => Err(StoreError::invalid(
+            "url",
+            "names PostgreSQL, not a SQLite file",
+        )),
     }
-    Ok(PathBuf::from(path))
 }
 
 fn configure(conn: &Connection, options: &StoreOptions, writer: bool) -> StoreResult<()> {

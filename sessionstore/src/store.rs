@@ -283,18 +283,16 @@ impl Store {
     pub async fn open(options: StoreOptions) -> StoreResult<Store> {
         options.validate()?;
         let counters = Arc::new(Counters::default());
-        let (engine, kind) =
-            if options.url.starts_with("postgres://") || options.url.starts_with("postgresql://") {
-                (
-                    Engine::Postgres(PgEngine::open(&options, counters.clone()).await?),
-                    BackendKind::Postgres,
-                )
-            } else {
-                (
-                    Engine::Sqlite(SqliteEngine::open(&options, counters.clone()).await?),
-                    BackendKind::Sqlite,
-                )
-            };
+        let (engine, kind) = match crate::location::StoreLocation::parse(&options.url)? {
+            crate::location::StoreLocation::Postgres(_) => (
+                Engine::Postgres(PgEngine::open(&options, counters.clone()).await?),
+                BackendKind::Postgres,
+            ),
+            crate::location::StoreLocation::Sqlite(_) => (
+                Engine::Sqlite(SqliteEngine::open(&options, counters.clone()).await?),
+                BackendKind::Sqlite,
+            ),
+        };
         let bindings = options.local_storage_bindings.clone();
         let inner = Arc::new_cyclic(|weak: &std::sync::Weak<Inner>| {
             let reader: Arc<dyn EvidenceReader> = Arc::new(OwnJournalEvidence {

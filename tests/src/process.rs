@@ -125,6 +125,11 @@ impl Serve {
         (status, self.log_text())
     }
 
+    /// Waits for the process to exit on its own; the exit status and the log.
+    pub fn exited(self) -> (ExitStatus, String) {
+        self.wait_exit("hostd serve to exit on its own")
+    }
+
     /// SIGTERM (a drain), then the exit status and the log.
     pub fn terminate(self) -> (ExitStatus, String) {
         kill(Pid::from_raw(self.pid() as i32), Signal::SIGTERM).expect("SIGTERM");

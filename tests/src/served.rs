@@ -91,6 +91,11 @@ pub async fn serve_with_tokens(
 }
 
 pub async fn get(url: &str) -> (u16, String) {
+    get_with(url, &[]).await
+}
+
+/// [`get`] with extra request headers (`("Accept", "application/json")`).
+pub async fn get_with(url: &str, headers: &[(&str, &str)]) -> (u16, String) {
     // A minimal HTTP/1.1 GET over a real socket (no client library needed).
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let rest = url.trim_start_matches("http://");
@@ -99,8 +104,13 @@ pub async fn get(url: &str) -> (u16, String) {
         .map(|(a, p)| (a, format!("/{p}")))
         .unwrap();
     let mut s = tokio::net::TcpStream::connect(authority).await.unwrap();
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
     s.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n").as_bytes(),
+        format!("GET {path} HTTP/1.1\r\nHost: {authority}\r\n{extra}Connection: close\r\n\r\n")
+            .as_bytes(),
     )
     .await
     .unwrap();

@@ -326,6 +326,14 @@ async fn a_wrong_token_admits_nothing_and_reads_nothing_on_postgres() {
         all.extend_from_slice(args);
         hostd_run(&dir, &all, &[])
     };
+    // `hostd wait` against the fleet's store: a live Host accepting sessions.
+    let ready = hostd_run(
+        &dir,
+        &["--json", "wait", "--store", &db.url, "--timeout", "30s"],
+        &[],
+    );
+    let ready: Value = serde_json::from_str(&ok(ready)).expect("one JSON document");
+    assert_eq!(ready["host_id"], "fleet-auth", "{ready}");
     let good = token.expose_secret().to_owned();
     let s = {
         let created: Value = serde_json::from_str(&ok(fleet(&good, &["create"]))).unwrap();
@@ -439,7 +447,14 @@ fn json_output_is_one_document_per_listing_and_one_line_per_streamed_event() {
     let gates: Value =
         serde_json::from_str(&ok(session(dir, &["--json", "gates", &s]))).expect("one doc");
     assert!(gates.is_array(), "{gates}");
-    let journal = ok(session(dir, &["--json", "journal", &s]));
+    let journal = eventually_blocking("the turn to end", || {
+        let journal = ok(session(dir, &["--json", "journal", &s]));
+        if journal.contains("turn_done") {
+            Ok(journal)
+        } else {
+            Err(journal)
+        }
+    });
     assert!(journal.lines().count() >= 3, "{journal}");
     for line in journal.lines() {
         let event: Value = serde_json::from_str(line).expect("one event per line");

@@ -47,6 +47,9 @@ pub const HOSTLINK_ROUTE: &str = "/hostlink/{tenant}";
 
 /// What every link of one service shares.
 pub(crate) struct Core {
+    /// Set when the owner stops: new links are refused (503) from then on, before the drain
+    /// that precedes closing the open ones.
+    pub(crate) refusing: std::sync::atomic::AtomicBool,
     pub(crate) config: LinkConfig,
     pub(crate) registry: Arc<Registry>,
     pub(crate) tracker: TaskTracker,
@@ -60,6 +63,14 @@ pub struct HostLinkHandle {
 }
 
 impl HostLinkHandle {
+    /// Refuses every new link from now on (503 before the upgrade); links already open stay
+    /// until [`HostLinkHandle::close_all`]. What a stopping owner calls first.
+    pub fn refuse_new_links(&self) {
+        self.core
+            .refusing
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
     /// Refuses new links from now on (503 before the upgrade) and closes every live link
     /// with `disconnect` (e.g. [`Disconnect::SHUTDOWN`]). Call it after the drain: transports
     /// close last.
@@ -100,6 +111,7 @@ pub fn hostlink_router<B: LinkBackend>(
         options.max_tenant_links,
     ));
     let core = Arc::new(Core {
+        refusing: std::sync::atomic::AtomicBool::new(false),
         config,
         registry: registry.clone(),
         tracker: TaskTracker::new(),

@@ -80,7 +80,10 @@ pub(crate) async fn accept<B: LinkBackend>(
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
     let core = &state.core;
-    if core.registry.closing().is_some() || !state.backend.accepting_links() {
+    if core.refusing.load(std::sync::atomic::Ordering::SeqCst)
+        || core.registry.closing().is_some()
+        || !state.backend.accepting_links()
+    {
         return refuse(
             StatusCode::SERVICE_UNAVAILABLE,
             "HostLink is not accepting links",
@@ -103,8 +106,8 @@ pub(crate) async fn accept<B: LinkBackend>(
         Ok(u) => u,
         Err(rejection) => return rejection.into_response(),
     };
-    let max = core.config.options().max_frame_bytes;
-    let mut upgrade = upgrade.max_message_size(max).max_frame_size(max);
+    let ceiling = super::transport::transport_ceiling(core.config.options().max_frame_bytes);
+    let mut upgrade = upgrade.max_message_size(ceiling).max_frame_size(ceiling);
     if subprotocol {
         upgrade = upgrade.protocols([JSON_SUBPROTOCOL]);
     }

@@ -75,15 +75,29 @@ impl Heartbeat {
     }
 }
 
-fn is_message_too_big(error: &axum::Error) -> bool {
+/// How large a message the WebSocket layer itself accepts for a link whose limit is
+/// `max_frame_bytes`: twice that (within the frame ceiling's double), so every message up to it
+/// reaches [`decode_frame`], whose typed [`FrameError::TooLarge`] decides `message_too_big`.
+/// The transport's own limit stays a bound on memory, never the place a refusal is decided.
+pub(crate) fn transport_ceiling(max_frame_bytes: usize) -> usize {
+    max_frame_bytes
+        .saturating_mul(2)
+        .min(hostlink::frame::MAX_FRAME_BYTES_CEILING.saturating_mul(2))
+}
+
+/// How a failed read ends the link, decided from types the standard library owns (never from
+/// the WebSocket library's error type, whose version is axum's to choose): an I/O error is the
+/// connection going away; anything else is the peer breaking the transport's rules (a protocol
+/// violation, or a message beyond [`transport_ceiling`]).
+pub(crate) fn read_failure(error: &axum::Error) -> Disconnect {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
     while let Some(e) = source {
-        if let Some(ws) = e.downcast_ref::<tungstenite::Error>() {
-            return matches!(ws, tungstenite::Error::Capacity(_));
+        if e.is::<std::io::Error>() {
+            return Disconnect::CONNECTION_CLOSED;
         }
         source = e.source();
     }
-    false
+    Disconnect::BAD_REQUEST
 }
 
 /// Reads frames until the peer closes, the link closes (then only the peer's close frame is
@@ -109,13 +123,9 @@ pub(crate) async fn read_loop(
                 break;
             }
             Some(Err(e)) => {
-                if is_message_too_big(&e) {
-                    tracing::debug!("an inbound message exceeded max_frame_bytes");
-                    closer.close(Disconnect::MESSAGE_TOO_BIG);
-                } else {
-                    tracing::debug!(error = %e, "the WebSocket failed");
-                    closer.close(Disconnect::CONNECTION_CLOSED);
-                }
+                let disconnect = read_failure(&e);
+                tracing::debug!(error = %e, reason = disconnect.reason, "the WebSocket read failed");
+                closer.close(disconnect);
                 break;
             }
             Some(Ok(m)) => m,
