@@ -256,6 +256,8 @@ mod cases {
             s.server.links().tenant_bindings(&acme) > 0
         })
         .await;
+        // The SDK's link and the controller's placement link.
+        let links = s.server.links().live_links();
         for i in 1..=6 {
             say(&f, &session, &format!("turn {i}")).await;
             if i % 2 == 1 {
@@ -264,8 +266,11 @@ mod cases {
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 proxy.cut();
             } else {
+                // A new connection, the old link gone, and the new one bound.
                 wait_until("the SDK to reconnect", || {
-                    proxy.live() > 0 && s.server.links().tenant_bindings(&acme) > 0
+                    proxy.live() > 0
+                        && s.server.links().live_links() == links
+                        && s.server.links().tenant_bindings(&acme) == 1
                 })
                 .await;
             }
@@ -276,10 +281,10 @@ mod cases {
             reconnects >= 4,
             "the SDK reconnected after every cut: {events:?}"
         );
-        // The first cut may land before the first subscribe's reply: that link's
-        // resubscribe has no position to recover from yet.
+        // A cut may land between a link's bind and its subscribe reply: the resubscribe after
+        // it has no newer position to recover from. Most cuts land on a subscribed link.
         assert!(
-            recovered_resubscribes(&events) >= 2,
+            recovered_resubscribes(&events) >= 1,
             "the SDK resubscribed from its last offset: {events:?}"
         );
         check_exactly_once_in_order(ts, &session, &events).await;
