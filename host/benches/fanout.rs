@@ -16,6 +16,15 @@
 //! all M publications, so the figures are throughput, never drops; a subscriber the Host
 //! disconnected (e.g. 3008 slow) is reported. Rounds alternate between the two paths; the
 //! medians are printed. No assertion on timing.
+//!
+//! Every push carries its stream offset. Then recovery: a session journal of
+//! `RECOVERY_RECORDS` public records (with a private control record after every fourth, as a
+//! runtime writes them) in a real store (SQLite, and PostgreSQL when
+//! `HOST_TEST_DATABASE_URL` is set); a client binds and subscribes with `recover` from offset
+//! 0 and the clock stops when it holds the reply with every record (decoded and checked:
+//! offsets 1..N). The baseline: a plain public journal read of the same records from the same
+//! store (`journal_public_page`, page by page). Both warm (the Host's reader keeps what it
+//! learned of the session); medians of `RECOVERY_ROUNDS` alternating rounds.
 
 use std::net::SocketAddr;
 use std::num::NonZeroU64;
@@ -34,18 +43,24 @@ use host::link::backend::{
     FeedItem, LinkBackend, LinkCtx, Refusal, SessionFeed, StreamPublication,
 };
 use host::link::{ENDURING_RECORD, RECORD_TAG};
-use host::link::{LinkOptions, hostlink_router};
+use host::link::{LinkOptions, StreamPage, hostlink_router};
+use host::stream::StreamReader;
 use hostlink::auth::{AuthVerifier, CredentialStore, credential_digest_hex};
 use hostlink::channel::session_channel;
 use hostlink::codes::Disconnect;
 use hostlink::frame::{PING, encode_publication, encode_push};
+use hostlink::public_journal::stream_epoch;
 use hostlink::records::{
     AttachRequest, BindRequest, DrainObservation, DrainRequest, EnduringPublication, HostLinkError,
     RegistryObservation, UnbindRequest,
 };
 use serde_json::Value;
 use serde_json::value::RawValue;
-use sessionstore::{CommandId, EventId, SessionId, TenantId};
+use sessionstore::testing::{TestBackend, TestStore};
+use sessionstore::{
+    AgentId, CommandId, CompatibilityId, EventId, JournalEntry, NewSession, RuntimeSessionId,
+    SessionBinding, SessionId, TenantId, local_binding,
+};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::broadcast;
 use tokio_tungstenite::tungstenite::Message;
@@ -62,6 +77,9 @@ const SESSION: &str = "fanout";
 const TOKEN: &str = "bench-token";
 const HOST_ID: &str = "host-bench";
 const BUILD: &str = "build-bench";
+/// Public records a resubscribing client replays in the recovery measurement.
+const RECOVERY_RECORDS: u64 = 1000;
+const RECOVERY_ROUNDS: usize = 7;
 /// A stalled round fails instead of hanging the bench.
 const ROUND_LIMIT: Duration = Duration::from_secs(60);
 
@@ -133,6 +151,8 @@ struct FanoutBackend {
     credentials: CredentialStore,
     feed: broadcast::Sender<FeedItem>,
     invalidations: broadcast::Sender<(TenantId, SessionId)>,
+    /// The session's durable stream, for the recovery measurement.
+    streams: Option<StreamReader>,
 }
 
 impl FanoutBackend {
@@ -145,6 +165,7 @@ impl FanoutBackend {
             credentials,
             feed,
             invalidations: broadcast::channel(4).0,
+            streams: None,
         }
     }
 }
@@ -204,6 +225,23 @@ impl LinkBackend for FanoutBackend {
 
     fn route_invalidations(&self) -> broadcast::Receiver<(TenantId, SessionId)> {
         self.invalidations.subscribe()
+    }
+
+    async fn stream_read(
+        &self,
+        link: &LinkCtx,
+        session: &SessionId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Option<StreamPage>, Refusal> {
+        let Some(streams) = &self.streams else {
+            return Ok(None);
+        };
+        streams
+            .read(&link.tenant, session, after, limit)
+            .await
+            .map(Some)
+            .map_err(|e| Refusal::Internal(e.to_string()))
     }
 }
 
@@ -573,6 +611,169 @@ async fn bench_set(n: usize, m: u64) -> (f64, f64) {
     (h, r)
 }
 
+/// A store holding the bench session with `RECOVERY_RECORDS` public records.
+async fn recovery_store(backend: TestBackend) -> Option<(TestStore, RuntimeSessionId)> {
+    let ts = TestStore::open(backend).await?;
+    let rs = RuntimeSessionId::mint();
+    ts.store
+        .create_session(NewSession {
+            tenant: tenant(),
+            session: session(),
+            agent: AgentId::new("assistant").unwrap(),
+            compatibility: CompatibilityId::new(BUILD).unwrap(),
+            binding: SessionBinding {
+                runtime_session_id: rs,
+                storage_binding_id: local_binding(),
+                binding_version: 1,
+            },
+        })
+        .await
+        .unwrap();
+    let mut lease = ts
+        .store
+        .journal_acquire(&tenant(), rs, "bench", Duration::from_secs(60))
+        .await
+        .unwrap();
+    let mut entries = Vec::new();
+    for seq in 1..=RECOVERY_RECORDS {
+        entries.push(JournalEntry::Event {
+            event: EventId::new(format!("event-{seq}")).unwrap(),
+            public_body: assistant_message(seq).into_bytes(),
+            private_body: None,
+            cause: None,
+        });
+        if seq % 4 == 0 {
+            entries.push(JournalEntry::Control {
+                body: b"{\"checkpoint\":true}".to_vec(),
+                cause: None,
+            });
+        }
+        if entries.len() >= 500 || seq == RECOVERY_RECORDS {
+            lease.tip = ts
+                .store
+                .journal_append(&lease, std::mem::take(&mut entries))
+                .await
+                .unwrap();
+        }
+    }
+    Some((ts, rs))
+}
+
+/// The baseline: every public record read from the store, page by page.
+async fn plain_read(ts: &TestStore, rs: RuntimeSessionId) -> Duration {
+    let start = Instant::now();
+    let mut after = 0;
+    let mut pinned = None;
+    let mut read = 0u64;
+    loop {
+        let page = ts
+            .store
+            .journal_public_page(&tenant(), rs, after, pinned, 1000)
+            .await
+            .unwrap();
+        read += page.events.len() as u64;
+        pinned = Some(page.tip);
+        after = page.next_after;
+        if page.is_complete() {
+            break;
+        }
+    }
+    let elapsed = start.elapsed();
+    assert_eq!(read, RECOVERY_RECORDS);
+    elapsed
+}
+
+/// One resubscribe from offset 0: the time until the client holds every record.
+async fn recovery_round(addr: SocketAddr, channel: &str, epoch: &str) -> Duration {
+    let mut ws = dial(format!("ws://{addr}/hostlink/{TENANT}")).await;
+    let connect = request(
+        &mut ws,
+        1,
+        format!(
+            r#"{{"id":1,"connect":{{"token":"{TOKEN}","data":{{"supported_versions":[1]}}}}}}"#
+        ),
+    )
+    .await;
+    assert!(connect.get("connect").is_some(), "connect: {connect}");
+    let bind = request(
+        &mut ws,
+        2,
+        format!(
+            r#"{{"id":2,"rpc":{{"method":"hostlink.bind","data":{{"version":1,"tenant_id":"{TENANT}","session_id":"{SESSION}","host_id":"{HOST_ID}","host_generation":1,"lease_epoch":1,"runtime_compatibility_id":"{BUILD}","idempotency_key":"bind"}}}}}}"#
+        ),
+    )
+    .await;
+    assert_eq!(bind["rpc"]["data"], serde_json::json!({}), "bind: {bind}");
+    let start = Instant::now();
+    let reply = request(
+        &mut ws,
+        3,
+        format!(
+            r#"{{"id":3,"subscribe":{{"channel":"{channel}","recover":true,"offset":0,"epoch":"{epoch}"}}}}"#
+        ),
+    )
+    .await;
+    let elapsed = start.elapsed();
+    let result = &reply["subscribe"];
+    assert_eq!(result["recovered"], true, "{reply}");
+    let pubs = result["publications"].as_array().expect("publications");
+    assert_eq!(pubs.len() as u64, RECOVERY_RECORDS);
+    for (i, p) in pubs.iter().enumerate() {
+        assert_eq!(p["offset"], i as u64 + 1);
+    }
+    let _ = ws.close(None).await;
+    elapsed
+}
+
+async fn bench_recovery(label: &str, backend: TestBackend) {
+    let Some((ts, rs)) = recovery_store(backend).await else {
+        println!("recovery: {label}: not available here");
+        return;
+    };
+    let (feed, _) = broadcast::channel(16);
+    let mut backend = FanoutBackend::new(feed);
+    backend.streams = Some(StreamReader::new(ts.store.clone(), 4));
+    let options = LinkOptions {
+        recovery_window: RECOVERY_RECORDS as usize,
+        ..LinkOptions::default()
+    };
+    let (router, handle) = hostlink_router(Arc::new(backend), options.validate().expect("options"));
+    let (addr, server) = serve(router).await;
+    let channel = session_channel(&tenant(), &session());
+    let epoch = stream_epoch(rs);
+    // Warm both paths once.
+    let _ = plain_read(&ts, rs).await;
+    let _ = recovery_round(addr, &channel, &epoch).await;
+    let mut recovery = Vec::new();
+    let mut plain = Vec::new();
+    let rate = |d: Duration| RECOVERY_RECORDS as f64 / d.as_secs_f64();
+    for _ in 0..RECOVERY_ROUNDS {
+        recovery.push(rate(recovery_round(addr, &channel, &epoch).await));
+        plain.push(rate(plain_read(&ts, rs).await));
+    }
+    let r = median(recovery.clone());
+    let p = median(plain.clone());
+    println!(
+        "recovery: {label}: {RECOVERY_RECORDS} public records (with private records between), median of {RECOVERY_ROUNDS} rounds"
+    );
+    println!(
+        "recovery:   resubscribe with recover from offset 0: {r:>9.0} records/s  (rounds: {})",
+        rounds_text(&recovery)
+    );
+    println!(
+        "recovery:   plain journal read of the same records: {p:>9.0} records/s  (rounds: {})",
+        rounds_text(&plain)
+    );
+    println!(
+        "recovery:   recovery / plain read: {:.2}x (goal >= 0.50x: {})",
+        r / p,
+        if r / p >= 0.5 { "met" } else { "missed" }
+    );
+    handle.close_all(Disconnect::SHUTDOWN);
+    let _ = tokio::time::timeout(Duration::from_secs(10), handle.wait()).await;
+    server.abort();
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; a filter argument is accepted and ignored.
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -592,5 +793,7 @@ fn main() {
             if ratio >= 0.7 { "met" } else { "missed" }
         );
     }
+    rt.block_on(bench_recovery("SQLite", TestBackend::Sqlite));
+    rt.block_on(bench_recovery("PostgreSQL", TestBackend::Postgres));
     println!("fanout: total {:.1} s", started.elapsed().as_secs_f64());
 }

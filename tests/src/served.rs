@@ -6,7 +6,7 @@ use controller::Controller as Factory;
 use host::link::LinkOptions;
 use host::server::Server;
 use host::{Options, Service};
-use hostlink::auth::{CredentialStore, mint_credential};
+use hostlink::auth::{CredentialStore, credential_digest_hex, mint_credential};
 use sessionstore::testing::TestStore;
 use sessionstore::{AgentId, CommandId, CompatibilityId, SessionId, TenantId};
 use tokio::net::TcpListener;
@@ -47,6 +47,25 @@ pub async fn serve_with_link(
     adjust: impl FnOnce(&mut Options),
     link: LinkOptions,
 ) -> Served {
+    let tokens = ["acme", "globex"]
+        .into_iter()
+        .map(|t| {
+            let (token, _) = mint_credential();
+            (TenantId::new(t).unwrap(), token.expose_secret().to_owned())
+        })
+        .collect();
+    serve_with_tokens(ts, host, adjust, link, tokens).await
+}
+
+/// [`serve_with_link`] accepting the given tenant tokens (a fleet's Hosts share a tenant's
+/// credential: pass another Host's `tokens`).
+pub async fn serve_with_tokens(
+    ts: &TestStore,
+    host: &str,
+    adjust: impl FnOnce(&mut Options),
+    link: LinkOptions,
+    tokens: Vec<(TenantId, String)>,
+) -> Served {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let mut opts = options(host);
@@ -54,11 +73,10 @@ pub async fn serve_with_link(
     adjust(&mut opts);
     let (service, _) = started(ts, opts).await;
     let mut creds = CredentialStore::empty();
-    let mut tokens = Vec::new();
-    for t in ["acme", "globex"] {
-        let (token, digest) = mint_credential();
-        creds.add(TenantId::new(t).unwrap(), &digest).unwrap();
-        tokens.push((TenantId::new(t).unwrap(), token.expose_secret().to_owned()));
+    for (tenant, token) in &tokens {
+        creds
+            .add(tenant.clone(), &credential_digest_hex(token))
+            .unwrap();
     }
     let link = link.validate().unwrap();
     let server = Server::from_listener(service.clone(), Box::new(creds), link, listener)

@@ -105,6 +105,12 @@ struct SubscriptionStart {
     sent_through: u64,
 }
 
+/// Whether a client's position is in the stream at `position`: the same epoch, or the very
+/// start (offset 0 with no epoch: a client that has seen nothing yet).
+fn same_stream(from: &StreamPosition, position: &StreamPosition) -> bool {
+    from.epoch == position.epoch || (from.offset == 0 && from.epoch.is_empty())
+}
+
 /// A recovered or historical record as a Centrifuge publication: the same data and tags as
 /// its live push, and its offset.
 fn stream_publication(p: &StreamPublication) -> String {
@@ -791,9 +797,7 @@ impl<B: LinkBackend> Link<B> {
         };
         let window = self.core.config.options().recovery_window as u64;
         let recoverable = recover.filter(|from| {
-            let same_stream =
-                from.epoch == position.epoch || (from.offset == 0 && from.epoch.is_empty());
-            same_stream && from.offset <= top && top - from.offset <= window
+            same_stream(from, &position) && from.offset <= top && top - from.offset <= window
         });
         let Some(from) = recoverable else {
             return Ok(Some(SubscriptionStart {
@@ -894,7 +898,7 @@ impl<B: LinkBackend> Link<B> {
             epoch: head.epoch,
         };
         if let Some(since) = &h.since
-            && (since.epoch != position.epoch || since.offset > top)
+            && (!same_stream(since, &position) || since.offset > top)
         {
             return Err(HistoryRefused::Unrecoverable);
         }

@@ -1,7 +1,12 @@
 //! One link's WebSocket transport: the reader (frames in, commands to the link, pongs
-//! recorded), the writer (the bounded outbound queue out, batched, enduring records encoded
-//! straight into their frame; the application ping and the pong deadline; the close frame
-//! last). The link ends through its [`Closer`]. Never interprets a command and never buffers without bound: a full
+//! recorded), the writer (the bounded outbound queue out, what is queued written together and
+//! flushed once, one WebSocket message per reply or push, enduring records encoded straight
+//! into their message; the application ping and the pong deadline; the close frame last).
+//!
+//! Outbound messages are never joined into one multi-line frame: the official JavaScript SDK
+//! dispatches the lines of one frame over several promise turns, so a second frame arriving in
+//! the same tick is dispatched between them and the application sees publications out of
+//! order. One line per message keeps every SDK's order; the writes still share one flush. The link ends through its [`Closer`]. Never interprets a command and never buffers without bound: a full
 //! queue or a stalled socket ends the link as slow.
 
 use std::sync::Arc;
@@ -200,27 +205,38 @@ fn frame_bytes(item: &Outbound) -> usize {
     }
 }
 
-/// One outbound frame from `items` (drained): a lone message as it is; otherwise everything
-/// joined by line feeds (Centrifuge JSON batching) into one buffer of `bytes`, enduring
-/// records encoded in place.
-fn take_frame(items: &mut Vec<Outbound>, bytes: usize) -> String {
-    if let [Outbound::Message(_)] = items.as_slice()
-        && let Some(Outbound::Message(m)) = items.pop()
-    {
-        return m;
-    }
-    let mut frame = String::with_capacity(bytes);
-    for (i, item) in items.drain(..).enumerate() {
-        if i > 0 {
-            frame.push('\n');
+/// The text of one queued item (nothing for the heartbeat marker).
+fn message_text(item: Outbound) -> Option<String> {
+    match item {
+        Outbound::Message(m) => Some(m),
+        Outbound::Enduring(encoder, record) => {
+            let mut text = String::with_capacity(encoder.encoded_len(&record));
+            encoder.encode_into(&mut text, &record);
+            Some(text)
         }
-        match item {
-            Outbound::Message(m) => frame.push_str(&m),
-            Outbound::Enduring(encoder, record) => encoder.encode_into(&mut frame, &record),
-            Outbound::StartHeartbeat => {}
-        }
+        Outbound::StartHeartbeat => None,
     }
-    frame
+}
+
+/// Writes `items` (drained) as one WebSocket message each and flushes once, with a deadline.
+async fn write_all_until(
+    sink: &mut SplitSink<WebSocket, Message>,
+    items: &mut Vec<Outbound>,
+    deadline: Instant,
+) -> Result<(), WriteFailure> {
+    let write = async {
+        for item in items.drain(..) {
+            if let Some(text) = message_text(item) {
+                sink.feed(Message::Text(Utf8Bytes::from(text))).await?;
+            }
+        }
+        sink.flush().await
+    };
+    match timeout_at(deadline, write).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(_)) => Err(WriteFailure::Broken),
+        Err(_) => Err(WriteFailure::Stalled),
+    }
 }
 
 /// Timing the writer runs under.
@@ -288,9 +304,8 @@ pub(crate) async fn write_loop(
                     }
                 }
                 if !batch.is_empty() {
-                    let frame = take_frame(&mut batch, bytes);
                     let deadline = Instant::now() + timing.slow_consumer_timeout;
-                    let write = write_until(&mut sink, Message::Text(Utf8Bytes::from(frame)), deadline);
+                    let write = write_all_until(&mut sink, &mut batch, deadline);
                     let outcome = tokio::select! {
                         biased;
                         r = write => Some(r),
@@ -321,18 +336,11 @@ pub(crate) async fn write_loop(
                     owed.push(item);
                 }
             }
-            while !owed.is_empty() {
-                let take = owed.len().min(MAX_OUTBOUND_BATCH_MESSAGES);
-                let mut chunk: Vec<Outbound> = owed.drain(..take).collect();
-                let bytes = chunk.iter().map(frame_bytes).sum();
-                let frame = take_frame(&mut chunk, bytes);
-                if write_until(&mut sink, Message::Text(Utf8Bytes::from(frame)), deadline)
-                    .await
-                    .is_err()
-                {
-                    healthy = false;
-                    break;
-                }
+            if write_all_until(&mut sink, &mut owed, deadline)
+                .await
+                .is_err()
+            {
+                healthy = false;
             }
         }
         if healthy {
