@@ -552,29 +552,6 @@ pub struct ServeFlags {
         value_enum
     )]
     fleet_reconciler: Option<FleetMode>,
-    /// How often the fleet reconciler runs a pass.
-    #[arg(id = "fleet.interval", long = "fleet-interval", env = "HOST_FLEET_INTERVAL", value_parser = duration)]
-    fleet_interval: Option<Duration>,
-    /// How long the fleet reconciler's leadership lives unrenewed (at least 2 intervals).
-    #[arg(id = "fleet.leader_ttl", long = "fleet-leader-ttl", env = "HOST_FLEET_LEADER_TTL", value_parser = duration)]
-    fleet_leader_ttl: Option<Duration>,
-    /// The most sessions one reconcile pass places.
-    #[arg(
-        id = "fleet.placements_per_pass",
-        long = "fleet-placements-per-pass",
-        env = "HOST_FLEET_PLACEMENTS_PER_PASS"
-    )]
-    fleet_placements_per_pass: Option<usize>,
-    /// The most sessions one reconcile pass places on one Host.
-    #[arg(
-        id = "fleet.placements_per_host",
-        long = "fleet-placements-per-host",
-        env = "HOST_FLEET_PLACEMENTS_PER_HOST"
-    )]
-    fleet_placements_per_host: Option<usize>,
-    /// How long a placement stands if its Host never acts on it (at least 2 intervals).
-    #[arg(id = "fleet.assignment_ttl", long = "fleet-assignment-ttl", env = "HOST_FLEET_ASSIGNMENT_TTL", value_parser = duration)]
-    fleet_assignment_ttl: Option<Duration>,
 
     /// Host workflow runs: serve run.* over HostLink and advertise hostlink.run.
     #[arg(
@@ -669,11 +646,6 @@ impl ServeFlags {
             model_backoff_initial => model.backoff_initial;
             model_backoff_max => model.backoff_max;
             fleet_reconciler => fleet.reconciler;
-            fleet_interval => fleet.interval;
-            fleet_leader_ttl => fleet.leader_ttl;
-            fleet_placements_per_pass => fleet.placements_per_pass;
-            fleet_placements_per_host => fleet.placements_per_host;
-            fleet_assignment_ttl => fleet.assignment_ttl;
             runs_enabled => runs.enabled;
             run_max_active => runs.max_active;
             run_lease => runs.lease;
