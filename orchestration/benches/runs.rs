@@ -74,45 +74,13 @@ fn load() -> String {
 }
 
 fn raw_sqlite_rate(path: &std::path::Path) -> f64 {
-    let conn = rusqlite::Connection::open(path).expect("raw sqlite");
-    conn.query_row("PRAGMA journal_mode=WAL", [], |_| Ok(()))
-        .expect("wal");
-    conn.pragma_update(None, "synchronous", "FULL")
-        .expect("sync");
-    conn.execute_batch("CREATE TABLE IF NOT EXISTS raw (id INTEGER PRIMARY KEY, v BLOB NOT NULL)")
-        .expect("table");
-    let mut stmt = conn
-        .prepare("INSERT INTO raw (v) VALUES (?1)")
-        .expect("stmt");
-    let start = Instant::now();
-    for i in 0..RAW_COMMITS {
-        stmt.execute([format!("row-{i}").into_bytes()])
-            .expect("insert");
-    }
-    RAW_COMMITS as f64 / start.elapsed().as_secs_f64()
+    sessionstore::testing::raw_sqlite_commit_rate(path, RAW_COMMITS).expect("raw sqlite baseline")
 }
 
 async fn raw_postgres_rate(url: &str, schema: &str) -> f64 {
-    use sqlx::{Connection, Executor};
-    let mut conn = sqlx::PgConnection::connect(url).await.expect("raw pg");
-    conn.execute(sqlx::AssertSqlSafe(format!(
-        "CREATE SCHEMA IF NOT EXISTS {schema}; \
-         CREATE TABLE IF NOT EXISTS {schema}.raw (id BIGSERIAL PRIMARY KEY, v BYTEA NOT NULL)"
-    )))
-    .await
-    .expect("table");
-    let sql = format!("INSERT INTO {schema}.raw (v) VALUES ($1)");
-    let start = Instant::now();
-    for i in 0..RAW_COMMITS {
-        sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
-            .bind(format!("row-{i}").into_bytes())
-            .execute(&mut conn)
-            .await
-            .expect("insert");
-    }
-    let rate = RAW_COMMITS as f64 / start.elapsed().as_secs_f64();
-    let _ = conn.close().await;
-    rate
+    sessionstore::testing::raw_postgres_commit_rate(url, schema, RAW_COMMITS)
+        .await
+        .expect("raw postgres baseline")
 }
 
 fn driver(store: &Store) -> Driver {

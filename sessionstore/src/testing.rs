@@ -405,3 +405,47 @@ pub async fn grow_session(
     );
     store.raw_sql_for_tests(&sql).await
 }
+
+/// The raw baseline benchmarks compare against: `commits` single-row INSERTs, each its own
+/// durable transaction, on a fresh SQLite file at `path` (WAL, `synchronous=FULL`, as the
+/// store runs). Returns commits per second.
+pub fn raw_sqlite_commit_rate(path: &std::path::Path, commits: usize) -> rusqlite::Result<f64> {
+    let conn = rusqlite::Connection::open(path)?;
+    conn.query_row("PRAGMA journal_mode=WAL", [], |_| Ok(()))?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.execute_batch("CREATE TABLE IF NOT EXISTS raw (id INTEGER PRIMARY KEY, v BLOB NOT NULL)")?;
+    let mut stmt = conn.prepare("INSERT INTO raw (v) VALUES (?1)")?;
+    let start = std::time::Instant::now();
+    for i in 0..commits {
+        stmt.execute([format!("row-{i}").into_bytes()])?;
+    }
+    Ok(commits as f64 / start.elapsed().as_secs_f64())
+}
+
+/// The same raw baseline on PostgreSQL: one connection, `commits` single-row INSERTs into a
+/// table in `schema` (created if missing), each its own transaction. Returns commits per
+/// second.
+pub async fn raw_postgres_commit_rate(
+    url: &str,
+    schema: &str,
+    commits: usize,
+) -> Result<f64, sqlx::Error> {
+    use sqlx::{Connection, Executor};
+    let mut conn = sqlx::PgConnection::connect(url).await?;
+    conn.execute(sqlx::AssertSqlSafe(format!(
+        "CREATE SCHEMA IF NOT EXISTS {schema}; \
+         CREATE TABLE IF NOT EXISTS {schema}.raw (id BIGSERIAL PRIMARY KEY, v BYTEA NOT NULL)"
+    )))
+    .await?;
+    let sql = format!("INSERT INTO {schema}.raw (v) VALUES ($1)");
+    let start = std::time::Instant::now();
+    for i in 0..commits {
+        sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
+            .bind(format!("row-{i}").into_bytes())
+            .execute(&mut conn)
+            .await?;
+    }
+    let rate = commits as f64 / start.elapsed().as_secs_f64();
+    let _ = conn.close().await;
+    Ok(rate)
+}
