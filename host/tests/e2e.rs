@@ -399,7 +399,7 @@ mod cases {
         assert_eq!(
             lost,
             HostError::EpochMismatch {
-                current_lease_epoch: winner.observation.lease_epoch.0
+                current_lease_epoch: Some(winner.observation.lease_epoch.0)
             }
         );
         // The loser wrote nothing: the registration and the lease are the winner's.

@@ -16,7 +16,7 @@
 //! | [`Delivery`] | `command_id` (a `version` of 1 is accepted, never written) |
 //! | [`RegistryObservation`] | `version`, `tenant_id`, `session_id`, `host_id`, `host_generation`, `agent_id`, `runtime_compatibility_id`, `placement`, `internal_endpoint`, `residency`, `accepting`, `lease_epoch`, `observed_at`, `expires_at` |
 //! | [`DrainObservation`] | `host_id`, `host_generation`, `drain_generation`, `state`, [`tenant_id`, `session_id`] |
-//! | [`HostLinkError`] | `code`, and `current_lease_epoch` (only and always with `epoch_mismatch`) or `runtime_compatibility_id` (only and always with `runtime_mismatch`) |
+//! | [`HostLinkError`] | `code`, and `current_lease_epoch` (only with `epoch_mismatch`, absent when the holder's epoch was unreadable) or `runtime_compatibility_id` (only and always with `runtime_mismatch`) |
 //! | [`SubscribeOptions`] | `version`, `ephemeral`?, `bind`? (a [`BindRequest`]) |
 //! | [`EnduringPublication`] | `tenant_id`, `session_id`, `event_id`, `journal_seq`, `covered_through`, `body` |
 //! | [`EphemeralPublication`] | `tenant_id`, `session_id`, `stream`, `text`, `gap` |
@@ -543,9 +543,10 @@ pub enum HostLinkError {
     NotAdmitting,
     Releasing,
     NoCapacity,
-    /// The other holder's epoch on attach; never bind with it.
+    /// The other holder's epoch on attach, when it was readable (absent otherwise); it is
+    /// never this Host's, and a caller must never bind with it.
     EpochMismatch {
-        current_lease_epoch: NonZeroU64,
+        current_lease_epoch: Option<NonZeroU64>,
     },
     RuntimeMismatch {
         runtime_compatibility_id: CompatibilityId,
@@ -576,13 +577,11 @@ impl TryFrom<ErrorWire> for HostLinkError {
     fn try_from(w: ErrorWire) -> Result<Self, &'static str> {
         use HostLinkErrorCode as C;
         match (w.code, w.current_lease_epoch, w.runtime_compatibility_id) {
-            (C::EpochMismatch, Some(current_lease_epoch), None) => {
-                Ok(HostLinkError::EpochMismatch {
-                    current_lease_epoch,
-                })
-            }
-            (C::EpochMismatch, _, _) => {
-                Err("epoch_mismatch takes current_lease_epoch and nothing else")
+            (C::EpochMismatch, current_lease_epoch, None) => Ok(HostLinkError::EpochMismatch {
+                current_lease_epoch,
+            }),
+            (C::EpochMismatch, _, Some(_)) => {
+                Err("epoch_mismatch takes at most current_lease_epoch")
             }
             (C::RuntimeMismatch, None, Some(runtime_compatibility_id)) => {
                 Ok(HostLinkError::RuntimeMismatch {
@@ -607,7 +606,7 @@ impl From<HostLinkError> for ErrorWire {
         let (current_lease_epoch, runtime_compatibility_id) = match e {
             HostLinkError::EpochMismatch {
                 current_lease_epoch,
-            } => (Some(current_lease_epoch), None),
+            } => (current_lease_epoch, None),
             HostLinkError::RuntimeMismatch {
                 runtime_compatibility_id,
             } => (None, Some(runtime_compatibility_id)),
@@ -988,15 +987,30 @@ mod tests {
     }
 
     #[test]
-    fn the_error_record_carries_its_extra_member_only_and_always_with_its_code() {
+    fn the_error_record_carries_its_extra_member_only_with_its_code() {
         let e = HostLinkError::EpochMismatch {
-            current_lease_epoch: nz(4),
+            current_lease_epoch: Some(nz(4)),
         };
         assert_eq!(
             e.encode(),
             r#"{"code":"epoch_mismatch","current_lease_epoch":4}"#
         );
         assert_eq!(HostLinkError::decode(e.encode().as_bytes()), Ok(e));
+        // The holder's epoch may be unreadable: the refusal still says epoch_mismatch.
+        let unknown = HostLinkError::EpochMismatch {
+            current_lease_epoch: None,
+        };
+        assert_eq!(unknown.encode(), r#"{"code":"epoch_mismatch"}"#);
+        assert_eq!(
+            HostLinkError::decode(br#"{"code":"epoch_mismatch"}"#),
+            Ok(unknown)
+        );
+        assert!(
+            HostLinkError::decode(
+                br#"{"code":"epoch_mismatch","runtime_compatibility_id":"b2"}"#
+            )
+            .is_err()
+        );
         let m = HostLinkError::RuntimeMismatch {
             runtime_compatibility_id: CompatibilityId::new("b2").unwrap(),
         };
@@ -1010,8 +1024,7 @@ mod tests {
             r#"{"code":"runtime_unavailable"}"#
         );
         for bad in [
-            &br#"{"code":"epoch_mismatch"}"#[..],
-            br#"{"code":"epoch_mismatch","current_lease_epoch":0}"#,
+            &br#"{"code":"epoch_mismatch","current_lease_epoch":0}"#[..],
             br#"{"code":"epoch_mismatch","current_lease_epoch":1,"runtime_compatibility_id":"b"}"#,
             br#"{"code":"runtime_mismatch"}"#,
             br#"{"code":"runtime_mismatch","runtime_compatibility_id":"b","current_lease_epoch":1}"#,

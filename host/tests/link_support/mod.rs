@@ -287,7 +287,7 @@ impl LinkBackend for TestBackend {
         }
         if req.lease_epoch.get() != r.epoch {
             return Err(HostLinkError::EpochMismatch {
-                current_lease_epoch: NonZeroU64::new(r.epoch).unwrap(),
+                current_lease_epoch: NonZeroU64::new(r.epoch),
             }
             .into());
         }
