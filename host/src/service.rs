@@ -720,9 +720,13 @@ impl Inner {
                 .local_bindings
                 .contains(&session.binding.storage_binding_id)
             {
-                return Err(HostError::RuntimeUnavailable(
-                    "no journal store serves this session's binding".into(),
-                ));
+                // The operator's wiring, not the runtime: this Host could dispatch but
+                // never settle from evidence it cannot read, so it refuses before any
+                // dispatch and says where to look.
+                return Err(HostError::RuntimeUnavailable(format!(
+                    "evidence_unroutable: no journal store on this Host serves the session's storage binding {}",
+                    session.binding.storage_binding_id
+                )));
             }
             let mode = if self
                 .has_conversation(&key.tenant, session.binding.runtime_session_id)

@@ -235,6 +235,48 @@ mod cases {
         svc.stop().await;
     }
 
+    pub async fn a_session_whose_binding_no_journal_store_here_serves_is_refused_before_any_dispatch_as_evidence_unroutable(
+        ts: &TestStore,
+    ) {
+        capture();
+        let svc = compose(ts, options("h-unroutable"), Default::default()).await;
+        svc.start().await.unwrap();
+        let c = Controller::new(ts);
+        let s = ts
+            .store
+            .create_session(NewSession {
+                tenant: c.tenant.clone(),
+                session: SessionId::new(format!("s-{}", uuid::Uuid::now_v7())).unwrap(),
+                agent: AgentId::new(AGENT).unwrap(),
+                compatibility: CompatibilityId::new(BUILD).unwrap(),
+                binding: SessionBinding {
+                    runtime_session_id: RuntimeSessionId::mint(),
+                    storage_binding_id: StorageBindingId::new("elsewhere").unwrap(),
+                    binding_version: 1,
+                },
+            })
+            .await
+            .unwrap();
+        let e = svc.attach(c.attach_request(&s)).await.unwrap_err();
+        assert_eq!(e.code(), Some("runtime_unavailable"));
+        assert!(e.to_string().contains("evidence_unroutable"), "{e}");
+        let lines = lines_with(s.session.as_str());
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains("WARN") && l.contains("evidence_unroutable")),
+            "{lines:#?}"
+        );
+        // Refused before the runtime was launched, and the lease taken for the attach was
+        // given back: no residency is left behind.
+        let lease = ts.store.residency(&s.tenant, &s.session).await.unwrap();
+        assert!(
+            lease.as_ref().is_none_or(|l| l.holder.is_none()),
+            "a lease was left behind: {lease:?}"
+        );
+        svc.stop().await;
+    }
+
     pub async fn a_runtime_without_a_closer_or_fault_reports_is_named_at_attach(ts: &TestStore) {
         capture();
         let svc = host::Composition {
@@ -273,4 +315,5 @@ sessionstore::both_backends!(cases =>
     a_runtime_without_a_closer_or_fault_reports_is_named_at_attach,
     a_stopped_host_is_disposed_and_neither_starts_again_nor_takes_a_session,
     a_launch_that_fails_is_an_internal_failure_that_names_its_step,
+    a_session_whose_binding_no_journal_store_here_serves_is_refused_before_any_dispatch_as_evidence_unroutable,
 );
