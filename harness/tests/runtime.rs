@@ -643,6 +643,63 @@ mod cases {
         );
     }
 
+    pub async fn a_turn_previews_its_reasoning_and_each_tool_steps_start_and_finish_without_raw_arguments(
+        ts: &TestStore,
+    ) {
+        let fx = Fx::new(ts).await;
+        let h = fx.launch(LaunchMode::Create).await;
+        let mut previews = h.previews();
+        fx.ok(&h, input("/think weigh both options")).await;
+        idle(&h).await;
+        fx.ok(&h, input(r#"/tool echo {"text":"secret-ish"}"#)).await;
+        idle(&h).await;
+        let mut seen = Vec::new();
+        while let Ok(p) = previews.try_recv() {
+            seen.push(p);
+        }
+        let reasoning: String = seen
+            .iter()
+            .filter(|p| p.kind == department::PreviewKind::Reasoning)
+            .map(|p| p.delta.as_str())
+            .collect();
+        assert_eq!(reasoning, "weigh both options");
+        let steps: Vec<_> = seen
+            .iter()
+            .filter(|p| {
+                matches!(
+                    p.kind,
+                    department::PreviewKind::ToolStarted { .. }
+                        | department::PreviewKind::ToolFinished { .. }
+                )
+            })
+            .collect();
+        assert_eq!(steps.len(), 2, "{seen:#?}");
+        let department::PreviewKind::ToolStarted { call_id, name } = &steps[0].kind else {
+            panic!("{:?}", steps[0])
+        };
+        assert_eq!(name, "echo");
+        // The start shows the tool's own summary, never its arguments.
+        assert_eq!(steps[0].delta, "echo 10 characters");
+        assert!(!steps[0].delta.contains("secret-ish"));
+        let department::PreviewKind::ToolFinished {
+            call_id: finished,
+            is_error,
+            ..
+        } = &steps[1].kind
+        else {
+            panic!("{:?}", steps[1])
+        };
+        assert_eq!(finished, call_id);
+        assert!(!is_error);
+        assert_eq!(steps[1].delta, "secret-ish");
+        // Reasoning is previewed only: no event the model's steps wrote carries it.
+        for e in fx.events().await {
+            if !matches!(e, HarnessEvent::UserMessage { .. }) {
+                assert!(!format!("{e:?}").contains("weigh both"), "{e:?}");
+            }
+        }
+    }
+
     /// Where the harness records who asked: the `cause` of the user message the input wrote.
     struct HarnessAttribution;
 
@@ -792,5 +849,6 @@ sessionstore::both_backends!(cases =>
     no_private_id_appears_in_a_public_event_body,
     the_harness_target_passes_the_runtime_conformance_kit,
     the_kit_fails_a_runtime_that_does_not_record_who_asked,
+    a_turn_previews_its_reasoning_and_each_tool_steps_start_and_finish_without_raw_arguments,
     a_runtime_missing_a_declared_capability_is_refused_and_released,
 );
