@@ -651,7 +651,8 @@ mod cases {
         let mut previews = h.previews();
         fx.ok(&h, input("/think weigh both options")).await;
         idle(&h).await;
-        fx.ok(&h, input(r#"/tool echo {"text":"secret-ish"}"#)).await;
+        fx.ok(&h, input(r#"/tool echo {"text":"secret-ish"}"#))
+            .await;
         idle(&h).await;
         let mut seen = Vec::new();
         while let Ok(p) = previews.try_recv() {

@@ -186,8 +186,14 @@ mod tests {
         }
         .with_unreleased(vec!["residency lease: store closed".into()]);
         assert_eq!(e.code(), Some("epoch_mismatch"));
-        assert_eq!(e.unreleased(), ["residency lease: store closed".to_string()]);
-        assert!(e.to_string().contains("not released: residency lease"), "{e}");
+        assert_eq!(
+            e.unreleased(),
+            ["residency lease: store closed".to_string()]
+        );
+        assert!(
+            e.to_string().contains("not released: residency lease"),
+            "{e}"
+        );
         // Nothing left over: the refusal is returned unchanged.
         assert_eq!(
             HostError::Releasing.with_unreleased(Vec::new()),
@@ -197,7 +203,9 @@ mod tests {
 
     #[test]
     fn an_internal_failure_names_the_first_step_it_was_placed_at_and_has_no_code() {
-        let e = HostError::internal("disk on fire").at("launch").at("register");
+        let e = HostError::internal("disk on fire")
+            .at("launch")
+            .at("register");
         assert_eq!(e.step(), Some("launch"));
         assert_eq!(e.code(), None);
         assert_eq!(e.to_string(), "internal at launch: disk on fire");

@@ -22,8 +22,8 @@ use tokio::sync::broadcast;
 use crate::failpoints::{self, steps};
 use crate::link::{FeedItem, StreamPublication};
 use crate::residency::SessionCtx;
-use hostlink::public_journal::PublicJournal;
 use department::PreviewKind;
+use hostlink::public_journal::PublicJournal;
 use hostlink::records::{
     EnduringPublication, EphemeralPublication, PreviewStream, ToolPhase, ToolStepPreview,
 };

@@ -384,7 +384,9 @@ mod tests {
 
     #[test]
     fn the_memory_budget_is_exported_only_when_a_limit_is_known() {
-        let known = Metrics::with_memory_budget(Some(512 << 20)).unwrap().render();
+        let known = Metrics::with_memory_budget(Some(512 << 20))
+            .unwrap()
+            .render();
         assert!(
             known.contains("host_memory_budget_bytes 536870912"),
             "{known}"

@@ -1065,7 +1065,12 @@ async fn reasoning_and_tool_step_previews_reach_only_a_subscriber_that_asked_and
     s.backend.preview_record(
         "acme",
         "s1",
-        EphemeralPublication::delta(tenant("acme"), session("s1"), PreviewStream::Reasoning, "hmm "),
+        EphemeralPublication::delta(
+            tenant("acme"),
+            session("s1"),
+            PreviewStream::Reasoning,
+            "hmm ",
+        ),
     );
     s.backend
         .preview_record("acme", "s1", step(ToolPhase::Started, "echo 2 characters"));

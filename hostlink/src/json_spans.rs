@@ -223,7 +223,7 @@ mod tests {
         };
         let i = members
             .iter()
-            .position(|m| &text[m.key.clone()] == format!("\"{key}\""))
+            .position(|m| text[m.key.clone()] == format!("\"{key}\""))
             .unwrap();
         cut(text, vec![member_removal(&members, i)])
     }
@@ -233,7 +233,10 @@ mod tests {
         let text = "{ \"a\" : 1.50 ,\n \"b\":[true, \"x\\\"y\"],  \"c\":{}}";
         assert_eq!(remove(text, "a"), "{ \"b\":[true, \"x\\\"y\"],  \"c\":{}}");
         assert_eq!(remove(text, "b"), "{ \"a\" : 1.50 ,\n \"c\":{}}");
-        assert_eq!(remove(text, "c"), "{ \"a\" : 1.50 ,\n \"b\":[true, \"x\\\"y\"]}");
+        assert_eq!(
+            remove(text, "c"),
+            "{ \"a\" : 1.50 ,\n \"b\":[true, \"x\\\"y\"]}"
+        );
         assert_eq!(remove("{ \"only\": null }", "only"), "{  }");
     }
 

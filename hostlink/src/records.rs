@@ -1081,10 +1081,8 @@ mod tests {
             Ok(unknown)
         );
         assert!(
-            HostLinkError::decode(
-                br#"{"code":"epoch_mismatch","runtime_compatibility_id":"b2"}"#
-            )
-            .is_err()
+            HostLinkError::decode(br#"{"code":"epoch_mismatch","runtime_compatibility_id":"b2"}"#)
+                .is_err()
         );
         let m = HostLinkError::RuntimeMismatch {
             runtime_compatibility_id: CompatibilityId::new("b2").unwrap(),

@@ -116,7 +116,12 @@ impl ScriptedModel {
                 // Visible reasoning in word deltas, then a short answer.
                 let mut events: Vec<_> = word_chunks(rest)
                     .into_iter()
-                    .map(|w| (Duration::ZERO, Ok(ModelEvent::ReasoningDelta(w.to_string()))))
+                    .map(|w| {
+                        (
+                            Duration::ZERO,
+                            Ok(ModelEvent::ReasoningDelta(w.to_string())),
+                        )
+                    })
                     .collect();
                 events.extend(self.reply("Thought it through.", self.delta_delay));
                 events

@@ -132,11 +132,11 @@ impl Pump {
             {
                 text.push_str(&preview.text);
             }
-            _ => pending.segments.push((
-                preview.stream,
-                preview.text.clone(),
-                preview.tool.clone(),
-            )),
+            _ => {
+                pending
+                    .segments
+                    .push((preview.stream, preview.text.clone(), preview.tool.clone()))
+            }
         }
         pending.bytes += len;
         if pending.flush_at.is_none() {
