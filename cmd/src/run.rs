@@ -109,7 +109,8 @@ enum RunCommand {
 }
 
 /// A serving Host's run hosting, from its options: the runnables workspace of `--runnables`
-/// (none: programs may not invoke), no agent steps (this Host build runs none yet).
+/// (none: programs may not invoke) and the agents of its department, whose `agent:` steps run
+/// as one turn in a fresh session on this Host.
 pub fn hosting(
     service: &host::Service,
     _store_url: &str,
@@ -125,9 +126,10 @@ pub fn hosting(
         ),
         None => None,
     };
+    let agents = host::run_agents::ServiceAgents::new(service.clone());
     let runnables = Arc::new(WorkspaceRunnables {
         runner,
-        agents: BTreeSet::new(),
+        agents: agents.agents().into_iter().collect::<BTreeSet<_>>(),
     });
     let metrics = service
         .metrics()
@@ -138,7 +140,7 @@ pub fn hosting(
         host_id,
         env: runnables.clone(),
         invoker: runnables,
-        agents: None,
+        agents: Some(Arc::new(agents)),
         options: options.runs.clone(),
         metrics: Some(metrics),
     }))
