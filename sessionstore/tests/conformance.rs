@@ -1095,9 +1095,7 @@ mod cases {
     /// A residency that lapsed or was given back is no longer held by anyone at its epoch:
     /// its holder's claims are refused as lost, and a lease at a lower epoch than the claim's
     /// (or none at all) does not stand in the way.
-    pub async fn a_claim_under_a_lapsed_or_released_residency_is_refused_as_lost(
-        ts: &TestStore,
-    ) {
+    pub async fn a_claim_under_a_lapsed_or_released_residency_is_refused_as_lost(ts: &TestStore) {
         let s = new_session(ts, "s1").await;
         let mut req = residency(&s, "h1");
         req.ttl = Duration::from_millis(300);
@@ -2196,8 +2194,9 @@ mod cases {
         assert_eq!(writes, 6.0, "admit, claim, attempt, append, settle, cursor");
         match ts.backend {
             TestBackend::Postgres => assert_eq!(statements, 6.0),
-            // SQLite runs each write as its steps (in-process statements cost no round trip).
-            TestBackend::Sqlite => assert!(statements <= 19.0, "{statements} statements"),
+            // SQLite runs each write as its steps (in-process statements cost no round trip);
+            // the claim and the attempt each also read the session's residency lease.
+            TestBackend::Sqlite => assert!(statements <= 21.0, "{statements} statements"),
         }
         let stats = ts.store.stats();
         assert_eq!(
