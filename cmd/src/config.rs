@@ -221,6 +221,18 @@ pub struct ServeOptions {
     pub model: OpenAiOptions,
     pub fleet: FleetOptions,
     pub runs: RunOptions,
+    pub console: ConsoleOptions,
+}
+
+/// The operator console (`/console` on the listener).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ConsoleOptions {
+    /// Serve the console.
+    pub enabled: bool,
+    /// Operator credentials: `<name> <role> <sha256hex>` per line (role read or operate).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub credentials_file: Option<PathBuf>,
 }
 
 impl Default for ServeOptions {
@@ -241,6 +253,7 @@ impl Default for ServeOptions {
             model: OpenAiOptions::default(),
             fleet: FleetOptions::default(),
             runs: RunOptions::default(),
+            console: ConsoleOptions::default(),
         }
     }
 }
@@ -588,6 +601,26 @@ pub struct ServeFlags {
     /// How often a parked run driver re-reads its answers without a wake-up.
     #[arg(id = "runs.poll", long = "run-poll", env = "HOST_RUN_POLL", value_parser = duration)]
     run_poll: Option<Duration>,
+    /// Serve the operator console at /console (off unless given; `--console false` turns a
+    /// config file's on off).
+    #[arg(
+        id = "console.enabled",
+        long = "console",
+        env = "HOST_CONSOLE",
+        value_name = "BOOL",
+        num_args = 0..=1,
+        default_missing_value = "true"
+    )]
+    console_enabled: Option<bool>,
+    /// Operator credentials for the console: `<name> <role> <sha256hex>` per line, role read
+    /// or operate [default: the data folder's console-credentials, made with an `admin`
+    /// operator on first start].
+    #[arg(
+        id = "console.credentials_file",
+        long = "console-credentials-file",
+        env = "HOST_CONSOLE_CREDENTIALS_FILE"
+    )]
+    console_credentials_file: Option<PathBuf>,
     #[command(flatten)]
     fleet: FleetFlags,
 }
@@ -657,6 +690,7 @@ impl ServeFlags {
             model_backoff_max => model.backoff_max;
             fleet_reconciler => fleet.reconciler;
             runs_enabled => runs.enabled;
+            console_enabled => console.enabled;
             run_max_active => runs.max_active;
             run_lease => runs.lease;
             run_scan_interval => runs.scan_interval;
@@ -665,6 +699,7 @@ impl ServeFlags {
         set_some! {
             store => store;
             credentials_file => credentials_file;
+            console_credentials_file => console.credentials_file;
             host_id => host.host_id;
             internal_endpoint => host.internal_endpoint;
             fixed_session => host.fixed_session;
@@ -695,6 +730,8 @@ pub struct Effective {
     pub embedded: bool,
     /// True when no credentials file was given (the data folder's is used).
     pub default_credentials: bool,
+    /// True when no console credentials file was given (the data folder's is used).
+    pub default_console_credentials: bool,
     /// True when no internal endpoint was given (it follows the bound listen address).
     pub default_endpoint: bool,
     config_file: Option<PathBuf>,
@@ -804,6 +841,14 @@ pub fn load(
             Source::Derived("the data folder's"),
         );
     }
+    let default_console_credentials = options.console.credentials_file.is_none();
+    if default_console_credentials {
+        options.console.credentials_file = Some(data.console_credentials_path());
+        sources.insert(
+            "console.credentials_file".into(),
+            Source::Derived("the data folder's"),
+        );
+    }
     if options.host.host_id.is_none() {
         options.host.host_id = Some(HostId::new(format!("hostd-{}", hostname()))?);
         sources.insert("host.host_id".into(), Source::Derived("hostd-<hostname>"));
@@ -818,6 +863,7 @@ pub fn load(
         options,
         embedded,
         default_credentials,
+        default_console_credentials,
         default_endpoint,
         config_file: config.map(Path::to_path_buf),
         sources,

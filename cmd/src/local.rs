@@ -63,6 +63,33 @@ impl DataDir {
         self.root.join(format!("{tenant}.token"))
     }
 
+    pub fn console_credentials_path(&self) -> PathBuf {
+        self.root.join("console-credentials")
+    }
+
+    /// Where the first operator's token is kept (owner-only).
+    pub fn console_token_path(&self) -> PathBuf {
+        self.root.join("console-admin.token")
+    }
+
+    /// Creates the console's first operator (`admin`, role operate) when the data folder's
+    /// console credentials do not exist yet: its token in `console-admin.token` (owner-only)
+    /// and its digest in `console-credentials`. Returns true when it created one.
+    pub fn ensure_console_admin(&self) -> Result<bool> {
+        let creds = self.console_credentials_path();
+        if creds.exists() {
+            return Ok(false);
+        }
+        let (token, digest) = hostlink::auth::mint_credential();
+        write_private(&self.console_token_path(), token.expose_secret().as_bytes())?;
+        let text = format!(
+            "# console operators: name role sha256(token); written by hostd serve\n{}\n",
+            console::auth::credential_line("admin", console::Role::Operate, &digest)
+        );
+        write_private(&creds, text.as_bytes())?;
+        Ok(true)
+    }
+
     pub fn runtime_path(&self) -> PathBuf {
         self.root.join("hostd.json")
     }

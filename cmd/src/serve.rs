@@ -198,13 +198,33 @@ pub async fn run(args: ServeArgs, matches: Option<&ArgMatches>, out: Output) -> 
         .listener
         .validate(options.link.ping_interval)
         .context("the listener's options ([listener])")?;
-    let server = Server::from_listener_with(
+    let console_routes = if options.console.enabled {
+        let path = options
+            .console
+            .credentials_file
+            .clone()
+            .context("a console credentials file")?;
+        if effective.default_console_credentials && data.ensure_console_admin()? {
+            tracing::info!(
+                operator = "admin",
+                file = %data.console_token_path().display(),
+                "created the console's first operator and its token"
+            );
+        }
+        let operators = console::Operators::load(&path)
+            .map_err(|e| anyhow::anyhow!("{e} [{}]", e.code()))?;
+        console::Console::new(service.clone(), runs.clone(), creds.tenants(), operators).router()
+    } else {
+        axum::Router::new()
+    };
+    let server = Server::from_listener_with_routes(
         service.clone(),
         Box::new(creds),
         link,
         bounds,
         listener,
         runs,
+        console_routes,
     )
     .await?;
     // The fleet reconciler: every Host of a fleet runs one; one of them acts at a time.

@@ -674,6 +674,17 @@ impl RunHost {
         tenant: &TenantId,
         req: RunAnswerRequest,
     ) -> Result<RunAnswered, RunRefusal> {
+        self.answer_as(tenant, req, tenant.as_str()).await
+    }
+
+    /// An answer to one of `tenant`'s runs recorded as `answerer`'s (an operator acting
+    /// from the console); otherwise exactly `run.answer`.
+    pub async fn answer_as(
+        &self,
+        tenant: &TenantId,
+        req: RunAnswerRequest,
+        answerer: &str,
+    ) -> Result<RunAnswered, RunRefusal> {
         let status = self.scoped(tenant, &req.run_id).await?;
         if status.state.is_terminal() {
             return Err(refused(
@@ -721,7 +732,7 @@ impl RunHost {
                 &req.run_id,
                 &req.checkpoint,
                 &value.to_string(),
-                tenant.as_str(),
+                answerer,
             )
             .await
             .map_err(|e| store_refusal(&e))?;

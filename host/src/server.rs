@@ -155,6 +155,22 @@ impl Server {
         listener: TcpListener,
         runs: Option<crate::runs::RunHost>,
     ) -> Result<Server, ServerError> {
+        Server::from_listener_with_routes(service, auth, link, bounds, listener, runs, Router::new())
+            .await
+    }
+
+    /// As [`Server::from_listener_with`], also serving `extra` on the same listener (the
+    /// operator console): its routes answer beside HostLink and the probes, under the same
+    /// connection bounds, and stop with them.
+    pub async fn from_listener_with_routes(
+        service: Service,
+        auth: Box<dyn AuthVerifier>,
+        link: LinkConfig,
+        bounds: ListenerOptions,
+        listener: TcpListener,
+        runs: Option<crate::runs::RunHost>,
+        extra: Router,
+    ) -> Result<Server, ServerError> {
         let local_addr = listener.local_addr().map_err(|source| ServerError::Bind {
             addr: SocketAddr::from(([0, 0, 0, 0], 0)),
             source,
@@ -169,7 +185,8 @@ impl Server {
             .route("/healthz", get(healthz))
             .route("/metrics", get(metrics))
             .with_state(service.clone())
-            .merge(hostlink);
+            .merge(hostlink)
+            .merge(extra);
         let (trigger, mut triggered) = watch::channel(false);
         let (listener_stop, listener_stopped) = watch::channel(false);
         let server = tokio::spawn(crate::listener::serve(

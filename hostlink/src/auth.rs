@@ -139,6 +139,11 @@ impl CredentialStore {
         self.digests.is_empty()
     }
 
+    /// The tenants with a credential here.
+    pub fn tenants(&self) -> Vec<TenantId> {
+        self.digests.keys().cloned().collect()
+    }
+
     fn insert(
         &mut self,
         source_name: &str,
