@@ -1,0 +1,137 @@
+// Drives the operator console in headless Chromium, step by step with the Rust test that
+// started the Hosts. Protocol on stdout/stdin, one line each:
+//   -> STEP <name>           a step began (for the test's log)
+//   -> WANT_SESSION          the page is open on Sessions: create a session from the CLI now
+//   <- <session id>          ... the session the CLI created (with a gated message sent)
+//   -> DRAINED <report json> the drain button was pressed and its report is shown
+//   <- MOVED                 ... a message was sent to the session, which now lives elsewhere
+//   -> DONE                  every check passed
+// Anything wrong ends the process non-zero with the reason on stderr.
+// Environment: CONSOLE_URL, CONSOLE_TOKEN, CHROMIUM (executable), SHOTS (screenshot folder).
+
+import { chromium } from "playwright-core";
+import { createInterface } from "node:readline";
+import { mkdirSync } from "node:fs";
+
+const url = process.env.CONSOLE_URL;
+const token = process.env.CONSOLE_TOKEN;
+const shots = process.env.SHOTS;
+mkdirSync(shots, { recursive: true });
+
+const lines = createInterface({ input: process.stdin });
+const pending = [];
+const waiters = [];
+lines.on("line", (l) => (waiters.length ? waiters.shift()(l) : pending.push(l)));
+const nextLine = () => new Promise((r) => (pending.length ? r(pending.shift()) : waiters.push(r)));
+const say = (s) => process.stdout.write(s + "\n");
+const step = (s) => say("STEP " + s);
+
+const errors = [];
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM,
+  headless: true,
+  args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
+});
+try {
+  const context = await browser.newContext({ viewport: { width: 1280, height: 800 } });
+  const page = await context.newPage();
+  page.setDefaultTimeout(20000);
+  page.on("pageerror", (e) => errors.push("page error: " + e.message));
+  page.on("console", (m) => {
+    // A refused request (the 401 before signing in, a 409 for a session resident elsewhere)
+    // is logged by the browser as a resource failure, not a script error.
+    if (m.type() === "error" && !m.text().startsWith("Failed to load resource")) {
+      errors.push("console error: " + m.text());
+    }
+  });
+  page.on("dialog", (d) => d.accept());
+
+  step("login");
+  await page.goto(url);
+  await page.waitForSelector("#login-form", { state: "visible" });
+  await page.screenshot({ path: `${shots}/01-login.png`, fullPage: true });
+  await page.fill("#token", "not-an-operator-token");
+  await page.click("#login-form button");
+  await page.waitForSelector("#login-error:has-text('not an operator credential')");
+  await page.fill("#token", token);
+  await page.click("#login-form button");
+  await page.waitForSelector("#hosts-table tbody tr[data-host]");
+  await page.screenshot({ path: `${shots}/02-hosts.png`, fullPage: true });
+
+  step("a session created from the CLI appears");
+  await page.click("nav a[data-view=sessions]");
+  await page.waitForSelector("#sessions-table thead");
+  say("WANT_SESSION");
+  const session = (await nextLine()).trim();
+  // No reload: the page learns of it from the Host's change notice.
+  await page.waitForSelector(`#sessions-table tr[data-session="${session}"]`);
+  await page.screenshot({ path: `${shots}/03-sessions.png`, fullPage: true });
+
+  step("answer the gate from the page; the tool runs once");
+  await page.click(`#sessions-table tr[data-session="${session}"]`);
+  await page.waitForSelector("#session-gates tr[data-gate] button[data-action=approve]");
+  await page.screenshot({ path: `${shots}/04-session-gated.png`, fullPage: true });
+  await page.click("#session-gates tr[data-gate] button[data-action=approve]");
+  await page.waitForFunction(() => {
+    const items = [...document.querySelectorAll("#session-journal li")].map((li) => li.textContent);
+    return items.some((t) => t.startsWith("turn_done"));
+  });
+  const toolResults = await page.$$eval("#session-journal li", (lis) =>
+    lis.filter((li) => li.textContent.startsWith("tool_result")).length,
+  );
+  if (toolResults !== 1) throw new Error(`expected one tool_result, saw ${toolResults}`);
+  const gateCommands = await page.$$eval("#session-commands tr[data-command]", (rows) =>
+    rows.map((r) => [...r.children].map((td) => td.textContent)).filter((c) => c[1] === "gate_response"),
+  );
+  if (gateCommands.length !== 1 || gateCommands[0][4] !== "operator:admin") {
+    throw new Error("the gate answer is not one command attributed to the operator: " + JSON.stringify(gateCommands));
+  }
+  await page.screenshot({ path: `${shots}/05-session-answered.png`, fullPage: true });
+
+  step("gates, runs and charts views");
+  await page.click("nav a[data-view=gates]");
+  await page.waitForSelector("#gates-table thead");
+  await page.screenshot({ path: `${shots}/06-gates.png`, fullPage: true });
+  await page.click("nav a[data-view=runs]");
+  await page.waitForSelector("#runs-table thead");
+  await page.screenshot({ path: `${shots}/07-runs.png`, fullPage: true });
+  await page.click("nav a[data-view=charts]");
+  await page.waitForTimeout(2500);
+  await page.screenshot({ path: `${shots}/08-charts.png`, fullPage: true });
+
+  step("drain this Host and watch the session move");
+  await page.click("nav a[data-view=hosts]");
+  await page.waitForSelector("#drain");
+  await page.click("#drain");
+  await page.waitForSelector("#drain-report", { state: "visible" });
+  const report = await page.textContent("#drain-report");
+  say("DRAINED " + JSON.stringify(JSON.parse(report)));
+  const moved = (await nextLine()).trim();
+  if (moved !== "MOVED") throw new Error("unexpected line " + moved);
+  // The other Host now holds the session; the page hears of it without a reload.
+  await page.waitForFunction(() => {
+    const rows = [...document.querySelectorAll("#hosts-table tr[data-host]")];
+    const other = rows.find((r) => !r.children[0].textContent.includes("(this)"));
+    const me = rows.find((r) => r.children[0].textContent.includes("(this)"));
+    return other && other.children[5].textContent === "1" && me && me.children[4].textContent.includes("draining");
+  });
+  await page.screenshot({ path: `${shots}/09-hosts-after-drain.png`, fullPage: true });
+
+  step("a narrow screen");
+  await page.setViewportSize({ width: 390, height: 800 });
+  await page.click("nav a[data-view=sessions]");
+  await page.waitForSelector(`#sessions-table tr[data-session="${session}"]`);
+  const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+  if (overflow > 1) throw new Error(`the page is ${overflow}px wider than a 390px screen`);
+  await page.screenshot({ path: `${shots}/10-narrow-sessions.png`, fullPage: true });
+
+  if (errors.length) throw new Error("errors in the page:\n" + errors.join("\n"));
+  say("DONE");
+} catch (e) {
+  process.stderr.write(String(e && e.stack ? e.stack : e) + "\n");
+  if (errors.length) process.stderr.write(errors.join("\n") + "\n");
+  await browser.close();
+  process.exit(1);
+}
+await browser.close();
+process.exit(0);
