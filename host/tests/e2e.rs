@@ -663,7 +663,11 @@ mod cases {
         c.terminal(&s, &i).await;
         // The apply latency is observed just after the settle the store shows: wait for it.
         eventually("the apply to be observed", async || {
-            if svc.metrics().render().contains("host_command_apply_seconds") {
+            if svc
+                .metrics()
+                .render()
+                .contains("host_command_apply_seconds")
+            {
                 Ok(())
             } else {
                 Err("not yet".to_string())
