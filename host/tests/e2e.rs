@@ -661,6 +661,19 @@ mod cases {
         c.attach(&svc, &s).await;
         let i = c.send(&svc, &s, input("m")).await;
         c.terminal(&s, &i).await;
+        // The apply latency is observed just after the settle the store shows: wait for it.
+        eventually("the apply to be observed", async || {
+            if svc
+                .metrics()
+                .render()
+                .contains("host_command_apply_seconds")
+            {
+                Ok(())
+            } else {
+                Err("not yet".to_string())
+            }
+        })
+        .await;
         let text = svc.metrics().render();
         for name in [
             "host_sessions",
