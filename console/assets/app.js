@@ -338,8 +338,18 @@ async function showRun() {
       } }, "Skip with a value"),
     );
   }
-  table("run-steps", ["Step", "Kind", "Attempt", "Outcome"], (v.journal || []).map((s) => el("tr", {},
-    el("td", {}, s.step), el("td", {}, s.kind), el("td", {}, s.attempt), el("td", {}, s.outcome || ""))));
+  if (v.checkpoint && v.checkpoint.kind === "ask" && canOperate()) {
+    actions.append(el("button", { class: "primary", onclick: () => {
+      const out = prompt(v.checkpoint.question || "Answer (JSON):", "\"\"");
+      if (out === null) return;
+      let value;
+      try { value = JSON.parse(out); } catch (_) { status("that is not JSON", true); return; }
+      answerRun(v.checkpoint.name, value);
+    } }, `Answer ${v.checkpoint.name}`));
+  }
+  table("run-steps", ["Step", "Entry", "Attempt", "Outcome", "Epoch", "Recorded"], (v.journal || []).map((s) => el("tr", {},
+    el("td", {}, s.step), el("td", {}, s.entry), el("td", {}, s.attempt), el("td", {}, s.outcome || ""),
+    el("td", {}, s.epoch), el("td", {}, time(s.recorded_at_ms)))));
 }
 
 async function answerRun(checkpoint, value) {

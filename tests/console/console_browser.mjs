@@ -72,10 +72,16 @@ try {
   await page.waitForSelector("#session-gates tr[data-gate] button[data-action=approve]");
   await page.screenshot({ path: `${shots}/04-session-gated.png`, fullPage: true });
   await page.click("#session-gates tr[data-gate] button[data-action=approve]");
+  // The approved call runs, its result is journaled, and the turn ends (the second turn_done:
+  // the first is the reply to the session's first message).
   await page.waitForFunction(() => {
     const items = [...document.querySelectorAll("#session-journal li")].map((li) => li.textContent);
-    return items.some((t) => t.startsWith("turn_done"));
+    return items.some((t) => t.startsWith("tool_result")) &&
+      items.filter((t) => t.startsWith("turn_done")).length >= 2;
   });
+  await page.waitForFunction(() =>
+    [...document.querySelectorAll("#session-commands tr[data-command]")]
+      .some((r) => r.children[1].textContent === "gate_response" && r.children[2].textContent === "applied"));
   const toolResults = await page.$$eval("#session-journal li", (lis) =>
     lis.filter((li) => li.textContent.startsWith("tool_result")).length,
   );
