@@ -121,7 +121,8 @@ struct Inner {
     ready: AtomicBool,
     draining: AtomicBool,
     active: Mutex<HashMap<RunId, Active>>,
-    channels: Mutex<HashMap<RunId, broadcast::Sender<RunEvent>>>,
+    /// Every step event of the runs this Host drives; a subscription keeps its run's.
+    events: broadcast::Sender<RunEvent>,
     stop: CancellationToken,
     tracker: TaskTracker,
     /// A test seam: the boot reconcile waits this long first.
@@ -145,7 +146,6 @@ impl Drop for Slot {
     fn drop(&mut self) {
         if let Some(inner) = self.inner.upgrade() {
             lock(&inner.active).remove(&self.run);
-            lock(&inner.channels).remove(&self.run);
             inner.gauge();
         }
     }
@@ -217,17 +217,17 @@ impl StepEvents for Events {
         let Ok(run) = RunId::new(e.run_id.clone()) else {
             return;
         };
-        if let Some(tx) = lock(&inner.channels).get(&run) {
-            let _ = tx.send(RunEvent {
-                run_id: e.run_id,
-                epoch: e.epoch,
-                step: e.step,
-                kind: e.kind,
-                phase: e.phase,
-                outcome: e.outcome,
-                duration_ms: e.duration_ms,
-            });
-        }
+        let _ = run;
+        // No subscriber is not an error: events are live only.
+        let _ = inner.events.send(RunEvent {
+            run_id: e.run_id,
+            epoch: e.epoch,
+            step: e.step,
+            kind: e.kind,
+            phase: e.phase,
+            outcome: e.outcome,
+            duration_ms: e.duration_ms,
+        });
     }
 }
 
@@ -274,7 +274,6 @@ impl Inner {
             },
         );
         drop(active);
-        lock(&self.channels).insert(run.clone(), broadcast::channel(256).0);
         self.gauge();
         Ok((
             Slot {
@@ -326,6 +325,28 @@ impl Inner {
             };
             if let Some(m) = &inner.metrics {
                 m.ended.with_label_values(&[label]).inc();
+            }
+            if matches!(
+                label,
+                "completed" | "failed" | "needs_attention" | "cancelled"
+            ) {
+                let step = inner
+                    .store
+                    .run_status(None, &run)
+                    .await
+                    .ok()
+                    .flatten()
+                    .and_then(|s| s.step)
+                    .unwrap_or_default();
+                let _ = inner.events.send(RunEvent {
+                    run_id: run.to_string(),
+                    epoch,
+                    step,
+                    kind: "run".into(),
+                    phase: "finished".into(),
+                    outcome: Some(label.into()),
+                    duration_ms: None,
+                });
             }
             match end {
                 Ok(end) => tracing::info!(%tenant, %run, epoch, ?end, "run driver ended"),
@@ -412,7 +433,7 @@ impl RunHost {
                 ready: AtomicBool::new(false),
                 draining: AtomicBool::new(false),
                 active: Mutex::new(HashMap::new()),
-                channels: Mutex::new(HashMap::new()),
+                events: broadcast::channel(1024).0,
                 stop: CancellationToken::new(),
                 tracker: TaskTracker::new(),
                 reconcile_delay: Mutex::new(Duration::ZERO),
@@ -488,10 +509,18 @@ impl RunHost {
         }
     }
 
-    /// The live step events of a run this Host drives, for a link of its tenant.
-    pub fn events(&self, tenant: &TenantId, run: &RunId) -> Option<broadcast::Receiver<RunEvent>> {
-        let _ = tenant;
-        lock(&self.inner.channels).get(run).map(|tx| tx.subscribe())
+    /// The live step events of every run this Host drives, for a link of `tenant` that
+    /// subscribes to `run`'s channel: `not_found` for another tenant's run, exactly as for an
+    /// unknown one. The caller keeps the events whose `run_id` is `run`. Taken before the
+    /// check, so nothing published after a successful check is missed.
+    pub async fn events(
+        &self,
+        tenant: &TenantId,
+        run: &RunId,
+    ) -> Result<broadcast::Receiver<RunEvent>, RunRefusal> {
+        let rx = self.inner.events.subscribe();
+        self.scoped(tenant, run).await?;
+        Ok(rx)
     }
 
     /// Serves one `run.*` method for the link's tenant; `NotFound` for any other method.
@@ -741,6 +770,18 @@ impl RunHost {
             {
                 tracing::debug!(code = %r.code, "an answered run was left for the scan: {}", r.message);
             }
+        }
+        if cp.kind == CheckpointKind::Attention {
+            // No driver is parked on an attention point: say here that it was answered.
+            let _ = self.inner.events.send(RunEvent {
+                run_id: req.run_id.to_string(),
+                epoch: status.epoch,
+                step: req.checkpoint.clone(),
+                kind: "attention".into(),
+                phase: "answered".into(),
+                outcome: None,
+                duration_ms: None,
+            });
         }
         let (fresh, answer) = match recorded {
             AnswerRecorded::Recorded(a) => (true, a),
