@@ -55,7 +55,10 @@ pub struct RunOptions {
     /// renewing is taken over by a live Host once it expires.
     #[serde(with = "duration_text")]
     pub lease: Duration,
-    /// How often this Host looks for runs whose holder's lease expired.
+    /// How often this Host looks for runs whose holder is gone: its lease expired, or its
+    /// Host's registration expired. A run therefore fails over within the registry expiry
+    /// (or the lease, if shorter) plus this interval; the default matches the fleet
+    /// reconciler's pass interval, so runs fail over with their Host's sessions.
     #[serde(with = "duration_text")]
     pub scan_interval: Duration,
     /// How often a parked driver re-reads its answers without a wake-up.
@@ -69,7 +72,7 @@ impl Default for RunOptions {
             enabled: true,
             max_active: 8,
             lease: Duration::from_secs(15),
-            scan_interval: Duration::from_secs(5),
+            scan_interval: Duration::from_secs(1),
             poll: Duration::from_millis(500),
         }
     }
@@ -379,10 +382,22 @@ impl Inner {
         Ok(taken)
     }
 
-    /// Takes back every run recorded `running` that this Host held or whose lease expired.
+    /// Takes back every run recorded `running` that this Host held, whose lease expired, or
+    /// whose holder's Host registration expired (the fleet's verdict that it died).
     async fn reconcile(self: &Arc<Self>, booting: bool) -> Result<usize, StoreError> {
         let now = self.store.now_ms().await?;
         let running = self.store.runs_in_state(RunState::Running, 1000).await?;
+        let dead: std::collections::HashSet<HostId> = if running.is_empty() {
+            Default::default()
+        } else {
+            self.store
+                .targets(false)
+                .await?
+                .into_iter()
+                .filter(|t| !t.is_live(now) && t.host != self.host_id)
+                .map(|t| t.host)
+                .collect()
+        };
         let prefix = self.prefix();
         let mut taken = 0;
         for s in running {
@@ -390,8 +405,11 @@ impl Inner {
                 break;
             }
             let ours = booting && s.holder.starts_with(&prefix);
-            if !(ours || s.lease_expires_at_ms <= now) || lock(&self.active).contains_key(&s.run_id)
-            {
+            let gone = s.lease_expires_at_ms <= now
+                || dead
+                    .iter()
+                    .any(|h| h.as_str() == sessionstore::holder_host(&s.holder));
+            if !(ours || gone) || lock(&self.active).contains_key(&s.run_id) {
                 continue;
             }
             if self.store.run_program(&s.run_id).await?.is_none() {
