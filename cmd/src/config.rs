@@ -592,10 +592,11 @@ pub struct ServeFlags {
     )]
     run_max_active: Option<u32>,
     /// A run driver's hold on its run; a run whose Host stopped renewing it is taken over by a
-    /// live Host once it expires.
+    /// live Host once it expires (or once that Host's registration expires, if sooner).
     #[arg(id = "runs.lease", long = "run-lease", env = "HOST_RUN_LEASE", value_parser = duration)]
     run_lease: Option<Duration>,
-    /// How often this Host looks for runs whose holder's lease expired.
+    /// How often this Host looks for runs whose holder is gone (lease or Host registration
+    /// expired).
     #[arg(id = "runs.scan_interval", long = "run-scan-interval", env = "HOST_RUN_SCAN_INTERVAL", value_parser = duration)]
     run_scan_interval: Option<Duration>,
     /// How often a parked run driver re-reads its answers without a wake-up.

@@ -33,6 +33,9 @@ use crate::output::Output;
 /// Longer than any boot reconcile the Host's own options allow for one page of runs.
 pub const RETRY_DEADLINE: Duration = Duration::from_secs(30);
 
+/// How often `logs -f` re-reads the journal without an event from the run's channel.
+const FOLLOW_RESYNC: Duration = Duration::from_secs(5);
+
 /// Start, answer and watch durable workflow runs on a Host.
 #[derive(Debug, Args)]
 #[command(
@@ -94,7 +97,8 @@ enum RunCommand {
     },
     /// List the tenant's runs.
     Ps,
-    /// Print a run's step journal; with -f, follow it until the run ends.
+    /// Print a run's step journal; with -f, follow it (woken by the run's channel of step
+    /// events) until the run ends.
     Logs {
         /// The run id.
         run: String,
@@ -531,6 +535,23 @@ async fn dispatch(
             Ok(ExitCode::SUCCESS)
         }
         RunCommand::Logs { run, follow } => {
+            // Subscribed before the first read, so no event after it is missed.
+            let mut events = if *follow {
+                let id = sessionstore::RunId::new(run.clone()).map_err(|e| {
+                    CliError::refused(local_codes::INVALID_ID, format!("the run id: {e}"))
+                })?;
+                match client.subscribe_run(&id).await {
+                    Ok(rx) => Some(rx),
+                    Err(e) => {
+                        out.note(format_args!(
+                            "the run's channel is not available ({e}); following by polling"
+                        ));
+                        None
+                    }
+                }
+            } else {
+                None
+            };
             let mut after = 0;
             loop {
                 let v: RunView = call(client, "run.status", json!({"version": 1, "run_id": run}))
@@ -551,7 +572,20 @@ async fn dispatch(
                     }
                     return Ok(ExitCode::SUCCESS);
                 }
-                tokio::time::sleep(Duration::from_millis(500)).await;
+                match &mut events {
+                    // An event says the journal moved: read it again. The channel carries the
+                    // events of the Host this link reaches; a run driven (or taken over) by
+                    // another Host of the fleet publishes there, so the journal is also re-read
+                    // every FOLLOW_RESYNC.
+                    Some(rx) => tokio::select! {
+                        e = rx.recv() => if e.is_none() {
+                            out.note(format_args!("the run's channel ended; following by polling"));
+                            events = None;
+                        },
+                        _ = tokio::time::sleep(FOLLOW_RESYNC) => {}
+                    },
+                    None => tokio::time::sleep(Duration::from_millis(500)).await,
+                }
             }
         }
         RunCommand::Cancel { run } => {

@@ -844,6 +844,7 @@ pub async fn run(args: SessionArgs, out: Output) -> Result<ExitCode> {
                             }
                             print_event(&ctx, seq, e.body().get().as_bytes())?;
                         }
+                        Some(Publication::Run(_)) => {}
                         Some(Publication::Ephemeral(p)) => {
                             if ctx.out.is_json() {
                                 ctx.out.line(serde_json::json!({"preview": p.text}))?;

@@ -108,6 +108,8 @@ impl ClientError {
 pub enum Publication {
     Enduring(EnduringPublication),
     Ephemeral(EphemeralPublication),
+    /// A step event on a run's channel.
+    Run(hostlink::runs::RunEvent),
 }
 
 type Pending = Arc<Mutex<HashMap<u32, oneshot::Sender<Result<Value, ClientError>>>>>;
@@ -532,6 +534,22 @@ impl HostLinkClient {
         Ok(rx)
     }
 
+    /// Subscribes to a run's channel of step events (live only: `run.status` holds the
+    /// journal). Another tenant's run and an unknown run are refused alike.
+    pub async fn subscribe_run(
+        &self,
+        run: &sessionstore::RunId,
+    ) -> Result<mpsc::Receiver<Publication>, ClientError> {
+        let channel = hostlink::runs::run_channel(&self.tenant, run);
+        let (tx, rx) = mpsc::channel(SUBSCRIPTION_BUFFER);
+        lock(&self.subscriptions).insert(channel.clone(), tx);
+        if let Err(e) = self.request("subscribe", json!({"channel": channel})).await {
+            lock(&self.subscriptions).remove(&channel);
+            return Err(e);
+        }
+        Ok(rx)
+    }
+
     /// Closes the link.
     pub fn close(&self) {
         self.closed.cancel();
@@ -597,7 +615,15 @@ fn handle_line(
         return;
     };
     let bytes = data.to_string();
-    let publication = if data.get("journal_seq").is_some() {
+    let publication = if channel.starts_with(hostlink::runs::RUN_CHANNEL_PREFIX) {
+        match serde_json::from_str(&bytes) {
+            Ok(e) => Publication::Run(e),
+            Err(e) => {
+                tracing::warn!(error = %e, "a run event was not understood");
+                return;
+            }
+        }
+    } else if data.get("journal_seq").is_some() {
         match EnduringPublication::decode(bytes.as_bytes()) {
             Ok(p) => Publication::Enduring(p),
             Err(e) => {

@@ -196,6 +196,22 @@ impl LinkBackend for HostBackend {
         tokens
     }
 
+    async fn run_events(
+        &self,
+        link: &LinkCtx,
+        run: &sessionstore::RunId,
+    ) -> crate::link::backend::RunEvents {
+        use crate::link::backend::RunEvents;
+        let Some(runs) = &self.runs else {
+            return RunEvents::NotHosted;
+        };
+        match runs.events(&link.tenant, run).await {
+            Ok(rx) => RunEvents::Live(rx),
+            Err(r) if r.code == hostlink::runs::refusal_codes::NOT_FOUND => RunEvents::Unknown,
+            Err(r) => RunEvents::Failed(format!("{}: {}", r.code, r.message)),
+        }
+    }
+
     async fn extension_rpc(
         &self,
         link: &LinkCtx,

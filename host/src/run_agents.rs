@@ -54,7 +54,9 @@ pub struct ServiceAgents {
     service: Service,
     /// How often the turn's progress is re-read while waiting.
     pub poll: Duration,
-    /// How long an admitted prompt may wait to be applied.
+    /// How long an admitted prompt may wait to be applied: a step whose session no Host can
+    /// take (no capacity, a lease that never lapses) fails its attempt after this, instead
+    /// of waiting without bound.
     pub apply_within: Duration,
 }
 
@@ -316,6 +318,17 @@ impl ServiceAgents {
                     Ok(None)
                 }
             };
+        }
+        if command.attempt.is_none()
+            && self.service.store().now_ms().await? > command.apply_deadline_ms
+        {
+            // Past its deadline the store lets no attempt begin: it can never be applied.
+            return Err(Wait::Fail(format!(
+                "the prompt was not applied before its deadline ({} ms after admission): no \
+                 Host took the step's session {} in time",
+                self.apply_within.as_millis(),
+                s.session
+            )));
         }
         self.wake(&s).await?;
         Ok(None)

@@ -55,7 +55,10 @@ pub struct RunOptions {
     /// renewing is taken over by a live Host once it expires.
     #[serde(with = "duration_text")]
     pub lease: Duration,
-    /// How often this Host looks for runs whose holder's lease expired.
+    /// How often this Host looks for runs whose holder is gone: its lease expired, or its
+    /// Host's registration expired. A run therefore fails over within the registry expiry
+    /// (or the lease, if shorter) plus this interval; the default matches the fleet
+    /// reconciler's pass interval, so runs fail over with their Host's sessions.
     #[serde(with = "duration_text")]
     pub scan_interval: Duration,
     /// How often a parked driver re-reads its answers without a wake-up.
@@ -69,7 +72,7 @@ impl Default for RunOptions {
             enabled: true,
             max_active: 8,
             lease: Duration::from_secs(15),
-            scan_interval: Duration::from_secs(5),
+            scan_interval: Duration::from_secs(1),
             poll: Duration::from_millis(500),
         }
     }
@@ -121,7 +124,8 @@ struct Inner {
     ready: AtomicBool,
     draining: AtomicBool,
     active: Mutex<HashMap<RunId, Active>>,
-    channels: Mutex<HashMap<RunId, broadcast::Sender<RunEvent>>>,
+    /// Every step event of the runs this Host drives; a subscription keeps its run's.
+    events: broadcast::Sender<RunEvent>,
     stop: CancellationToken,
     tracker: TaskTracker,
     /// A test seam: the boot reconcile waits this long first.
@@ -145,7 +149,6 @@ impl Drop for Slot {
     fn drop(&mut self) {
         if let Some(inner) = self.inner.upgrade() {
             lock(&inner.active).remove(&self.run);
-            lock(&inner.channels).remove(&self.run);
             inner.gauge();
         }
     }
@@ -217,17 +220,17 @@ impl StepEvents for Events {
         let Ok(run) = RunId::new(e.run_id.clone()) else {
             return;
         };
-        if let Some(tx) = lock(&inner.channels).get(&run) {
-            let _ = tx.send(RunEvent {
-                run_id: e.run_id,
-                epoch: e.epoch,
-                step: e.step,
-                kind: e.kind,
-                phase: e.phase,
-                outcome: e.outcome,
-                duration_ms: e.duration_ms,
-            });
-        }
+        let _ = run;
+        // No subscriber is not an error: events are live only.
+        let _ = inner.events.send(RunEvent {
+            run_id: e.run_id,
+            epoch: e.epoch,
+            step: e.step,
+            kind: e.kind,
+            phase: e.phase,
+            outcome: e.outcome,
+            duration_ms: e.duration_ms,
+        });
     }
 }
 
@@ -274,7 +277,6 @@ impl Inner {
             },
         );
         drop(active);
-        lock(&self.channels).insert(run.clone(), broadcast::channel(256).0);
         self.gauge();
         Ok((
             Slot {
@@ -327,6 +329,28 @@ impl Inner {
             if let Some(m) = &inner.metrics {
                 m.ended.with_label_values(&[label]).inc();
             }
+            if matches!(
+                label,
+                "completed" | "failed" | "needs_attention" | "cancelled"
+            ) {
+                let step = inner
+                    .store
+                    .run_status(None, &run)
+                    .await
+                    .ok()
+                    .flatten()
+                    .and_then(|s| s.step)
+                    .unwrap_or_default();
+                let _ = inner.events.send(RunEvent {
+                    run_id: run.to_string(),
+                    epoch,
+                    step,
+                    kind: "run".into(),
+                    phase: "finished".into(),
+                    outcome: Some(label.into()),
+                    duration_ms: None,
+                });
+            }
             match end {
                 Ok(end) => tracing::info!(%tenant, %run, epoch, ?end, "run driver ended"),
                 Err(e) => tracing::warn!(%tenant, %run, epoch, code = e.code(), error = %e,
@@ -358,10 +382,22 @@ impl Inner {
         Ok(taken)
     }
 
-    /// Takes back every run recorded `running` that this Host held or whose lease expired.
+    /// Takes back every run recorded `running` that this Host held, whose lease expired, or
+    /// whose holder's Host registration expired (the fleet's verdict that it died).
     async fn reconcile(self: &Arc<Self>, booting: bool) -> Result<usize, StoreError> {
         let now = self.store.now_ms().await?;
         let running = self.store.runs_in_state(RunState::Running, 1000).await?;
+        let dead: std::collections::HashSet<HostId> = if running.is_empty() {
+            Default::default()
+        } else {
+            self.store
+                .targets(false)
+                .await?
+                .into_iter()
+                .filter(|t| !t.is_live(now) && t.host != self.host_id)
+                .map(|t| t.host)
+                .collect()
+        };
         let prefix = self.prefix();
         let mut taken = 0;
         for s in running {
@@ -369,8 +405,11 @@ impl Inner {
                 break;
             }
             let ours = booting && s.holder.starts_with(&prefix);
-            if !(ours || s.lease_expires_at_ms <= now) || lock(&self.active).contains_key(&s.run_id)
-            {
+            let gone = s.lease_expires_at_ms <= now
+                || dead
+                    .iter()
+                    .any(|h| h.as_str() == sessionstore::holder_host(&s.holder));
+            if !(ours || gone) || lock(&self.active).contains_key(&s.run_id) {
                 continue;
             }
             if self.store.run_program(&s.run_id).await?.is_none() {
@@ -412,7 +451,7 @@ impl RunHost {
                 ready: AtomicBool::new(false),
                 draining: AtomicBool::new(false),
                 active: Mutex::new(HashMap::new()),
-                channels: Mutex::new(HashMap::new()),
+                events: broadcast::channel(1024).0,
                 stop: CancellationToken::new(),
                 tracker: TaskTracker::new(),
                 reconcile_delay: Mutex::new(Duration::ZERO),
@@ -488,10 +527,18 @@ impl RunHost {
         }
     }
 
-    /// The live step events of a run this Host drives, for a link of its tenant.
-    pub fn events(&self, tenant: &TenantId, run: &RunId) -> Option<broadcast::Receiver<RunEvent>> {
-        let _ = tenant;
-        lock(&self.inner.channels).get(run).map(|tx| tx.subscribe())
+    /// The live step events of every run this Host drives, for a link of `tenant` that
+    /// subscribes to `run`'s channel: `not_found` for another tenant's run, exactly as for an
+    /// unknown one. The caller keeps the events whose `run_id` is `run`. Taken before the
+    /// check, so nothing published after a successful check is missed.
+    pub async fn events(
+        &self,
+        tenant: &TenantId,
+        run: &RunId,
+    ) -> Result<broadcast::Receiver<RunEvent>, RunRefusal> {
+        let rx = self.inner.events.subscribe();
+        self.scoped(tenant, run).await?;
+        Ok(rx)
     }
 
     /// Serves one `run.*` method for the link's tenant; `NotFound` for any other method.
@@ -752,6 +799,18 @@ impl RunHost {
             {
                 tracing::debug!(code = %r.code, "an answered run was left for the scan: {}", r.message);
             }
+        }
+        if cp.kind == CheckpointKind::Attention {
+            // No driver is parked on an attention point: say here that it was answered.
+            let _ = self.inner.events.send(RunEvent {
+                run_id: req.run_id.to_string(),
+                epoch: status.epoch,
+                step: req.checkpoint.clone(),
+                kind: "attention".into(),
+                phase: "answered".into(),
+                outcome: None,
+                duration_ms: None,
+            });
         }
         let (fresh, answer) = match recorded {
             AnswerRecorded::Recorded(a) => (true, a),

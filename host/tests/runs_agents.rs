@@ -228,6 +228,45 @@ mod cases {
         svc.stop().await;
     }
 
+    pub async fn a_step_whose_session_no_host_can_take_fails_at_the_prompts_deadline(
+        ts: &TestStore,
+    ) {
+        let mut o = options("h-agent-full");
+        o.capacity = 1;
+        let (svc, _) = started(ts, o).await;
+        // The Host's only slot is taken by another session.
+        let c = Controller::new(ts);
+        let other = c.session().await;
+        c.attach(&svc, &other).await;
+        let mut agents = ServiceAgents::new(svc.clone());
+        agents.apply_within = Duration::from_millis(300);
+        agents.poll = Duration::from_millis(20);
+        let turn = AgentTurn {
+            tenant: "acme".into(),
+            run_id: "run-full".into(),
+            step: "greet".into(),
+            agent: "assistant".into(),
+            prompt: "hello".into(),
+            attempt: 1,
+            idempotency_key: "run-run-full-greet-1".into(),
+        };
+        let turning = tokio::spawn(async move { agents.turn(turn).await });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            !turning.is_finished(),
+            "it waits while the deadline has not passed"
+        );
+        // The store's clock decides the deadline (a test store's clock moves when told).
+        ts.advance(Duration::from_secs(1)).await;
+        let ended = tokio::time::timeout(Duration::from_secs(10), turning)
+            .await
+            .expect("the attempt ends in bounded time")
+            .unwrap();
+        let why = ended.expect_err("no Host could take the session");
+        assert!(why.contains("deadline"), "{why}");
+        svc.stop().await;
+    }
+
     async fn replays_after(ts: &TestStore, host: &str, crash: Crash) {
         let (svc, _) = started(ts, options(host)).await;
         let (first, crashing) = booted(&svc, crash).await;
@@ -299,4 +338,5 @@ sessionstore::both_backends!(cases =>
     an_agent_step_is_one_turn_in_a_fresh_session_and_its_reply_is_the_output,
     a_driver_stopped_after_admitting_the_prompt_replays_onto_the_same_command,
     a_driver_stopped_after_the_reply_takes_the_settled_reply_without_a_second_turn,
+    a_step_whose_session_no_host_can_take_fails_at_the_prompts_deadline,
 );

@@ -291,7 +291,9 @@ pub struct RunRefusal {
     pub problems: Vec<ProblemView>,
 }
 
-/// A step event, published on the run's channel.
+/// A step event, published on the run's channel (see [`run_channel`]). The end of a drive is
+/// published as `kind: "run"`, `phase: "finished"`, `outcome` the run's state (`completed`,
+/// `failed`, `needs_attention`, `cancelled`), `step` the step it ended at (empty when none).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunEvent {
     pub run_id: String,
@@ -350,16 +352,34 @@ impl<T: DeserializeOwned> RunReply<T> {
     }
 }
 
-/// The channel of one run's step events.
+/// The prefix of every run channel.
+pub const RUN_CHANNEL_PREFIX: &str = "hostlink.run.v1.";
+
+/// The channel of one run's step events: `hostlink.run.v1.<tenant>.<run>`, each id base64url
+/// without padding (like a session channel, so any id fits).
 pub fn run_channel(tenant: &TenantId, run: &RunId) -> String {
-    format!("run:{tenant}:{run}")
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    format!(
+        "{RUN_CHANNEL_PREFIX}{}.{}",
+        b64.encode(tenant.as_str()),
+        b64.encode(run.as_str())
+    )
 }
 
-/// The tenant and run a run channel names.
+/// The tenant and run a run channel names; `None` for anything else.
 pub fn parse_run_channel(channel: &str) -> Option<(TenantId, RunId)> {
-    let rest = channel.strip_prefix("run:")?;
-    let (tenant, run) = rest.split_once(':')?;
-    Some((TenantId::new(tenant).ok()?, RunId::new(run).ok()?))
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let rest = channel.strip_prefix(RUN_CHANNEL_PREFIX)?;
+    let (tenant, run) = rest.split_once('.')?;
+    if run.contains('.') {
+        return None;
+    }
+    Some((
+        TenantId::from_bytes(&b64.decode(tenant).ok()?).ok()?,
+        RunId::new(String::from_utf8(b64.decode(run).ok()?).ok()?).ok()?,
+    ))
 }
 
 #[cfg(test)]
@@ -420,6 +440,10 @@ mod tests {
         let t = TenantId::new("acme").unwrap();
         let r = RunId::new("run-1").unwrap();
         assert_eq!(parse_run_channel(&run_channel(&t, &r)), Some((t, r)));
-        assert_eq!(parse_run_channel("session:acme:s"), None);
+        let odd = TenantId::new("a:b.c").unwrap();
+        let r = RunId::new("run-2").unwrap();
+        assert_eq!(parse_run_channel(&run_channel(&odd, &r)), Some((odd, r)));
+        assert_eq!(parse_run_channel("hostlink.v1.YWNtZQ.cw"), None);
+        assert_eq!(parse_run_channel("hostlink.run.v1.YWNtZQ"), None);
     }
 }

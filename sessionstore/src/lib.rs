@@ -47,7 +47,7 @@ pub use packages::{NewPackage, PackageSummary, Publication, StoredPackage};
 pub use runs::{
     AnswerRecorded, Checkpoint, CheckpointKind, NewCheckpoint, NewRun, NewStepEntry, RunAnswer,
     RunCreated, RunEnd, RunFailure, RunFence, RunProgram, RunState, RunStatus, StepEntry,
-    StepEntryKind, Takeover, TakeoverRule,
+    StepEntryKind, Takeover, TakeoverRule, holder_host,
 };
 pub use stats::StoreStats;
 pub use store::{

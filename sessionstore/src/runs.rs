@@ -311,10 +311,18 @@ pub enum AnswerRecorded {
     Unchanged(RunAnswer),
 }
 
-/// Which runs a takeover may take.
+/// The Host id a run holder (`<host id>/<attempt id>`) names.
+pub fn holder_host(holder: &str) -> &str {
+    holder.split_once('/').map_or(holder, |(host, _)| host)
+}
+
+/// Which runs a takeover may take. A holder counts as *gone* when its lease has expired, or
+/// when the Host its holder names has a registration in the Host registry and that
+/// registration has expired (the fleet's own verdict that the Host died: runs fail over with
+/// its sessions, not later). A holder whose Host never registered is judged by its lease only.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TakeoverRule {
-    /// Only a run whose holder's lease has expired.
+    /// Only a run whose holder is gone.
     LeaseExpired,
     /// A run whose holder starts with this prefix (a booting Host taking back its own runs),
     /// or whose lease has expired.
@@ -783,7 +791,8 @@ pub(crate) async fn take<C: Conn>(
             current: current.epoch,
         });
     }
-    let expired = current.lease_expires_at_ms <= now;
+    let expired = current.lease_expires_at_ms <= now
+        || host_registration_expired(tx, holder_host(&current.holder), now).await?;
     let allowed = match &t.rule {
         TakeoverRule::LeaseExpired => expired,
         TakeoverRule::HeldByOrExpired(prefix) => expired || current.holder.starts_with(prefix),
@@ -821,6 +830,26 @@ pub(crate) async fn take<C: Conn>(
     load_status(tx, None, &t.run_id)
         .await?
         .ok_or_else(|| StoreError::integrity("run_status", "a takeover left no row"))
+}
+
+/// Whether `host` has a registration in the Host registry that has expired at `now` (no
+/// registration: `false`).
+async fn host_registration_expired<C: Conn>(
+    tx: &mut SqlTx<C>,
+    host: &str,
+    now: Millis,
+) -> StoreResult<bool> {
+    let found = rows(
+        tx,
+        "SELECT expires_at FROM host_targets WHERE host_id = $1",
+        vec![text(host)],
+        "host_target",
+    )
+    .await?;
+    match found.first() {
+        None => Ok(false),
+        Some(r) => Ok(r.i64(0)? <= now),
+    }
 }
 
 /// Extends the holder's lease; refused once the fence is stale.

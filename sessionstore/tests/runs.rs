@@ -239,6 +239,50 @@ mod cases {
         assert_eq!(now.epoch, 2);
     }
 
+    pub async fn a_run_is_free_once_its_hosts_registration_expires_even_under_a_live_lease(
+        ts: &TestStore,
+    ) {
+        let advertise = |host: &str| HostAdvertisement {
+            host: HostId::new(host).unwrap(),
+            endpoint: format!("ws://{host}:7400"),
+            placement: Placement::Pooled,
+            isolation_class: "shared".into(),
+            capacity: 8,
+            accepting: true,
+            generation: 1,
+            ttl: Duration::from_millis(500),
+        };
+        ts.store.advertise(advertise("host-a")).await.unwrap();
+        let s = start(ts, "run-1").await; // held by host-a, lease 60 s
+        let take = |holder: &str| Takeover {
+            run_id: s.run_id.clone(),
+            expected_epoch: 1,
+            holder: holder.into(),
+            fencing_token: format!("tok-{holder}"),
+            lease: Duration::from_secs(60),
+            rule: TakeoverRule::LeaseExpired,
+        };
+        let live = ts.store.take_run(take("host-b/1")).await.unwrap_err();
+        assert_eq!(
+            live.code(),
+            ErrorCode::ClaimHeld,
+            "a live Host keeps its run: {live}"
+        );
+        ts.advance(Duration::from_millis(800)).await;
+        let taken = ts.store.take_run(take("host-b/1")).await.unwrap();
+        assert_eq!((taken.epoch, taken.holder.as_str()), (2, "host-b/1"));
+        // A holder whose Host never registered is judged by its lease alone.
+        let mut t = take("host-c/1");
+        let mut unregistered = new_run("run-3", None);
+        unregistered.holder = "host-z/attempt-1".into();
+        let z = ts.store.create_run(unregistered).await.unwrap().status;
+        t.run_id = z.run_id.clone();
+        let held = ts.store.take_run(t).await.unwrap_err();
+        assert_eq!(held.code(), ErrorCode::ClaimHeld, "{held}");
+        assert_eq!(holder_host("host-a/attempt-1"), "host-a");
+        assert_eq!(holder_host("bare"), "bare");
+    }
+
     pub async fn a_sleep_armed_again_keeps_its_first_deadline(ts: &TestStore) {
         let s = start(ts, "run-1").await;
         let nap = NewCheckpoint {
@@ -509,6 +553,7 @@ sessionstore::both_backends!(cases =>
     a_step_has_at_most_one_result,
     after_a_takeover_every_write_under_the_old_fence_is_refused,
     a_takeover_needs_the_read_epoch_and_an_expired_lease_of_another_holder,
+    a_run_is_free_once_its_hosts_registration_expires_even_under_a_live_lease,
     a_sleep_armed_again_keeps_its_first_deadline,
     an_answer_is_recorded_once_and_consumed_once,
     a_finished_run_is_final,

@@ -1,7 +1,8 @@
 //! Workflow runs across a fleet: two `hostd serve` processes on one PostgreSQL database. The
 //! Host driving a run is killed with SIGKILL mid-run; the other Host takes the run over once
-//! the dead driver's lease lapses (a lease-expiry scan on each Host), under epoch + 1, and the
-//! run completes with every step journaled once.
+//! the dead driver's lease lapses, or once the dead Host's registration expires when that
+//! comes first (a scan on each Host), under epoch + 1, and the run completes with every step
+//! journaled once.
 
 use std::path::Path;
 
@@ -36,29 +37,43 @@ fn copy_dir(from: &Path, to: &Path) {
 }
 
 fn fleet_host(dir: &Path, name: &str, store: &str, credentials: &Path, runnables: &Path) -> Serve {
-    let data = format!(".hostd-{name}");
-    Serve::start(
+    fleet_host_with(
         dir,
         name,
-        &[
-            "--store",
-            store,
-            "--credentials-file",
-            credentials.to_str().expect("a UTF-8 path"),
-            "--data-dir",
-            &data,
-            "--host-id",
-            name,
-            "--runnables",
-            runnables.to_str().expect("a UTF-8 path"),
-            "--run-lease",
-            "900ms",
-            "--run-scan-interval",
-            "200ms",
-            "--run-poll",
-            "100ms",
-        ],
+        store,
+        credentials,
+        runnables,
+        &["--run-lease", "900ms"],
     )
+}
+
+fn fleet_host_with(
+    dir: &Path,
+    name: &str,
+    store: &str,
+    credentials: &Path,
+    runnables: &Path,
+    extra: &[&str],
+) -> Serve {
+    let data = format!(".hostd-{name}");
+    let mut args = vec![
+        "--store",
+        store,
+        "--credentials-file",
+        credentials.to_str().expect("a UTF-8 path"),
+        "--data-dir",
+        &data,
+        "--host-id",
+        name,
+        "--runnables",
+        runnables.to_str().expect("a UTF-8 path"),
+        "--run-scan-interval",
+        "200ms",
+        "--run-poll",
+        "100ms",
+    ];
+    args.extend_from_slice(extra);
+    Serve::start(dir, name, &args)
 }
 
 fn run_cli(dir: &Path, host: &Serve, token: &str, args: &[&str]) -> String {
@@ -146,6 +161,101 @@ async fn a_run_on_a_killed_host_completes_on_the_other_under_the_next_epoch() {
     );
     let again = journal.iter().find(|e| e["step"] == "again").unwrap();
     assert_eq!(again["body"]["output"]["words"], 4);
+    drop(b);
+    db.drop_now().await;
+}
+
+/// With a run lease far longer than the registry expiry, a run fails over with its Host's
+/// registration (the fleet's failover bound), not with its lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_fails_over_when_its_hosts_registration_expires_long_before_its_lease() {
+    let Some(db) = FreshDatabase::create("runs_registry_failover").await else {
+        return;
+    };
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let runnables = dir.join("runnables-ws");
+    copy_dir(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/runnables"),
+        &runnables,
+    );
+    std::fs::write(dir.join("program.yaml"), PROGRAM).unwrap();
+    let (secret, digest) = hostlink::auth::mint_credential();
+    let token = secret.expose_secret().to_owned();
+    let credentials = dir.join("credentials");
+    std::fs::write(&credentials, format!("acme {digest}\n")).unwrap();
+    let quick_registry = [
+        "--run-lease",
+        "10m",
+        "--registry-heartbeat",
+        "300ms",
+        "--registry-expiry",
+        "1500ms",
+    ];
+    let a = fleet_host_with(
+        dir,
+        "reg-a",
+        &db.url,
+        &credentials,
+        &runnables,
+        &quick_registry,
+    );
+    let b = fleet_host_with(
+        dir,
+        "reg-b",
+        &db.url,
+        &credentials,
+        &runnables,
+        &quick_registry,
+    );
+    let started: Value = serde_json::from_str(&run_cli(
+        dir,
+        &a,
+        &token,
+        &["start", "program.yaml", "--input", r#"{"text":"one two"}"#],
+    ))
+    .expect("start JSON");
+    let run = started["run_id"].as_str().expect("a run id").to_owned();
+    eventually("the run to reach its sleep", async || {
+        let v = status(dir, &a, &token, &run);
+        match v["checkpoint"]["name"].as_str() {
+            Some("nap") => Ok(()),
+            _ => Err(v.to_string()),
+        }
+    })
+    .await;
+    let killed = std::time::Instant::now();
+    let (_, _) = a.kill_dead();
+    // The lease (10 minutes) never lapses in this test: only the registration can free the run.
+    let done = eventually("the other Host to complete the run", async || {
+        let v = status(dir, &b, &token, &run);
+        if v["state"] == "completed" {
+            Ok(v)
+        } else {
+            Err(v.to_string())
+        }
+    })
+    .await;
+    assert!(
+        killed.elapsed() < std::time::Duration::from_secs(20),
+        "failed over within the registry expiry, not the lease"
+    );
+    assert_eq!(done["epoch"], 2, "{done}");
+    assert!(
+        done["holder"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("reg-b/"),
+        "{done}"
+    );
+    let journal = done["journal"].as_array().expect("a journal");
+    for step in ["count", "nap", "again"] {
+        let results = journal
+            .iter()
+            .filter(|e| e["step"] == step && e["entry"] == "result")
+            .count();
+        assert_eq!(results, 1, "step {step}: {done}");
+    }
     drop(b);
     db.drop_now().await;
 }

@@ -133,6 +133,18 @@ impl SessionFeed {
 }
 
 /// What an extension RPC answered.
+/// What a subscription to a run's channel gets.
+pub enum RunEvents {
+    /// This Host hosts no runs.
+    NotHosted,
+    /// No such run for the link's tenant (another tenant's run reads the same).
+    Unknown,
+    /// The Host's live step events; the subscription keeps its run's.
+    Live(broadcast::Receiver<hostlink::runs::RunEvent>),
+    /// The store could not say.
+    Failed(String),
+}
+
 pub enum ExtensionReply {
     /// The backend does not serve this method: Centrifuge error 104.
     NotFound,
@@ -225,6 +237,12 @@ pub trait LinkBackend: Send + Sync + 'static {
     /// Any other RPC method (not one of the five reserved methods, not a capability token),
     /// e.g. `run.start` on a Host advertising `hostlink.run`. The backend must apply the
     /// tenant scope itself. The default serves none.
+    /// The live step events for a subscription of the link to `run`'s channel.
+    async fn run_events(&self, link: &LinkCtx, run: &sessionstore::RunId) -> RunEvents {
+        let _ = (link, run);
+        RunEvents::NotHosted
+    }
+
     async fn extension_rpc(
         &self,
         link: &LinkCtx,

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use axum::extract::ws::WebSocket;
 use futures::StreamExt;
 use serde_json::value::RawValue;
-use sessionstore::{SessionId, TenantId};
+use sessionstore::{RunId, SessionId, TenantId};
 use tokio::sync::{Notify, broadcast, mpsc};
 use tokio::time::timeout;
 use tokio_util::sync::CancellationToken;
@@ -23,21 +23,22 @@ use super::encode::{ENDURING_RECORD, RECORD_TAG};
 use super::pump::{Pump, TokenBucket};
 use super::transport::{Heartbeat, Outbound, WriterTiming, read_loop, write_loop};
 use crate::link::backend::{
-    ExtensionReply, FeedItem, LinkBackend, LinkCtx, LinkId, Refusal, StreamPublication,
+    ExtensionReply, FeedItem, LinkBackend, LinkCtx, LinkId, Refusal, RunEvents, StreamPublication,
 };
 use hostlink::channel::{parse_session_channel, session_channel};
 use hostlink::codes::{Disconnect, ReplyError};
 use hostlink::frame::{
     Command, ConnectRequest, ConnectResult, HistoryRequest, MAX_COMMANDS_PER_FRAME, PublishRequest,
     Request, RpcRequest, StreamPosition, SubscribeRequest, SubscribeResult, encode_connect_reply,
-    encode_error, encode_history_reply, encode_publication, encode_reply, encode_rpc_reply,
-    encode_subscribe_reply, encode_unsubscribe_push,
+    encode_error, encode_history_reply, encode_publication, encode_publication_push, encode_reply,
+    encode_rpc_reply, encode_subscribe_reply, encode_unsubscribe_push,
 };
 use hostlink::json::ObjectWriter;
 use hostlink::records::{
     AttachRequest, BindRequest, ConnectData, Delivery, DrainRequest, HostLinkError,
     SubscribeOptions, UnbindRequest, WIRE_VERSION,
 };
+use hostlink::runs::parse_run_channel;
 
 /// The five reserved methods, in the documented order.
 pub const RESERVED_METHODS: [&str; 5] = [
@@ -139,6 +140,8 @@ struct Link<B: LinkBackend> {
     closer: Arc<Closer>,
     out: mpsc::Sender<Outbound>,
     bindings: HashMap<SessionId, LinkBinding>,
+    /// Live subscriptions to run channels, by channel.
+    run_subscriptions: HashMap<String, CancellationToken>,
     bucket: Arc<Mutex<TokenBucket>>,
     capability_tokens: Vec<String>,
 }
@@ -250,6 +253,7 @@ async fn run_link_inner<B: LinkBackend>(
             closer: closer.clone(),
             out: out_tx,
             bindings: HashMap::new(),
+            run_subscriptions: HashMap::new(),
             bucket: Arc::new(Mutex::new(TokenBucket::new(
                 options.preview_rate_bytes_per_sec,
                 options.preview_burst_bytes,
@@ -660,7 +664,87 @@ impl<B: LinkBackend> Link<B> {
         }
     }
 
+    /// A subscription to a run's channel: the run's step events, live only (no history, no
+    /// recovery: `run.status` holds the journal). Another tenant's run is refused exactly
+    /// like an unknown one.
+    async fn subscribe_run(
+        &mut self,
+        id: u32,
+        channel: String,
+        tenant: TenantId,
+        run: RunId,
+    ) -> Flow {
+        if tenant != self.ctx.tenant {
+            return self.reply_error(id, &ReplyError::PERMISSION_DENIED).await;
+        }
+        if self
+            .run_subscriptions
+            .get(&channel)
+            .is_some_and(|t| !t.is_cancelled())
+        {
+            return self.reply_error(id, &ReplyError::ALREADY_SUBSCRIBED).await;
+        }
+        let mut rx = match self.backend.run_events(&self.ctx, &run).await {
+            RunEvents::Live(rx) => rx,
+            RunEvents::Unknown => {
+                return self.reply_error(id, &ReplyError::PERMISSION_DENIED).await;
+            }
+            RunEvents::NotHosted => return self.reply_error(id, &ReplyError::NOT_AVAILABLE).await,
+            RunEvents::Failed(detail) => {
+                tracing::warn!(detail = %detail, "a run subscription's check failed");
+                return self.reply_error(id, &ReplyError::INTERNAL).await;
+            }
+        };
+        let stop = self.closer.child_token();
+        self.run_subscriptions.insert(channel.clone(), stop.clone());
+        self.send(encode_reply(id, "subscribe", "{}")).await?;
+        let out = self.out.clone();
+        let slow = self.core.config.options().slow_consumer_timeout;
+        let closer = self.closer.clone();
+        let wanted = run.to_string();
+        let span = tracing::debug_span!("run_subscription", run = %run);
+        self.core.tracker.spawn(
+            async move {
+                loop {
+                    let event = tokio::select! {
+                        _ = stop.cancelled() => return,
+                        e = rx.recv() => e,
+                    };
+                    let event = match event {
+                        Ok(e) => e,
+                        Err(broadcast::error::RecvError::Lagged(n)) => {
+                            // Live only: the client re-reads `run.status` for what it missed.
+                            tracing::info!(missed = n, "a run subscription fell behind");
+                            continue;
+                        }
+                        Err(broadcast::error::RecvError::Closed) => return,
+                    };
+                    if event.run_id != wanted {
+                        continue;
+                    }
+                    let Ok(data) = serde_json::to_string(&event) else {
+                        continue;
+                    };
+                    let push = encode_publication_push(&channel, &data, &[]);
+                    match timeout(slow, out.send(Outbound::Message(push))).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(_)) => return,
+                        Err(_) => {
+                            closer.close(Disconnect::SLOW);
+                            return;
+                        }
+                    }
+                }
+            }
+            .instrument(span),
+        );
+        Ok(())
+    }
+
     async fn subscribe(&mut self, id: u32, s: SubscribeRequest) -> Flow {
+        if let Some((tenant, run)) = parse_run_channel(&s.channel) {
+            return self.subscribe_run(id, s.channel, tenant, run).await;
+        }
         let Ok((tenant, session)) = parse_session_channel(&s.channel) else {
             return self.reply_error(id, &ReplyError::BAD_REQUEST).await;
         };
@@ -945,6 +1029,12 @@ impl<B: LinkBackend> Link<B> {
     }
 
     async fn unsubscribe(&mut self, id: u32, channel: &str) -> Flow {
+        if parse_run_channel(channel).is_some() {
+            if let Some(stop) = self.run_subscriptions.remove(channel) {
+                stop.cancel();
+            }
+            return self.send(encode_reply(id, "unsubscribe", "{}")).await;
+        }
         let Ok((tenant, session)) = parse_session_channel(channel) else {
             return self.reply_error(id, &ReplyError::BAD_REQUEST).await;
         };

@@ -702,9 +702,13 @@ impl Drive<'_> {
                 },
             )
             .await?;
+        let mut parked = false;
         loop {
             let answers = self.d.journal.answers(&self.status.run_id).await?;
             if let Some(a) = answers.into_iter().find(|a| a.checkpoint == step.name) {
+                if parked {
+                    self.event(step, "answered", None, None);
+                }
                 let value: Value = serde_json::from_str(&a.value).map_err(|e| {
                     DriveError::Integrity(format!("answer to {} is not JSON: {e}", step.name))
                 })?;
@@ -723,6 +727,10 @@ impl Drive<'_> {
                 return self
                     .result(step, "answered", value, Some(step.name.clone()))
                     .await;
+            }
+            if !parked {
+                parked = true;
+                self.event(step, "parked", None, None);
             }
             if let Some(end) = self.pause(self.d.options.poll).await? {
                 return Ok(Flow::End(end));

@@ -118,7 +118,8 @@ pub struct StepEvent {
     pub step: String,
     /// invoke, ask, sleep or agent.
     pub kind: String,
-    /// started, finished, replayed, parked, failed, attention.
+    /// started, finished, replayed, parked (an ask waits for its answer, or the driver
+    /// stopped), answered (the parked ask took its answer), failed, attention.
     pub phase: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outcome: Option<String>,
