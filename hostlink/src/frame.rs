@@ -1,5 +1,5 @@
 //! Centrifuge client protocol v2, JSON encoding: framing. Owns decoding one inbound WebSocket
-//! text frame into commands and encoding replies, pushes, the server ping and batches. Never
+//! text frame into commands and encoding replies, pushes and the server ping. Never
 //! interprets a command's `data` (the records do) and never decides what a command means
 //! (the link does).
 //!
@@ -14,8 +14,11 @@
 //! checked; any other member, a duplicate, a `null` (except as `data`, which is the
 //! application's to judge), or trailing data makes the whole frame undecodable. Decoding is all or nothing: a frame with one bad line yields no command.
 //!
-//! Outbound: every message is one line (raw JSON handed in is put on one line by turning
-//! its insignificant line breaks into spaces), so batches split cleanly. Replies (`{"id":N,"<method>":{...}}` or `{"id":N,"error":{...}}`), pushes
+//! Outbound: each reply or push is its own WebSocket message, never several lines joined into
+//! one frame (the official JavaScript SDK reorders the lines of one frame against the next
+//! frame; see `docs/decisions/2026-11-30-hostlink-recoverable-streams.md`). Every message is
+//! still one line (raw JSON handed in is put on one line by turning its insignificant line
+//! breaks into spaces): the SDKs split every message they receive on line feeds. Replies (`{"id":N,"<method>":{...}}` or `{"id":N,"error":{...}}`), pushes
 //! (`{"push":{"channel":"...","pub":{"data":...}}}`), the server ping `{}`. On a WebSocket,
 //! protocol v2 sends a disconnect as the close frame's code and reason, never as a push (as
 //! Centrifuge's Go server does), so there is no disconnect encoder here.
@@ -672,18 +675,6 @@ pub fn encode_unsubscribe_push(channel: &str, code: u32, reason: &str) -> String
     ObjectWriter::new().raw("push", &push).finish()
 }
 
-/// Joins messages into one outbound frame (Centrifuge JSON batching).
-pub fn join_batch<'a>(messages: impl IntoIterator<Item = &'a str>) -> String {
-    let mut out = String::new();
-    for (i, m) in messages.into_iter().enumerate() {
-        if i > 0 {
-            out.push('\n');
-        }
-        out.push_str(m);
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1008,6 +999,5 @@ mod tests {
             ),
             r#"{"id":1,"connect":{"client":"c","version":"v","data":{},"ping":25,"pong":true}}"#
         );
-        assert_eq!(join_batch(["a", "b"]), "a\nb");
     }
 }

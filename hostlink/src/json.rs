@@ -97,8 +97,9 @@ impl RawObject {
     }
 }
 
-/// JSON text on one line. Centrifuge JSON batching is line-delimited, so an outbound message
-/// must not contain a raw line feed. In valid JSON a raw line feed or carriage return can
+/// JSON text on one line. The SDKs split every message they receive on line feeds (Centrifuge
+/// JSON batching), so an outbound message must not contain a raw line feed, even though the
+/// Host sends each message alone. In valid JSON a raw line feed or carriage return can
 /// only be insignificant whitespace (inside a string it must be escaped), so each becomes a
 /// space: the value, member order and every other byte are kept.
 pub fn one_line(json: &str) -> std::borrow::Cow<'_, str> {

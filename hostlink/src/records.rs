@@ -694,7 +694,7 @@ impl Record for SubscribeOptions {
 /// A committed journal event, pushed on the session channel. The body is kept as the exact
 /// JSON text it was given (member order and every byte). On the wire the one exception is a
 /// raw line break, which in JSON can only be insignificant whitespace: the frame encoder turns
-/// it into a space because Centrifuge batching is line-delimited.
+/// it into a space because the SDKs split every message on line feeds (Centrifuge batching).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EnduringPublication {

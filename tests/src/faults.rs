@@ -237,7 +237,12 @@ impl ReadyzLog {
         let seen = log.seen.clone();
         tokio::spawn(async move {
             while !stop.stopped() {
-                let (code, body) = crate::served::get_with(&url, &[]).await;
+                // A probe the listener cut before answering (a flood filling the backlog) is
+                // not an answer; it is skipped.
+                let Some((code, body)) = try_get(&url).await else {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                };
                 if let Ok(mut s) = seen.lock()
                     && s.last().is_none_or(|(c, _)| *c != code)
                 {
@@ -261,6 +266,33 @@ impl ReadyzLog {
     pub fn answers(&self) -> Vec<(u16, String)> {
         self.seen.lock().map(|s| s.clone()).unwrap_or_default()
     }
+}
+
+/// One GET with `Connection: close`, as (status, body); `None` when the connection failed
+/// before a status line came back.
+async fn try_get(url: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = url.trim_start_matches("http://");
+    let (authority, path) = rest.split_once('/')?;
+    let mut s = tokio::time::timeout(
+        Duration::from_secs(5),
+        tokio::net::TcpStream::connect(authority),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    let request = format!("GET /{path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n");
+    // The listener may answer (and close) before the request is written: read regardless.
+    let _ = s.write_all(request.as_bytes()).await;
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf)).await;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let code = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Some((code, body))
 }
 
 /// A stop flag shared with a recorder.

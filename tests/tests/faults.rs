@@ -520,6 +520,14 @@ async fn ten_thousand_connection_attempts_past_the_bound_are_refused_and_leak_no
     let session = c.session().await;
     c.attach(&s.service, &session).await;
     let fds_before = open_fds();
+    let stop_probe = Stop::default();
+    let readyz = ReadyzLog::record(s.http("/readyz"), stop_probe.clone());
+    eventually("the first readyz answer", async || {
+        check(readyz.statuses() == [200], || {
+            format!("{:?}", readyz.answers())
+        })
+    })
+    .await;
     // Take every permit with connections that send nothing.
     let mut holders = Vec::new();
     for _ in 0..bound {
@@ -582,6 +590,15 @@ async fn ten_thousand_connection_attempts_past_the_bound_are_refused_and_leak_no
         Some(Outcome::Applied)
     );
     c.check_exactly_once(&session).await;
+    stop_probe.stop();
+    // Ready, refused at the connection cap while the bound is taken (the probe is a
+    // connection too), ready again once it is free.
+    assert_eq!(readyz.statuses(), [200, 503, 200], "{:?}", readyz.answers());
+    assert!(
+        readyz.answers()[1].1.contains("connection cap"),
+        "{:?}",
+        readyz.answers()
+    );
     eventually("descriptors to return", async || {
         let now = open_fds();
         check(now <= fds_before + 20, || {

@@ -74,7 +74,7 @@ impl EnduringEncoder {
             record.journal_seq.get(),
             record.covered_through
         );
-        // Batching is line-delimited: a raw line break (only ever insignificant whitespace in
+        // The SDKs split every message on line feeds: a raw line break (only ever insignificant whitespace in
         // valid JSON, and only the body can hold one) goes out as a space, as `one_line` does.
         if body.as_bytes().contains(&b'\n') || body.as_bytes().contains(&b'\r') {
             out.extend(body.chars().map(|c| match c {

@@ -246,7 +246,8 @@ pub(crate) struct WriterTiming {
     pub(crate) slow_consumer_timeout: Duration,
 }
 
-/// Drains the outbound queue into the socket, batching what is already queued, sends the
+/// Drains the outbound queue into the socket (what is already queued written as separate
+/// messages and flushed once), sends the
 /// application ping and enforces the pong deadline; when the link closes, writes what is
 /// owed (not for a slow link), then the close frame, then waits for the reader to finish.
 pub(crate) async fn write_loop(
