@@ -211,8 +211,8 @@ pub async fn run(args: ServeArgs, matches: Option<&ArgMatches>, out: Output) -> 
                 "created the console's first operator and its token"
             );
         }
-        let operators = console::Operators::load(&path)
-            .map_err(|e| anyhow::anyhow!("{e} [{}]", e.code()))?;
+        let operators =
+            console::Operators::load(&path).map_err(|e| anyhow::anyhow!("{e} [{}]", e.code()))?;
         console::Console::new(service.clone(), runs.clone(), creds.tenants(), operators).router()
     } else {
         axum::Router::new()

@@ -81,11 +81,7 @@ impl From<StoreError> for ApiError {
                 "unavailable",
                 e.to_string(),
             ),
-            _ => ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                e.to_string(),
-            ),
+            _ => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()),
         }
     }
 }
@@ -114,7 +110,9 @@ fn ok(v: Value) -> ApiResult {
 
 /// The token a request presents: a bearer header first, then the login cookie.
 fn presented(headers: &HeaderMap) -> Option<String> {
-    if let Some(v) = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok())
+    if let Some(v) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
         && let Some(t) = v.strip_prefix("Bearer ")
     {
         return Some(t.trim().to_owned());
@@ -180,7 +178,8 @@ pub async fn login(State(c): State<Console>, Json(body): Json<Login>) -> ApiResu
         body.token
     );
     let mut r = ok(json!({"operator": op}))?;
-    let v = HeaderValue::from_str(&cookie).map_err(|_| ApiError::invalid("a token must be text"))?;
+    let v =
+        HeaderValue::from_str(&cookie).map_err(|_| ApiError::invalid("a token must be text"))?;
     r.headers_mut().insert(header::SET_COOKIE, v);
     Ok(r)
 }
@@ -190,7 +189,9 @@ pub async fn logout() -> ApiResult {
     let mut r = ok(json!({}))?;
     r.headers_mut().insert(
         header::SET_COOKIE,
-        HeaderValue::from_static("hostd_console=; HttpOnly; SameSite=Strict; Path=/console; Max-Age=0"),
+        HeaderValue::from_static(
+            "hostd_console=; HttpOnly; SameSite=Strict; Path=/console; Max-Age=0",
+        ),
     );
     Ok(r)
 }

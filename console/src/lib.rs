@@ -70,7 +70,10 @@ impl Console {
             .route("/console/api/v1/whoami", get(api::whoami))
             .route("/console/api/v1/hosts", get(api::hosts))
             .route("/console/api/v1/sessions", get(api::sessions))
-            .route("/console/api/v1/sessions/{tenant}/{session}", get(api::session))
+            .route(
+                "/console/api/v1/sessions/{tenant}/{session}",
+                get(api::session),
+            )
             .route(
                 "/console/api/v1/sessions/{tenant}/{session}/live",
                 get(live::session_live),
@@ -82,7 +85,10 @@ impl Console {
             )
             .route("/console/api/v1/runs", get(api::runs))
             .route("/console/api/v1/runs/{tenant}/{run}", get(api::run))
-            .route("/console/api/v1/runs/{tenant}/{run}/answer", post(api::answer_run))
+            .route(
+                "/console/api/v1/runs/{tenant}/{run}/answer",
+                post(api::answer_run),
+            )
             .route("/console/api/v1/drain", post(api::drain))
             .route("/console/api/v1/metrics", get(api::metrics))
             .route("/console/api/v1/events", get(live::events))

@@ -27,9 +27,10 @@ use crate::api::{ApiError, operator, sample};
 const TICK: Duration = Duration::from_secs(1);
 
 fn stream_of(rx: mpsc::Receiver<Event>) -> impl Stream<Item = Result<Event, Infallible>> {
-    futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|e| (Ok(e), rx))
-    })
+    futures::stream::unfold(
+        rx,
+        |mut rx| async move { rx.recv().await.map(|e| (Ok(e), rx)) },
+    )
 }
 
 /// What the views show, summarised: when it differs from the last tick, they changed.

@@ -155,8 +155,16 @@ impl Server {
         listener: TcpListener,
         runs: Option<crate::runs::RunHost>,
     ) -> Result<Server, ServerError> {
-        Server::from_listener_with_routes(service, auth, link, bounds, listener, runs, Router::new())
-            .await
+        Server::from_listener_with_routes(
+            service,
+            auth,
+            link,
+            bounds,
+            listener,
+            runs,
+            Router::new(),
+        )
+        .await
     }
 
     /// As [`Server::from_listener_with`], also serving `extra` on the same listener (the

@@ -95,7 +95,14 @@ mod cases {
         ts: &TestStore,
     ) {
         let f = Fixture::start(ts, "h-console-auth").await;
-        for path in ["/whoami", "/hosts", "/sessions", "/gates", "/runs", "/metrics"] {
+        for path in [
+            "/whoami",
+            "/hosts",
+            "/sessions",
+            "/gates",
+            "/runs",
+            "/metrics",
+        ] {
             for token in [None, Some(f.tenant_token.as_str()), Some("not-a-token")] {
                 let (status, body) = f.get(token, path).await;
                 assert_eq!(status, 401, "{path} with {token:?}: {body}");
@@ -110,7 +117,10 @@ mod cases {
         let (status, body) = f
             .post(None, "/login", json!({"token": f.tenant_token}))
             .await;
-        assert_eq!((status, body["error"]["code"].clone()), (401, json!("unauthenticated")));
+        assert_eq!(
+            (status, body["error"]["code"].clone()),
+            (401, json!("unauthenticated"))
+        );
         let resp = f
             .http
             .post(format!("{}/login", f.base))
@@ -119,7 +129,10 @@ mod cases {
             .await
             .unwrap();
         let cookie = resp.headers()["set-cookie"].to_str().unwrap().to_owned();
-        assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"), "{cookie}");
+        assert!(
+            cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+            "{cookie}"
+        );
         let value = cookie.split(';').next().unwrap().to_owned();
         let me = f
             .http
@@ -131,7 +144,10 @@ mod cases {
         assert_eq!(me.status().as_u16(), 200);
         // An unknown API path is a JSON refusal with a stable code too.
         let (status, body) = f.get(Some(&f.read), "/nothing-here").await;
-        assert_eq!((status, body["error"]["code"].clone()), (404, json!("not_found")));
+        assert_eq!(
+            (status, body["error"]["code"].clone()),
+            (404, json!("not_found"))
+        );
         f.stop().await;
     }
 
@@ -150,7 +166,10 @@ mod cases {
         let (status, body) = f
             .post(Some(&f.read), &path, json!({"action": "approve"}))
             .await;
-        assert_eq!((status, body["error"]["code"].clone()), (403, json!("forbidden")));
+        assert_eq!(
+            (status, body["error"]["code"].clone()),
+            (403, json!("forbidden"))
+        );
         assert_eq!(f.rocket.runs.load(std::sync::atomic::Ordering::SeqCst), 0);
         let (status, body) = f
             .post(Some(&f.operate), &path, json!({"action": "approve"}))
@@ -200,7 +219,11 @@ mod cases {
             "{view}"
         );
         let text = view.to_string();
-        let stored = ts.store.command(&s.tenant, &s.session, &cmd.command).await.unwrap();
+        let stored = ts
+            .store
+            .command(&s.tenant, &s.session, &cmd.command)
+            .await
+            .unwrap();
         let attempt = stored.attempt.as_ref().map(|a| a.id.to_string()).unwrap();
         for private in [
             s.binding.runtime_session_id.to_string(),
@@ -211,7 +234,10 @@ mod cases {
         }
         // An unknown session and a tenant the console does not list are not found.
         let (status, body) = f.get(Some(&f.read), "/sessions/acme/nope").await;
-        assert_eq!((status, body["error"]["code"].clone()), (404, json!("not_found")));
+        assert_eq!(
+            (status, body["error"]["code"].clone()),
+            (404, json!("not_found"))
+        );
         let (status, _) = f
             .get(Some(&f.read), &format!("/sessions/globex/{}", s.session))
             .await;
@@ -243,10 +269,17 @@ mod cases {
             }
         }
         for m in &made {
-            assert_eq!(seen.iter().filter(|s| *s == m).count(), 1, "{m} in {seen:?}");
+            assert_eq!(
+                seen.iter().filter(|s| *s == m).count(),
+                1,
+                "{m} in {seen:?}"
+            );
         }
         let (status, body) = f.get(Some(&f.read), "/sessions?limit=0").await;
-        assert_eq!((status, body["error"]["code"].clone()), (400, json!("invalid")));
+        assert_eq!(
+            (status, body["error"]["code"].clone()),
+            (400, json!("invalid"))
+        );
         f.stop().await;
     }
 
@@ -255,7 +288,10 @@ mod cases {
         let s = f.c.session().await;
         f.c.attach(&f.svc, &s).await;
         let (status, body) = f.post(Some(&f.read), "/drain", json!({})).await;
-        assert_eq!((status, body["error"]["code"].clone()), (403, json!("forbidden")));
+        assert_eq!(
+            (status, body["error"]["code"].clone()),
+            (403, json!("forbidden"))
+        );
         assert!(!f.svc.draining());
         let (status, report) = f.post(Some(&f.operate), "/drain", json!({})).await;
         assert_eq!(status, 200, "{report}");

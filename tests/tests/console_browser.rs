@@ -92,7 +92,10 @@ async fn an_operator_signs_in_answers_a_gate_and_drains_a_host_in_a_real_browser
         let mut child = Command::new("node")
             .arg(scripts.join("console_browser.mjs"))
             .current_dir(&scripts)
-            .env("CONSOLE_URL", format!("http://127.0.0.1:{}/console", a.port))
+            .env(
+                "CONSOLE_URL",
+                format!("http://127.0.0.1:{}/console", a.port),
+            )
             .env("CONSOLE_TOKEN", operator.trim())
             .env("CHROMIUM", &chromium)
             .env("SHOTS", &shots)
@@ -113,12 +116,21 @@ async fn an_operator_signs_in_answers_a_gate_and_drains_a_host_in_a_real_browser
             eprintln!("browser: {line}");
             if line == "WANT_SESSION" {
                 // Only the console's Host is up: the session is placed there.
-                session = cli(&dir, &store, &tenant_token, &["create", "--message", "hello"]);
+                session = cli(
+                    &dir,
+                    &store,
+                    &tenant_token,
+                    &["create", "--message", "hello"],
+                );
                 cli(
                     &dir,
                     &store,
                     &tenant_token,
-                    &["send", &session, r#"/tool write_note {"text":"from the test"}"#],
+                    &[
+                        "send",
+                        &session,
+                        r#"/tool write_note {"text":"from the test"}"#,
+                    ],
                 );
                 b = Some(host(&dir, "console-b", &store, &credentials, false));
                 writeln!(stdin, "{session}").unwrap();
@@ -131,7 +143,12 @@ async fn an_operator_signs_in_answers_a_gate_and_drains_a_host_in_a_real_browser
                     "{report}"
                 );
                 // A message after the drain: the session is placed on the other Host.
-                cli(&dir, &store, &tenant_token, &["send", &session, "after the drain"]);
+                cli(
+                    &dir,
+                    &store,
+                    &tenant_token,
+                    &["send", &session, "after the drain"],
+                );
                 writeln!(stdin, "MOVED").unwrap();
             } else if line == "DONE" {
                 done = true;
@@ -139,7 +156,10 @@ async fn an_operator_signs_in_answers_a_gate_and_drains_a_host_in_a_real_browser
         }
         let out = child.wait_with_output().expect("the script ends");
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(out.status.success() && done, "the browser run failed:\n{stderr}");
+        assert!(
+            out.status.success() && done,
+            "the browser run failed:\n{stderr}"
+        );
         drop(b);
         a
     });
