@@ -322,17 +322,28 @@ async fn a_frozen_hosts_sessions_move_and_once_thawed_it_writes_nothing_under_it
     }
     for (s, frozen_epoch, c) in &thawed {
         let done = terminal(&fleet.store, s, &c.command).await;
-        assert_eq!(done.outcome, Some(Outcome::Applied), "{done:?}");
         let attempt = done
             .attempt
             .as_ref()
-            .expect("an applied command has an attempt");
+            .unwrap_or_else(|| panic!("no attempt: {done:?}"));
+        // Never attempted under the frozen Host's old epoch.
         assert!(
             attempt.residency_epoch > *frozen_epoch,
-            "{:?} applied under {:?}, not after the frozen {frozen_epoch:?}",
+            "{:?} attempted under {:?}, not after the frozen {frozen_epoch:?}",
             c.command,
             attempt.residency_epoch
         );
+        // Applied by the new holder; or, when the session moved once more while the command
+        // was in flight (a holder whose heartbeat ran late on a loaded machine loses its
+        // leases at the 800 ms expiry), closed honestly as not applied by that later holder.
+        match done.outcome {
+            Some(Outcome::Applied) => {}
+            Some(Outcome::NotApplied) => assert!(
+                done.epoch_mark > attempt.residency_epoch,
+                "not applied with no later holder: {done:?}"
+            ),
+            other => panic!("{:?} ended {other:?}: {done:?}", c.command),
+        }
         let lease = fleet.store.residency(&s.tenant, &s.session).await.unwrap();
         let now = lease.map(|l| l.epoch).expect("a lease");
         assert!(now > *frozen_epoch, "{now:?} after {frozen_epoch:?}");
