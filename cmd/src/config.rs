@@ -1106,6 +1106,7 @@ mod tests {
         o.agents.runnable_tools = vec!["t".into()];
         o.model.max_tokens = Some(1);
         o.model.temperature = Some(0.5);
+        o.console.credentials_file = Some("o".into());
         o
     }
 

@@ -197,6 +197,8 @@ function sessionRow(s) {
     el("td", {}, s.host_id || ""),
     el("td", {}, s.epoch === null ? "" : s.epoch),
     el("td", {}, s.gate_waiting ? badge(`${s.gates_open} open`, "warn") : ""),
+    el("td", {}, s.command_blocked ? badge("blocked", "bad") : ""),
+    el("td", {}, s.last_command ? `${s.last_command.kind} ${s.last_command.state}` : ""),
     el("td", {}, time(s.last_active_ms)),
   );
 }
@@ -204,7 +206,7 @@ function sessionRow(s) {
 async function showSessions(more) {
   const q = more && state.nextSessions ? "?after=" + encodeURIComponent(state.nextSessions) : "";
   const r = await call("GET", "/sessions" + q);
-  const headers = ["Tenant", "Session", "Agent", "Residency", "Host", "Epoch", "Gates", "Last active"];
+  const headers = ["Tenant", "Session", "Agent", "Residency", "Host", "Epoch", "Gates", "Blocked", "Last command", "Last active"];
   if (more) {
     $("sessions-table").querySelector("tbody").append(...r.sessions.map(sessionRow));
   } else {

@@ -273,6 +273,11 @@ async fn session_row(c: &Console, s: &SessionRecord) -> Result<Value, ApiError> 
     let now = store.now_ms().await?;
     let gates = store.gates(&s.tenant, &s.session, true).await?;
     let here = c.service.residency(&s.tenant, &s.session);
+    let last = store.newest_commands(&s.tenant, &s.session, 1).await?;
+    let last = last.first().map(|r| {
+        json!({"command_id": r.command.as_str(), "kind": r.kind.as_str(), "state": r.state.as_str()})
+    });
+    let blocked = c.service.command_blocked(&s.tenant, &s.session);
     let (host, epoch, live) = match &lease {
         Some(l) => (
             l.host.as_ref().map(|h| h.to_string()),
@@ -291,6 +296,9 @@ async fn session_row(c: &Console, s: &SessionRecord) -> Result<Value, ApiError> 
         "resident_here": here.is_some(),
         "gates_open": gates.len(),
         "gate_waiting": !gates.is_empty(),
+        "last_command": last,
+        // Known only where the session is resident: this Host's consumer says so.
+        "command_blocked": blocked,
         "created_at_ms": s.created_at_ms,
         "last_active_ms": s.last_active_ms,
     }))
@@ -393,21 +401,7 @@ pub async fn session(
     let store = c.service.store();
     let record = store.session(&t, &s).await?;
     let row = session_row(&c, &record).await?;
-    // The newest commands: page through in acceptance order and keep the last ones.
-    let mut commands: Vec<CommandRecord> = Vec::new();
-    let mut after = 0;
-    loop {
-        let page = store.list_commands(&t, &s, after, MAX_PAGE).await?;
-        let full = page.len() == MAX_PAGE;
-        after = page.last().map_or(after, |r| r.accepted_order);
-        commands.extend(page);
-        if commands.len() > MAX_PAGE {
-            commands.drain(..commands.len() - MAX_PAGE);
-        }
-        if !full {
-            break;
-        }
-    }
+    let commands: Vec<CommandRecord> = store.newest_commands(&t, &s, MAX_PAGE).await?;
     let gates = store.gates(&t, &s, true).await?;
     let mut journal = hostlink::public_journal::PublicJournal::new(
         store.clone(),
@@ -429,7 +423,7 @@ pub async fn session(
         .collect();
     ok(json!({
         "session": row,
-        "commands": commands.iter().rev().map(command_view).collect::<Vec<_>>(),
+        "commands": commands.iter().map(command_view).collect::<Vec<_>>(),
         "gates": gates.iter().map(gate_view).collect::<Vec<_>>(),
         "journal": {"events": events, "next_after": page.next_after, "tip": page.tip},
     }))

@@ -173,6 +173,13 @@ pub(crate) trait Tx {
         after_order: u64,
         limit: usize,
     ) -> StoreResult<Vec<CommandRecord>>;
+    /// The newest `limit` commands, newest first.
+    async fn commands_newest(
+        &mut self,
+        t: &TenantId,
+        s: &SessionId,
+        limit: usize,
+    ) -> StoreResult<Vec<CommandRecord>>;
 
     async fn cursor(&mut self, t: &TenantId, s: &SessionId) -> StoreResult<Option<Cursor>>;
     /// Writes the cursor where the stored one has neither a higher epoch nor a higher order;

@@ -1037,6 +1037,20 @@ impl<C: Conn> Tx for SqlTx<C> {
         self.many(&q, p, "command", decode_command).await
     }
 
+    async fn commands_newest(
+        &mut self,
+        t: &TenantId,
+        s: &SessionId,
+        limit: usize,
+    ) -> StoreResult<Vec<CommandRecord>> {
+        let q = format!(
+            "SELECT {COMMAND_COLS} FROM commands WHERE tenant_id = $1 AND session_id = $2 \
+             AND accepted_order > 0 \
+             ORDER BY accepted_order DESC LIMIT {limit}"
+        );
+        self.many(&q, ts(t, s), "command", decode_command).await
+    }
+
     async fn cursor(&mut self, t: &TenantId, s: &SessionId) -> StoreResult<Option<Cursor>> {
         self.one(
             "SELECT consumed_order, epoch FROM cursors WHERE tenant_id = $1 AND session_id = $2 FOR_UPDATE",

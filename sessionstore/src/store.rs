@@ -744,6 +744,21 @@ impl Store {
         })
     }
 
+    /// A session's newest commands, newest first (at most `limit`, clamped to a page).
+    pub async fn newest_commands(
+        &self,
+        t: &TenantId,
+        s: &SessionId,
+        limit: usize,
+    ) -> StoreResult<Vec<CommandRecord>> {
+        let (t, s) = (t.clone(), s.clone());
+        let limit = limit.clamp(1, MAX_PAGE);
+        read_op!(self, |tx| async {
+            use ops::Tx as _;
+            tx.commands_newest(&t, &s, limit).await
+        })
+    }
+
     /// Claims a command under a residency grant.
     pub async fn claim(&self, req: ClaimRequest) -> StoreResult<CommandRecord> {
         check_epoch("epoch", req.epoch.0)?;

@@ -207,6 +207,13 @@ mod cases {
             .await;
         assert_eq!(status, 200, "{view}");
         assert_eq!(view["session"]["resident_here"], true);
+        assert_eq!(view["session"]["command_blocked"], false);
+        assert_eq!(
+            view["session"]["last_command"],
+            json!({"command_id": cmd.command.as_str(), "kind": "input", "state": "applied"})
+        );
+        // Newest first.
+        assert_eq!(view["commands"][0]["command_id"], cmd.command.as_str());
         let ids: Vec<&str> = view["commands"]
             .as_array()
             .unwrap()
