@@ -147,6 +147,7 @@ pub(crate) struct Residency {
     metrics: Metrics,
     generation: AtomicU64,
     started: AtomicBool,
+    disposed: AtomicBool,
     draining: AtomicBool,
     live: AtomicBool,
     residents: Mutex<HashMap<SessionKey, Arc<Resident>>>,
@@ -171,6 +172,7 @@ impl Residency {
             metrics,
             generation: AtomicU64::new(0),
             started: AtomicBool::new(false),
+            disposed: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             live: AtomicBool::new(true),
             residents: Mutex::new(HashMap::new()),
@@ -214,6 +216,11 @@ impl Residency {
         self.started.load(Ordering::SeqCst)
     }
 
+    /// True once a stop has begun: the Host can neither start again nor take a session.
+    pub fn disposed(&self) -> bool {
+        self.disposed.load(Ordering::SeqCst)
+    }
+
     pub fn draining(&self) -> bool {
         self.draining.load(Ordering::SeqCst)
     }
@@ -244,6 +251,7 @@ impl Residency {
     pub async fn stop(&self, bound: Duration) -> Vec<(&'static str, String)> {
         let deadline = tokio::time::Instant::now() + bound;
         let mut failures = Vec::new();
+        self.disposed.store(true, Ordering::SeqCst);
         self.shutdown.cancel();
         self.tasks.close();
         if tokio::time::timeout(bound / 2, self.tasks.wait())
