@@ -23,8 +23,9 @@
 //! `HOST_TEST_DATABASE_URL` is set); a client binds and subscribes with `recover` from offset
 //! 0 and the clock stops when it holds the reply with every record (then decoded and checked:
 //! offsets 1..N; the rate including the client's decoding is printed too). The baseline: a
-//! plain public journal read of the same records from the same store (`journal_public_page`, page by page). Both warm (the Host's reader keeps what it
-//! learned of the session); medians of `RECOVERY_ROUNDS` alternating rounds.
+//! plain public journal read of the same records from the same store (`journal_public_page`,
+//! page by page). Both warm (the Host's reader keeps what it learned of the session); medians
+//! of `RECOVERY_ROUNDS` alternating rounds.
 
 use std::net::SocketAddr;
 use std::num::NonZeroU64;
