@@ -324,11 +324,9 @@ impl Service {
     /// Whether a session resident here has a command that cannot progress on this Host now
     /// (`None` when it is not resident here).
     pub fn command_blocked(&self, tenant: &TenantId, session: &SessionId) -> Option<bool> {
-        self.host().resident(&key(tenant, session)).map(|r| {
-            r.consumer
-                .blocked
-                .load(std::sync::atomic::Ordering::SeqCst)
-        })
+        self.host()
+            .resident(&key(tenant, session))
+            .map(|r| r.consumer.blocked.load(std::sync::atomic::Ordering::SeqCst))
     }
 
     /// The sessions resident now.

@@ -19,7 +19,7 @@ use tracing::Instrument;
 
 use super::Core;
 use super::closer::Closer;
-use super::encode::{ENDURING_RECORD, RECORD_TAG};
+use super::encode::{EnduringEncoder, history_reply, subscribe_reply};
 use super::pump::{Pump, TokenBucket};
 use super::transport::{Heartbeat, Outbound, WriterTiming, read_loop, write_loop};
 use crate::link::backend::{
@@ -29,9 +29,8 @@ use hostlink::channel::{parse_session_channel, session_channel};
 use hostlink::codes::{Disconnect, ReplyError};
 use hostlink::frame::{
     Command, ConnectRequest, ConnectResult, HistoryRequest, MAX_COMMANDS_PER_FRAME, PublishRequest,
-    Request, RpcRequest, StreamPosition, SubscribeRequest, SubscribeResult, encode_connect_reply,
-    encode_error, encode_history_reply, encode_publication, encode_publication_push, encode_reply,
-    encode_rpc_reply, encode_subscribe_reply, encode_unsubscribe_push,
+    Request, RpcRequest, StreamPosition, SubscribeRequest, encode_connect_reply, encode_error,
+    encode_publication_push, encode_reply, encode_rpc_reply, encode_unsubscribe_push,
 };
 use hostlink::json::ObjectWriter;
 use hostlink::records::{
@@ -110,16 +109,6 @@ struct SubscriptionStart {
 /// start (offset 0 with no epoch: a client that has seen nothing yet).
 fn same_stream(from: &StreamPosition, position: &StreamPosition) -> bool {
     from.epoch == position.epoch || (from.offset == 0 && from.epoch.is_empty())
-}
-
-/// A recovered or historical record as a Centrifuge publication: the same data and tags as
-/// its live push, and its offset.
-fn stream_publication(p: &StreamPublication) -> String {
-    encode_publication(
-        &p.record.encode(),
-        Some(p.offset),
-        &[(RECORD_TAG, ENDURING_RECORD)],
-    )
 }
 
 /// A refused bind on a subscribe: the HostLink code as a Centrifuge error, as a delivery
@@ -805,19 +794,12 @@ impl<B: LinkBackend> Link<B> {
         };
         let (reply, sent_through) = match self.position(&session, s.recover.as_ref()).await {
             Ok(Some(start)) => {
-                let publications: Vec<String> = start
-                    .recovered
-                    .iter()
-                    .map(|p| stream_publication(p))
-                    .collect();
-                let reply = encode_subscribe_reply(
+                let reply = subscribe_reply(
                     id,
-                    &SubscribeResult {
-                        position: &start.position,
-                        publications: &publications,
-                        was_recovering: s.recover.is_some(),
-                        recovered: start.complete,
-                    },
+                    &EnduringEncoder::publication(&self.ctx.tenant, &session),
+                    &start.position,
+                    &start.recovered,
+                    s.recover.is_some().then_some(start.complete),
                 );
                 (reply, start.sent_through)
             }
@@ -873,7 +855,18 @@ impl<B: LinkBackend> Link<B> {
         session: &SessionId,
         recover: Option<&StreamPosition>,
     ) -> Result<Option<SubscriptionStart>, Refusal> {
-        let Some(head) = self.backend.stream_read(&self.ctx, session, 0, 0).await? else {
+        let window = self.core.config.options().recovery_window as u64;
+        // A client recovering gets its first page in the same read as the stream's position
+        // (one store read, not two); anyone else reads the position alone.
+        let (first_after, first_limit) = match recover {
+            Some(from) => (from.offset, usize::try_from(window).unwrap_or(usize::MAX)),
+            None => (0, 0),
+        };
+        let Some(head) = self
+            .backend
+            .stream_read(&self.ctx, session, first_after, first_limit)
+            .await?
+        else {
             return Ok(None);
         };
         let top = head.top;
@@ -881,7 +874,6 @@ impl<B: LinkBackend> Link<B> {
             offset: top,
             epoch: head.epoch,
         };
-        let window = self.core.config.options().recovery_window as u64;
         let recoverable = recover.filter(|from| {
             same_stream(from, &position) && from.offset <= top && top - from.offset <= window
         });
@@ -893,9 +885,14 @@ impl<B: LinkBackend> Link<B> {
                 sent_through: if recover.is_some() { top } else { 0 },
             }));
         };
-        // Every record after the client's position up to the top read above, page by page.
+        // Every record after the client's position up to the top read above: the first page
+        // came with the position, the rest page by page.
         let mut recovered = Vec::with_capacity((top - from.offset) as usize);
         let mut after = from.offset;
+        if let Some(last) = head.records.last() {
+            after = last.offset.min(top);
+            recovered.extend(head.records.into_iter().take_while(|p| p.offset <= top));
+        }
         while after < top {
             let want = usize::try_from(top - after).unwrap_or(usize::MAX);
             let Some(page) = self
@@ -945,9 +942,8 @@ impl<B: LinkBackend> Link<B> {
         }
         match self.read_history(&session, &h).await {
             Ok(Some((publications, position))) => {
-                let publications: Vec<String> =
-                    publications.iter().map(|p| stream_publication(p)).collect();
-                self.send(encode_history_reply(id, &publications, &position))
+                let encoder = EnduringEncoder::publication(&tenant, &session);
+                self.send(history_reply(id, &encoder, &publications, &position))
                     .await
             }
             Ok(None) => self.reply_error(id, &ReplyError::NOT_AVAILABLE).await,
