@@ -590,6 +590,14 @@ async fn ten_thousand_connection_attempts_past_the_bound_are_refused_and_leak_no
         Some(Outcome::Applied)
     );
     c.check_exactly_once(&session).await;
+    // The recorder probes on its own schedule: let it see the Host ready again before it
+    // stops (under load its last probe can predate the holders' release).
+    eventually("the readyz recorder to see 200 again", async || {
+        check(readyz.statuses().last() == Some(&200), || {
+            format!("{:?}", readyz.answers())
+        })
+    })
+    .await;
     stop_probe.stop();
     // Ready, refused at the connection cap while the bound is taken (the probe is a
     // connection too), ready again once it is free.
