@@ -1185,6 +1185,22 @@ impl Store {
         }
     }
 
+    /// SQLite's page-cache bound in KiB on the writer connection and on a reader connection
+    /// (`PRAGMA cache_size`, negative meaning KiB); `None` on PostgreSQL (test support).
+    pub async fn sqlite_cache_kib_for_tests(&self) -> StoreResult<Option<(i64, i64)>> {
+        let Engine::Sqlite(e) = &self.inner.engine else {
+            return Ok(None);
+        };
+        let cache = |c: &rusqlite::Connection| {
+            c.query_row("PRAGMA cache_size", [], |r| r.get::<_, i64>(0))
+                .map(|v| -v)
+                .map_err(crate::sqlite::map_err)
+        };
+        let writer = e.write(move |tx, _now| cache(tx.conn.connection())).await?;
+        let reader = e.read(move |tx| cache(tx.conn.connection())).await?;
+        Ok(Some((writer, reader)))
+    }
+
     /// The plans of the hot path's lookups of `rec`, a command of `session`, as the database
     /// plans them now, each checked to find its rows by the command's ids (test support).
     pub async fn lookup_plans(
