@@ -381,12 +381,14 @@ fn run_one(backend: &str) {
             let dir = tempfile::tempdir().expect("tempdir");
             let mut o =
                 StoreOptions::new(format!("sqlite://{}", dir.path().join("host.db").display()));
-            o.sqlite_writer_cache_kib =
-                env_usize("HOST_SOAK_SQLITE_WRITER_CACHE_KIB", o.sqlite_writer_cache_kib as usize)
-                    as u32;
-            o.sqlite_reader_cache_kib =
-                env_usize("HOST_SOAK_SQLITE_READER_CACHE_KIB", o.sqlite_reader_cache_kib as usize)
-                    as u32;
+            o.sqlite_writer_cache_kib = env_usize(
+                "HOST_SOAK_SQLITE_WRITER_CACHE_KIB",
+                o.sqlite_writer_cache_kib as usize,
+            ) as u32;
+            o.sqlite_reader_cache_kib = env_usize(
+                "HOST_SOAK_SQLITE_READER_CACHE_KIB",
+                o.sqlite_reader_cache_kib as usize,
+            ) as u32;
             println!(
                 "sqlite: page caches bounded at {} KiB (writer) + {} × {} KiB (readers)",
                 o.sqlite_writer_cache_kib, o.sqlite_readers, o.sqlite_reader_cache_kib

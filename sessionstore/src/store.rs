@@ -131,7 +131,10 @@ impl StoreOptions {
             ("sqlite_reader_cache_kib", self.sqlite_reader_cache_kib),
         ] {
             if !(64..=1024 * 1024).contains(&kib) {
-                return Err(StoreError::invalid(field, "must be between 64 KiB and 1 GiB"));
+                return Err(StoreError::invalid(
+                    field,
+                    "must be between 64 KiB and 1 GiB",
+                ));
             }
         }
         if self.max_write_batch == 0 || self.max_write_batch > 4096 {
