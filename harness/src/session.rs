@@ -75,6 +75,8 @@ pub(crate) enum TurnMsg {
     Finished { turn_id: String },
 }
 
+/// A message to the actor. The inbox carries them boxed, so its buffer (allocated a block of
+/// slots at a time) costs a pointer per slot rather than the largest message.
 pub(crate) enum Msg {
     Apply(
         RuntimeCommand,
@@ -91,6 +93,13 @@ pub(crate) enum Msg {
     Turn(TurnMsg),
 }
 
+impl Msg {
+    /// A turn's message, boxed for the inbox.
+    pub(crate) fn turn(t: TurnMsg) -> Box<Msg> {
+        Box::new(Msg::Turn(t))
+    }
+}
+
 /// Channels shared by the actor, its turns and the handle.
 pub(crate) struct Shared {
     pub committed: broadcast::Sender<CommittedEvent>,
@@ -104,7 +113,7 @@ pub(crate) struct Shared {
 /// The handle the Host's traits are implemented on. Cheap to clone.
 #[derive(Clone)]
 pub struct SessionHandle {
-    tx: mpsc::Sender<Msg>,
+    tx: mpsc::Sender<Box<Msg>>,
     pub(crate) shared: Arc<Shared>,
     runtime_session: RuntimeSessionId,
 }
@@ -136,8 +145,8 @@ struct Actor {
     shared: Arc<Shared>,
     turn: Option<TurnHandle>,
     fault: Option<PersistenceFault>,
-    rx: mpsc::Receiver<Msg>,
-    turn_tx: mpsc::Sender<Msg>,
+    rx: mpsc::Receiver<Box<Msg>>,
+    turn_tx: mpsc::Sender<Box<Msg>>,
     clock: SystemClock,
 }
 
@@ -158,7 +167,7 @@ impl SessionHandle {
     ) -> Result<T, RuntimeError> {
         let (tx, rx) = oneshot::channel();
         self.tx
-            .send(make(tx))
+            .send(Box::new(make(tx)))
             .await
             .map_err(|_| RuntimeError::Stopped)?;
         rx.await.map_err(|_| RuntimeError::Stopped)?
@@ -455,11 +464,12 @@ impl Actor {
             tokio::select! {
                 msg = self.rx.recv() => {
                     let Some(msg) = msg else { break };
-                    if !self.handle(msg).await {
+                    // Boxed, as the renewal below: the actor rests small between messages.
+                    if !Box::pin(self.handle(*msg)).await {
                         break;
                     }
                 }
-                _ = renew.tick() => self.renew().await,
+                _ = renew.tick() => Box::pin(self.renew()).await,
             }
         }
         self.shared.alive.send_replace(false);

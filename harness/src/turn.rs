@@ -71,7 +71,7 @@ pub(crate) enum CallEntry {
 pub(crate) struct TurnCtx {
     pub turn_id: String,
     pub agent: Arc<AgentConfig>,
-    pub tx: mpsc::Sender<Msg>,
+    pub tx: mpsc::Sender<Box<Msg>>,
     pub shared: Arc<Shared>,
     pub cancel: CancellationToken,
     pub reason: Arc<std::sync::Mutex<Option<StopReason>>>,
@@ -208,7 +208,7 @@ pub(crate) async fn run(ctx: TurnCtx, plan: TurnPlan) {
     }
     let _ = ctx
         .tx
-        .send(Msg::Turn(TurnMsg::Finished {
+        .send(Msg::turn(TurnMsg::Finished {
             turn_id: ctx.turn_id.clone(),
         }))
         .await;
@@ -387,7 +387,7 @@ impl Run<'_> {
         let (reply, rx) = oneshot::channel();
         self.ctx
             .tx
-            .send(Msg::Turn(TurnMsg::Append {
+            .send(Msg::turn(TurnMsg::Append {
                 turn_id: self.ctx.turn_id.clone(),
                 events,
                 reply,
@@ -414,7 +414,7 @@ impl Run<'_> {
         let (reply, rx) = oneshot::channel();
         self.ctx
             .tx
-            .send(Msg::Turn(TurnMsg::Conversation {
+            .send(Msg::turn(TurnMsg::Conversation {
                 pending_input: self.prefix.iter().find_map(|e| match e {
                     HarnessEvent::TurnStarted { input_event, .. } => Some(input_event.clone()),
                     _ => None,
@@ -646,7 +646,7 @@ impl Run<'_> {
         let (reply, rx) = oneshot::channel();
         self.ctx
             .tx
-            .send(Msg::Turn(TurnMsg::OpenGate {
+            .send(Msg::turn(TurnMsg::OpenGate {
                 turn_id: self.ctx.turn_id.clone(),
                 event,
                 reply,
@@ -674,7 +674,7 @@ impl Run<'_> {
         let (reply, rx) = oneshot::channel();
         self.ctx
             .tx
-            .send(Msg::Turn(TurnMsg::AwaitGate { gate, reply }))
+            .send(Msg::turn(TurnMsg::AwaitGate { gate, reply }))
             .await
             .map_err(|_| Stop::Refused)?;
         let Some(waiter) = rx.await.map_err(|_| Stop::Refused)? else {
@@ -714,7 +714,7 @@ impl Run<'_> {
         }
         self.ctx
             .tx
-            .send(Msg::Turn(TurnMsg::GateTimeout { gate }))
+            .send(Msg::turn(TurnMsg::GateTimeout { gate }))
             .await
             .map_err(|_| Stop::Refused)?;
         tokio::select! {

@@ -20,7 +20,9 @@
 //! per distinct session once released; descriptors and threads flat.
 //!
 //! `HOST_SOAK_N` (default 1600) and `HOST_SOAK_SESSIONS` (the fixed set and the round size,
-//! default 16) size the run; PostgreSQL runs when `HOST_TEST_DATABASE_URL` is set. With
+//! default 16) size the run; `HOST_SOAK_SQLITE_WRITER_CACHE_KIB` and
+//! `HOST_SOAK_SQLITE_READER_CACHE_KIB` replace the store's SQLite page-cache bounds (to compare
+//! them in one build); PostgreSQL runs when `HOST_TEST_DATABASE_URL` is set. With
 //! `HOST_SOAK_NO_STOP` set the process exits without stopping the Host, so a heap profiler
 //! (`heaptrack`) reports everything still held as leaked, by allocation site.
 
@@ -377,7 +379,20 @@ fn run_one(backend: &str) {
     match backend {
         "sqlite" => {
             let dir = tempfile::tempdir().expect("tempdir");
-            let o = StoreOptions::new(format!("sqlite://{}", dir.path().join("host.db").display()));
+            let mut o =
+                StoreOptions::new(format!("sqlite://{}", dir.path().join("host.db").display()));
+            o.sqlite_writer_cache_kib = env_usize(
+                "HOST_SOAK_SQLITE_WRITER_CACHE_KIB",
+                o.sqlite_writer_cache_kib as usize,
+            ) as u32;
+            o.sqlite_reader_cache_kib = env_usize(
+                "HOST_SOAK_SQLITE_READER_CACHE_KIB",
+                o.sqlite_reader_cache_kib as usize,
+            ) as u32;
+            println!(
+                "sqlite: page caches bounded at {} KiB (writer) + {} × {} KiB (readers)",
+                o.sqlite_writer_cache_kib, o.sqlite_readers, o.sqlite_reader_cache_kib
+            );
             rt.block_on(soak("sqlite", o, n, k));
         }
         _ => match std::env::var("HOST_TEST_DATABASE_URL") {

@@ -85,7 +85,9 @@ pub(crate) async fn run(ctx: SessionCtx, mut hints: mpsc::Receiver<()>) {
                 continue;
             }
             loop {
-                match c.pass().await {
+                // Boxed: a pass is a large future, and this task idles far longer than it
+                // passes (the resting task stays small; see the memory decision note).
+                match Box::pin(c.pass()).await {
                     Ok(true) if !control.halted.load(Ordering::SeqCst) => continue,
                     Ok(_) => break,
                     Err(stop) => {

@@ -119,7 +119,8 @@ pub(crate) async fn relay(ctx: SessionCtx) {
                 };
                 let offset = match last_offset {
                     Some(o) => o + 1,
-                    None => match journal.offset_at(event.seq).await {
+                    // Store reads are boxed here and below: the relay rests small between events.
+                    None => match Box::pin(journal.offset_at(event.seq)).await {
                         Ok(o) if o > 0 => o,
                         Ok(_) => {
                             tracing::error!(seq = event.seq, "a committed event is not in the journal; dropping the session's routes");
@@ -145,7 +146,7 @@ pub(crate) async fn relay(ctx: SessionCtx) {
                     let read = if failpoints::fails(ctx.config().host_id.as_str(), steps::MAPPING_READ) {
                         Err("failpoint: the mapping read fails".to_owned())
                     } else {
-                        journal.learn_to(event.seq).await.map_err(|e| e.to_string())
+                        Box::pin(journal.learn_to(event.seq)).await.map_err(|e| e.to_string())
                     };
                     let Err(e) = read else { break };
                     tracing::warn!(error = %e, seq = event.seq, attempt, retry_in_ms = pause.as_millis() as u64, "reading command identities failed; retrying the publication");

@@ -70,7 +70,8 @@ pub(crate) async fn run(ctx: SessionCtx) {
         loop {
             if due {
                 retry = false;
-                match converge(&ctx, &r, &mut fold, &mut full_logged).await {
+                // Boxed: the resting task stays small while it waits for a gate event.
+                match Box::pin(converge(&ctx, &r, &mut fold, &mut full_logged)).await {
                     Ok(changed) => {
                         if changed {
                             r.consumer.wake();

@@ -134,7 +134,8 @@ pub(crate) async fn warm_watch(ctx: SessionCtx) {
         if !fired || r.state() != ResidentState::Resident || ctx.draining() {
             continue;
         }
-        match warm_release(&ctx).await {
+        // Boxed: the countdown task rests small until the release runs.
+        match Box::pin(warm_release(&ctx)).await {
             Ok(()) => return,
             Err(reason) => {
                 tracing::info!(reason = %reason, "warm release aborted; the session stays resident")

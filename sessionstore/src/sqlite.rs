@@ -297,6 +297,14 @@ fn configure(conn: &Connection, options: &StoreOptions, writer: bool) -> StoreRe
     };
     conn.pragma_update(None, "synchronous", sync)
         .map_err(map_err)?;
+    // A negative cache_size is a bound in KiB rather than in pages.
+    let cache_kib = if writer {
+        options.sqlite_writer_cache_kib
+    } else {
+        options.sqlite_reader_cache_kib
+    };
+    conn.pragma_update(None, "cache_size", -i64::from(cache_kib))
+        .map_err(map_err)?;
     if writer {
         let mode: String = conn
             .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))

@@ -43,6 +43,17 @@ pub struct StoreOptions {
     pub busy_timeout: Duration,
     /// SQLite reader connections.
     pub sqlite_readers: usize,
+    /// The page cache of SQLite's writer connection, in KiB (`PRAGMA cache_size`). It keeps
+    /// the pages writes touch; it fills as the database grows and never holds more than this.
+    /// 64 KiB to 1 GiB; default 2 MiB (SQLite's own default).
+    pub sqlite_writer_cache_kib: u32,
+    /// The page cache of each SQLite reader connection, in KiB. A reader's cache is emptied
+    /// whenever another connection has committed since its last read, so under a stream of
+    /// writes a large one buys little but still fills between commits (a restore reads a whole
+    /// journal). With the writer's, SQLite holds at most
+    /// `sqlite_writer_cache_kib + sqlite_readers × sqlite_reader_cache_kib` of page cache in
+    /// this process. 64 KiB to 1 GiB; default 256 KiB.
+    pub sqlite_reader_cache_kib: u32,
     /// The most write operations one transaction groups together (SQLite's writer, and each
     /// PostgreSQL write lane).
     pub max_write_batch: usize,
@@ -90,6 +101,8 @@ impl StoreOptions {
             synchronous: Synchronous::Full,
             busy_timeout: Duration::from_secs(5),
             sqlite_readers: 4,
+            sqlite_writer_cache_kib: 2048,
+            sqlite_reader_cache_kib: 256,
             max_write_batch: 256,
             pg_max_connections: 16,
             pg_write_lanes: 2,
@@ -112,6 +125,17 @@ impl StoreOptions {
                 "sqlite_readers",
                 "must be between 1 and 64",
             ));
+        }
+        for (field, kib) in [
+            ("sqlite_writer_cache_kib", self.sqlite_writer_cache_kib),
+            ("sqlite_reader_cache_kib", self.sqlite_reader_cache_kib),
+        ] {
+            if !(64..=1024 * 1024).contains(&kib) {
+                return Err(StoreError::invalid(
+                    field,
+                    "must be between 64 KiB and 1 GiB",
+                ));
+            }
         }
         if self.max_write_batch == 0 || self.max_write_batch > 4096 {
             return Err(StoreError::invalid(
@@ -1192,6 +1216,22 @@ impl Store {
                 Ok(())
             }
         }
+    }
+
+    /// SQLite's page-cache bound in KiB on the writer connection and on a reader connection
+    /// (`PRAGMA cache_size`, negative meaning KiB); `None` on PostgreSQL (test support).
+    pub async fn sqlite_cache_kib_for_tests(&self) -> StoreResult<Option<(i64, i64)>> {
+        let Engine::Sqlite(e) = &self.inner.engine else {
+            return Ok(None);
+        };
+        let cache = |c: &rusqlite::Connection| {
+            c.query_row("PRAGMA cache_size", [], |r| r.get::<_, i64>(0))
+                .map(|v| -v)
+                .map_err(crate::sqlite::map_err)
+        };
+        let writer = e.write(move |tx, _now| cache(tx.conn.connection())).await?;
+        let reader = e.read(move |tx| cache(tx.conn.connection())).await?;
+        Ok(Some((writer, reader)))
     }
 
     /// The plans of the hot path's lookups of `rec`, a command of `session`, as the database

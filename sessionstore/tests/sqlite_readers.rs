@@ -44,3 +44,42 @@ fn sqlite_reads_are_answered_while_the_runtimes_blocking_pool_is_exhausted() {
         store.close().await;
     });
 }
+
+#[test]
+fn each_sqlite_connection_caches_at_most_the_pages_its_option_allows() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let url = format!("sqlite://{}", dir.path().join("store.db").display());
+    rt.block_on(async {
+        let defaults = Store::open(StoreOptions::new(url.clone()))
+            .await
+            .expect("the store opens");
+        assert_eq!(
+            defaults.sqlite_cache_kib_for_tests().await.expect("read"),
+            Some((2048, 256)),
+            "by default the writer keeps 2 MiB and each reader 256 KiB"
+        );
+        defaults.close().await;
+        let mut options = StoreOptions::new(url.clone());
+        options.sqlite_writer_cache_kib = 1024;
+        options.sqlite_reader_cache_kib = 96;
+        let store = Store::open(options).await.expect("the store opens");
+        assert_eq!(
+            store.sqlite_cache_kib_for_tests().await.expect("read"),
+            Some((1024, 96))
+        );
+        store.close().await;
+        for (writer, reader) in [(32, 256), (2048, 0), (2 * 1024 * 1024, 256)] {
+            let mut options = StoreOptions::new(url.clone());
+            options.sqlite_writer_cache_kib = writer;
+            options.sqlite_reader_cache_kib = reader;
+            let e = Store::open(options)
+                .await
+                .expect_err("a cache bound outside 64 KiB to 1 GiB is refused");
+            assert_eq!(e.code(), ErrorCode::Invalid, "{e}");
+        }
+    });
+}
