@@ -25,6 +25,7 @@ use serde_json::{Value, json};
 use sessionstore::{HostId, TenantId};
 
 use crate::config::ServeOptions;
+use crate::exit::CliError;
 use crate::local::{DataDir, LOCAL_TENANT};
 use crate::output::Output;
 
@@ -109,7 +110,8 @@ enum RunCommand {
 }
 
 /// A serving Host's run hosting, from its options: the runnables workspace of `--runnables`
-/// (none: programs may not invoke), no agent steps (this Host build runs none yet).
+/// (none: programs may not invoke) and the agents of its department, whose `agent:` steps run
+/// as one turn in a fresh session on this Host.
 pub fn hosting(
     service: &host::Service,
     _store_url: &str,
@@ -125,9 +127,10 @@ pub fn hosting(
         ),
         None => None,
     };
+    let agents = host::run_agents::ServiceAgents::new(service.clone());
     let runnables = Arc::new(WorkspaceRunnables {
         runner,
-        agents: BTreeSet::new(),
+        agents: agents.agents().into_iter().collect::<BTreeSet<_>>(),
     });
     let metrics = service
         .metrics()
@@ -138,7 +141,7 @@ pub fn hosting(
         host_id,
         env: runnables.clone(),
         invoker: runnables,
-        agents: None,
+        agents: Some(Arc::new(agents)),
         options: options.runs.clone(),
         metrics: Some(metrics),
     }))
@@ -150,10 +153,16 @@ async fn connect(args: &RunArgs) -> Result<HostLinkClient> {
     let endpoint = match (&args.endpoint, &runtime) {
         (Some(e), _) => e.clone(),
         (None, Some(r)) => r.endpoint.clone(),
-        (None, None) => bail!(
-            "no Host serving runs could be reached: start `hostd serve` (it writes its endpoint to {}), or pass --endpoint",
-            args.data_dir.display()
-        ),
+        (None, None) => {
+            return Err(CliError::refused(
+                "no_host",
+                format!(
+                    "no Host serving runs could be reached: start `hostd serve` (it writes its endpoint to {}), or pass --endpoint",
+                    args.data_dir.display()
+                ),
+            )
+            .into());
+        }
     };
     let tenant = match &args.tenant {
         Some(t) => t.clone(),
@@ -170,11 +179,13 @@ async fn connect(args: &RunArgs) -> Result<HostLinkClient> {
     let tenant = TenantId::new(tenant).context("--tenant")?;
     let client = HostLinkClient::connect(&endpoint, &tenant, &token, "hostd-run")
         .await
-        .map_err(|e| match e {
-            ClientError::Connect(why) => anyhow::anyhow!(
-                "no Host serving runs could be reached at {endpoint}: {why} (start `hostd serve`, or pass --endpoint)"
-            ),
-            other => anyhow::anyhow!("{other}"),
+        .map_err(|e| {
+            let hint = matches!(e, ClientError::Connect(_))
+                .then_some(" (start `hostd serve`, or pass --endpoint)");
+            anyhow::Error::new(e).context(format!(
+                "no Host serving runs could be reached at {endpoint}{}",
+                hint.unwrap_or_default()
+            ))
         })?;
     if !client.methods.iter().any(|m| m == RUN_CAPABILITY) {
         bail!(
@@ -182,14 +193,6 @@ async fn connect(args: &RunArgs) -> Result<HostLinkClient> {
         );
     }
     Ok(client)
-}
-
-/// A refusal from the Host, as an error carrying its code.
-#[derive(Debug, thiserror::Error)]
-#[error("{code}: {message}")]
-struct Refused {
-    code: String,
-    message: String,
 }
 
 async fn call<T: DeserializeOwned>(
@@ -204,11 +207,23 @@ async fn call<T: DeserializeOwned>(
     RunReply::<T>::decode(text.as_bytes()).map_err(|e| anyhow::anyhow!("{method}: {e}"))
 }
 
+/// A Host's refusal as a coded error (its code is the exit's code); an unknown code keeps its
+/// text in the message and is classified `refused`.
 fn refused(r: RunRefusal) -> anyhow::Error {
-    anyhow::Error::new(Refused {
-        code: r.code,
-        message: r.message,
-    })
+    const KNOWN: &[&str] = &[
+        refusal_codes::NOT_FOUND,
+        refusal_codes::CONFLICT,
+        refusal_codes::UNAVAILABLE,
+        refusal_codes::RESOURCE_EXHAUSTED,
+        refusal_codes::INVALID,
+        refusal_codes::STATE,
+        refusal_codes::NOT_ADMITTING,
+        refusal_codes::PROGRAM_MISSING,
+    ];
+    match KNOWN.iter().find(|c| **c == r.code) {
+        Some(code) => CliError::refused(code, r.message).into(),
+        None => CliError::refused("refused", format!("{}: {}", r.code, r.message)).into(),
+    }
 }
 
 /// Calls `method`, retrying while the Host answers `unavailable`, until [`RETRY_DEADLINE`].
@@ -338,23 +353,100 @@ fn parse_value(text: &str) -> Value {
     serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned()))
 }
 
+/// Stable codes of what `hostd run` refuses before it dials a Host.
+pub mod local_codes {
+    /// The program file does not exist.
+    pub const FILE_NOT_FOUND: &str = "file_not_found";
+    /// The program file exists but cannot be read as text.
+    pub const FILE_UNREADABLE: &str = "file_unreadable";
+    /// `--input` is not JSON.
+    pub const INVALID_INPUT: &str = "invalid_input";
+    /// A run id or checkpoint name that no Host could know (empty, or with control characters).
+    pub const INVALID_ID: &str = "invalid_id";
+}
+
+/// What a subcommand needs from the local side, read and checked before any Host is dialled.
+enum Local {
+    Start { source: String, input: Value },
+    Other,
+}
+
+fn id_arg(what: &str, text: &str) -> Result<()> {
+    if text.is_empty() || text.chars().any(char::is_control) {
+        return Err(CliError::refused(
+            local_codes::INVALID_ID,
+            format!("{what} {text:?} is not an id (empty, or with control characters)"),
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// Reads the program file and parses the arguments: a mistake here is the caller's, and must
+/// say so (with its own code) whether or not a Host is reachable.
+fn local(command: &RunCommand) -> Result<Local> {
+    match command {
+        RunCommand::Start { program, input, .. } => {
+            let source = std::fs::read_to_string(program).map_err(|e| {
+                let code = if e.kind() == std::io::ErrorKind::NotFound {
+                    local_codes::FILE_NOT_FOUND
+                } else {
+                    local_codes::FILE_UNREADABLE
+                };
+                CliError::refused(
+                    code,
+                    format!("cannot read the program {}: {e}", program.display()),
+                )
+            })?;
+            let input: Value = serde_json::from_str(input).map_err(|e| {
+                CliError::refused(
+                    local_codes::INVALID_INPUT,
+                    format!("--input is not JSON: {e}"),
+                )
+            })?;
+            Ok(Local::Start { source, input })
+        }
+        RunCommand::Answer {
+            run, checkpoint, ..
+        } => {
+            id_arg("the run id", run)?;
+            id_arg("the checkpoint", checkpoint)?;
+            Ok(Local::Other)
+        }
+        RunCommand::Resume { run }
+        | RunCommand::Status { run }
+        | RunCommand::Logs { run, .. }
+        | RunCommand::Cancel { run } => {
+            id_arg("the run id", run)?;
+            Ok(Local::Other)
+        }
+        RunCommand::Ps => Ok(Local::Other),
+    }
+}
+
 pub async fn run(args: RunArgs, out: Output) -> Result<ExitCode> {
+    let local = local(&args.command)?;
     let client = connect(&args).await?;
-    let result = dispatch(&client, &args.command, out).await;
+    let result = dispatch(&client, &args.command, local, out).await;
     client.close();
     result
 }
 
-async fn dispatch(client: &HostLinkClient, command: &RunCommand, out: Output) -> Result<ExitCode> {
+async fn dispatch(
+    client: &HostLinkClient,
+    command: &RunCommand,
+    local: Local,
+    out: Output,
+) -> Result<ExitCode> {
     match command {
         RunCommand::Start {
             program,
-            input,
             idempotency_key,
+            ..
         } => {
-            let source = std::fs::read_to_string(program)
-                .with_context(|| format!("cannot read {}", program.display()))?;
-            let input: Value = serde_json::from_str(input).context("--input is not JSON")?;
+            let Local::Start { source, input } = local else {
+                bail!("internal: start without its program");
+            };
             let mut data = json!({"version": 1, "program": source, "input": input});
             if let Some(k) = idempotency_key {
                 data["idempotency_key"] = json!(k);

@@ -517,7 +517,7 @@ impl HostLinkClient {
             &SubscribeOptions {
                 version: V1,
                 ephemeral: previews,
-                bind: None,
+                ..SubscribeOptions::default()
             }
             .encode(),
         )

@@ -348,6 +348,11 @@ impl Consumer {
                 )));
             }
             Err(e) => {
+                if let RuntimeError::Faulted(reason) = &e {
+                    // The runtime latched a persistence fault: `/readyz` reports it whichever
+                    // of this and the fault watch ends the residency first.
+                    self.ctx.persistence_fault(reason);
+                }
                 // An attempt exists and the runtime recorded nothing: it is unsound.
                 return Err(Stop::End(EndReason::Fault(format!(
                     "the runtime failed a dispatched attempt: {e}"

@@ -20,6 +20,7 @@ pub mod readiness;
 mod release;
 mod residency;
 mod resident;
+pub mod run_agents;
 pub mod runs;
 pub mod server;
 mod service;
