@@ -85,6 +85,30 @@ async fn holders(store: &Store, ss: &[SessionRecord]) -> HashMap<SessionId, Opti
     out
 }
 
+/// The claim TTL the Hosts run with (`--claim-ttl`): a claim's expiry minus it is when it was
+/// taken.
+const CLAIM_TTL_MS: i64 = 2_000;
+
+/// A command's lifecycle after the kill, in store milliseconds since the kill.
+struct Phases {
+    claimed: Option<i64>,
+    attempted: Option<i64>,
+    settled: Option<i64>,
+}
+
+impl Phases {
+    fn of(rec: &CommandRecord, killed_ms: i64) -> Phases {
+        Phases {
+            claimed: rec
+                .claim
+                .as_ref()
+                .map(|c| c.expires_at_ms - CLAIM_TTL_MS - killed_ms),
+            attempted: rec.attempt.as_ref().map(|a| a.begun_at_ms - killed_ms),
+            settled: rec.settled_at_ms.map(|t| t - killed_ms),
+        }
+    }
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i.min(sorted.len() - 1)]
@@ -127,6 +151,7 @@ async fn main() {
         ss.push(s);
     }
     let mut samples = Vec::new();
+    let mut phases: Vec<Phases> = Vec::new();
     for round in 0..KILLS {
         // Every session resident: one input each (an idle session with no work is left
         // where it is, even when its Host lost it), applied before the kill.
@@ -170,6 +195,8 @@ async fn main() {
         };
         let killed_at = Instant::now();
         let _ = serve.kill_dead();
+        // The store's clock at the kill: the claim and attempt times below are on it.
+        let killed_ms = store.now_ms().await.unwrap();
         let mut waiting = Vec::new();
         for s in ss
             .iter()
@@ -191,6 +218,7 @@ async fn main() {
                 let rec = store.command(&s.tenant, &s.session, c).await.unwrap();
                 if rec.state.is_terminal() {
                     samples.push(killed_at.elapsed());
+                    phases.push(Phases::of(&rec, killed_ms));
                     break;
                 }
                 tokio::time::sleep(Duration::from_millis(10)).await;
@@ -220,6 +248,26 @@ async fn main() {
         bound,
         percentile(&samples, 0.99).as_secs_f64() / bound.as_secs_f64()
     );
+    // Where the time goes, from the store's own timestamps: until the survivor's consumer
+    // claimed the command (expiry, the reconciler's pass, the assignment, the attach), until
+    // its attempt began, until it was settled.
+    let phase = |name: &str, pick: fn(&Phases) -> Option<i64>| {
+        let mut v: Vec<i64> = phases.iter().filter_map(pick).collect();
+        v.sort_unstable();
+        if v.is_empty() {
+            return;
+        }
+        let at = |p: f64| v[(((v.len() - 1) as f64) * p).round() as usize];
+        println!(
+            "  kill -> {name:<9} p50 {:>5} ms  p99 {:>5} ms  max {:>5} ms",
+            at(0.5),
+            at(0.99),
+            v[v.len() - 1]
+        );
+    };
+    phase("claimed", |p| p.claimed);
+    phase("attempted", |p| p.attempted);
+    phase("settled", |p| p.settled);
     for (_, h) in hosts.drain() {
         let _ = h.terminate();
     }
