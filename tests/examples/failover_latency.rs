@@ -8,6 +8,8 @@
 //! right after the kill, and the time from the kill until each is applied on a survivor is
 //! recorded (nobody places, attaches or delivers). The killed Host is restarted under a new id
 //! before the next round. Prints p50, p99 and max against the bound: registry expiry + 1 s.
+//! With `FAILOVER_SIGNAL=stop` the victim is frozen (SIGSTOP) instead, and killed only once
+//! its sessions have moved.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -150,6 +152,9 @@ async fn main() {
         admit(&store, &s, "create", CommandBodyV1::Create { text: None }).await;
         ss.push(s);
     }
+    // `FAILOVER_SIGNAL=stop` freezes the victim (SIGSTOP) instead of killing it.
+    let frozen = std::env::var("FAILOVER_SIGNAL").is_ok_and(|v| v == "stop");
+    let how = if frozen { "SIGSTOP" } else { "kill -9" };
     let mut samples = Vec::new();
     let mut phases: Vec<Phases> = Vec::new();
     for round in 0..KILLS {
@@ -194,7 +199,13 @@ async fn main() {
             break;
         };
         let killed_at = Instant::now();
-        let _ = serve.kill_dead();
+        let frozen_victim = if frozen {
+            serve.freeze();
+            Some(serve)
+        } else {
+            let _ = serve.kill_dead();
+            None
+        };
         // The store's clock at the kill: the claim and attempt times below are on it.
         let killed_ms = store.now_ms().await.unwrap();
         let mut waiting = Vec::new();
@@ -235,12 +246,17 @@ async fn main() {
         );
         // A new id each time (the three first were lat-0..2).
         let name = format!("lat-{}", round + 3);
+        if let Some(serve) = frozen_victim {
+            // Its sessions moved while it was frozen; it is not thawed (the thaw is the
+            // fleet test's business), only replaced.
+            let _ = serve.kill_dead();
+        }
         hosts.insert(name.clone(), host(dir, &name, &db.url));
     }
     samples.sort();
     let bound = EXPIRY + Duration::from_secs(1);
     println!(
-        "failover, kill -9 to applied on a survivor with no client action, {} commands over {KILLS} kills: p50 {:?}  p99 {:?}  max {:?}  bound (registry expiry + 1 s) {:?}  p99/bound {:.2}",
+        "failover, {how} to applied on a survivor with no client action, {} commands over {KILLS} kills: p50 {:?}  p99 {:?}  max {:?}  bound (registry expiry + 1 s) {:?}  p99/bound {:.2}",
         samples.len(),
         percentile(&samples, 0.5),
         percentile(&samples, 0.99),
