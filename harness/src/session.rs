@@ -148,6 +148,9 @@ struct Actor {
     rx: mpsc::Receiver<Box<Msg>>,
     turn_tx: mpsc::Sender<Box<Msg>>,
     clock: SystemClock,
+    /// A message was handled since the last renewal tick: only a runtime in use renews its
+    /// journal lease (see `renew`).
+    used: bool,
 }
 
 impl SessionHandle {
@@ -351,6 +354,7 @@ pub(crate) async fn launch(
         rx,
         turn_tx: tx,
         clock: SystemClock,
+        used: false,
     };
     let span = tracing::info_span!(
         "harness_session",
@@ -488,6 +492,14 @@ impl Actor {
         if self.fault.is_some() {
             return;
         }
+        // An idle runtime does not renew: no write is refused on the journal lease's expiry
+        // (acquisition always takes over, and every append is fenced by epoch and tip), so the
+        // expiry is only what a reader sees. Renewing it for every idle session would cost a
+        // durable write per session per third of the TTL, which a Host holding many idle
+        // sessions cannot afford. A runtime that handled a message or runs a turn renews.
+        if !std::mem::take(&mut self.used) && self.turn.is_none() {
+            return;
+        }
         match self
             .store
             .journal_renew(&self.lease, self.agent.lease_ttl)
@@ -504,6 +516,7 @@ impl Actor {
 
     /// Handles one message; false when the actor must stop.
     async fn handle(&mut self, msg: Msg) -> bool {
+        self.used = true;
         match msg {
             Msg::Apply(cmd, reply) => {
                 let r = self.apply(cmd).await;

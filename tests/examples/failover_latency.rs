@@ -8,6 +8,8 @@
 //! right after the kill, and the time from the kill until each is applied on a survivor is
 //! recorded (nobody places, attaches or delivers). The killed Host is restarted under a new id
 //! before the next round. Prints p50, p99 and max against the bound: registry expiry + 1 s.
+//! With `FAILOVER_SIGNAL=stop` the victim is frozen (SIGSTOP) instead, and killed only once
+//! its sessions have moved.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -85,6 +87,30 @@ async fn holders(store: &Store, ss: &[SessionRecord]) -> HashMap<SessionId, Opti
     out
 }
 
+/// The claim TTL the Hosts run with (`--claim-ttl`): a claim's expiry minus it is when it was
+/// taken.
+const CLAIM_TTL_MS: i64 = 2_000;
+
+/// A command's lifecycle after the kill, in store milliseconds since the kill.
+struct Phases {
+    claimed: Option<i64>,
+    attempted: Option<i64>,
+    settled: Option<i64>,
+}
+
+impl Phases {
+    fn of(rec: &CommandRecord, killed_ms: i64) -> Phases {
+        Phases {
+            claimed: rec
+                .claim
+                .as_ref()
+                .map(|c| c.expires_at_ms - CLAIM_TTL_MS - killed_ms),
+            attempted: rec.attempt.as_ref().map(|a| a.begun_at_ms - killed_ms),
+            settled: rec.settled_at_ms.map(|t| t - killed_ms),
+        }
+    }
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i.min(sorted.len() - 1)]
@@ -126,7 +152,11 @@ async fn main() {
         admit(&store, &s, "create", CommandBodyV1::Create { text: None }).await;
         ss.push(s);
     }
+    // `FAILOVER_SIGNAL=stop` freezes the victim (SIGSTOP) instead of killing it.
+    let frozen = std::env::var("FAILOVER_SIGNAL").is_ok_and(|v| v == "stop");
+    let how = if frozen { "SIGSTOP" } else { "kill -9" };
     let mut samples = Vec::new();
+    let mut phases: Vec<Phases> = Vec::new();
     for round in 0..KILLS {
         // Every session resident: one input each (an idle session with no work is left
         // where it is, even when its Host lost it), applied before the kill.
@@ -169,7 +199,15 @@ async fn main() {
             break;
         };
         let killed_at = Instant::now();
-        let _ = serve.kill_dead();
+        let frozen_victim = if frozen {
+            serve.freeze();
+            Some(serve)
+        } else {
+            let _ = serve.kill_dead();
+            None
+        };
+        // The store's clock at the kill: the claim and attempt times below are on it.
+        let killed_ms = store.now_ms().await.unwrap();
         let mut waiting = Vec::new();
         for s in ss
             .iter()
@@ -191,6 +229,7 @@ async fn main() {
                 let rec = store.command(&s.tenant, &s.session, c).await.unwrap();
                 if rec.state.is_terminal() {
                     samples.push(killed_at.elapsed());
+                    phases.push(Phases::of(&rec, killed_ms));
                     break;
                 }
                 tokio::time::sleep(Duration::from_millis(10)).await;
@@ -207,12 +246,17 @@ async fn main() {
         );
         // A new id each time (the three first were lat-0..2).
         let name = format!("lat-{}", round + 3);
+        if let Some(serve) = frozen_victim {
+            // Its sessions moved while it was frozen; it is not thawed (the thaw is the
+            // fleet test's business), only replaced.
+            let _ = serve.kill_dead();
+        }
         hosts.insert(name.clone(), host(dir, &name, &db.url));
     }
     samples.sort();
     let bound = EXPIRY + Duration::from_secs(1);
     println!(
-        "failover, kill -9 to applied on a survivor with no client action, {} commands over {KILLS} kills: p50 {:?}  p99 {:?}  max {:?}  bound (registry expiry + 1 s) {:?}  p99/bound {:.2}",
+        "failover, {how} to applied on a survivor with no client action, {} commands over {KILLS} kills: p50 {:?}  p99 {:?}  max {:?}  bound (registry expiry + 1 s) {:?}  p99/bound {:.2}",
         samples.len(),
         percentile(&samples, 0.5),
         percentile(&samples, 0.99),
@@ -220,6 +264,26 @@ async fn main() {
         bound,
         percentile(&samples, 0.99).as_secs_f64() / bound.as_secs_f64()
     );
+    // Where the time goes, from the store's own timestamps: until the survivor's consumer
+    // claimed the command (expiry, the reconciler's pass, the assignment, the attach), until
+    // its attempt began, until it was settled.
+    let phase = |name: &str, pick: fn(&Phases) -> Option<i64>| {
+        let mut v: Vec<i64> = phases.iter().filter_map(pick).collect();
+        v.sort_unstable();
+        if v.is_empty() {
+            return;
+        }
+        let at = |p: f64| v[(((v.len() - 1) as f64) * p).round() as usize];
+        println!(
+            "  kill -> {name:<9} p50 {:>5} ms  p99 {:>5} ms  max {:>5} ms",
+            at(0.5),
+            at(0.99),
+            v[v.len() - 1]
+        );
+    };
+    phase("claimed", |p| p.claimed);
+    phase("attempted", |p| p.attempted);
+    phase("settled", |p| p.settled);
     for (_, h) in hosts.drain() {
         let _ = h.terminate();
     }
