@@ -210,6 +210,10 @@ pub struct ServeOptions {
     /// ends it (a frozen Host stalls the fleet for at most this long).
     #[serde(with = "duration_text")]
     pub pg_idle_transaction_timeout: Duration,
+    /// PostgreSQL: how long a store call waits for a pooled connection (the pool reconnecting
+    /// meanwhile) before it fails as transient and its caller's own retry takes over.
+    #[serde(with = "duration_text")]
+    pub pg_acquire_timeout: Duration,
     pub host: Options,
     pub link: LinkOptions,
     pub listener: ListenerOptions,
@@ -229,6 +233,7 @@ impl Default for ServeOptions {
             sqlite_synchronous: SyncMode::Full,
             referenced_body_cap: sessionstore::limits::DEFAULT_REFERENCED_BODY_CAP,
             pg_idle_transaction_timeout: Duration::from_secs(5),
+            pg_acquire_timeout: Duration::from_secs(10),
             host: Options::default(),
             link: LinkOptions::default(),
             listener: ListenerOptions::default(),
@@ -301,6 +306,10 @@ pub struct ServeFlags {
     /// ends it and its row locks (a frozen Host stalls the rest of the fleet at most this long).
     #[arg(id = "pg_idle_transaction_timeout", long = "pg-idle-transaction-timeout", env = "HOST_PG_IDLE_TRANSACTION_TIMEOUT", value_parser = duration)]
     pg_idle_transaction_timeout: Option<Duration>,
+    /// PostgreSQL: how long a store call waits for a pooled connection while the server is
+    /// away before it fails as transient (100 ms to 5 min) [default: 10s].
+    #[arg(id = "pg_acquire_timeout", long = "pg-acquire-timeout", env = "HOST_PG_ACQUIRE_TIMEOUT", value_parser = duration)]
+    pg_acquire_timeout: Option<Duration>,
 
     /// This Host's stable id, unique in a fleet [default: hostd-<hostname>].
     #[arg(id = "host.host_id", long = "host-id", env = "HOST_ID", value_parser = host_id)]
@@ -604,6 +613,7 @@ impl ServeFlags {
             sqlite_synchronous => sqlite_synchronous;
             referenced_body_cap => referenced_body_cap;
             pg_idle_transaction_timeout => pg_idle_transaction_timeout;
+            pg_acquire_timeout => pg_acquire_timeout;
             isolation_class => host.isolation_class;
             placement => host.placement;
             capacity => host.capacity;

@@ -148,6 +148,7 @@ pub async fn run(args: ServeArgs, matches: Option<&ArgMatches>, out: Output) -> 
     };
     store.referenced_body_cap = options.referenced_body_cap;
     store.pg_idle_transaction_timeout = options.pg_idle_transaction_timeout;
+    store.pg_acquire_timeout = options.pg_acquire_timeout;
     let agents = &options.agents;
     let openai = match (
         &agents.openai_endpoint,

@@ -519,7 +519,7 @@ impl HostLinkClient {
             &SubscribeOptions {
                 version: V1,
                 ephemeral: previews,
-                bind: None,
+                ..SubscribeOptions::default()
             }
             .encode(),
         )

@@ -14,7 +14,14 @@
 //! disposition and writes nothing; the session becomes whole-session idle; abandonment writes
 //! nothing and releases the journal lease; a restore takes a strictly later journal epoch and
 //! closes the abandoned runtime's stranded attempt `not_applied`; a graceful release of an
-//! idle runtime succeeds and releases the lease.
+//! idle runtime succeeds and releases the lease. Live options: the runtime's preview channel
+//! is open while it runs. Attribution: with an [`AttributionReader`] (the product says how to
+//! read back what its runtime recorded), the principal and metadata the kit admitted reached
+//! the runtime's own durable record of the input.
+//!
+//! A runtime is never handed an unresolved payload reference: a [`RuntimeCommand`] carries a
+//! decoded body, and the Host resolves and verifies an object-backed body before the attempt,
+//! so there is nothing for the kit to check there.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -68,7 +75,41 @@ pub struct ConformanceReport {
     pub runtime_session: RuntimeSessionId,
     pub first_epoch: JournalEpoch,
     pub restored_epoch: JournalEpoch,
+    /// Whether principal and metadata were checked (an [`AttributionReader`] was given).
+    pub attribution_checked: bool,
 }
+
+/// Who asked, as a runtime durably recorded it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Attribution {
+    pub principal: Option<String>,
+    pub metadata: Option<serde_json::Value>,
+}
+
+/// Reads back what a product's runtime recorded of a command's principal and metadata: the
+/// product's own knowledge of where its runtime keeps them.
+#[async_trait::async_trait]
+pub trait AttributionReader: Send + Sync {
+    /// The attribution recorded for the command with runtime id `command`, `None` when the
+    /// runtime recorded none.
+    async fn recorded(
+        &self,
+        store: &Store,
+        tenant: &TenantId,
+        runtime_session: RuntimeSessionId,
+        command: RuntimeCommandId,
+    ) -> Result<Option<Attribution>, String>;
+}
+
+/// What the kit may use beyond the target and the store.
+#[derive(Default, Clone)]
+pub struct KitOptions {
+    pub attribution: Option<Arc<dyn AttributionReader>>,
+}
+
+/// The principal and metadata the kit admits its input with.
+const KIT_PRINCIPAL: &str = "conformance";
+const KIT_METADATA: &str = "{\"kit\":true}";
 
 struct Fixture {
     store: Store,
@@ -89,8 +130,8 @@ impl Fixture {
                     body: CommandBody::Inline(encode_command_body(&CommandBodyV1::Input {
                         text: text.into(),
                     })),
-                    principal: Some("conformance".into()),
-                    metadata: Some("{\"kit\":true}".into()),
+                    principal: Some(KIT_PRINCIPAL.into()),
+                    metadata: Some(KIT_METADATA.into()),
                     apply_within: Duration::from_secs(600),
                 })
                 .await,
@@ -239,6 +280,15 @@ pub async fn run_runtime_conformance(
     target: Arc<dyn LaunchTarget>,
     store_handle: &Store,
 ) -> Result<ConformanceReport, ConformanceFailure> {
+    run_runtime_conformance_with(target, store_handle, KitOptions::default()).await
+}
+
+/// [`run_runtime_conformance`], with the checks `options` make possible.
+pub async fn run_runtime_conformance_with(
+    target: Arc<dyn LaunchTarget>,
+    store_handle: &Store,
+    options: KitOptions,
+) -> Result<ConformanceReport, ConformanceFailure> {
     let caps = target.capabilities();
     check(
         caps.recovery.is_full(),
@@ -320,6 +370,16 @@ pub async fn run_runtime_conformance(
             "a fault is latched at launch",
         )?;
     }
+    // Live options: a Host subscribes to previews for the runtime's whole life.
+    let mut previews = runtime.events.previews();
+    check(
+        !matches!(
+            previews.try_recv(),
+            Err(tokio::sync::broadcast::error::TryRecvError::Closed)
+        ),
+        "live_options",
+        "the runtime's preview channel is closed while it runs",
+    )?;
 
     // Apply under an attempt identity; settle from the journal's evidence.
     let rec = f
@@ -338,6 +398,28 @@ pub async fn run_runtime_conformance(
         "apply",
         format!("an input was disposed {:?}", recorded.disposition),
     )?;
+    if let Some(reader) = &options.attribution {
+        let got = store(
+            "attribution",
+            reader
+                .recorded(
+                    &f.store,
+                    &f.session.tenant,
+                    f.session.binding.runtime_session_id,
+                    applying.identity().runtime_command,
+                )
+                .await,
+        )?;
+        let want = Attribution {
+            principal: Some(KIT_PRINCIPAL.into()),
+            metadata: serde_json::from_str(KIT_METADATA).ok(),
+        };
+        check(
+            got.as_ref() == Some(&want),
+            "attribution",
+            format!("the runtime recorded {got:?}, the input was admitted with {want:?}"),
+        )?;
+    }
     let settled = f.settle(&applying).await?;
     check(
         settled.state == CommandState::Applied && settled.evidence_seq == Some(recorded.seq),
@@ -461,5 +543,6 @@ pub async fn run_runtime_conformance(
         runtime_session: f.session.binding.runtime_session_id,
         first_epoch: epoch,
         restored_epoch: epoch2,
+        attribution_checked: options.attribution.is_some(),
     })
 }

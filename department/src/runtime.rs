@@ -197,12 +197,48 @@ pub struct CommittedEvent {
     pub body: Arc<[u8]>,
 }
 
-/// A live, non-durable text preview of a turn in flight.
+/// A live, non-durable preview of a turn in flight.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Preview {
     /// The turn's own id (a runtime content identity, not a private session id).
     pub turn: String,
+    /// The text: a delta of answer or reasoning text, or a tool step's preview (its audit
+    /// summary, or its name when it has none, on start; at most [`TOOL_PREVIEW_BYTES`] of its
+    /// result on finish).
     pub delta: String,
+    pub kind: PreviewKind,
+}
+
+/// The most result text a tool step preview carries.
+pub const TOOL_PREVIEW_BYTES: usize = 2048;
+
+/// What a preview shows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PreviewKind {
+    /// The model's visible answer text.
+    Text,
+    /// Visible model reasoning (never opaque or redacted provider state).
+    Reasoning,
+    /// A tool call began (`call_id` is the key a viewer joins the committed step on).
+    ToolStarted { call_id: String, name: String },
+    /// A tool call finished.
+    ToolFinished {
+        call_id: String,
+        name: String,
+        is_error: bool,
+    },
+}
+
+/// `text` cut to at most `max` bytes on a character boundary.
+pub fn truncate_preview(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut at = max;
+    while !text.is_char_boundary(at) {
+        at -= 1;
+    }
+    &text[..at]
 }
 
 /// Committed events (durable; hints for publishers) and previews (ephemeral).

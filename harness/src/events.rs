@@ -8,11 +8,28 @@ use serde_json::Value;
 
 use crate::model::ToolCall;
 
-/// What caused an event: the public id of the command a controller admitted.
+/// What caused an event: the public id of the command a controller admitted, and who the
+/// controller says asked (`principal`, on every kind) with its metadata (on create and input):
+/// recorded assertions, not authorization evidence.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Cause {
     pub command_id: String,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub principal: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub metadata: Option<Value>,
+}
+
+impl Cause {
+    /// A cause naming only the command.
+    pub fn command(command_id: impl Into<String>) -> Cause {
+        Cause {
+            command_id: command_id.into(),
+            principal: None,
+            metadata: None,
+        }
+    }
 }
 
 /// A gate's kind.

@@ -721,8 +721,21 @@ impl Actor {
                 held: self.lease.epoch.0,
             });
         }
+        // The principal crosses on every kind, metadata on create and input (a JSON object
+        // the store accepted at admission; anything else is left out rather than guessed).
+        let carries_metadata = matches!(
+            cmd.body,
+            CommandBodyV1::Create { .. } | CommandBodyV1::Input { .. }
+        );
         let cause = Cause {
             command_id: cmd.identity.command.to_string(),
+            principal: cmd.principal.clone(),
+            metadata: cmd
+                .metadata
+                .as_deref()
+                .filter(|_| carries_metadata)
+                .and_then(|m| serde_json::from_str::<serde_json::Value>(m).ok())
+                .filter(serde_json::Value::is_object),
         };
         let mut effects: Vec<JournalEntry> = Vec::new();
         let mut resolution: Option<(Uuid, Resolution)> = None;

@@ -40,6 +40,12 @@ pub trait Tool: Send + Sync {
         false
     }
 
+    /// What a live preview may show when a call starts: a redacted summary the tool writes
+    /// itself, never its raw arguments. `None` (the default) shows only the tool's name.
+    fn audit_summary(&self, _arguments: &Value) -> Option<String> {
+        None
+    }
+
     /// True when running the same call twice is harmless, so a restore may re-run a call whose
     /// outcome was lost. A tool with effects must leave this false.
     fn replay_safe(&self) -> bool {
@@ -170,6 +176,14 @@ impl Tool for EchoTool {
 
     fn needs_approval(&self) -> bool {
         self.needs_approval
+    }
+
+    fn audit_summary(&self, arguments: &Value) -> Option<String> {
+        let chars = arguments
+            .get("text")
+            .and_then(Value::as_str)
+            .map_or(0, |t| t.chars().count());
+        Some(format!("echo {chars} characters"))
     }
 
     fn replay_safe(&self) -> bool {

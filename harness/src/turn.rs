@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use department::Preview;
+use department::{Preview, PreviewKind};
 use futures::StreamExt;
 use sessionstore::{Millis, RuntimeCommandId};
 use tokio::sync::{mpsc, oneshot};
@@ -452,11 +452,11 @@ impl Run<'_> {
             };
             match next {
                 Some(Ok(ModelEvent::TextDelta(d))) => {
-                    let _ = self.ctx.shared.previews.send(Preview {
-                        turn: self.ctx.turn_id.clone(),
-                        delta: d.clone(),
-                    });
+                    self.preview(d.clone(), PreviewKind::Text);
                     text.push_str(&d);
+                }
+                Some(Ok(ModelEvent::ReasoningDelta(d))) => {
+                    self.preview(d, PreviewKind::Reasoning);
                 }
                 Some(Ok(ModelEvent::ToolCall(c))) => calls.push(c),
                 Some(Ok(ModelEvent::Finished(reason))) => {
@@ -477,12 +477,35 @@ impl Run<'_> {
         }
     }
 
+    /// Offers a live preview to whoever relays them (dropped when nobody listens).
+    fn preview(&self, delta: String, kind: PreviewKind) {
+        let _ = self.ctx.shared.previews.send(Preview {
+            turn: self.ctx.turn_id.clone(),
+            delta,
+            kind,
+        });
+    }
+
     async fn result(
         &mut self,
         call: &ToolCall,
         content: String,
         is_error: bool,
     ) -> Result<(), Stop> {
+        // The step's preview goes out before its commit, which supersedes it moments later.
+        let shown = if content.is_empty() {
+            call.name.clone()
+        } else {
+            department::truncate_preview(&content, department::TOOL_PREVIEW_BYTES).to_owned()
+        };
+        self.preview(
+            shown,
+            PreviewKind::ToolFinished {
+                call_id: call.id.clone(),
+                name: call.name.clone(),
+                is_error,
+            },
+        );
         self.append(vec![(
             HarnessEvent::ToolResult {
                 turn_id: self.ctx.turn_id.clone(),
@@ -557,6 +580,15 @@ impl Run<'_> {
             return Ok(());
         };
         self.phase = CallPhase::Running;
+        // A tool's start shows its own audit summary, never its raw arguments.
+        self.preview(
+            tool.audit_summary(&call.arguments)
+                .unwrap_or_else(|| call.name.clone()),
+            PreviewKind::ToolStarted {
+                call_id: call.id.clone(),
+                name: call.name.clone(),
+            },
+        );
         let cancel = &self.ctx.cancel;
         let context = crate::tool::CallContext {
             turn_id: self.ctx.turn_id.clone(),

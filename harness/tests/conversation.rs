@@ -394,9 +394,7 @@ mod cases {
             .unwrap();
         let rec = fx.admit(input("call launch_rocket {}")).await;
         let (applying, attempt) = fx.attempt(&rec, lease.epoch).await;
-        let cause = Cause {
-            command_id: rec.command.to_string(),
-        };
+        let cause = Cause::command(rec.command.to_string());
         let events = [
             HarnessEvent::UserMessage {
                 text: "call launch_rocket {}".into(),

@@ -290,9 +290,7 @@ mod cases {
         let (applying, attempt) = fx.attempt(&rec, lease.epoch).await;
         let user = HarnessEvent::UserMessage {
             text: "remember me".into(),
-            cause: harness::events::Cause {
-                command_id: rec.command.to_string(),
-            },
+            cause: harness::events::Cause::command(rec.command.to_string()),
         };
         lease.tip = fx
             .store
@@ -503,9 +501,7 @@ mod cases {
                     event: EventId::new("ev-effect").unwrap(),
                     public_body: HarnessEvent::UserMessage {
                         text: "x".into(),
-                        cause: harness::events::Cause {
-                            command_id: rec.command.to_string(),
-                        },
+                        cause: harness::events::Cause::command(rec.command.to_string()),
                     }
                     .encode(),
                     private_body: None,
@@ -647,15 +643,146 @@ mod cases {
         );
     }
 
+    pub async fn a_turn_previews_its_reasoning_and_each_tool_steps_start_and_finish_without_raw_arguments(
+        ts: &TestStore,
+    ) {
+        let fx = Fx::new(ts).await;
+        let h = fx.launch(LaunchMode::Create).await;
+        let mut previews = h.previews();
+        fx.ok(&h, input("/think weigh both options")).await;
+        idle(&h).await;
+        fx.ok(&h, input(r#"/tool echo {"text":"secret-ish"}"#))
+            .await;
+        idle(&h).await;
+        let mut seen = Vec::new();
+        while let Ok(p) = previews.try_recv() {
+            seen.push(p);
+        }
+        let reasoning: String = seen
+            .iter()
+            .filter(|p| p.kind == department::PreviewKind::Reasoning)
+            .map(|p| p.delta.as_str())
+            .collect();
+        assert_eq!(reasoning, "weigh both options");
+        let steps: Vec<_> = seen
+            .iter()
+            .filter(|p| {
+                matches!(
+                    p.kind,
+                    department::PreviewKind::ToolStarted { .. }
+                        | department::PreviewKind::ToolFinished { .. }
+                )
+            })
+            .collect();
+        assert_eq!(steps.len(), 2, "{seen:#?}");
+        let department::PreviewKind::ToolStarted { call_id, name } = &steps[0].kind else {
+            panic!("{:?}", steps[0])
+        };
+        assert_eq!(name, "echo");
+        // The start shows the tool's own summary, never its arguments.
+        assert_eq!(steps[0].delta, "echo 10 characters");
+        assert!(!steps[0].delta.contains("secret-ish"));
+        let department::PreviewKind::ToolFinished {
+            call_id: finished,
+            is_error,
+            ..
+        } = &steps[1].kind
+        else {
+            panic!("{:?}", steps[1])
+        };
+        assert_eq!(finished, call_id);
+        assert!(!is_error);
+        assert_eq!(steps[1].delta, "secret-ish");
+        // Reasoning is previewed only: no event the model's steps wrote carries it.
+        for e in fx.events().await {
+            if !matches!(e, HarnessEvent::UserMessage { .. }) {
+                assert!(!format!("{e:?}").contains("weigh both"), "{e:?}");
+            }
+        }
+    }
+
+    /// Where the harness records who asked: the `cause` of the user message the input wrote.
+    struct HarnessAttribution;
+
+    #[async_trait::async_trait]
+    impl department::conformance::AttributionReader for HarnessAttribution {
+        async fn recorded(
+            &self,
+            store: &Store,
+            tenant: &TenantId,
+            runtime_session: RuntimeSessionId,
+            command: RuntimeCommandId,
+        ) -> Result<Option<department::conformance::Attribution>, String> {
+            let page = store
+                .journal_runtime_page(tenant, runtime_session, 0, 1000)
+                .await
+                .map_err(|e| e.to_string())?;
+            for r in page {
+                if let RecordKind::Event {
+                    public_body,
+                    cause: Some(c),
+                    ..
+                } = r.kind
+                    && c == command
+                    && let Ok(HarnessEvent::UserMessage { cause, .. }) =
+                        HarnessEvent::decode(&public_body)
+                {
+                    return Ok(Some(department::conformance::Attribution {
+                        principal: cause.principal,
+                        metadata: cause.metadata,
+                    }));
+                }
+            }
+            Ok(None)
+        }
+    }
+
     pub async fn the_harness_target_passes_the_runtime_conformance_kit(ts: &TestStore) {
         let fx = Fx::new(ts).await;
-        let report = department::conformance::run_runtime_conformance(
+        let report = department::conformance::run_runtime_conformance_with(
             Arc::new(fx.target.clone()),
             &ts.store,
+            department::conformance::KitOptions {
+                attribution: Some(Arc::new(HarnessAttribution)),
+            },
         )
         .await
         .unwrap();
         assert!(report.restored_epoch > report.first_epoch);
+        assert!(report.attribution_checked);
+    }
+
+    /// A runtime that drops who asked: the kit names the broken promise.
+    struct Forgetful;
+
+    #[async_trait::async_trait]
+    impl department::conformance::AttributionReader for Forgetful {
+        async fn recorded(
+            &self,
+            _: &Store,
+            _: &TenantId,
+            _: RuntimeSessionId,
+            _: RuntimeCommandId,
+        ) -> Result<Option<department::conformance::Attribution>, String> {
+            Ok(Some(department::conformance::Attribution {
+                principal: None,
+                metadata: None,
+            }))
+        }
+    }
+
+    pub async fn the_kit_fails_a_runtime_that_does_not_record_who_asked(ts: &TestStore) {
+        let fx = Fx::new(ts).await;
+        let e = department::conformance::run_runtime_conformance_with(
+            Arc::new(fx.target.clone()),
+            &ts.store,
+            department::conformance::KitOptions {
+                attribution: Some(Arc::new(Forgetful)),
+            },
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(e.step, "attribution", "{e}");
     }
 
     /// A real harness runtime with a capability stripped, as a broken adapter would hand it over.
@@ -722,5 +849,7 @@ sessionstore::both_backends!(cases =>
     release_is_refused_while_the_session_is_not_idle,
     no_private_id_appears_in_a_public_event_body,
     the_harness_target_passes_the_runtime_conformance_kit,
+    the_kit_fails_a_runtime_that_does_not_record_who_asked,
+    a_turn_previews_its_reasoning_and_each_tool_steps_start_and_finish_without_raw_arguments,
     a_runtime_missing_a_declared_capability_is_refused_and_released,
 );

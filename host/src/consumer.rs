@@ -108,6 +108,16 @@ struct Consumer {
 }
 
 fn store_stop(e: StoreError) -> Stop {
+    if let StoreError::ClaimLost {
+        field: "residency", ..
+    } = e
+    {
+        // The store fenced a claim or an attempt: this residency's lease lapsed or was given
+        // back, and a lapsed lease is never renewed.
+        return Stop::End(EndReason::Lost(format!(
+            "the residency no longer holds the session: {e}"
+        )));
+    }
     match e.code() {
         ErrorCode::Epoch => Stop::End(EndReason::Lost(format!(
             "a successor holds the session: {e}"
@@ -295,9 +305,12 @@ impl Consumer {
             .await
         {
             Ok(a) => a,
-            Err(e) if e.code() == ErrorCode::ClaimLost => {
+            Err(StoreError::ClaimLost {
+                field: "command.claim",
+                reason,
+            }) => {
                 self.tokens.remove(&claimed.command);
-                return Err(Stop::Retry(e.to_string()));
+                return Err(Stop::Retry(format!("claim_lost: {reason}")));
             }
             Err(StoreError::Deadline { .. }) => {
                 return self.reject(&claimed, "apply_deadline_passed").await;
@@ -335,6 +348,11 @@ impl Consumer {
                 )));
             }
             Err(e) => {
+                if let RuntimeError::Faulted(reason) = &e {
+                    // The runtime latched a persistence fault: `/readyz` reports it whichever
+                    // of this and the fault watch ends the residency first.
+                    self.ctx.persistence_fault(reason);
+                }
                 // An attempt exists and the runtime recorded nothing: it is unsound.
                 return Err(Stop::End(EndReason::Fault(format!(
                     "the runtime failed a dispatched attempt: {e}"

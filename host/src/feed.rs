@@ -22,8 +22,11 @@ use tokio::sync::broadcast;
 use crate::failpoints::{self, steps};
 use crate::link::{FeedItem, StreamPublication};
 use crate::residency::SessionCtx;
+use department::PreviewKind;
 use hostlink::public_journal::PublicJournal;
-use hostlink::records::{EnduringPublication, EphemeralPublication, PreviewStream};
+use hostlink::records::{
+    EnduringPublication, EphemeralPublication, PreviewStream, ToolPhase, ToolStepPreview,
+};
 
 /// How many feed items a slow link may fall behind before it is disconnected.
 pub const RELAY_BUFFER: usize = 1024;
@@ -199,12 +202,44 @@ pub(crate) async fn relay(ctx: SessionCtx) {
                 let Some(tx) = r.relay.listening() else {
                     continue;
                 };
-                let p = EphemeralPublication::delta(
-                    r.key.tenant.clone(),
-                    r.key.session.clone(),
-                    PreviewStream::Text,
-                    preview.delta,
-                );
+                let (tenant, session) = (r.key.tenant.clone(), r.key.session.clone());
+                let p = match preview.kind {
+                    PreviewKind::Text => {
+                        EphemeralPublication::delta(tenant, session, PreviewStream::Text, preview.delta)
+                    }
+                    PreviewKind::Reasoning => EphemeralPublication::delta(
+                        tenant,
+                        session,
+                        PreviewStream::Reasoning,
+                        preview.delta,
+                    ),
+                    PreviewKind::ToolStarted { call_id, name } => EphemeralPublication::tool_step(
+                        tenant,
+                        session,
+                        ToolStepPreview {
+                            call_id,
+                            name,
+                            phase: ToolPhase::Started,
+                            is_error: false,
+                        },
+                        preview.delta,
+                    ),
+                    PreviewKind::ToolFinished {
+                        call_id,
+                        name,
+                        is_error,
+                    } => EphemeralPublication::tool_step(
+                        tenant,
+                        session,
+                        ToolStepPreview {
+                            call_id,
+                            name,
+                            phase: ToolPhase::Finished,
+                            is_error,
+                        },
+                        preview.delta,
+                    ),
+                };
                 let _ = tx.send(FeedItem::Ephemeral(Arc::new(p)));
             }
         }

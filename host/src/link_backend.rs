@@ -153,18 +153,18 @@ impl HostBackend {
 fn refusal(e: HostError) -> Refusal {
     match e {
         // No link is accepted before start; should one race it, it is told to go elsewhere.
-        HostError::NotAdmitting(_) | HostError::NotStarted => HostLinkError::NotAdmitting.into(),
+        HostError::NotAdmitting(_) | HostError::NotStarted | HostError::Disposed => {
+            HostLinkError::NotAdmitting.into()
+        }
         HostError::Releasing => HostLinkError::Releasing.into(),
         HostError::NoCapacity { .. } => HostLinkError::NoCapacity.into(),
+        // An unreadable (or zero) epoch is sent as none rather than guessed.
         HostError::EpochMismatch {
             current_lease_epoch,
-        } => match NonZeroU64::new(current_lease_epoch) {
-            Some(e) => HostLinkError::EpochMismatch {
-                current_lease_epoch: e,
-            }
-            .into(),
-            None => Refusal::Internal("an epoch mismatch without an epoch".into()),
-        },
+        } => HostLinkError::EpochMismatch {
+            current_lease_epoch: current_lease_epoch.and_then(NonZeroU64::new),
+        }
+        .into(),
         HostError::RuntimeMismatch {
             runtime_compatibility_id,
         } => match CompatibilityId::new(runtime_compatibility_id) {
@@ -176,9 +176,9 @@ fn refusal(e: HostError) -> Refusal {
         },
         HostError::RuntimeUnavailable(_) => HostLinkError::RuntimeUnavailable.into(),
         HostError::Invalid(_) => Refusal::BadRequest,
-        HostError::Internal { reason, unreleased } => {
-            Refusal::Internal(format!("{reason} (unreleased: {unreleased:?})"))
-        }
+        // The code a controller branches on survives a failed unwind (logged at ERROR).
+        HostError::Unwound { refusal: r, .. } => refusal(*r),
+        e @ HostError::Internal { .. } => Refusal::Internal(e.to_string()),
     }
 }
 
@@ -281,7 +281,7 @@ impl LinkBackend for HostBackend {
         }
         if epoch.0 != req.lease_epoch.get() {
             return Err(refusal(HostError::EpochMismatch {
-                current_lease_epoch: epoch.0,
+                current_lease_epoch: Some(epoch.0),
             }));
         }
         let Some((compatibility, feed)) = self.service.live_feed(&link.tenant, &req.session_id)

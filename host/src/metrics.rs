@@ -27,6 +27,7 @@ pub const CONNECTIONS_CUT: &str = "host_connections_cut_total";
 pub const RUNS_DRIVING: &str = "host_runs_driving";
 pub const RUNS_ENDED: &str = "host_runs_ended_total";
 pub const RUN_STEP_SECONDS: &str = "host_run_step_seconds";
+pub const MEMORY_BUDGET: &str = "host_memory_budget_bytes";
 
 /// The residency states `host_sessions` is labelled with.
 pub const SESSION_STATES: [&str; 3] = ["attaching", "resident", "releasing"];
@@ -181,6 +182,29 @@ impl std::fmt::Debug for Metrics {
     }
 }
 
+/// Where a control group states the process's memory limit: cgroup v2, then v1.
+const MEMORY_LIMIT_FILES: [&str; 2] = [
+    "/sys/fs/cgroup/memory.max",
+    "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+];
+
+/// The process's memory budget, when its control group sets one.
+pub fn memory_budget() -> Option<u64> {
+    MEMORY_LIMIT_FILES.iter().find_map(|f| {
+        std::fs::read_to_string(f)
+            .ok()
+            .and_then(|t| parse_memory_limit(&t))
+    })
+}
+
+/// A control group's memory limit file: a number of bytes, or `max` (v2) or a number near
+/// 2^63 (v1, page-rounded) when there is no limit.
+pub fn parse_memory_limit(text: &str) -> Option<u64> {
+    let bytes: u64 = text.trim().parse().ok()?;
+    // v1 writes "no limit" as i64::MAX rounded down to a page.
+    (bytes > 0 && bytes < (1 << 62)).then_some(bytes)
+}
+
 /// Registering a fixed, distinct set of series into a fresh registry cannot collide; should a
 /// future edit make it do so, the error names the series.
 #[derive(Debug, thiserror::Error)]
@@ -224,9 +248,26 @@ fn m<T>(r: prometheus::Result<T>) -> Result<T, MetricsError> {
 
 impl Metrics {
     /// A fresh registry; the gauges read zero until [`Metrics::sample_from`] names their
-    /// source.
+    /// source. `host_memory_budget_bytes` is the process's control-group memory limit, and is
+    /// exported only when there is one.
     pub fn new() -> Result<Metrics, MetricsError> {
+        Metrics::with_memory_budget(memory_budget())
+    }
+
+    /// A fresh registry exporting `budget` as `host_memory_budget_bytes` (nothing when
+    /// `None`: an unknown budget is left out, never reported as zero).
+    pub fn with_memory_budget(budget: Option<u64>) -> Result<Metrics, MetricsError> {
         let r = Registry::new();
+        if let Some(bytes) = budget {
+            let g = reg(
+                &r,
+                m(IntGauge::new(
+                    MEMORY_BUDGET,
+                    "The memory this Host may use (its control group's limit); absent when unlimited or unknown.",
+                ))?,
+            )?;
+            g.set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        }
         let gauges = Arc::new(Gauges::new()?);
         r.register(Box::new(SharedGauges(gauges.clone())))
             .map_err(|e| MetricsError(e.to_string()))?;
@@ -334,5 +375,32 @@ impl Metrics {
     /// The content type of [`Metrics::render`].
     pub fn content_type(&self) -> String {
         TextEncoder::new().format_type().to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_memory_budget_is_exported_only_when_a_limit_is_known() {
+        let known = Metrics::with_memory_budget(Some(512 << 20))
+            .unwrap()
+            .render();
+        assert!(
+            known.contains("host_memory_budget_bytes 536870912"),
+            "{known}"
+        );
+        let unknown = Metrics::with_memory_budget(None).unwrap().render();
+        assert!(!unknown.contains(MEMORY_BUDGET), "{unknown}");
+    }
+
+    #[test]
+    fn a_control_group_limit_reads_as_bytes_and_no_limit_reads_as_unknown() {
+        assert_eq!(parse_memory_limit("1073741824\n"), Some(1 << 30));
+        assert_eq!(parse_memory_limit("max\n"), None);
+        assert_eq!(parse_memory_limit("9223372036854771712\n"), None);
+        assert_eq!(parse_memory_limit("0"), None);
+        assert_eq!(parse_memory_limit("garbage"), None);
     }
 }

@@ -67,7 +67,8 @@ struct Probed {
 
 struct Fault {
     at: Instant,
-    session: String,
+    /// Who failed to write, as the start of a sentence ("session s-1 latched a fault").
+    what: String,
     reason: String,
 }
 
@@ -130,7 +131,19 @@ impl Readiness {
     pub(crate) fn persistence_fault(&self, session: String, reason: String) {
         *lock(&self.fault) = Some(Fault {
             at: Instant::now(),
-            session,
+            what: format!("session {session} latched a fault"),
+            reason,
+        });
+    }
+
+    /// The Host's own heartbeat write failed on a definite store fault (a full disk, a file
+    /// I/O error): the store answers reads but takes no writes, so nothing can be admitted or
+    /// applied here. Reported like a latched fault, and cleared the same way. Each failure
+    /// renews it, so it holds until a write goes through after the last one.
+    pub(crate) fn host_write_failed(&self, reason: String) {
+        *lock(&self.fault) = Some(Fault {
+            at: Instant::now(),
+            what: "the Host's heartbeat write failed".to_owned(),
             reason,
         });
     }
@@ -193,7 +206,7 @@ impl Readiness {
         if let Some(f) = lock(&self.fault).as_ref() {
             reasons.push(NotReady {
                 code: "persistence_fault",
-                detail: format!("session {} latched a fault: {}", f.session, f.reason),
+                detail: format!("{}: {}", f.what, f.reason),
             });
         }
         ReadinessReport {
@@ -253,6 +266,20 @@ mod tests {
         assert_eq!(r.report(true, false).reasons[0].code, "persistence_fault");
         r.store_answered(true);
         assert!(!r.report(true, false).ready, "held for the bound");
+        std::thread::sleep(Duration::from_millis(30));
+        r.store_answered(false);
+        assert!(!r.report(true, false).ready, "a read does not clear it");
+        r.store_answered(true);
+        assert!(r.report(true, false).ready);
+    }
+
+    #[test]
+    fn a_failed_heartbeat_write_is_a_persistence_fault_held_until_a_write_goes_through() {
+        let r = Readiness::new(Duration::from_millis(20));
+        r.host_write_failed("sqlite: database or disk is full".into());
+        let report = r.report(true, false);
+        assert_eq!(report.reasons[0].code, "persistence_fault");
+        assert!(report.reasons[0].detail.contains("heartbeat"), "{report:?}");
         std::thread::sleep(Duration::from_millis(30));
         r.store_answered(false);
         assert!(!r.report(true, false).ready, "a read does not clear it");

@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use sessionstore::{
-    HostAdvertisement, RegistrationUpdate, ResidencyEpoch, ResidencyState, SessionId, Store,
-    TenantId,
+    ErrorCode, HostAdvertisement, RegistrationUpdate, ResidencyEpoch, ResidencyState, SessionId,
+    Store, TenantId,
 };
 use tokio::sync::{OwnedMutexGuard, broadcast};
 use tokio_util::sync::CancellationToken;
@@ -147,6 +147,7 @@ pub(crate) struct Residency {
     metrics: Metrics,
     generation: AtomicU64,
     started: AtomicBool,
+    disposed: AtomicBool,
     draining: AtomicBool,
     live: AtomicBool,
     residents: Mutex<HashMap<SessionKey, Arc<Resident>>>,
@@ -171,6 +172,7 @@ impl Residency {
             metrics,
             generation: AtomicU64::new(0),
             started: AtomicBool::new(false),
+            disposed: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             live: AtomicBool::new(true),
             residents: Mutex::new(HashMap::new()),
@@ -214,6 +216,11 @@ impl Residency {
         self.started.load(Ordering::SeqCst)
     }
 
+    /// True once a stop has begun: the Host can neither start again nor take a session.
+    pub fn disposed(&self) -> bool {
+        self.disposed.load(Ordering::SeqCst)
+    }
+
     pub fn draining(&self) -> bool {
         self.draining.load(Ordering::SeqCst)
     }
@@ -244,6 +251,7 @@ impl Residency {
     pub async fn stop(&self, bound: Duration) -> Vec<(&'static str, String)> {
         let deadline = tokio::time::Instant::now() + bound;
         let mut failures = Vec::new();
+        self.disposed.store(true, Ordering::SeqCst);
         self.shutdown.cancel();
         self.tasks.close();
         if tokio::time::timeout(bound / 2, self.tasks.wait())
@@ -433,19 +441,61 @@ impl Residency {
         if let Err(e) = r.runtime.stop().await {
             tracing::error!(error = %e, "abandoning the runtime failed");
         }
-        if !lost {
-            if let Err(e) = self
-                .store
-                .tombstone_registration(&r.key.tenant, &r.key.session, r.epoch)
-                .await
-            {
-                tracing::warn!(error = %e, "tombstoning the registration failed");
-            }
-            if let Err(e) = self.store.release_residency(&r.grant()).await {
-                tracing::warn!(error = %e, "releasing the residency lease failed");
+        if lost {
+            self.forget(&r);
+            return;
+        }
+        // Tombstone, then release. A store that is away or refuses writes (a full disk) is
+        // retried until it takes them: this Host's heartbeat renews every lease it still
+        // holds, so a lease left unreleased would keep the session here, unattachable, for as
+        // long as the Host lives. The session is forgotten meanwhile; a new attach of it meets
+        // `epoch_mismatch` until the release goes through.
+        let mut wait = Duration::from_millis(100);
+        let mut tombstoned = false;
+        let mut forgotten = false;
+        loop {
+            let step = if tombstoned {
+                (
+                    "releasing the residency lease",
+                    self.store.release_residency(&r.grant()).await,
+                )
+            } else {
+                (
+                    "tombstoning the registration",
+                    self.store
+                        .tombstone_registration(&r.key.tenant, &r.key.session, r.epoch)
+                        .await
+                        .map(|_| ()),
+                )
+            };
+            match step {
+                (_, Ok(())) if tombstoned => break,
+                (_, Ok(())) => tombstoned = true,
+                (what, Err(e)) if e.code() == ErrorCode::Unavailable => {
+                    tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "{what} failed; retrying");
+                    if !forgotten {
+                        self.forget(&r);
+                        forgotten = true;
+                    }
+                    tokio::select! {
+                        _ = self.shutdown.cancelled() => break,
+                        _ = tokio::time::sleep(wait) => {}
+                    }
+                    wait = (wait * 2).min(self.config.registry_heartbeat);
+                }
+                // Not ours any more (or not there): nothing left to give back at this step.
+                (what, Err(e)) => {
+                    tracing::warn!(error = %e, "{what} failed");
+                    if tombstoned {
+                        break;
+                    }
+                    tombstoned = true;
+                }
             }
         }
-        self.forget(&r);
+        if !forgotten {
+            self.forget(&r);
+        }
     }
 }
 

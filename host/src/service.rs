@@ -247,6 +247,9 @@ impl Service {
     /// then keeps it alive with a heartbeat.
     pub async fn start(&self) -> Result<(), HostError> {
         let host = self.host();
+        if host.disposed() {
+            return Err(HostError::Disposed);
+        }
         if host.started() {
             return Ok(());
         }
@@ -397,13 +400,15 @@ fn log_refusal(tenant: &TenantId, session: &SessionId, e: &HostError) {
         | HostError::NotAdmitting(_) => {
             tracing::debug!(%tenant, %session, step = "attach", code, reason = %e, "attach refused")
         }
-        HostError::Internal { .. } => {
-            tracing::error!(%tenant, %session, step = "attach", code, reason = %e, "attach failed")
+        HostError::Internal { .. } | HostError::Unwound { .. } => {
+            let at = e.step().unwrap_or("attach");
+            tracing::error!(%tenant, %session, step = "attach", at, code, reason = %e, "attach failed")
         }
         HostError::RuntimeUnavailable(_)
         | HostError::RuntimeMismatch { .. }
         | HostError::Invalid(_)
-        | HostError::NotStarted => {
+        | HostError::NotStarted
+        | HostError::Disposed => {
             tracing::warn!(%tenant, %session, step = "attach", code, reason = %e, "attach refused")
         }
     }
@@ -532,6 +537,9 @@ impl Inner {
     async fn attach(&self, req: AttachRequest) -> Result<Attached, HostError> {
         let started = Instant::now();
         let host = &self.host;
+        if host.disposed() {
+            return Err(HostError::Disposed);
+        }
         if !host.started() {
             return Err(HostError::NotStarted);
         }
@@ -652,13 +660,13 @@ impl Inner {
             Ok(g) => g,
             Err(StoreError::ClaimHeld { epoch, .. }) => {
                 return Err(HostError::EpochMismatch {
-                    current_lease_epoch: epoch,
+                    current_lease_epoch: Some(epoch),
                 });
             }
             Err(StoreError::NotFound { .. }) => {
                 return Err(HostError::RuntimeUnavailable("no such session".into()));
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(HostError::from(e).at("lease")),
         };
         let epoch = grant.epoch;
         let mut unwind = Unwind {
@@ -682,17 +690,22 @@ impl Inner {
             );
             fenced.map_err(|e| {
                 if e.code() == ErrorCode::Epoch {
+                    // The newer holder's mark when the store names it; never this Host's
+                    // own epoch in its place.
                     HostError::EpochMismatch {
-                        current_lease_epoch: e.mark().unwrap_or(epoch.0),
+                        current_lease_epoch: e.mark(),
                     }
                 } else {
-                    e.into()
+                    HostError::from(e).at("fence")
                 }
             })?;
-            registered?;
+            registered.map_err(|e| HostError::from(e).at("register"))?;
             unwind.registered = true;
             // 5. Hydrate: the binding, and create versus restore from the journal.
-            let session = store.session(&key.tenant, &key.session).await?;
+            let session = store
+                .session(&key.tenant, &key.session)
+                .await
+                .map_err(|e| HostError::from(e).at("hydrate"))?;
             if session.agent != req.agent {
                 return Err(HostError::RuntimeMismatch {
                     runtime_compatibility_id: target.compatibility().to_string(),
@@ -707,13 +720,18 @@ impl Inner {
                 .local_bindings
                 .contains(&session.binding.storage_binding_id)
             {
-                return Err(HostError::RuntimeUnavailable(
-                    "no journal store serves this session's binding".into(),
-                ));
+                // The operator's wiring, not the runtime: this Host could dispatch but
+                // never settle from evidence it cannot read, so it refuses before any
+                // dispatch and says where to look.
+                return Err(HostError::RuntimeUnavailable(format!(
+                    "evidence_unroutable: no journal store on this Host serves the session's storage binding {}",
+                    session.binding.storage_binding_id
+                )));
             }
             let mode = if self
                 .has_conversation(&key.tenant, session.binding.runtime_session_id)
-                .await?
+                .await
+                .map_err(|e| e.at("hydrate"))?
             {
                 LaunchMode::Restore
             } else {
@@ -732,7 +750,7 @@ impl Inner {
                 },
             )
             .await
-            .map_err(|e| HostError::internal(format!("launch ({mode:?}) failed: {e}")))?;
+            .map_err(|e| HostError::internal(format!("launch ({mode:?}) failed: {e}")).at("launch"))?;
             unwind.runtime = Some(runtime.clone());
             // What this runtime cannot do is an operator's to know now, not at the first
             // stranded attempt or the first journal fault.
@@ -786,8 +804,8 @@ impl Inner {
                     },
                 ),
             );
-            let reg = reg?;
-            projected?;
+            let reg = reg.map_err(|e| HostError::from(e).at("register"))?;
+            projected.map_err(|e| HostError::from(e).at("register"))?;
             self.host.insert(resident.clone());
             start_tasks(self.host.session(resident.clone()), hints_rx);
             resident.consumer.wake();
@@ -804,20 +822,10 @@ impl Inner {
             Ok(a) => Ok(a),
             Err(e) => {
                 let unreleased = unwind.run().await;
-                if unreleased.is_empty() {
-                    Err(e)
-                } else {
+                if !unreleased.is_empty() {
                     tracing::error!(error = %e, unreleased = ?unreleased, "attach failed and could not give everything back");
-                    match e {
-                        HostError::Internal { reason, .. } => {
-                            Err(HostError::Internal { reason, unreleased })
-                        }
-                        other => Err(HostError::Internal {
-                            reason: other.to_string(),
-                            unreleased,
-                        }),
-                    }
                 }
+                Err(e.with_unreleased(unreleased))
             }
         }
     }

@@ -76,6 +76,10 @@ pub(crate) async fn heartbeat(host: Arc<Residency>, first_expiry_ms: i64) {
                 }
             }
             Err(e) => {
+                if e.code() == ErrorCode::Unavailable && !e.is_transient() {
+                    // The store answers but refuses writes (a full disk): `/readyz` says so.
+                    host.readiness().host_write_failed(e.to_string());
+                }
                 let now = SystemClock.now_ms();
                 if now >= valid_until {
                     tracing::error!(error = %e, "heartbeats failed past the leases' expiry");

@@ -399,7 +399,7 @@ mod cases {
         assert_eq!(
             lost,
             HostError::EpochMismatch {
-                current_lease_epoch: winner.observation.lease_epoch.0
+                current_lease_epoch: Some(winner.observation.lease_epoch.0)
             }
         );
         // The loser wrote nothing: the registration and the lease are the winner's.
@@ -661,6 +661,19 @@ mod cases {
         c.attach(&svc, &s).await;
         let i = c.send(&svc, &s, input("m")).await;
         c.terminal(&s, &i).await;
+        // The apply latency is observed just after the settle the store shows: wait for it.
+        eventually("the apply to be observed", async || {
+            if svc
+                .metrics()
+                .render()
+                .contains("host_command_apply_seconds")
+            {
+                Ok(())
+            } else {
+                Err("not yet".to_string())
+            }
+        })
+        .await;
         let text = svc.metrics().render();
         for name in [
             "host_sessions",

@@ -1023,6 +1023,103 @@ async fn previews_are_merged_flushed_before_the_next_enduring_record_and_rate_li
 }
 
 #[tokio::test]
+async fn reasoning_and_tool_step_previews_reach_only_a_subscriber_that_asked_and_tool_steps_are_never_merged()
+ {
+    use hostlink::records::{EphemeralPublication, PreviewStream, ToolPhase, ToolStepPreview};
+    let options = LinkOptions {
+        preview_flush_interval: Duration::from_millis(20),
+        ..quiet_options()
+    };
+    let s = TestServer::start(TestBackend::new(&["acme"]), options).await;
+    let (mut all, _) = s.connect("acme").await;
+    attach_and_bind(&mut all, "acme", "s1").await;
+    subscribe(
+        &mut all,
+        "acme",
+        "s1",
+        Some(r#"{"version":1,"ephemeral":true,"reasoning":true,"tool_steps":true}"#),
+    )
+    .await;
+    let (mut text_only, _) = s.connect("acme").await;
+    attach_and_bind(&mut text_only, "acme", "s1").await;
+    subscribe(
+        &mut text_only,
+        "acme",
+        "s1",
+        Some(r#"{"version":1,"ephemeral":true}"#),
+    )
+    .await;
+    let step = |phase, text: &str| {
+        EphemeralPublication::tool_step(
+            tenant("acme"),
+            session("s1"),
+            ToolStepPreview {
+                call_id: "call-1".into(),
+                name: "echo".into(),
+                phase,
+                is_error: false,
+            },
+            text,
+        )
+    };
+    s.backend.preview_record(
+        "acme",
+        "s1",
+        EphemeralPublication::delta(
+            tenant("acme"),
+            session("s1"),
+            PreviewStream::Reasoning,
+            "hmm ",
+        ),
+    );
+    s.backend
+        .preview_record("acme", "s1", step(ToolPhase::Started, "echo 2 characters"));
+    s.backend
+        .preview_record("acme", "s1", step(ToolPhase::Finished, "hi"));
+    s.backend.preview("acme", "s1", "done");
+    s.backend.publish("acme", "s1", 1, r#"{"n":1}"#).unwrap();
+    let data = |p: &Value| p["pub"]["data"].clone();
+    let mut seen = Vec::new();
+    loop {
+        let p = all.push().await;
+        if p["pub"]["tags"]["record"] == "enduring_publication" {
+            break;
+        }
+        seen.push(data(&p));
+    }
+    assert_eq!(
+        seen,
+        vec![
+            json!({"tenant_id":"acme","session_id":"s1","stream":"reasoning","text":"hmm ","gap":false}),
+            json!({"tenant_id":"acme","session_id":"s1","stream":"tool_step","text":"echo 2 characters","gap":false,
+                   "tool":{"call_id":"call-1","name":"echo","phase":"started"}}),
+            json!({"tenant_id":"acme","session_id":"s1","stream":"tool_step","text":"hi","gap":false,
+                   "tool":{"call_id":"call-1","name":"echo","phase":"finished"}}),
+            json!({"tenant_id":"acme","session_id":"s1","stream":"text","text":"done","gap":false}),
+        ]
+    );
+    // The subscriber that asked for text only sees text, then the commit.
+    let p = text_only.push().await;
+    assert_eq!(data(&p)["stream"], "text", "{p}");
+    let p = text_only.push().await;
+    assert_eq!(p["pub"]["tags"]["record"], "enduring_publication", "{p}");
+}
+
+#[tokio::test]
+async fn asking_for_reasoning_or_tool_steps_without_previews_is_a_bad_request() {
+    let s = server(&["acme"]).await;
+    let (mut c, _) = s.connect("acme").await;
+    attach_and_bind(&mut c, "acme", "s1").await;
+    for data in [
+        r#"{"version":1,"tool_steps":true}"#,
+        r#"{"version":1,"ephemeral":false,"reasoning":true}"#,
+    ] {
+        let r = subscribe(&mut c, "acme", "s1", Some(data)).await;
+        assert_eq!(r["error"]["code"], 107, "{data}: {r}");
+    }
+}
+
+#[tokio::test]
 async fn previews_are_never_pushed_to_a_subscriber_that_did_not_opt_in() {
     let s = server(&["acme"]).await;
     let (mut c, _) = s.connect("acme").await;

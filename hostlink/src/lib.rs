@@ -17,6 +17,7 @@ pub mod channel;
 pub mod codes;
 pub mod frame;
 pub mod json;
+pub mod json_spans;
 pub mod public_journal;
 pub mod records;
 pub mod runs;

@@ -6,7 +6,8 @@
 //! or member name, at any depth, hyphenated in either case or as 32 bare hex digits — becomes
 //! its public id too, whatever runtime wrote the body. Member order is kept; a body with
 //! nothing to rewrite is returned byte for byte, and one whose only changes are renamed ids keeps
-//! every other byte (spacing, escapes, number spelling). Only a removed cause re-serialises it.
+//! every other byte (spacing, escapes, number spelling), a removed cause included; only a body
+//! whose keys or ids are spelled with escapes, or that repeats a member, is re-serialised.
 
 use std::collections::{HashMap, HashSet};
 
@@ -243,15 +244,65 @@ pub fn project(
     if !changed {
         return Ok(body.to_vec());
     }
-    // Keep every other byte when the projection is only renames of ids spelled literally in
-    // the text: rename them in place, and use that only if it reads back as the projection
-    // (a removed cause, an id spelled with escapes or one inside a number falls back).
-    if let Some(renamed) = private.rewrite(text)
-        && serde_json::from_str::<Value>(&renamed).is_ok_and(|v| v == value)
-    {
-        return Ok(renamed.into_bytes());
+    // Keep every other byte: cut removed causes out of the text, rename ids spelled literally
+    // in it in place, and use that only if it reads back as the projection (an id spelled
+    // with escapes, a key spelled with escapes, duplicate members or one inside a number fall
+    // back to re-serialising).
+    let cut = if has_cause {
+        machine_cause_cuts(text, map).map(|cuts| crate::json_spans::cut(text, cuts))
+    } else {
+        Some(text.to_owned())
+    };
+    if let Some(cut) = cut {
+        let renamed = private.rewrite(&cut).unwrap_or(cut);
+        if serde_json::from_str::<Value>(&renamed).is_ok_and(|v| v == value) {
+            return Ok(renamed.into_bytes());
+        }
     }
     serde_json::to_vec(&value).map_err(|e| ProjectionError(e.to_string()))
+}
+
+/// The byte ranges to cut so every machine cause is gone as [`rewrite_causes`] removes it:
+/// its `command_id` member, or the whole `cause` member when that was its only member.
+/// `None` when the text cannot be scanned.
+fn machine_cause_cuts(text: &str, map: &CommandMap) -> Option<Vec<std::ops::Range<usize>>> {
+    use crate::json_spans::{Member, Node, member_removal, scan};
+    fn is_key(text: &str, m: &Member, key: &str) -> bool {
+        text.get(m.key.start + 1..m.key.end - 1) == Some(key)
+    }
+    fn walk(text: &str, node: &Node, map: &CommandMap, cuts: &mut Vec<std::ops::Range<usize>>) {
+        match node {
+            Node::Array { items, .. } => items.iter().for_each(|i| walk(text, i, map, cuts)),
+            Node::Object { members, .. } => {
+                let mut removed = None;
+                if let Some(ci) = members.iter().position(|m| is_key(text, m, "cause"))
+                    && let Node::Object { members: inner, .. } = &members[ci].value
+                    && let Some(ii) = inner.iter().position(|m| is_key(text, m, "command_id"))
+                    && let Node::String { span } = &inner[ii].value
+                    && let Ok(id) = serde_json::from_str::<String>(&text[span.clone()])
+                    && !map.runtime_to_public.contains_key(&id)
+                    && !map.public.contains(&id)
+                {
+                    if inner.len() == 1 {
+                        cuts.push(member_removal(members, ci));
+                        removed = Some(ci);
+                    } else {
+                        cuts.push(member_removal(inner, ii));
+                    }
+                }
+                for (i, m) in members.iter().enumerate() {
+                    if removed != Some(i) {
+                        walk(text, &m.value, map, cuts);
+                    }
+                }
+            }
+            Node::String { .. } | Node::Scalar { .. } => {}
+        }
+    }
+    let root = scan(text)?;
+    let mut cuts = Vec::new();
+    walk(text, &root, map, &mut cuts);
+    Some(cuts)
 }
 
 /// A public event as a client sees it.
@@ -699,7 +750,7 @@ mod tests {
     }
 
     #[test]
-    fn renaming_ids_keeps_every_other_byte_and_only_a_removed_cause_reserialises() {
+    fn renaming_ids_and_removing_machine_causes_keep_every_other_byte() {
         let (rs, s) = ids();
         let runtime = uuid::Uuid::now_v7();
         let mut map = CommandMap::default();
@@ -717,8 +768,17 @@ mod tests {
             uuid::Uuid::now_v7()
         );
         let out = String::from_utf8(project(machine.as_bytes(), rs, &s, &map).unwrap()).unwrap();
-        // Removing the cause re-serialises: spacing and number spelling are not kept then.
-        assert_eq!(out, r#"{"z":1.5}"#);
+        // Removing a machine cause keeps every other byte too.
+        assert_eq!(out, "{ \"z\": 1.50 }");
+        let partial = format!(
+            "{{\"cause\" : {{ \"kind\":\"timer\",\n \"command_id\":\"{}\" }}, \"n\": 1e3, \"t\":\"{rs}\"}}",
+            uuid::Uuid::now_v7()
+        );
+        let out = String::from_utf8(project(partial.as_bytes(), rs, &s, &map).unwrap()).unwrap();
+        assert_eq!(
+            out,
+            "{\"cause\" : { \"kind\":\"timer\" }, \"n\": 1e3, \"t\":\"public-s\"}"
+        );
     }
 
     proptest! {

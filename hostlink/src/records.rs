@@ -16,17 +16,20 @@
 //! | [`Delivery`] | `command_id` (a `version` of 1 is accepted, never written) |
 //! | [`RegistryObservation`] | `version`, `tenant_id`, `session_id`, `host_id`, `host_generation`, `agent_id`, `runtime_compatibility_id`, `placement`, `internal_endpoint`, `residency`, `accepting`, `lease_epoch`, `observed_at`, `expires_at` |
 //! | [`DrainObservation`] | `host_id`, `host_generation`, `drain_generation`, `state`, [`tenant_id`, `session_id`] |
-//! | [`HostLinkError`] | `code`, and `current_lease_epoch` (only and always with `epoch_mismatch`) or `runtime_compatibility_id` (only and always with `runtime_mismatch`) |
-//! | [`SubscribeOptions`] | `version`, `ephemeral`?, `bind`? (a [`BindRequest`]) |
+//! | [`HostLinkError`] | `code`, and `current_lease_epoch` (only with `epoch_mismatch`, absent when the holder's epoch was unreadable) or `runtime_compatibility_id` (only and always with `runtime_mismatch`) |
+//! | [`SubscribeOptions`] | `version`, `ephemeral`?, `reasoning`?, `tool_steps`? (these two need `ephemeral`), `bind`? (a [`BindRequest`]) |
 //! | [`EnduringPublication`] | `tenant_id`, `session_id`, `event_id`, `journal_seq`, `covered_through`, `body` |
-//! | [`EphemeralPublication`] | `tenant_id`, `session_id`, `stream`, `text`, `gap` |
+//! | [`EphemeralPublication`] | `tenant_id`, `session_id`, `stream`, `text`, `gap`, `tool` (only and always with stream `tool_step`: `call_id`, `name`, `phase`, `is_error`?) |
 //!
 //! `SubscribeOptions` and `EphemeralPublication` are this module's design (HOSTLINK.md names
 //! the opt-in and the preview but not their members): a client opts in to previews with
-//! subscribe `data` `{"version":1,"ephemeral":true}`; a preview carries the merged text delta
-//! of one `stream` (`text` or `reasoning`) and `gap: true` when text before it was dropped
-//! (rate limit, overflow) so a viewer knows the preview is incomplete until the next enduring
-//! record supersedes it.
+//! subscribe `data` `{"version":1,"ephemeral":true}` (answer text), adding `"reasoning":true`
+//! for visible model reasoning and `"tool_steps":true` for each tool call's start (the tool's
+//! audit summary or its name, never its arguments) and finish (at most 2 KiB of its result);
+//! a preview carries the merged text delta of one `stream` (`text`, `reasoning`; a
+//! `tool_step` is never merged) and `gap: true` when text before it was dropped (rate limit,
+//! overflow) so a viewer knows the preview is incomplete until the next enduring record
+//! supersedes it.
 
 use std::num::NonZeroU64;
 
@@ -543,9 +546,10 @@ pub enum HostLinkError {
     NotAdmitting,
     Releasing,
     NoCapacity,
-    /// The other holder's epoch on attach; never bind with it.
+    /// The other holder's epoch on attach, when it was readable (absent otherwise); it is
+    /// never this Host's, and a caller must never bind with it.
     EpochMismatch {
-        current_lease_epoch: NonZeroU64,
+        current_lease_epoch: Option<NonZeroU64>,
     },
     RuntimeMismatch {
         runtime_compatibility_id: CompatibilityId,
@@ -576,13 +580,11 @@ impl TryFrom<ErrorWire> for HostLinkError {
     fn try_from(w: ErrorWire) -> Result<Self, &'static str> {
         use HostLinkErrorCode as C;
         match (w.code, w.current_lease_epoch, w.runtime_compatibility_id) {
-            (C::EpochMismatch, Some(current_lease_epoch), None) => {
-                Ok(HostLinkError::EpochMismatch {
-                    current_lease_epoch,
-                })
-            }
-            (C::EpochMismatch, _, _) => {
-                Err("epoch_mismatch takes current_lease_epoch and nothing else")
+            (C::EpochMismatch, current_lease_epoch, None) => Ok(HostLinkError::EpochMismatch {
+                current_lease_epoch,
+            }),
+            (C::EpochMismatch, _, Some(_)) => {
+                Err("epoch_mismatch takes at most current_lease_epoch")
             }
             (C::RuntimeMismatch, None, Some(runtime_compatibility_id)) => {
                 Ok(HostLinkError::RuntimeMismatch {
@@ -607,7 +609,7 @@ impl From<HostLinkError> for ErrorWire {
         let (current_lease_epoch, runtime_compatibility_id) = match e {
             HostLinkError::EpochMismatch {
                 current_lease_epoch,
-            } => (Some(current_lease_epoch), None),
+            } => (current_lease_epoch, None),
             HostLinkError::RuntimeMismatch {
                 runtime_compatibility_id,
             } => (None, Some(runtime_compatibility_id)),
@@ -646,9 +648,23 @@ impl Record for HostLinkError {
 #[serde(deny_unknown_fields)]
 pub struct SubscribeOptions {
     pub version: V1,
-    /// Push `ephemeral_publication` previews too (default false).
+    /// Push `ephemeral_publication` previews too (default false): answer text.
     #[serde(default, deserialize_with = "present_bool")]
     pub ephemeral: bool,
+    /// With `ephemeral`, also visible model reasoning (default false).
+    #[serde(
+        default,
+        deserialize_with = "present_bool",
+        skip_serializing_if = "std::ops::Not::not"
+    )]
+    pub reasoning: bool,
+    /// With `ephemeral`, also each tool call's start and finish (default false).
+    #[serde(
+        default,
+        deserialize_with = "present_bool",
+        skip_serializing_if = "std::ops::Not::not"
+    )]
+    pub tool_steps: bool,
     /// Bind the link to the session first, exactly as `hostlink.bind` with this request would
     /// (same checks, same refusals). Its tenant and session must be the channel's.
     #[serde(
@@ -666,6 +682,13 @@ fn present_bool<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
 
 impl Record for SubscribeOptions {
     const NAME: &'static str = "subscribe_options";
+
+    fn check(&self) -> Result<(), String> {
+        if (self.reasoning || self.tool_steps) && !self.ephemeral {
+            return Err("reasoning and tool_steps need ephemeral".into());
+        }
+        Ok(())
+    }
 }
 
 /// A committed journal event, pushed on the session channel. The body is kept as the exact
@@ -742,8 +765,12 @@ impl Record for EnduringPublication {
 pub enum PreviewStream {
     /// The model's visible answer text.
     Text,
-    /// Visible model reasoning.
+    /// Visible model reasoning (subscribe option `reasoning`).
     Reasoning,
+    /// A tool call's start or finish (subscribe option `tool_steps`); the publication carries
+    /// `tool`.
+    #[serde(rename = "tool_step")]
+    ToolStep,
 }
 
 impl PreviewStream {
@@ -752,8 +779,30 @@ impl PreviewStream {
         match self {
             PreviewStream::Text => "text",
             PreviewStream::Reasoning => "reasoning",
+            PreviewStream::ToolStep => "tool_step",
         }
     }
+}
+
+/// Which moment of a tool call a `tool_step` preview shows.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ToolPhase {
+    Started,
+    Finished,
+}
+
+/// The tool call a `tool_step` preview belongs to. `call_id` is the key a viewer joins the
+/// preview to the committed `tool_result` on.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolStepPreview {
+    pub call_id: String,
+    pub name: String,
+    pub phase: ToolPhase,
+    /// On `finished`: whether the result is an error.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub is_error: bool,
 }
 
 /// A live text preview (token deltas merged in a flush window): transient, never retried,
@@ -764,10 +813,18 @@ pub struct EphemeralPublication {
     pub tenant_id: TenantId,
     pub session_id: SessionId,
     pub stream: PreviewStream,
-    /// The delta (non-empty, at most [`MAX_PREVIEW_TEXT_BYTES`]).
+    /// The delta (non-empty, at most [`MAX_PREVIEW_TEXT_BYTES`]); for a tool step, its audit
+    /// summary (or name) on start and at most 2 KiB of its result on finish.
     pub text: String,
     /// True when preview text before this one was dropped on this link.
     pub gap: bool,
+    /// The tool call, present only and always with stream `tool_step`.
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub tool: Option<ToolStepPreview>,
 }
 
 impl EphemeralPublication {
@@ -784,6 +841,20 @@ impl EphemeralPublication {
             stream,
             text: text.into(),
             gap: false,
+            tool: None,
+        }
+    }
+
+    /// A tool step's preview.
+    pub fn tool_step(
+        tenant_id: TenantId,
+        session_id: SessionId,
+        tool: ToolStepPreview,
+        text: impl Into<String>,
+    ) -> EphemeralPublication {
+        EphemeralPublication {
+            tool: Some(tool),
+            ..EphemeralPublication::delta(tenant_id, session_id, PreviewStream::ToolStep, text)
         }
     }
 }
@@ -794,6 +865,9 @@ impl Record for EphemeralPublication {
     fn check(&self) -> Result<(), String> {
         if self.text.is_empty() || self.text.len() > MAX_PREVIEW_TEXT_BYTES {
             return Err("text must be 1-65536 bytes".into());
+        }
+        if (self.stream == PreviewStream::ToolStep) != self.tool.is_some() {
+            return Err("tool comes only and always with stream tool_step".into());
         }
         Ok(())
     }
@@ -988,15 +1062,28 @@ mod tests {
     }
 
     #[test]
-    fn the_error_record_carries_its_extra_member_only_and_always_with_its_code() {
+    fn the_error_record_carries_its_extra_member_only_with_its_code() {
         let e = HostLinkError::EpochMismatch {
-            current_lease_epoch: nz(4),
+            current_lease_epoch: Some(nz(4)),
         };
         assert_eq!(
             e.encode(),
             r#"{"code":"epoch_mismatch","current_lease_epoch":4}"#
         );
         assert_eq!(HostLinkError::decode(e.encode().as_bytes()), Ok(e));
+        // The holder's epoch may be unreadable: the refusal still says epoch_mismatch.
+        let unknown = HostLinkError::EpochMismatch {
+            current_lease_epoch: None,
+        };
+        assert_eq!(unknown.encode(), r#"{"code":"epoch_mismatch"}"#);
+        assert_eq!(
+            HostLinkError::decode(br#"{"code":"epoch_mismatch"}"#),
+            Ok(unknown)
+        );
+        assert!(
+            HostLinkError::decode(br#"{"code":"epoch_mismatch","runtime_compatibility_id":"b2"}"#)
+                .is_err()
+        );
         let m = HostLinkError::RuntimeMismatch {
             runtime_compatibility_id: CompatibilityId::new("b2").unwrap(),
         };
@@ -1010,8 +1097,7 @@ mod tests {
             r#"{"code":"runtime_unavailable"}"#
         );
         for bad in [
-            &br#"{"code":"epoch_mismatch"}"#[..],
-            br#"{"code":"epoch_mismatch","current_lease_epoch":0}"#,
+            &br#"{"code":"epoch_mismatch","current_lease_epoch":0}"#[..],
             br#"{"code":"epoch_mismatch","current_lease_epoch":1,"runtime_compatibility_id":"b"}"#,
             br#"{"code":"runtime_mismatch"}"#,
             br#"{"code":"runtime_mismatch","runtime_compatibility_id":"b","current_lease_epoch":1}"#,

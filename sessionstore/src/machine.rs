@@ -27,6 +27,36 @@ pub fn fence(field: &'static str, mark: u64, offered: u64) -> StoreResult<u64> {
     Ok(offered)
 }
 
+/// The residency fence a claim and an attempt pass besides the command's own mark: the epoch
+/// they carry must still hold the session. A command admitted after a successor took the
+/// session has a mark of 0, so only the session's residency lease can tell that a Host waking
+/// from a freeze under its old epoch no longer holds it. A lease at a higher epoch refuses
+/// with `epoch` (a successor holds the session); a lease at this epoch that lapsed or was
+/// given back refuses with `claim_lost` (nobody holds it at this epoch any more, and a lapsed
+/// lease is never renewed). No lease, or one at a lower epoch, does not stand in the way: the
+/// store then knows nothing that the command's mark does not.
+pub fn residency_fence(
+    lease: Option<&ResidencyLease>,
+    epoch: ResidencyEpoch,
+    now: Millis,
+) -> StoreResult<()> {
+    let Some(lease) = lease else {
+        return Ok(());
+    };
+    fence("residency.epoch", lease.epoch.0, epoch.0)?;
+    if lease.epoch == epoch && !lease.is_live(now) {
+        return Err(StoreError::ClaimLost {
+            field: "residency",
+            reason: if lease.holder.is_none() {
+                "the residency was released"
+            } else {
+                "the residency lease expired"
+            },
+        });
+    }
+    Ok(())
+}
+
 /// What a transition did.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub enum Transition {
@@ -184,8 +214,14 @@ fn advance(mut rec: CommandRecord) -> CommandRecord {
     rec
 }
 
-/// `claim`: take (or replay) a claim on a command.
-pub fn claim(rec: &CommandRecord, req: &ClaimRequest, now: Millis) -> StoreResult<Transition> {
+/// `claim`: take (or replay) a claim on a command, under a residency epoch that still holds
+/// the session (`residency` is the session's lease as the transaction read it).
+pub fn claim(
+    rec: &CommandRecord,
+    residency: Option<&ResidencyLease>,
+    req: &ClaimRequest,
+    now: Millis,
+) -> StoreResult<Transition> {
     let effect = claim_effect(req, now)?;
     if rec.state == CommandState::Claimed
         && let Some(c) = &rec.claim
@@ -203,6 +239,7 @@ pub fn claim(rec: &CommandRecord, req: &ClaimRequest, now: Millis) -> StoreResul
         ));
     }
     fence("command.epoch_mark", rec.epoch_mark.0, req.epoch.0)?;
+    residency_fence(residency, req.epoch, now)?;
     check_revision(rec, req.expected_revision)?;
     if now >= rec.apply_deadline_ms {
         return Err(StoreError::Deadline {
@@ -246,9 +283,11 @@ pub fn reject(rec: &CommandRecord, req: &RejectRequest) -> StoreResult<Transitio
     Ok(Transition::Changed(effect.apply(rec)))
 }
 
-/// `begin_attempt`: record the command's one attempt under a live claim of this residency.
+/// `begin_attempt`: record the command's one attempt under a live claim of this residency,
+/// while its epoch still holds the session.
 pub fn begin_attempt(
     rec: &CommandRecord,
+    residency: Option<&ResidencyLease>,
     req: &AttemptRequest,
     now: Millis,
 ) -> StoreResult<Transition> {
@@ -269,6 +308,7 @@ pub fn begin_attempt(
         ));
     }
     fence("command.epoch_mark", rec.epoch_mark.0, req.epoch.0)?;
+    residency_fence(residency, req.epoch, now)?;
     check_revision(rec, req.expected_revision)?;
     let Some(c) = &rec.claim else {
         return Err(StoreError::state(

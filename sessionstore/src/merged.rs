@@ -26,9 +26,9 @@ use crate::journal::JournalLease;
 use crate::model::*;
 use crate::ops::{Admitted, Appended, CursorRead, Found, JournalRow, SettleRead, Transitioning};
 use crate::sql::{
-    COMMAND_COLS, ColType, Conn, JLEASE_COLS, JOURNAL_COLS, Param, Row, SESSION_COLS, SetStmt,
-    SqlTx, command_params, decode_command, decode_journal_lease, decode_journal_row,
-    decode_session, int, ms, opt_int, opt_ms, opt_text, slot_params, text,
+    COMMAND_COLS, ColType, Conn, JLEASE_COLS, JOURNAL_COLS, LEASE_COLS, Param, Row, SESSION_COLS,
+    SetStmt, SqlTx, command_params, decode_command, decode_journal_lease, decode_journal_row,
+    decode_lease, decode_session, int, ms, opt_int, opt_ms, opt_text, slot_params, text,
 };
 
 /// `list` ("a, b") with every name prefixed by `alias.`.
@@ -182,6 +182,10 @@ const ATTEMPT_GUARD: &str = "o.attempt_id IS NULL AND o.state = 'claimed' \
      AND o.claim_epoch = r.epoch_mark AND o.claim_token = r.token AND o.claim_expires_at > r.now \
      AND r.now < o.apply_deadline AND r.attempt_journal_epoch >= 1";
 const REJECT_GUARD: &str = "o.attempt_id IS NULL AND o.state IN ('pending','claimed')";
+/// `machine::residency_fence` over the session's lease `z` (absent: all NULL), for claims and
+/// attempts: no lease, one at a lower epoch, or a live one at this epoch.
+const RESIDENCY_GUARD: &str = "(z.epoch IS NULL OR z.epoch < r.epoch_mark \
+     OR (z.epoch = r.epoch_mark AND z.holder IS NOT NULL AND z.expires_at > r.now))";
 
 /// One statement for the three transitions a Host makes before and at dispatch. The effect's
 /// unset columns are NULL in the request and keep their stored values.
@@ -210,6 +214,9 @@ static TRANSITION: LazyLock<SetStmt> = LazyLock::new(|| {
         "old AS (SELECT r.op, {c} FROM req r CROSS JOIN LATERAL (SELECT {COMMAND_COLS} \
              FROM commands c WHERE c.tenant_id = r.tenant_id AND c.session_id = r.session_id \
              AND c.command_id = r.command_id FOR UPDATE) c), \
+         lz AS (SELECT r.op, {l} FROM req r CROSS JOIN LATERAL (SELECT {LEASE_COLS} \
+             FROM residency_leases l WHERE l.tenant_id = r.tenant_id \
+             AND l.session_id = r.session_id AND r.kind IN ('claim','attempt') OFFSET 0) l), \
          upd AS (UPDATE commands w SET state = r.state, epoch_mark = r.epoch_mark, \
              revision = o.revision + 1, \
              claim_epoch = coalesce(r.claim_epoch, w.claim_epoch), \
@@ -221,16 +228,19 @@ static TRANSITION: LazyLock<SetStmt> = LazyLock::new(|| {
              attempt_at = coalesce(r.attempt_at, w.attempt_at), \
              outcome = coalesce(r.outcome, w.outcome), \
              reason = coalesce(r.reason, w.reason) \
-             FROM old o JOIN req r ON r.op = o.op \
+             FROM old o JOIN req r ON r.op = o.op LEFT JOIN lz z ON z.op = o.op \
              WHERE w.tenant_id = o.tenant_id AND w.session_id = o.session_id \
              AND w.command_id = o.command_id AND w.revision = o.revision \
              AND o.revision = r.expected AND o.epoch_mark <= r.epoch_mark \
-             AND CASE r.kind WHEN 'claim' THEN ({CLAIM_GUARD}) \
-                 WHEN 'attempt' THEN ({ATTEMPT_GUARD}) \
+             AND CASE r.kind WHEN 'claim' THEN ({CLAIM_GUARD}) AND {RESIDENCY_GUARD} \
+                 WHEN 'attempt' THEN ({ATTEMPT_GUARD}) AND {RESIDENCY_GUARD} \
                  WHEN 'reject' THEN ({REJECT_GUARD}) ELSE false END \
              RETURNING o.op, {w}) \
-         SELECT o.op, {oc}, {uc} FROM old o LEFT JOIN upd u ON u.op = o.op",
+         SELECT o.op, {oc}, {uc}, {zc} FROM old o LEFT JOIN upd u ON u.op = o.op \
+             LEFT JOIN lz z ON z.op = o.op",
         c = qualified("c", COMMAND_COLS),
+        l = qualified("l", LEASE_COLS),
+        zc = qualified("z", LEASE_COLS),
         w = qualified("w", STATE_COLS),
         oc = qualified("o", COMMAND_COLS),
         uc = qualified("u", STATE_COLS),
@@ -282,7 +292,17 @@ pub(crate) async fn transition<C: Conn>(
         tx.conn.wrote();
         Some(written(&old, r, n)?)
     };
-    Ok(Some(Found { before, written }))
+    let at = n + width(STATE_COLS);
+    let residency = if r.is_null(at)? {
+        None
+    } else {
+        Some(decode_lease(&r.slice(at, width(LEASE_COLS))?)?)
+    };
+    Ok(Some(Found {
+        before,
+        written,
+        residency,
+    }))
 }
 
 // ---- settle -----------------------------------------------------------------------------------

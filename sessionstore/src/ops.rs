@@ -84,6 +84,9 @@ pub(crate) struct Transitioning<'a> {
 pub(crate) struct Found {
     pub before: CommandRecord,
     pub written: Option<CommandRecord>,
+    /// The session's residency lease as the same read saw it (claims and attempts are fenced
+    /// by it; see `machine::residency_fence`).
+    pub residency: Option<ResidencyLease>,
 }
 
 /// What an admission found and did: the session's existence, the command already admitted
@@ -675,7 +678,7 @@ pub(crate) async fn claim<T: Tx>(
         .transition_command(&step)
         .await?
         .ok_or_else(|| command_not_found(key.0, key.1, key.2))?;
-    let decided = machine::claim(&found.before, req, now);
+    let decided = machine::claim(&found.before, found.residency.as_ref(), req, now);
     reconcile(tx, &found.before, found.written, decided).await
 }
 
@@ -721,7 +724,7 @@ pub(crate) async fn begin_attempt<T: Tx>(
         .transition_command(&step)
         .await?
         .ok_or_else(|| command_not_found(key.0, key.1, key.2))?;
-    let decided = machine::begin_attempt(&found.before, req, now);
+    let decided = machine::begin_attempt(&found.before, found.residency.as_ref(), req, now);
     reconcile(tx, &found.before, found.written, decided).await
 }
 

@@ -812,7 +812,7 @@ impl PgEngine {
         let search_path = options.pg_schema.clone();
         let pool = PgPoolOptions::new()
             .max_connections(options.pg_max_connections)
-            .acquire_timeout(Duration::from_secs(10))
+            .acquire_timeout(options.pg_acquire_timeout)
             .after_connect(move |conn, _meta| {
                 let search_path = search_path.clone();
                 Box::pin(async move {

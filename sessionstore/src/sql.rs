@@ -14,7 +14,8 @@ use crate::journal::*;
 use crate::merged;
 use crate::model::*;
 use crate::ops::{
-    Admitted, Appended, BodySlot, CursorRead, Found, JournalRow, SettleRead, Transitioning, Tx,
+    Admitted, Appended, BodySlot, CursorRead, Found, JournalRow, SettleRead, TransitionKind,
+    Transitioning, Tx,
 };
 use crate::stats::Counters;
 
@@ -316,10 +317,10 @@ pub(crate) fn decode_session(r: &Row) -> StoreResult<SessionRecord> {
     })
 }
 
-const LEASE_COLS: &str =
+pub(crate) const LEASE_COLS: &str =
     "tenant_id, session_id, epoch, holder, host_id, host_generation, expires_at";
 
-fn decode_lease(r: &Row) -> StoreResult<ResidencyLease> {
+pub(crate) fn decode_lease(r: &Row) -> StoreResult<ResidencyLease> {
     Ok(ResidencyLease {
         tenant: r.id(0, TenantId::new)?,
         session: r.id(1, SessionId::new)?,
@@ -1108,13 +1109,23 @@ impl<C: Conn> Tx for SqlTx<C> {
         if self.conn.dialect() == Dialect::Postgres {
             return merged::transition(self, step).await;
         }
-        Ok(self
+        let Some(before) = self
             .command(step.tenant, step.session, step.command)
             .await?
-            .map(|before| Found {
-                before,
-                written: None,
-            }))
+        else {
+            return Ok(None);
+        };
+        let residency = match step.kind {
+            TransitionKind::Claim | TransitionKind::Attempt => {
+                self.lease(step.tenant, step.session).await?
+            }
+            TransitionKind::Reject => None,
+        };
+        Ok(Some(Found {
+            before,
+            written: None,
+            residency,
+        }))
     }
 
     async fn settle_command(

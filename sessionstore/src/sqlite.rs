@@ -82,6 +82,11 @@ pub(crate) fn map_err(e: rusqlite::Error) -> StoreError {
                     msg.as_deref().unwrap_or("")
                 ),
             ),
+            // Definite: a retry within a second does not free space; the operator must.
+            C::DiskFull => StoreError::unavailable(format!(
+                "the disk under the SQLite file is full (free space, then the Host recovers): {}",
+                msg.as_deref().unwrap_or("database or disk is full")
+            )),
             C::DatabaseCorrupt | C::NotADatabase => {
                 StoreError::integrity("database", format!("the database file is damaged: {e}"))
             }

@@ -60,6 +60,12 @@ pub struct StoreOptions {
     /// of the fleet for at most this long. 100 ms to 1 hour; default 5 s (the store's own
     /// transactions are never idle for more than a round trip).
     pub pg_idle_transaction_timeout: Duration,
+    /// How long a PostgreSQL read or write waits for a pooled connection (while the server is
+    /// away, the pool keeps trying to connect for this long) before it fails as a transient
+    /// `unavailable`. Callers that retry transient errors (the journal append, residency
+    /// renewal, the command consumer) then retry on their own schedule instead of each waiting
+    /// out the whole outage here. 100 ms to 5 minutes; default 10 s.
+    pub pg_acquire_timeout: Duration,
     /// How often (PostgreSQL) the store checks which of its tables of at least 10 pages were
     /// never analysed or changed by more than 50 rows and a tenth since the database last
     /// analysed them (autovacuum's default rule), and analyses those, so query plans follow
@@ -89,6 +95,7 @@ impl StoreOptions {
             pg_write_lanes: 2,
             pg_schema: None,
             pg_idle_transaction_timeout: Duration::from_secs(5),
+            pg_acquire_timeout: Duration::from_secs(10),
             pg_statistics_interval: Duration::from_secs(10),
             referenced_body_cap: DEFAULT_REFERENCED_BODY_CAP,
             local_storage_bindings: vec![local_binding()],
@@ -124,6 +131,14 @@ impl StoreOptions {
             return Err(StoreError::invalid(
                 "pg_idle_transaction_timeout",
                 "must be between 100 ms and 1 hour",
+            ));
+        }
+        if self.pg_acquire_timeout < Duration::from_millis(100)
+            || self.pg_acquire_timeout > Duration::from_secs(300)
+        {
+            return Err(StoreError::invalid(
+                "pg_acquire_timeout",
+                "must be between 100 ms and 5 minutes",
             ));
         }
         if self.pg_write_lanes == 0 || self.pg_write_lanes > 64 {
@@ -1463,3 +1478,28 @@ impl Store {
 }
 
 mod fleet;
+
+#[cfg(test)]
+mod option_tests {
+    use super::*;
+
+    #[test]
+    fn a_pool_acquire_timeout_outside_100_ms_to_5_minutes_is_refused_by_name() {
+        let mut o = StoreOptions::new("sqlite://x");
+        for (t, ok) in [
+            (Duration::from_millis(99), false),
+            (Duration::from_millis(100), true),
+            (Duration::from_secs(300), true),
+            (Duration::from_secs(301), false),
+        ] {
+            o.pg_acquire_timeout = t;
+            match o.validate() {
+                Ok(()) => assert!(ok, "{t:?} was accepted"),
+                Err(e) => {
+                    assert!(!ok, "{t:?} was refused: {e}");
+                    assert!(e.to_string().contains("pg_acquire_timeout"), "{e}");
+                }
+            }
+        }
+    }
+}

@@ -1015,6 +1015,131 @@ mod cases {
         );
     }
 
+    /// A Host frozen past its lease's expiry wakes up still believing it is resident under its
+    /// old epoch. A command admitted after a successor took the session has a mark of 0, so
+    /// the mark alone cannot fence it: the claim (and an attempt) must be checked against the
+    /// session's residency lease, and refused as fenced.
+    pub async fn a_claim_under_an_epoch_older_than_the_sessions_residency_is_refused_as_fenced(
+        ts: &TestStore,
+    ) {
+        let s = new_session(ts, "s1").await;
+        let mut req = residency(&s, "frozen");
+        req.ttl = Duration::from_millis(300);
+        let old = ts.store.acquire_residency(req).await.unwrap();
+        ts.advance(Duration::from_millis(450)).await;
+        let new = ts
+            .store
+            .acquire_residency(residency(&s, "successor"))
+            .await
+            .unwrap();
+        assert!(new.epoch > old.epoch);
+        let rec = admit(ts, &s, "after-thaw").await;
+        assert_eq!(rec.epoch_mark, ResidencyEpoch(0));
+        let err = ts
+            .store
+            .claim(claim_req(&rec, old.epoch.0, Uuid::now_v7()))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::Epoch, "{err}");
+        assert_eq!(err.mark(), Some(new.epoch.0));
+        let unchanged = ts
+            .store
+            .command(&s.tenant, &s.session, &rec.command)
+            .await
+            .unwrap();
+        assert_eq!(unchanged, rec, "a refused claim writes nothing");
+        // The successor claims and applies it as usual.
+        let lease = journal(ts, &s, "runtime-successor").await;
+        let applying = to_applying(ts, &rec, new.epoch.0, &lease).await;
+        assert_eq!(applying.state, CommandState::Applying);
+    }
+
+    /// The same fence at the attempt: a claim taken before the freeze does not let the old
+    /// epoch begin an attempt once a successor holds the session.
+    pub async fn an_attempt_under_an_epoch_older_than_the_sessions_residency_is_refused(
+        ts: &TestStore,
+    ) {
+        let s = new_session(ts, "s1").await;
+        let lease = journal(ts, &s, "runtime-a").await;
+        let mut req = residency(&s, "frozen");
+        req.ttl = Duration::from_millis(300);
+        let old = ts.store.acquire_residency(req).await.unwrap();
+        let rec = admit(ts, &s, "c1").await;
+        let token = Uuid::now_v7();
+        let claimed = ts
+            .store
+            .claim(claim_req(&rec, old.epoch.0, token))
+            .await
+            .unwrap();
+        ts.advance(Duration::from_millis(450)).await;
+        let new = ts
+            .store
+            .acquire_residency(residency(&s, "successor"))
+            .await
+            .unwrap();
+        let err = ts
+            .store
+            .begin_attempt(attempt_req(&claimed, old.epoch.0, token, lease.epoch))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::Epoch, "{err}");
+        assert_eq!(err.mark(), Some(new.epoch.0));
+        let after = ts
+            .store
+            .command(&s.tenant, &s.session, &rec.command)
+            .await
+            .unwrap();
+        assert_eq!(after, claimed, "a refused attempt writes nothing");
+    }
+
+    /// A residency that lapsed or was given back is no longer held by anyone at its epoch:
+    /// its holder's claims are refused as lost, and a lease at a lower epoch than the claim's
+    /// (or none at all) does not stand in the way.
+    pub async fn a_claim_under_a_lapsed_or_released_residency_is_refused_as_lost(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let mut req = residency(&s, "h1");
+        req.ttl = Duration::from_millis(300);
+        let lapsed = ts.store.acquire_residency(req).await.unwrap();
+        let rec = admit(ts, &s, "c1").await;
+        ts.advance(Duration::from_millis(450)).await;
+        assert_eq!(
+            code(
+                ts.store
+                    .claim(claim_req(&rec, lapsed.epoch.0, Uuid::now_v7()))
+                    .await
+            ),
+            "claim_lost"
+        );
+        let held = ts
+            .store
+            .acquire_residency(residency(&s, "h2"))
+            .await
+            .unwrap();
+        ts.store.release_residency(&held).await.unwrap();
+        assert_eq!(
+            code(
+                ts.store
+                    .claim(claim_req(&rec, held.epoch.0, Uuid::now_v7()))
+                    .await
+            ),
+            "claim_lost"
+        );
+        let unchanged = ts
+            .store
+            .command(&s.tenant, &s.session, &rec.command)
+            .await
+            .unwrap();
+        assert_eq!(unchanged, rec);
+        let other = new_session(ts, "s2").await;
+        let free = admit(ts, &other, "c1").await;
+        let claimed = ts
+            .store
+            .claim(claim_req(&free, 3, Uuid::now_v7()))
+            .await
+            .unwrap();
+        assert_eq!(claimed.state, CommandState::Claimed);
+    }
+
     // ---- gate mark and projection -------------------------------------------------------------
 
     pub async fn the_gate_mark_refuses_lower_admits_equal_and_raises_on_higher(ts: &TestStore) {
@@ -2069,8 +2194,9 @@ mod cases {
         assert_eq!(writes, 6.0, "admit, claim, attempt, append, settle, cursor");
         match ts.backend {
             TestBackend::Postgres => assert_eq!(statements, 6.0),
-            // SQLite runs each write as its steps (in-process statements cost no round trip).
-            TestBackend::Sqlite => assert!(statements <= 19.0, "{statements} statements"),
+            // SQLite runs each write as its steps (in-process statements cost no round trip);
+            // the claim and the attempt each also read the session's residency lease.
+            TestBackend::Sqlite => assert!(statements <= 21.0, "{statements} statements"),
         }
         let stats = ts.store.stats();
         assert_eq!(
@@ -2377,6 +2503,9 @@ sessionstore::both_backends!(cases =>
     residency_epochs_strictly_increase_and_survive_release,
     a_live_residency_held_elsewhere_is_refused_with_its_epoch,
     an_expired_residency_is_taken_over_and_the_old_holder_cannot_renew,
+    a_claim_under_an_epoch_older_than_the_sessions_residency_is_refused_as_fenced,
+    an_attempt_under_an_epoch_older_than_the_sessions_residency_is_refused,
+    a_claim_under_a_lapsed_or_released_residency_is_refused_as_lost,
     the_gate_mark_refuses_lower_admits_equal_and_raises_on_higher,
     the_gate_projection_holds_at_most_16_open_and_never_reopens,
     gate_writes_are_fenced_by_the_gate_mark,

@@ -219,7 +219,8 @@ impl SmallDisk {
 
 impl Drop for SmallDisk {
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.path).status();
+        // Lazily: a store still closing on another thread must not leave the mount behind.
+        let _ = Command::new("umount").arg("-l").arg(&self.path).status();
     }
 }
 

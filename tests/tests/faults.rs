@@ -9,7 +9,7 @@ use std::time::Duration;
 use sessionstore::testing::{TestBackend, TestStore};
 use sessionstore::wire::encode_command_body;
 use sessionstore::*;
-use testkit::faults::{ReadyzLog, Stop, cluster, serial};
+use testkit::faults::{ReadyzLog, SmallDisk, Stop, cluster, serial};
 use testkit::*;
 
 /// A store on the fault cluster's database (its own schema), or `None` when the suite cannot
@@ -19,6 +19,10 @@ async fn fault_store() -> Option<TestStore> {
     TestStore::open_with(TestBackend::Postgres, move |o| {
         o.url = url;
         o.pg_max_connections = 8;
+        // Short, so the pool cannot hide an outage by waiting it out: a store call made while
+        // the server is away fails as transient well inside the outage, and only its caller's
+        // own retry (the journal append's, the renewal's, the consumer's) carries it through.
+        o.pg_acquire_timeout = Duration::from_millis(300);
     })
     .await
 }
@@ -33,17 +37,25 @@ fn fault_options(o: &mut host::Options) {
     o.store_unreachable_bound = Duration::from_millis(800);
 }
 
+/// What a load run saw: the commands admitted (session index, id) and the codes of the
+/// refusals.
+#[derive(Default)]
+struct Loaded {
+    admitted: Vec<(usize, CommandId)>,
+    refused: Vec<ErrorCode>,
+}
+
 /// Admits an input for one of `sessions` every few milliseconds until `stop`, tolerating a
-/// store that is away; returns the commands admitted.
+/// store that is away or full.
 fn load(
     store: Store,
     service: host::Service,
     sessions: Vec<SessionRecord>,
     stop: Stop,
-) -> tokio::task::JoinHandle<Vec<(usize, CommandId)>> {
+) -> tokio::task::JoinHandle<Loaded> {
     tokio::spawn(async move {
         let n = AtomicUsize::new(0);
-        let mut admitted = Vec::new();
+        let mut loaded = Loaded::default();
         while !stop.stopped() {
             let i = n.fetch_add(1, Ordering::SeqCst);
             let which = i % sessions.len();
@@ -60,13 +72,17 @@ fn load(
                 metadata: None,
                 apply_within: Duration::from_secs(600),
             });
-            if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(2), admit).await {
-                admitted.push((which, command));
-                let _ = service.deliver(&s.tenant, &s.session);
+            match tokio::time::timeout(Duration::from_secs(2), admit).await {
+                Ok(Ok(_)) => {
+                    loaded.admitted.push((which, command));
+                    let _ = service.deliver(&s.tenant, &s.session);
+                }
+                Ok(Err(e)) => loaded.refused.push(e.code()),
+                Err(_) => {}
             }
             tokio::time::sleep(Duration::from_millis(15)).await;
         }
-        admitted
+        loaded
     })
 }
 
@@ -117,8 +133,8 @@ async fn resident_sessions(c: &Controller, s: &Served, n: usize) -> Vec<SessionR
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_postgres_restart_of_seconds_under_load_ends_no_residency_and_loses_nothing() {
-    pg_outage_under_load("fault-pg-restart", Duration::from_secs(3), true).await;
+async fn a_postgres_restart_of_five_seconds_under_load_ends_no_residency_and_loses_nothing() {
+    pg_outage_under_load("fault-pg-restart", Duration::from_secs(5), true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -170,7 +186,7 @@ async fn pg_outage_under_load(host: &str, down: Duration, keeps_residency: bool)
     .unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
     stop_load.stop();
-    let admitted = load.await.unwrap();
+    let admitted = load.await.unwrap().admitted;
     assert!(admitted.len() > 20, "load ran: {}", admitted.len());
     if !keeps_residency {
         for session in &sessions {
@@ -214,6 +230,120 @@ async fn pg_outage_under_load(host: &str, down: Duration, keeps_residency: bool)
     );
     s.server.shutdown();
     s.server.wait().await;
+}
+
+/// The disk under a SQLite store fills up while commands keep arriving: admissions are refused
+/// with the typed code `unavailable` (the reason says the disk is full), `/readyz` turns 503
+/// with `persistence_fault` for as long as writes fail, nothing admitted is lost; once space is
+/// freed `/readyz` is 200 again and, after the controller re-attaches any session whose
+/// residency a failed journal write ended (what a fleet's reconciler does by itself), every
+/// admitted command is applied exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_under_sqlite_refuses_with_a_typed_code_shows_on_readyz_and_loses_nothing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "off".into()))
+        .with_test_writer()
+        .try_init();
+    let Some(disk) = SmallDisk::mount(6) else {
+        return;
+    };
+    let db = disk.path.join("host.db");
+    let Some(ts) = TestStore::open_with(TestBackend::Sqlite, |o| {
+        o.url = format!("sqlite://{}", db.display());
+        // Leases judged by the real clock, as in a real Host.
+        o.clock = std::sync::Arc::new(SystemClock);
+    })
+    .await
+    else {
+        return;
+    };
+    let s = serve(&ts, "fault-disk-full", fault_options).await;
+    let c = Controller::new(&ts);
+    let sessions = resident_sessions(&c, &s, 3).await;
+    let stop_probe = Stop::default();
+    let readyz = ReadyzLog::record(s.http("/readyz"), stop_probe.clone());
+    let stop_load = Stop::default();
+    let load = load(
+        ts.store.clone(),
+        s.service.clone(),
+        sessions.clone(),
+        stop_load.clone(),
+    );
+    tokio::time::sleep(Duration::from_millis(700)).await;
+
+    // A few mebibytes on a tmpfs: quick enough to write from here.
+    let filler = disk.path.join("filler");
+    disk.fill(&filler);
+    eventually("readyz to report the failing writes", async || {
+        let (code, body) = get(&s.http("/readyz")).await;
+        check(code == 503 && body.contains("persistence_fault"), || {
+            format!("{code} {body}")
+        })
+    })
+    .await;
+    // Full for a while longer, under load.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (code, body) = get(&s.http("/readyz")).await;
+    assert_eq!(code, 503, "still full: {body}");
+
+    std::fs::remove_file(&filler).expect("the filler goes");
+    eventually("readyz to be 200 once space is freed", async || {
+        let (code, body) = get(&s.http("/readyz")).await;
+        check(code == 200, || format!("{code} {body}"))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop_load.stop();
+    let loaded = load.await.unwrap();
+    assert!(
+        loaded.admitted.len() > 20,
+        "load ran: {}",
+        loaded.admitted.len()
+    );
+    assert!(
+        !loaded.refused.is_empty(),
+        "the full disk refused some admissions"
+    );
+    assert!(
+        loaded.refused.iter().all(|c| *c == ErrorCode::Unavailable),
+        "every refusal is typed `unavailable`: {:?}",
+        loaded.refused
+    );
+
+    for session in &sessions {
+        if s.service
+            .residency(&session.tenant, &session.session)
+            .is_none()
+        {
+            c.attach_eventually(&s.service, session).await;
+        }
+        let _ = s.service.deliver(&session.tenant, &session.session);
+    }
+    // Every admitted command ends. An attempt the full disk interrupted (at most one per
+    // session: its runtime latches at once) is closed by the next residency as not applied,
+    // an honest outcome; every other one is applied.
+    let mut not_applied = 0;
+    for (which, command) in &loaded.admitted {
+        let rec = terminal(&c.store, &sessions[*which], command).await;
+        match rec.outcome {
+            Some(Outcome::Applied) => {}
+            Some(Outcome::NotApplied) => not_applied += 1,
+            _ => panic!("{command} ended {rec:?}"),
+        }
+    }
+    assert!(
+        not_applied <= sessions.len(),
+        "{not_applied} commands not applied"
+    );
+    for session in &sessions {
+        c.check_exactly_once(session).await;
+    }
+    stop_probe.stop();
+    assert_eq!(readyz.statuses(), [200, 503, 200], "{:?}", readyz.answers());
+    s.server.shutdown();
+    s.server.wait().await;
+    drop(ts);
+    drop(disk);
 }
 
 /// A Host behind its listener with `bounds`, on `ts`; HostLink pings every 500 ms so a short

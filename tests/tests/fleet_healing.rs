@@ -308,17 +308,31 @@ async fn a_frozen_hosts_sessions_move_and_once_thawed_it_writes_nothing_under_it
         fleet.applied(s, c).await;
     }
     fleet.hosts[&victim].thaw();
-    // Known gap (issue 13, left open): in the moment between waking and its first heartbeat,
-    // the thawed Host's consumer can still claim a brand-new command under its old epoch (a
-    // new command's epoch mark is 0), and that command then ends honestly as not applied.
-    // Its first heartbeat (every 200 ms here) ends every residency it lost; commands admitted
-    // after that are what this test holds to "applied on the new holder".
-    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-    // Thawed, its old residencies are fenced: whatever holds each session now holds it under
-    // a newer epoch, and every command applies exactly once.
-    for (s, frozen_epoch) in &moved {
-        let c = fleet.input(s, "after-thaw").await;
-        fleet.applied(s, &c).await;
+    // At once, before the thawed Host's first heartbeat can end the residencies it lost: its
+    // consumers still believe they hold these sessions under their old epochs, and a command
+    // admitted now has a mark of 0. The store fences the claim by the session's residency, so
+    // each command is applied by the new holder, never claimed and then closed not-applied
+    // under the old epoch.
+    let mut thawed = Vec::new();
+    for round in 0..3 {
+        for (s, frozen_epoch) in &moved {
+            let c = fleet.input(s, &format!("after-thaw-{round}")).await;
+            thawed.push((s.clone(), *frozen_epoch, c));
+        }
+    }
+    for (s, frozen_epoch, c) in &thawed {
+        let done = terminal(&fleet.store, s, &c.command).await;
+        assert_eq!(done.outcome, Some(Outcome::Applied), "{done:?}");
+        let attempt = done
+            .attempt
+            .as_ref()
+            .expect("an applied command has an attempt");
+        assert!(
+            attempt.residency_epoch > *frozen_epoch,
+            "{:?} applied under {:?}, not after the frozen {frozen_epoch:?}",
+            c.command,
+            attempt.residency_epoch
+        );
         let lease = fleet.store.residency(&s.tenant, &s.session).await.unwrap();
         let now = lease.map(|l| l.epoch).expect("a lease");
         assert!(now > *frozen_epoch, "{now:?} after {frozen_epoch:?}");

@@ -93,11 +93,14 @@ pub enum FinishReason {
     Other(String),
 }
 
-/// One streamed event of a model step. A step is a run of `TextDelta`s and `ToolCall`s
-/// ending in exactly one `Finished`.
+/// One streamed event of a model step. A step is a run of `TextDelta`s, `ReasoningDelta`s and
+/// `ToolCall`s ending in exactly one `Finished`.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ModelEvent {
     TextDelta(String),
+    /// Visible reasoning the provider streams beside the answer: previewed, never journaled
+    /// and never sent back to the model.
+    ReasoningDelta(String),
     ToolCall(ToolCall),
     Finished(FinishReason),
 }

@@ -641,6 +641,9 @@ struct ChoiceWire {
 #[derive(Deserialize)]
 struct DeltaWire {
     content: Option<String>,
+    /// Visible reasoning, as OpenAI-compatible servers that stream it name it.
+    reasoning_content: Option<String>,
+    reasoning: Option<String>,
     tool_calls: Option<Vec<ToolCallDeltaWire>>,
 }
 
@@ -687,6 +690,11 @@ impl StepAssembler {
                 continue;
             }
             if let Some(delta) = choice.delta {
+                if let Some(thought) = delta.reasoning_content.or(delta.reasoning)
+                    && !thought.is_empty()
+                {
+                    events.push(ModelEvent::ReasoningDelta(thought));
+                }
                 if let Some(text) = delta.content
                     && !text.is_empty()
                 {
@@ -1015,6 +1023,27 @@ mod tests {
             .into_stream()
             .collect()
             .await
+    }
+
+    #[tokio::test]
+    async fn streamed_reasoning_under_either_name_is_a_reasoning_delta_before_the_answer() {
+        let body = [
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"reasoning_content\":\"think \"}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"reasoning\":\"more\"}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"ok\"},\"finish_reason\":\"stop\"}]}\n\n",
+            "data: [DONE]\n\n",
+        ]
+        .concat()
+        .into_bytes();
+        assert_eq!(
+            read(vec![body]).await,
+            vec![
+                Ok(ModelEvent::ReasoningDelta("think ".into())),
+                Ok(ModelEvent::ReasoningDelta("more".into())),
+                Ok(ModelEvent::TextDelta("ok".into())),
+                Ok(ModelEvent::Finished(FinishReason::Stop)),
+            ]
+        );
     }
 
     #[tokio::test]

@@ -112,6 +112,20 @@ impl ScriptedModel {
                 }
             }
             "/ask" => tool_call(ASK_USER_TOOL, json!({ "question": rest })),
+            "/think" => {
+                // Visible reasoning in word deltas, then a short answer.
+                let mut events: Vec<_> = word_chunks(rest)
+                    .into_iter()
+                    .map(|w| {
+                        (
+                            Duration::ZERO,
+                            Ok(ModelEvent::ReasoningDelta(w.to_string())),
+                        )
+                    })
+                    .collect();
+                events.extend(self.reply("Thought it through.", self.delta_delay));
+                events
+            }
             "/fail" => vec![
                 (Duration::ZERO, Ok(ModelEvent::TextDelta("Working".into()))),
                 (self.delta_delay, Ok(ModelEvent::TextDelta("...".into()))),

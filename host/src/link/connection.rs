@@ -848,6 +848,8 @@ impl<B: LinkBackend> Link<B> {
             channel: s.channel,
             feed,
             previews: options.ephemeral,
+            reasoning: options.reasoning,
+            tool_steps: options.tool_steps,
             out: self.out.clone(),
             closer: self.closer.clone(),
             registry: self.core.registry.clone(),

@@ -21,7 +21,9 @@ use super::transport::Outbound;
 use crate::link::backend::{FeedItem, LinkId, StreamPublication};
 use hostlink::codes::Disconnect;
 use hostlink::frame::encode_publication_push;
-use hostlink::records::{EphemeralPublication, MAX_PREVIEW_TEXT_BYTES, PreviewStream};
+use hostlink::records::{
+    EphemeralPublication, MAX_PREVIEW_TEXT_BYTES, PreviewStream, ToolStepPreview,
+};
 
 /// A per-link byte budget for previews.
 pub(crate) struct TokenBucket {
@@ -59,7 +61,8 @@ impl TokenBucket {
 
 /// Preview text waiting for its flush window.
 struct PendingPreviews {
-    segments: Vec<(PreviewStream, String)>,
+    /// Text deltas of one stream are merged; a tool step stands alone (with its call).
+    segments: Vec<(PreviewStream, String, Option<ToolStepPreview>)>,
     bytes: usize,
     /// Text was dropped since the last preview that went out.
     gap: bool,
@@ -74,6 +77,9 @@ pub(crate) struct Pump {
     pub(crate) channel: String,
     pub(crate) feed: broadcast::Receiver<FeedItem>,
     pub(crate) previews: bool,
+    /// With previews: reasoning deltas and tool steps too.
+    pub(crate) reasoning: bool,
+    pub(crate) tool_steps: bool,
     pub(crate) out: mpsc::Sender<Outbound>,
     pub(crate) closer: Arc<Closer>,
     pub(crate) registry: Arc<Registry>,
@@ -90,6 +96,16 @@ pub(crate) struct Pump {
 impl Pump {
     fn belongs(&self, tenant: &TenantId, session: &SessionId) -> bool {
         *tenant == self.tenant && *session == self.session
+    }
+
+    /// Whether this subscription asked for previews of this kind.
+    fn wants(&self, preview: &EphemeralPublication) -> bool {
+        self.previews
+            && match preview.stream {
+                PreviewStream::Text => true,
+                PreviewStream::Reasoning => self.reasoning,
+                PreviewStream::ToolStep => self.tool_steps,
+            }
     }
 
     fn take_budget(&self, bytes: usize) -> bool {
@@ -109,14 +125,18 @@ impl Pump {
             return;
         }
         match pending.segments.last_mut() {
-            Some((stream, text))
-                if *stream == preview.stream && text.len() + len <= MAX_PREVIEW_TEXT_BYTES =>
+            Some((stream, text, None))
+                if preview.tool.is_none()
+                    && *stream == preview.stream
+                    && text.len() + len <= MAX_PREVIEW_TEXT_BYTES =>
             {
                 text.push_str(&preview.text);
             }
-            _ => pending
-                .segments
-                .push((preview.stream, preview.text.clone())),
+            _ => {
+                pending
+                    .segments
+                    .push((preview.stream, preview.text.clone(), preview.tool.clone()))
+            }
         }
         pending.bytes += len;
         if pending.flush_at.is_none() {
@@ -128,7 +148,7 @@ impl Pump {
     fn flush(&self, pending: &mut PendingPreviews) {
         pending.flush_at = None;
         pending.bytes = 0;
-        for (stream, text) in pending.segments.drain(..) {
+        for (stream, text, tool) in pending.segments.drain(..) {
             let len = text.len();
             if !self.take_budget(len) {
                 pending.gap = true;
@@ -140,6 +160,7 @@ impl Pump {
                 stream,
                 text,
                 gap: pending.gap,
+                tool,
             };
             let push = encode_publication_push(
                 &self.channel,
@@ -214,7 +235,7 @@ impl Pump {
                         }
                     }
                     Ok(FeedItem::Ephemeral(preview)) => {
-                        if self.previews && self.belongs(&preview.tenant_id, &preview.session_id) {
+                        if self.wants(&preview) && self.belongs(&preview.tenant_id, &preview.session_id) {
                             self.hold(&mut pending, &preview);
                         }
                     }

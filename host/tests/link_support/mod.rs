@@ -157,6 +157,11 @@ impl TestBackend {
         let _ = self.sender(t, s).send(FeedItem::Ephemeral(Arc::new(p)));
     }
 
+    /// Offers any preview (reasoning, tool step) on the session's feed.
+    pub fn preview_record(&self, t: &str, s: &str, p: EphemeralPublication) {
+        let _ = self.sender(t, s).send(FeedItem::Ephemeral(Arc::new(p)));
+    }
+
     /// The session's tail ended: its feed is dropped and its routes invalidated.
     pub fn end_tail(&self, t: &str, s: &str) {
         self.state
@@ -287,7 +292,7 @@ impl LinkBackend for TestBackend {
         }
         if req.lease_epoch.get() != r.epoch {
             return Err(HostLinkError::EpochMismatch {
-                current_lease_epoch: NonZeroU64::new(r.epoch).unwrap(),
+                current_lease_epoch: NonZeroU64::new(r.epoch),
             }
             .into());
         }
