@@ -267,10 +267,10 @@ fn cursor(t: &TenantId, s: &SessionId) -> String {
     format!("{t}/{s}")
 }
 
-async fn session_row(c: &Console, s: &SessionRecord) -> Result<Value, ApiError> {
+/// One session's row; `now` is the store's time, read once per page.
+async fn session_row(c: &Console, s: &SessionRecord, now: i64) -> Result<Value, ApiError> {
     let store = c.service.store();
     let lease = store.residency(&s.tenant, &s.session).await?;
-    let now = store.now_ms().await?;
     let gates = store.gates(&s.tenant, &s.session, true).await?;
     let here = c.service.residency(&s.tenant, &s.session);
     let last = store.newest_commands(&s.tenant, &s.session, 1).await?;
@@ -321,6 +321,7 @@ pub async fn sessions(
         after_session = Some(session_id(s)?);
     }
     let store = c.service.store();
+    let now = store.now_ms().await?;
     let mut rows = Vec::new();
     let mut next = None;
     let mut last: Option<(TenantId, SessionId)> = None;
@@ -343,7 +344,7 @@ pub async fn sessions(
                     next = last.as_ref().map(|(t, s)| cursor(t, s));
                     break 'tenants;
                 }
-                rows.push(session_row(&c, s).await?);
+                rows.push(session_row(&c, s, now).await?);
                 last = Some((s.tenant.clone(), s.session.clone()));
             }
             match page.last() {
@@ -400,7 +401,7 @@ pub async fn session(
     let (t, s) = (tenant(&c, &t)?, session_id(&s)?);
     let store = c.service.store();
     let record = store.session(&t, &s).await?;
-    let row = session_row(&c, &record).await?;
+    let row = session_row(&c, &record, store.now_ms().await?).await?;
     let commands: Vec<CommandRecord> = store.newest_commands(&t, &s, MAX_PAGE).await?;
     let gates = store.gates(&t, &s, true).await?;
     let mut journal = hostlink::public_journal::PublicJournal::new(
