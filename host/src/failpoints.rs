@@ -11,6 +11,8 @@ pub mod steps {
     pub const MID_DRAIN: &str = "mid_drain";
     /// The live tail's read of the command mapping (armed with [`super::Action::Fail`]).
     pub const MAPPING_READ: &str = "mapping_read";
+    /// An attach, once its residency lease is granted and before anything else is written.
+    pub const ATTACH_AFTER_LEASE: &str = "attach_after_lease";
     /// Every step, for tests that iterate.
     pub const ALL: [&str; 5] = [
         AFTER_CLAIM,
@@ -30,6 +32,8 @@ pub enum Action {
     Abort,
     /// Make the step report a failure this many times (for steps that ask [`fails`]).
     Fail(u32),
+    /// Hold the task at the step this long, then go on (to widen a window a test aims at).
+    Delay(std::time::Duration),
 }
 
 #[cfg(feature = "testing")]
@@ -129,6 +133,14 @@ mod imp {
             Some(Action::Pause) => {
                 tracing::warn!(step, "failpoint: pausing this task forever");
                 std::future::pending::<()>().await;
+            }
+            Some(Action::Delay(d)) => {
+                tracing::warn!(
+                    step,
+                    delay_ms = d.as_millis() as u64,
+                    "failpoint: holding this task"
+                );
+                tokio::time::sleep(d).await;
             }
         }
     }

@@ -257,13 +257,10 @@ impl LinkBackend for HostBackend {
             actor: Some(req.actor_id.as_str().to_owned()),
             trace: req.trace_id.map(|t| t.as_str().to_owned()),
         };
-        // An attach must finish (or unwind) even if the link goes away: its own task.
-        let service = self.service.clone();
-        let handle = tokio::spawn(async move { service.attach(attach).await });
-        match handle.await {
-            Ok(Ok(a)) => self.observation(&a.observation),
-            Ok(Err(e)) => Err(refusal(e)),
-            Err(e) => Err(Refusal::Internal(format!("attach task: {e}"))),
+        // `Service::attach` finishes (or unwinds) on its own task even if the link goes away.
+        match self.service.attach(attach).await {
+            Ok(a) => self.observation(&a.observation),
+            Err(e) => Err(refusal(e)),
         }
     }
 

@@ -205,14 +205,8 @@ impl ServiceAgents {
                 .deliver(&s.tenant, &s.session)
                 .map_err(|e| Wait::Retry(e.to_string()));
         }
-        // On its own task: an attach dropped half-way (the driver fenced or stopped while it
-        // ran) would leave the residency's lease taken with nothing resident to use it.
-        let service = self.service.clone();
-        let req = Self::attach_request(s);
-        let attached = tokio::spawn(async move { service.attach(req).await })
-            .await
-            .map_err(|e| Wait::Retry(format!("the attach task ended: {e}")))?;
-        match attached {
+        // `Service::attach` runs to its end on its own task even if this driver is stopped.
+        match self.service.attach(Self::attach_request(s)).await {
             Ok(_) => {}
             Err(
                 e @ (HostError::EpochMismatch { .. }

@@ -25,6 +25,7 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::error::HostError;
+use crate::failpoints;
 use crate::link::FeedItem;
 use crate::metrics::Metrics;
 use crate::options::{Config, Options, OptionsError};
@@ -290,7 +291,15 @@ impl Service {
     pub async fn attach(&self, req: AttachRequest) -> Result<Attached, HostError> {
         let span = tracing::info_span!("attach", tenant = %req.tenant, session = %req.session);
         let (tenant, session) = (req.tenant.clone(), req.session.clone());
-        let result = self.inner.attach(req).instrument(span).await;
+        // The attach runs on a task of its own, so it always reaches its end or unwinds: a
+        // caller that stops waiting (a dropped link, a timeout, a cancelled step) must not
+        // leave the residency lease taken with nothing resident to use it.
+        let inner = self.inner.clone();
+        let result =
+            match tokio::spawn(async move { inner.attach(req).await }.instrument(span)).await {
+                Ok(result) => result,
+                Err(e) => Err(HostError::internal(format!("the attach task ended: {e}"))),
+            };
         if let Err(e) = &result {
             log_refusal(&tenant, &session, e);
         }
@@ -677,6 +686,11 @@ impl Inner {
             Err(e) => return Err(HostError::from(e).at("lease")),
         };
         let epoch = grant.epoch;
+        failpoints::hit(
+            self.host.config().host_id.as_str(),
+            failpoints::steps::ATTACH_AFTER_LEASE,
+        )
+        .await;
         let mut unwind = Unwind {
             store: store.clone(),
             grant: Some(grant.clone()),

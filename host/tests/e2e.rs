@@ -499,6 +499,46 @@ mod cases {
         svc.stop().await;
     }
 
+    pub async fn an_attach_its_caller_stops_waiting_for_still_ends_and_the_session_serves(
+        ts: &TestStore,
+    ) {
+        // Failpoints are process-wide: each backend's case arms its own Host id.
+        let id = format!("h-abandoned-attach-{:?}", ts.backend).to_lowercase();
+        let (svc, _) = started(ts, options(&id)).await;
+        let c = Controller::new(ts);
+        let s = c.session().await;
+        let first = c.admit(&s, input("first")).await;
+        // The attach is held just after its residency lease is granted, and its caller gives up
+        // there (a link that went away, a timeout).
+        host::failpoints::arm(
+            &format!("{id}:{}", host::failpoints::steps::ATTACH_AFTER_LEASE),
+            host::failpoints::Action::Delay(Duration::from_millis(400)),
+        );
+        let abandoned =
+            tokio::time::timeout(Duration::from_millis(100), svc.attach(c.attach_request(&s)))
+                .await;
+        assert!(
+            abandoned.is_err(),
+            "the attach was still held: {abandoned:?}"
+        );
+        // The attach went on without its caller: the session becomes resident under the lease
+        // it took, rather than leaving the lease held by nobody.
+        wait_until("the abandoned attach to finish", || {
+            !svc.residents().is_empty()
+        })
+        .await;
+        assert_eq!(c.terminal(&s, &first).await.outcome, Some(Outcome::Applied));
+        let again = c.attach(&svc, &s).await;
+        assert!(!again.attached, "already resident: {again:?}");
+        assert_eq!(again.observation.lease_epoch, ResidencyEpoch(1));
+        let second = c.send(&svc, &s, input("second")).await;
+        assert_eq!(
+            c.terminal(&s, &second).await.outcome,
+            Some(Outcome::Applied)
+        );
+        svc.stop().await;
+    }
+
     pub async fn a_command_arriving_during_a_warm_release_aborts_it(ts: &TestStore) {
         let mut o = options("h-warm-abort");
         o.warm_ttl = Duration::from_millis(300);
@@ -708,6 +748,7 @@ sessionstore::both_backends!(cases =>
     two_hosts_racing_to_attach_one_session_have_one_winner,
     an_idle_session_is_warm_released_and_restored_by_its_next_command,
     a_command_arriving_during_a_warm_release_aborts_it,
+    an_attach_its_caller_stops_waiting_for_still_ends_and_the_session_serves,
     a_released_session_leaves_nothing_keyed_by_it_behind,
     drain_releases_idle_sessions_and_abandons_busy_and_gated_ones_as_failed_steps,
     a_lost_lease_abandons_the_session_and_credits_capacity,
