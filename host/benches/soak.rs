@@ -19,8 +19,16 @@
 //! ratio is the phase's fitted growth over that baseline). Goal: < 100 bytes per restore and
 //! per distinct session once released; descriptors and threads flat.
 //!
-//! `HOST_SOAK_N` (default 1600) and `HOST_SOAK_SESSIONS` (the fixed set and the round size,
-//! default 16) size the run; `HOST_SOAK_SQLITE_WRITER_CACHE_KIB` and
+//! How long: the first few thousand restores show the allocator's working set forming (glibc
+//! spreads frees over per-thread arenas and keeps each one's high-water; SQLite's page caches
+//! fill up to their bounds), which fits as about 1 KB per restore over a 1,600-restore run and
+//! levels off after that. The default run (25,600 restores alone, 25,600 new sessions: a
+//! fixed set of 16 sessions each restored 1,600 times) is long enough to show whether growth
+//! stops; the "second half" figure is the slope once it has.
+//!
+//! `HOST_SOAK_N` (default 25,600) and `HOST_SOAK_SESSIONS` (the fixed set and the round size,
+//! default 16) size the run; `HOST_SOAK_INPUT_N` (default 1,600) sizes phase 2 alone (its
+//! conversations grow, so each of its restores folds a longer journal than the last); `HOST_SOAK_SQLITE_WRITER_CACHE_KIB` and
 //! `HOST_SOAK_SQLITE_READER_CACHE_KIB` replace the store's SQLite page-cache bounds (to compare
 //! them in one build); PostgreSQL runs when `HOST_TEST_DATABASE_URL` is set. With
 //! `HOST_SOAK_NO_STOP` set the process exits without stopping the Host, so a heap profiler
@@ -37,7 +45,8 @@ use host::{AttachRequest, Composition, Options, Registrar, Service};
 use sessionstore::wire::{CommandBodyV1, encode_command_body};
 use sessionstore::*;
 
-const DEFAULT_N: usize = 1600;
+const DEFAULT_N: usize = 25_600;
+const DEFAULT_INPUT_N: usize = 1600;
 const DEFAULT_SESSIONS: usize = 16;
 /// Rounds run before the baseline is taken (allocator arenas, statement caches and pools
 /// reach their working size).
@@ -331,7 +340,8 @@ async fn soak(backend: &str, options: StoreOptions, n: usize, k: usize) {
     busy.push(0);
     let mut done = 0;
     let mut r = 0;
-    while done < n {
+    let input_n = env_usize("HOST_SOAK_INPUT_N", DEFAULT_INPUT_N);
+    while done < input_n {
         round(&svc, &store, &fixed, Some(&format!("r{r}"))).await;
         done += k;
         r += 1;
@@ -349,7 +359,7 @@ async fn soak(backend: &str, options: StoreOptions, n: usize, k: usize) {
     }
     let footprint = svc.footprint();
     println!(
-        "{backend}: {n} restores alone, {n} restores with an input ({k} sessions), {made} new sessions, in {:.0} s; per-session state left on the Host: {footprint:?}",
+        "{backend}: {n} restores alone, {input_n} restores with an input ({k} sessions), {made} new sessions, in {:.0} s; per-session state left on the Host: {footprint:?}",
         started.elapsed().as_secs_f64(),
     );
     bare.report(backend, "restore", &baseline);
