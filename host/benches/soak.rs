@@ -5,7 +5,8 @@
 //! the real harness and its scripted model, a short warm TTL), then
 //!
 //! 1. **restores**: a fixed set of sessions cycled through restore and warm release until
-//!    `HOST_SOAK_N` restores have happened (attach, idle, release: the journal does not grow);
+//!    `HOST_SOAK_N` restores have happened (attach, idle, release: no input, so the journal grows only by the fence record each
+//!    lease acquisition writes);
 //! 2. **restores with an input**: the same again, each restore applying one input, so the
 //!    consumer, publisher, relay and the runtime's turn all run every time (each conversation
 //!    grows by a turn per restore, as a soak driven by client messages does);
@@ -326,7 +327,7 @@ async fn soak(backend: &str, options: StoreOptions, n: usize, k: usize) {
         round(&svc, &store, &batch, Some("first")).await;
     }
     let baseline = sample();
-    // 1. Restores alone: attach, idle, warm release (the journal does not grow).
+    // 1. Restores alone: attach, idle, warm release (no input; only the restore's fence record).
     let mut bare = Phase::default();
     bare.push(0);
     let mut done = 0;
