@@ -5,8 +5,8 @@
 //! the real harness and its scripted model, a short warm TTL), then
 //!
 //! 1. **restores**: a fixed set of sessions cycled through restore and warm release until
-//!    `HOST_SOAK_N` restores have happened (attach, idle, release: no input, so the journal grows only by the fence record each
-//!    lease acquisition writes);
+//!    `HOST_SOAK_N` restores have happened (attach, idle, release: no input, so the journal
+//!    grows only by the fence record each lease acquisition writes);
 //! 2. **restores with an input**: the same again, each restore applying one input, so the
 //!    consumer, publisher, relay and the runtime's turn all run every time (each conversation
 //!    grows by a turn per restore, as a soak driven by client messages does);
