@@ -11,6 +11,9 @@ pub mod steps {
     pub const MID_DRAIN: &str = "mid_drain";
     /// The live tail's read of the command mapping (armed with [`super::Action::Fail`]).
     pub const MAPPING_READ: &str = "mapping_read";
+    /// A release's giving back of the residency lease (armed with [`super::Action::Fail`]: the
+    /// store answers as if it were away).
+    pub const RELEASE_LEASE: &str = "release_lease";
     /// An attach, once its residency lease is granted and before anything else is written.
     pub const ATTACH_AFTER_LEASE: &str = "attach_after_lease";
     /// Every step, for tests that iterate.

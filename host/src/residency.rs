@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use sessionstore::{
-    ErrorCode, HostAdvertisement, RegistrationUpdate, ResidencyEpoch, ResidencyState, SessionId,
-    Store, TenantId,
+    ErrorCode, HostAdvertisement, RegistrationUpdate, ResidencyEpoch, ResidencyGrant,
+    ResidencyState, SessionId, Store, StoreError, TenantId,
 };
 use tokio::sync::{OwnedMutexGuard, broadcast};
 use tokio_util::sync::CancellationToken;
@@ -25,6 +25,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::admission::Admission;
 use crate::error::HostError;
+use crate::failpoints;
 use crate::metrics::{GaugeSample, GaugeSource, Metrics};
 use crate::options::Config;
 use crate::readiness::Readiness;
@@ -448,53 +449,92 @@ impl Residency {
         // Tombstone, then release. A store that is away or refuses writes (a full disk) is
         // retried until it takes them: this Host's heartbeat renews every lease it still
         // holds, so a lease left unreleased would keep the session here, unattachable, for as
-        // long as the Host lives. The session is forgotten meanwhile; a new attach of it meets
-        // `epoch_mismatch` until the release goes through.
-        let mut wait = Duration::from_millis(100);
-        let mut tombstoned = false;
-        let mut forgotten = false;
-        loop {
-            let step = if tombstoned {
-                (
-                    "releasing the residency lease",
-                    self.store.release_residency(&r.grant()).await,
-                )
-            } else {
-                (
-                    "tombstoning the registration",
+        // long as the Host lives. The session is forgotten at the first failure; a new attach
+        // of it meets `epoch_mismatch` until the release goes through.
+        let forgotten = AtomicBool::new(false);
+        let forget = || {
+            if !forgotten.swap(true, Ordering::SeqCst) {
+                self.forget(&r);
+            }
+        };
+        let tombstoned = self
+            .retry_unavailable(
+                "tombstoning the registration",
+                || async {
                     self.store
                         .tombstone_registration(&r.key.tenant, &r.key.session, r.epoch)
                         .await
-                        .map(|_| ()),
+                        .map(|_| ())
+                },
+                &forget,
+            )
+            .await;
+        // Not ours any more (or not there): nothing left to give back at this step.
+        if let Err(e) = tombstoned {
+            tracing::warn!(error = %e, "tombstoning the registration failed");
+        }
+        if !self.shutdown.is_cancelled() {
+            let released = self
+                .retry_unavailable(
+                    "releasing the residency lease",
+                    || async { self.store.release_residency(&r.grant()).await },
+                    &forget,
                 )
-            };
-            match step {
-                (_, Ok(())) if tombstoned => break,
-                (_, Ok(())) => tombstoned = true,
-                (what, Err(e)) if e.code() == ErrorCode::Unavailable => {
+                .await;
+            if let Err(e) = released {
+                tracing::warn!(error = %e, "releasing the residency lease failed");
+            }
+        }
+        forget();
+    }
+
+    /// Gives back a lease a release could not (the store was away or refused the write), on a
+    /// task of its own, retried as [`Self::end`] does: this Host's heartbeat renews every lease
+    /// its generation holds, so one left behind would pin the session here for good.
+    pub fn release_later(self: &Arc<Self>, grant: ResidencyGrant) {
+        let me = self.clone();
+        self.tasks.spawn(async move {
+            let released = me
+                .retry_unavailable(
+                    "releasing the residency lease",
+                    || me.store.release_residency(&grant),
+                    || {},
+                )
+                .await;
+            match released {
+                Ok(()) => tracing::info!(tenant = %grant.tenant, session = %grant.session, "the residency lease was released on a retry"),
+                Err(e) => tracing::warn!(tenant = %grant.tenant, session = %grant.session, error = %e, "releasing the residency lease failed"),
+            }
+        });
+    }
+
+    /// Runs a store write until it goes through, retrying while the store is away or refuses
+    /// writes (backing off from 100 ms to one heartbeat), until the Host stops. Any other
+    /// refusal is returned at once. `on_retry` runs before each wait.
+    async fn retry_unavailable<F, Fut>(
+        &self,
+        what: &'static str,
+        mut write: F,
+        on_retry: impl Fn(),
+    ) -> Result<(), sessionstore::StoreError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<(), sessionstore::StoreError>>,
+    {
+        let mut wait = Duration::from_millis(100);
+        loop {
+            match write().await {
+                Err(e) if e.code() == ErrorCode::Unavailable => {
                     tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "{what} failed; retrying");
-                    if !forgotten {
-                        self.forget(&r);
-                        forgotten = true;
-                    }
+                    on_retry();
                     tokio::select! {
-                        _ = self.shutdown.cancelled() => break,
+                        _ = self.shutdown.cancelled() => return Err(e),
                         _ = tokio::time::sleep(wait) => {}
                     }
                     wait = (wait * 2).min(self.config.registry_heartbeat);
                 }
-                // Not ours any more (or not there): nothing left to give back at this step.
-                (what, Err(e)) => {
-                    tracing::warn!(error = %e, "{what} failed");
-                    if tombstoned {
-                        break;
-                    }
-                    tombstoned = true;
-                }
+                done => return done,
             }
-        }
-        if !forgotten {
-            self.forget(&r);
         }
     }
 }
@@ -605,7 +645,21 @@ impl SessionCtx {
         }
         r.cancel.cancel();
         self.invalidate_routes();
-        if let Err(e) = store.release_residency(&r.grant()).await {
+        let released = if failpoints::fails(
+            self.host.config.host_id.as_str(),
+            failpoints::steps::RELEASE_LEASE,
+        ) {
+            Err(StoreError::Unavailable {
+                reason: "failpoint: the lease release fails".into(),
+                transient: true,
+            })
+        } else {
+            store.release_residency(&r.grant()).await
+        };
+        if let Err(e) = released {
+            if e.code() == ErrorCode::Unavailable {
+                self.host.release_later(r.grant());
+            }
             failures.push(("release_lease", e.to_string()));
         }
         self.host.forget(r);

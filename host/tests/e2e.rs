@@ -539,6 +539,47 @@ mod cases {
         svc.stop().await;
     }
 
+    pub async fn a_warm_release_whose_lease_release_failed_gives_the_lease_back_on_a_retry(
+        ts: &TestStore,
+    ) {
+        // Failpoints are process-wide: each backend's case arms its own Host id.
+        let id = format!("h-release-retry-{:?}", ts.backend).to_lowercase();
+        let mut o = options(&id);
+        o.warm_ttl = Duration::from_millis(300);
+        let (svc, _) = started(ts, o).await;
+        let c = Controller::new(ts);
+        let s = c.session().await;
+        // The store refuses the warm release's lease release once, as if it were away.
+        let step = format!("{id}:{}", host::failpoints::steps::RELEASE_LEASE);
+        host::failpoints::arm(&step, host::failpoints::Action::Fail(1));
+        let first = c.admit(&s, input("one")).await;
+        c.attach(&svc, &s).await;
+        assert_eq!(c.terminal(&s, &first).await.outcome, Some(Outcome::Applied));
+        wait_until("the warm release", || svc.residents().is_empty()).await;
+        assert_eq!(
+            host::failpoints::hits(&step),
+            1,
+            "the release was refused once"
+        );
+        // This Host's heartbeat renews every lease its generation holds, so a lease left
+        // behind would pin the session for as long as the Host lives: it is given back on a
+        // retry instead.
+        eventually("the lease to be given back", async || {
+            let lease = c.store.residency(&s.tenant, &s.session).await.unwrap();
+            let holder = lease.and_then(|l| l.holder);
+            check(holder.is_none(), || format!("still held by {holder:?}"))
+        })
+        .await;
+        let second = c.admit(&s, input("two")).await;
+        let again = c.attach(&svc, &s).await;
+        assert_eq!(again.launched, department::LaunchMode::Restore);
+        assert_eq!(
+            c.terminal(&s, &second).await.outcome,
+            Some(Outcome::Applied)
+        );
+        svc.stop().await;
+    }
+
     pub async fn a_command_arriving_during_a_warm_release_aborts_it(ts: &TestStore) {
         let mut o = options("h-warm-abort");
         o.warm_ttl = Duration::from_millis(300);
@@ -749,6 +790,7 @@ sessionstore::both_backends!(cases =>
     an_idle_session_is_warm_released_and_restored_by_its_next_command,
     a_command_arriving_during_a_warm_release_aborts_it,
     an_attach_its_caller_stops_waiting_for_still_ends_and_the_session_serves,
+    a_warm_release_whose_lease_release_failed_gives_the_lease_back_on_a_retry,
     a_released_session_leaves_nothing_keyed_by_it_behind,
     drain_releases_idle_sessions_and_abandons_busy_and_gated_ones_as_failed_steps,
     a_lost_lease_abandons_the_session_and_credits_capacity,
