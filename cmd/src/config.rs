@@ -204,6 +204,10 @@ pub struct ServeOptions {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub credentials_file: Option<PathBuf>,
     pub sqlite_synchronous: SyncMode,
+    /// SQLite: the writer connection's page cache, in KiB (64 KiB to 1 GiB).
+    pub sqlite_writer_cache_kib: u32,
+    /// SQLite: each reader connection's page cache, in KiB (64 KiB to 1 GiB).
+    pub sqlite_reader_cache_kib: u32,
     /// The largest command body stored by reference, in bytes (above 64 KiB, at most 16 MiB).
     pub referenced_body_cap: u64,
     /// PostgreSQL: how long a connection may sit idle inside a transaction before the server
@@ -243,6 +247,8 @@ impl Default for ServeOptions {
             store: None,
             credentials_file: None,
             sqlite_synchronous: SyncMode::Full,
+            sqlite_writer_cache_kib: sessionstore::StoreOptions::DEFAULT_SQLITE_WRITER_CACHE_KIB,
+            sqlite_reader_cache_kib: sessionstore::StoreOptions::DEFAULT_SQLITE_READER_CACHE_KIB,
             referenced_body_cap: sessionstore::limits::DEFAULT_REFERENCED_BODY_CAP,
             pg_idle_transaction_timeout: Duration::from_secs(5),
             pg_acquire_timeout: Duration::from_secs(10),
@@ -307,6 +313,22 @@ pub struct ServeFlags {
         value_enum
     )]
     sqlite_synchronous: Option<SyncMode>,
+    /// SQLite: the page cache of the store's writer connection, in KiB (64 to 1048576). The
+    /// process holds at most this plus 4 × the reader cache of SQLite pages.
+    #[arg(
+        id = "sqlite_writer_cache_kib",
+        long = "sqlite-writer-cache-kib",
+        env = "HOST_SQLITE_WRITER_CACHE_KIB"
+    )]
+    sqlite_writer_cache_kib: Option<u32>,
+    /// SQLite: the page cache of each of the store's 4 reader connections, in KiB (64 to
+    /// 1048576).
+    #[arg(
+        id = "sqlite_reader_cache_kib",
+        long = "sqlite-reader-cache-kib",
+        env = "HOST_SQLITE_READER_CACHE_KIB"
+    )]
+    sqlite_reader_cache_kib: Option<u32>,
     /// The largest command body a controller may store by reference, in bytes (above 65536,
     /// at most 16777216) [default: 8388608].
     #[arg(
@@ -644,6 +666,8 @@ impl ServeFlags {
             listen => listen;
             data_dir => data_dir;
             sqlite_synchronous => sqlite_synchronous;
+            sqlite_writer_cache_kib => sqlite_writer_cache_kib;
+            sqlite_reader_cache_kib => sqlite_reader_cache_kib;
             referenced_body_cap => referenced_body_cap;
             pg_idle_transaction_timeout => pg_idle_transaction_timeout;
             pg_acquire_timeout => pg_acquire_timeout;

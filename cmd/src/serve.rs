@@ -147,6 +147,8 @@ pub async fn run(args: ServeArgs, matches: Option<&ArgMatches>, out: Output) -> 
         SyncMode::Normal => Synchronous::Normal,
     };
     store.referenced_body_cap = options.referenced_body_cap;
+    store.sqlite_writer_cache_kib = options.sqlite_writer_cache_kib;
+    store.sqlite_reader_cache_kib = options.sqlite_reader_cache_kib;
     store.pg_idle_transaction_timeout = options.pg_idle_transaction_timeout;
     store.pg_acquire_timeout = options.pg_acquire_timeout;
     let agents = &options.agents;

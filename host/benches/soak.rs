@@ -45,6 +45,7 @@ use harness::{AgentConfig, HarnessTarget};
 use host::{AttachRequest, Composition, Options, Registrar, Service};
 use sessionstore::wire::{CommandBodyV1, encode_command_body};
 use sessionstore::*;
+use testkit::stats::least_squares;
 
 const DEFAULT_N: usize = 25_600;
 const DEFAULT_INPUT_N: usize = 1600;
@@ -217,26 +218,6 @@ fn sample() -> Sample {
     }
 }
 
-/// Least squares: (slope, R²).
-fn fit(points: &[(f64, f64)]) -> (f64, f64) {
-    let n = points.len() as f64;
-    let mx = points.iter().map(|p| p.0).sum::<f64>() / n;
-    let my = points.iter().map(|p| p.1).sum::<f64>() / n;
-    let sxx: f64 = points.iter().map(|p| (p.0 - mx).powi(2)).sum();
-    let sxy: f64 = points.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
-    let syy: f64 = points.iter().map(|p| (p.1 - my).powi(2)).sum();
-    if sxx == 0.0 {
-        return (0.0, 0.0);
-    }
-    let slope = sxy / sxx;
-    let r2 = if syy == 0.0 {
-        1.0
-    } else {
-        sxy * sxy / (sxx * syy)
-    };
-    (slope, r2)
-}
-
 /// A phase's samples against its work count (restores or sessions).
 #[derive(Default)]
 struct Phase {
@@ -250,7 +231,7 @@ impl Phase {
 
     fn slope(&self, f: impl Fn(&Sample) -> f64) -> (f64, f64) {
         let pts: Vec<(f64, f64)> = self.samples.iter().map(|(x, s)| (*x, f(s))).collect();
-        fit(&pts)
+        least_squares(&pts)
     }
 
     /// The slope over the phase's second half alone (growth that is levelling off shows a
@@ -261,7 +242,7 @@ impl Phase {
             .iter()
             .map(|(x, s)| (*x, f(s)))
             .collect();
-        fit(&pts).0
+        least_squares(&pts).0
     }
 
     fn range(&self, f: impl Fn(&Sample) -> f64) -> (f64, f64) {

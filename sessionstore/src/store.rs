@@ -94,6 +94,11 @@ pub struct StoreOptions {
 pub const LOCAL_STORAGE_BINDING: &str = "local";
 
 impl StoreOptions {
+    /// The default [`StoreOptions::sqlite_writer_cache_kib`] (SQLite's own default).
+    pub const DEFAULT_SQLITE_WRITER_CACHE_KIB: u32 = 2048;
+    /// The default [`StoreOptions::sqlite_reader_cache_kib`].
+    pub const DEFAULT_SQLITE_READER_CACHE_KIB: u32 = 256;
+
     /// Defaults for `url`.
     pub fn new(url: impl Into<String>) -> Self {
         Self {
@@ -101,8 +106,8 @@ impl StoreOptions {
             synchronous: Synchronous::Full,
             busy_timeout: Duration::from_secs(5),
             sqlite_readers: 4,
-            sqlite_writer_cache_kib: 2048,
-            sqlite_reader_cache_kib: 256,
+            sqlite_writer_cache_kib: Self::DEFAULT_SQLITE_WRITER_CACHE_KIB,
+            sqlite_reader_cache_kib: Self::DEFAULT_SQLITE_READER_CACHE_KIB,
             max_write_batch: 256,
             pg_max_connections: 16,
             pg_write_lanes: 2,

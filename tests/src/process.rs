@@ -107,6 +107,31 @@ impl Serve {
         s
     }
 
+    /// Starts one Host of a fleet sharing `store`: the tenants in `credentials`, a data
+    /// directory of its own (`.hostd-<name>` in `dir`), host id `name`, then `extra` options
+    /// (timings, features), logging to `<dir>/<name>.log`.
+    pub fn fleet_member(
+        dir: &Path,
+        name: &str,
+        store: &str,
+        credentials: &Path,
+        extra: &[&str],
+    ) -> Serve {
+        let data = format!(".hostd-{name}");
+        let mut args = vec![
+            "--store",
+            store,
+            "--credentials-file",
+            credentials.to_str().expect("a UTF-8 path"),
+            "--data-dir",
+            &data,
+            "--host-id",
+            name,
+        ];
+        args.extend_from_slice(extra);
+        Serve::start(dir, name, &args)
+    }
+
     /// The process id.
     pub fn pid(&self) -> u32 {
         self.child.id()

@@ -15,16 +15,7 @@ use testkit::pg::FreshDatabase;
 use testkit::process::{Serve, hostd_run, ok};
 
 fn host(dir: &Path, name: &str, store: &str, credentials: &Path, console: bool) -> Serve {
-    let data = format!(".hostd-{name}");
     let mut args = vec![
-        "--store",
-        store,
-        "--credentials-file",
-        credentials.to_str().expect("a UTF-8 path"),
-        "--data-dir",
-        &data,
-        "--host-id",
-        name,
         "--registry-heartbeat",
         "300ms",
         "--registry-expiry",
@@ -37,7 +28,7 @@ fn host(dir: &Path, name: &str, store: &str, credentials: &Path, console: bool) 
     if console {
         args.push("--console");
     }
-    Serve::start(dir, name, &args)
+    Serve::fleet_member(dir, name, store, credentials, &args)
 }
 
 fn chromium() -> PathBuf {

@@ -24,19 +24,12 @@ const AGENT: &str = "assistant";
 const BUILD: &str = "hostd-scripted-1";
 
 fn fleet_host(dir: &Path, name: &str, store: &str, credentials: &Path) -> Serve {
-    let data = format!(".hostd-{name}");
-    Serve::start(
+    Serve::fleet_member(
         dir,
         name,
+        store,
+        credentials,
         &[
-            "--store",
-            store,
-            "--credentials-file",
-            credentials.to_str().expect("a UTF-8 path"),
-            "--data-dir",
-            &data,
-            "--host-id",
-            name,
             "--registry-heartbeat",
             "200ms",
             "--registry-expiry",

@@ -55,16 +55,7 @@ fn fleet_host_with(
     runnables: &Path,
     extra: &[&str],
 ) -> Serve {
-    let data = format!(".hostd-{name}");
     let mut args = vec![
-        "--store",
-        store,
-        "--credentials-file",
-        credentials.to_str().expect("a UTF-8 path"),
-        "--data-dir",
-        &data,
-        "--host-id",
-        name,
         "--runnables",
         runnables.to_str().expect("a UTF-8 path"),
         "--run-scan-interval",
@@ -73,7 +64,7 @@ fn fleet_host_with(
         "100ms",
     ];
     args.extend_from_slice(extra);
-    Serve::start(dir, name, &args)
+    Serve::fleet_member(dir, name, store, credentials, &args)
 }
 
 fn run_cli(dir: &Path, host: &Serve, token: &str, args: &[&str]) -> String {
