@@ -45,7 +45,7 @@ use harness::{AgentConfig, HarnessTarget};
 use host::{AttachRequest, Composition, Options, Registrar, Service};
 use sessionstore::wire::{CommandBodyV1, encode_command_body};
 use sessionstore::*;
-use testkit::stats::least_squares;
+use testkit::stats::{Held, env_usize, held, least_squares, load_average};
 
 const DEFAULT_N: usize = 25_600;
 const DEFAULT_INPUT_N: usize = 1600;
@@ -70,15 +70,6 @@ impl Registrar for Reg {
             agent: AgentId::new("assistant").unwrap(),
             target: Arc::new(target),
         }])
-    }
-}
-
-fn env_usize(name: &str, default: usize) -> usize {
-    match std::env::var(name) {
-        Ok(v) => v
-            .parse()
-            .unwrap_or_else(|_| panic!("{name} must be a whole number, not {v:?}")),
-        Err(_) => default,
     }
 }
 
@@ -189,54 +180,25 @@ async fn round(svc: &Service, store: &Store, sessions: &[SessionRecord], input: 
     }
 }
 
-/// What the process holds now.
-#[derive(Clone, Copy, Debug, Default)]
-struct Sample {
-    rss: f64,
-    anon: f64,
-    fds: f64,
-    threads: f64,
-}
-
-fn status_kib(status: &str, field: &str) -> f64 {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .unwrap_or(f64::NAN)
-}
-
-fn sample() -> Sample {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let fds = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count());
-    Sample {
-        rss: status_kib(&status, "VmRSS:") * 1024.0,
-        anon: status_kib(&status, "RssAnon:") * 1024.0,
-        fds: fds as f64,
-        threads: status_kib(&status, "Threads:"),
-    }
-}
-
 /// A phase's samples against its work count (restores or sessions).
 #[derive(Default)]
 struct Phase {
-    samples: Vec<(f64, Sample)>,
+    samples: Vec<(f64, Held)>,
 }
 
 impl Phase {
     fn push(&mut self, x: usize) {
-        self.samples.push((x as f64, sample()));
+        self.samples.push((x as f64, held(None)));
     }
 
-    fn slope(&self, f: impl Fn(&Sample) -> f64) -> (f64, f64) {
+    fn slope(&self, f: impl Fn(&Held) -> f64) -> (f64, f64) {
         let pts: Vec<(f64, f64)> = self.samples.iter().map(|(x, s)| (*x, f(s))).collect();
         least_squares(&pts)
     }
 
     /// The slope over the phase's second half alone (growth that is levelling off shows a
     /// smaller slope here than over the whole phase).
-    fn late_slope(&self, f: impl Fn(&Sample) -> f64) -> f64 {
+    fn late_slope(&self, f: impl Fn(&Held) -> f64) -> f64 {
         let half = self.samples.len() / 2;
         let pts: Vec<(f64, f64)> = self.samples[half..]
             .iter()
@@ -245,7 +207,7 @@ impl Phase {
         least_squares(&pts).0
     }
 
-    fn range(&self, f: impl Fn(&Sample) -> f64) -> (f64, f64) {
+    fn range(&self, f: impl Fn(&Held) -> f64) -> (f64, f64) {
         self.samples
             .iter()
             .map(|(_, s)| f(s))
@@ -254,7 +216,7 @@ impl Phase {
             })
     }
 
-    fn report(&self, backend: &str, per: &str, baseline: &Sample) {
+    fn report(&self, backend: &str, per: &str, baseline: &Held) {
         let work = self.samples.last().map_or(0.0, |(x, _)| *x);
         let (rss, rss_r2) = self.slope(|s| s.rss);
         let late = self.late_slope(|s| s.rss);
@@ -307,7 +269,7 @@ async fn soak(backend: &str, options: StoreOptions, n: usize, k: usize) {
         let batch = new_batch(store.clone()).await;
         round(&svc, &store, &batch, Some("first")).await;
     }
-    let baseline = sample();
+    let baseline = held(None);
     // 1. Restores alone: attach, idle, warm release (no input; only the restore's fence record).
     let mut bare = Phase::default();
     bare.push(0);
@@ -353,12 +315,6 @@ async fn soak(backend: &str, options: StoreOptions, n: usize, k: usize) {
     }
     svc.stop().await;
     store.close().await;
-}
-
-fn load() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "unknown".into())
 }
 
 fn run_one(backend: &str) {
@@ -426,7 +382,7 @@ fn main() {
         "soak: HOST_SOAK_N={} HOST_SOAK_SESSIONS={}; load average {}",
         env_usize("HOST_SOAK_N", DEFAULT_N),
         env_usize("HOST_SOAK_SESSIONS", DEFAULT_SESSIONS),
-        load()
+        load_average()
     );
     for backend in ["sqlite", "postgres"] {
         let status = std::process::Command::new(&me)
@@ -434,6 +390,6 @@ fn main() {
             .status()
             .expect("the bench runs a child per backend");
         assert!(status.success(), "the {backend} soak failed: {status}");
-        println!("load average {}", load());
+        println!("load average {}", load_average());
     }
 }

@@ -12,43 +12,20 @@ use std::time::{Duration, Instant};
 use controller::Controller;
 use sessionstore::{AgentId, CommandId, CompatibilityId, SessionId, Store, StoreOptions, TenantId};
 use testkit::process::Serve;
+use testkit::stats::{Held, held, load_average};
 
 const DEFAULT_SESSIONS: usize = 1000;
 /// How many creations run at once (a handful of controllers, as a busy fleet would).
 const CONCURRENT: usize = 8;
 
-#[derive(Clone, Copy, Debug)]
-struct Held {
-    rss_kib: f64,
-    fds: usize,
-    threads: f64,
-}
-
-fn held(pid: u32) -> Held {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|r| r.split_whitespace().next())
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(f64::NAN)
-    };
-    Held {
-        rss_kib: field("VmRSS:"),
-        fds: std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count()),
-        threads: field("Threads:"),
-    }
-}
-
 /// Waits until the server's RSS stops moving (two readings 1 s apart within 64 KiB), at most
 /// 20 s, and returns the last reading.
 fn settled(pid: u32) -> Held {
-    let mut last = held(pid);
+    let mut last = held(Some(pid));
     for _ in 0..20 {
         std::thread::sleep(Duration::from_secs(1));
-        let now = held(pid);
-        if (now.rss_kib - last.rss_kib).abs() < 64.0 {
+        let now = held(Some(pid));
+        if (now.rss - last.rss).abs() < 64.0 * 1024.0 {
             return now;
         }
         last = now;
@@ -72,12 +49,6 @@ async fn create(c: &Controller, name: String) {
     let _ = c.deliver(&placed, &create.command).await;
 }
 
-fn load() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "unknown".into())
-}
-
 fn main() {
     let n: usize = std::env::var("HOST_RESIDENT_SESSIONS")
         .ok()
@@ -86,7 +57,10 @@ fn main() {
                 .expect("HOST_RESIDENT_SESSIONS must be a whole number")
         })
         .unwrap_or(DEFAULT_SESSIONS);
-    println!("resident memory: {n} sessions; load average {}", load());
+    println!(
+        "resident memory: {n} sessions; load average {}",
+        load_average()
+    );
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path();
     let capacity = (n + 16).to_string();
@@ -134,13 +108,13 @@ fn main() {
         store.close().await;
         (baseline, loaded, took)
     });
-    let per = (loaded.rss_kib - baseline.rss_kib) / n as f64;
+    let per = (loaded.rss - baseline.rss) / 1024.0 / n as f64;
     println!(
         "hostd serve (sqlite): {per:.1} KiB RSS per resident session (goal ≤ 64 KiB); {n} sessions placed in {:.1} s; RSS {:.1} MB → {:.1} MB, the delta {:.2}x the one-session baseline",
         took.as_secs_f64(),
-        baseline.rss_kib / 1024.0,
-        loaded.rss_kib / 1024.0,
-        (loaded.rss_kib - baseline.rss_kib) / baseline.rss_kib,
+        baseline.rss / 1e6,
+        loaded.rss / 1e6,
+        (loaded.rss - baseline.rss) / baseline.rss,
     );
     println!(
         "hostd serve (sqlite): descriptors {} → {}, threads {} → {}; load average {}",
@@ -148,7 +122,7 @@ fn main() {
         loaded.fds,
         baseline.threads,
         loaded.threads,
-        load()
+        load_average()
     );
     let (status, log) = serve.terminate();
     assert!(status.success(), "hostd serve exited {status}:\n{log}");

@@ -33,43 +33,10 @@ use sessionstore::wire::CommandBodyV1;
 use sessionstore::{AgentId, CommandId, CompatibilityId, SessionId, Store, StoreOptions, TenantId};
 use testkit::pg::FreshDatabase;
 use testkit::process::{Serve, http_get};
-use testkit::stats::least_squares;
+use testkit::stats::{Held, env_usize, held, least_squares, load_average};
 
 const WARM_TTL: &str = "300ms";
 const WARM_UP_ROUNDS: usize = 4;
-
-fn env_usize(name: &str, default: usize) -> usize {
-    match std::env::var(name) {
-        Ok(v) => v
-            .parse()
-            .unwrap_or_else(|_| panic!("{name} must be a whole number, not {v:?}")),
-        Err(_) => default,
-    }
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Held {
-    rss: f64,
-    fds: f64,
-    threads: f64,
-}
-
-fn held(pid: u32) -> Held {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|r| r.split_whitespace().next())
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(f64::NAN)
-    };
-    Held {
-        rss: field("VmRSS:") * 1024.0,
-        fds: std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(f64::NAN, |d| d.count() as f64),
-        threads: field("Threads:"),
-    }
-}
 
 /// One sample of a Prometheus text exposition (the first series whose name and labels start
 /// with `series`).
@@ -195,12 +162,6 @@ impl Phase {
     }
 }
 
-fn load() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "unknown".into())
-}
-
 /// `store`: a PostgreSQL URL, or `None` for `hostd serve`'s own SQLite store in its data
 /// directory (the zero-set-up default, with its local tenant).
 async fn soak(backend: &str, dir: &Path, store: Option<&str>) {
@@ -258,7 +219,7 @@ async fn soak(backend: &str, dir: &Path, store: Option<&str>) {
         futures::future::join_all(batch.iter().map(|s| create(&c, s))).await;
         released(port).await;
     }
-    let baseline = held(pid);
+    let baseline = held(Some(pid));
     // 1. Restores, each applying a message.
     let mut busy = Phase::default();
     let first = counts(port).0;
@@ -273,18 +234,18 @@ async fn soak(backend: &str, dir: &Path, store: Option<&str>) {
         futures::future::join_all(fixed.iter().map(|s| send(&c, s, &label))).await;
         released(port).await;
         round += 1;
-        busy.points.push((counts(port).0 - first, held(pid)));
+        busy.points.push((counts(port).0 - first, held(Some(pid))));
     }
     // 2. New sessions.
     let mut sessions = Phase::default();
-    sessions.points.push((0.0, held(pid)));
+    sessions.points.push((0.0, held(Some(pid))));
     let mut made = 0;
     while made < fresh {
         let batch = new_batch();
         futures::future::join_all(batch.iter().map(|s| create(&c, s))).await;
         released(port).await;
         made += batch.len();
-        sessions.points.push((made as f64, held(pid)));
+        sessions.points.push((made as f64, held(Some(pid))));
     }
     println!(
         "hostd serve ({backend}): {:.0} restores with a message ({k} sessions), {made} new sessions, in {:.0} s",
@@ -307,7 +268,7 @@ fn main() {
             .collect();
         named.is_empty() || named.iter().any(|a| *a == b)
     };
-    println!("serve soak: load average {}", load());
+    println!("serve soak: load average {}", load_average());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -315,7 +276,7 @@ fn main() {
     if only("sqlite") {
         let tmp = tempfile::tempdir().expect("tempdir");
         rt.block_on(soak("sqlite", tmp.path(), None));
-        println!("load average {}", load());
+        println!("load average {}", load_average());
     }
     if only("postgres") {
         rt.block_on(async {
@@ -324,7 +285,7 @@ fn main() {
                     let tmp = tempfile::tempdir().expect("tempdir");
                     soak("postgres", tmp.path(), Some(&db.url)).await;
                     db.drop_now().await;
-                    println!("load average {}", load());
+                    println!("load average {}", load_average());
                 }
                 None => {
                     println!("hostd serve (postgres): skipped (HOST_TEST_DATABASE_URL is unset)")
