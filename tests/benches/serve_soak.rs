@@ -32,7 +32,7 @@ use controller::Controller;
 use sessionstore::wire::CommandBodyV1;
 use sessionstore::{AgentId, CommandId, CompatibilityId, SessionId, Store, StoreOptions, TenantId};
 use testkit::pg::FreshDatabase;
-use testkit::process::{Serve, http_get};
+use testkit::process::{Serve, http_get, tenant_credentials};
 use testkit::stats::{Held, env_usize, held, least_squares, load_average};
 
 const WARM_TTL: &str = "300ms";
@@ -168,31 +168,33 @@ async fn soak(backend: &str, dir: &Path, store: Option<&str>) {
     let restores = env_usize("HOST_SERVE_SOAK_RESTORES", 3200);
     let fresh = env_usize("HOST_SERVE_SOAK_SESSIONS", 1600);
     let k = env_usize("HOST_SERVE_SOAK_SET", 16).max(1);
-    let mut args = vec!["--data-dir", ".hostd", "--warm-ttl", WARM_TTL];
-    let credentials = dir.join("credentials");
-    let (tenant, token, url) = match store {
-        Some(url) => {
-            let (token, digest) = hostlink::auth::mint_credential();
-            std::fs::write(&credentials, format!("soak {digest}\n")).expect("credentials");
-            args.extend(["--store", url, "--credentials-file"]);
-            args.push(credentials.to_str().expect("a UTF-8 path"));
-            ("soak", token.expose_secret().to_owned(), url.to_owned())
-        }
-        None => (
-            "local",
-            String::new(),
-            format!("sqlite://{}", dir.join(".hostd").join("host.db").display()),
-        ),
-    };
+    let mut args: Vec<String> = ["--data-dir", ".hostd", "--warm-ttl", WARM_TTL]
+        .map(String::from)
+        .to_vec();
+    // PostgreSQL: a tenant of the soak's own. SQLite: the data folder's local tenant.
+    let remote = store.map(|url| {
+        let (token, credentials) = tenant_credentials(dir, "soak");
+        args.extend([
+            "--store".into(),
+            url.to_owned(),
+            "--credentials-file".into(),
+            credentials.display().to_string(),
+        ]);
+        (token, url.to_owned())
+    });
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let serve = Serve::start(dir, &format!("serve-soak-{backend}"), &args);
     let (pid, port) = (serve.pid(), serve.port);
-    let token = if store.is_some() {
-        token
-    } else {
-        std::fs::read_to_string(dir.join(".hostd").join("local.token"))
-            .expect("hostd serve wrote the local token")
-            .trim()
-            .to_owned()
+    let (tenant, token, url) = match remote {
+        Some((token, url)) => ("soak", token, url),
+        None => (
+            "local",
+            std::fs::read_to_string(dir.join(".hostd").join("local.token"))
+                .expect("hostd serve wrote the local token")
+                .trim()
+                .to_owned(),
+            format!("sqlite://{}", dir.join(".hostd").join("host.db").display()),
+        ),
     };
     let store = Store::open(StoreOptions::new(url))
         .await

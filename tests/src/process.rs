@@ -185,6 +185,43 @@ impl Drop for Serve {
     }
 }
 
+/// Mints a token for `tenant` and writes `<dir>/credentials` naming that tenant alone, as
+/// `--credentials-file` reads it. Returns the token and the file's path.
+pub fn tenant_credentials(dir: &Path, tenant: &str) -> (String, PathBuf) {
+    let (token, digest) = hostlink::auth::mint_credential();
+    let file = dir.join("credentials");
+    std::fs::write(&file, format!("{tenant} {digest}\n")).expect("the credentials file");
+    (token.expose_secret().to_owned(), file)
+}
+
+/// How a `hostd` client command reaches its Host: flags put after the command's own
+/// arguments (`--endpoint`, `--tenant`, `--store`) and environment (`HOST_TENANT_TOKEN`).
+/// The default adds nothing: the data folder's local Host and tenant.
+#[derive(Clone, Debug, Default)]
+pub struct HostdClient {
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+}
+
+impl HostdClient {
+    /// Runs `hostd <args> <client flags>` in `dir`, to completion, whatever its exit.
+    pub fn output(&self, dir: &Path, args: &[&str]) -> Output {
+        let mut all = args.to_vec();
+        all.extend(self.args.iter().map(String::as_str));
+        let env: Vec<(&str, &str)> = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        hostd_run(dir, &all, &env)
+    }
+
+    /// Runs `hostd <args> <client flags>` in `dir`, which must succeed; its trimmed stdout.
+    pub fn run(&self, dir: &Path, args: &[&str]) -> String {
+        ok(self.output(dir, args))
+    }
+}
+
 /// Runs `hostd <args>` in `dir` with `env` added, to completion.
 pub fn hostd_run(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut c = hostd_command(dir);

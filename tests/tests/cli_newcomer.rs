@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use testkit::eventually_blocking;
 use testkit::pg::FreshDatabase;
-use testkit::process::{Serve, free_port, hostd, hostd_command, hostd_run, ok};
+use testkit::process::{Serve, free_port, hostd, hostd_command, hostd_run, ok, tenant_credentials};
 
 /// Short heartbeats, so a stopped Host's residency lapses quickly.
 const FAST: [&str; 8] = [
@@ -305,9 +305,7 @@ async fn a_wrong_token_admits_nothing_and_reads_nothing_on_postgres() {
     };
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path().to_owned();
-    let (token, digest) = hostlink::auth::mint_credential();
-    let credentials = dir.join("credentials");
-    std::fs::write(&credentials, format!("acme {digest}\n")).unwrap();
+    let (token, credentials) = tenant_credentials(&dir, "acme");
     let host = Serve::start(
         &dir,
         "fleet-auth",
@@ -334,7 +332,7 @@ async fn a_wrong_token_admits_nothing_and_reads_nothing_on_postgres() {
     );
     let ready: Value = serde_json::from_str(&ok(ready)).expect("one JSON document");
     assert_eq!(ready["host_id"], "fleet-auth", "{ready}");
-    let good = token.expose_secret().to_owned();
+    let good = token;
     let s = {
         let created: Value = serde_json::from_str(&ok(fleet(&good, &["create"]))).unwrap();
         created["session_id"].as_str().unwrap().to_owned()
@@ -652,9 +650,7 @@ async fn a_send_while_a_killed_hosts_lease_runs_is_applied_once_by_its_successor
     };
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path().to_owned();
-    let (token, digest) = hostlink::auth::mint_credential();
-    let credentials = dir.join("credentials");
-    std::fs::write(&credentials, format!("acme {digest}\n")).unwrap();
+    let (token, credentials) = tenant_credentials(&dir, "acme");
     let start = |name: &str| {
         let mut args = vec![
             "--store",
@@ -671,7 +667,6 @@ async fn a_send_while_a_killed_hosts_lease_runs_is_applied_once_by_its_successor
         args.extend(["--data-dir", name]);
         Serve::start(&dir, name, &args)
     };
-    let token = token.expose_secret().to_owned();
     let fleet = |args: &[&str]| {
         let mut all = vec!["--json", "session", "--store", &db.url, "--tenant", "acme"];
         all.extend(["--token", token.as_str()]);

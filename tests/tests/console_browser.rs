@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use testkit::pg::FreshDatabase;
-use testkit::process::{Serve, hostd_run, ok};
+use testkit::process::{Serve, hostd_run, ok, tenant_credentials};
 
 fn host(dir: &Path, name: &str, store: &str, credentials: &Path, console: bool) -> Serve {
     let mut args = vec![
@@ -67,10 +67,7 @@ async fn an_operator_signs_in_answers_a_gate_and_drains_a_host_in_a_real_browser
     let scripts = script_dir();
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path().to_path_buf();
-    let (secret, digest) = hostlink::auth::mint_credential();
-    let tenant_token = secret.expose_secret().to_owned();
-    let credentials = dir.join("credentials");
-    std::fs::write(&credentials, format!("acme {digest}\n")).unwrap();
+    let (tenant_token, credentials) = tenant_credentials(&dir, "acme");
     let a = host(&dir, "console-a", &db.url, &credentials, true);
     // The first start with --console made an operator and wrote its token.
     let token_path = dir.join(".hostd-console-a/console-admin.token");

@@ -13,7 +13,7 @@ use sessionstore::{
     AgentId, CommandId, CompatibilityId, Outcome, SessionId, Store, StoreOptions, TenantId,
 };
 use testkit::pg::FreshDatabase;
-use testkit::process::Serve;
+use testkit::process::{Serve, tenant_credentials};
 use testkit::{check_exactly_once, eventually, terminal};
 
 /// The scripted agent `hostd serve` registers by default (its id and build).
@@ -60,9 +60,7 @@ async fn a_session_on_a_killed_host_is_taken_over_by_the_other_with_nothing_lost
     };
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path();
-    let (token, digest) = hostlink::auth::mint_credential();
-    let credentials = dir.join("credentials");
-    std::fs::write(&credentials, format!("acme {digest}\n")).unwrap();
+    let (token, credentials) = tenant_credentials(dir, "acme");
     let hosts = [
         fleet_host(dir, "fleet-a", &db.url, &credentials),
         fleet_host(dir, "fleet-b", &db.url, &credentials),
@@ -72,7 +70,7 @@ async fn a_session_on_a_killed_host_is_taken_over_by_the_other_with_nothing_lost
         .await
         .expect("the fleet's store");
     let tenant = TenantId::new("acme").unwrap();
-    let c = Controller::new(store.clone(), tenant.clone(), token.expose_secret());
+    let c = Controller::new(store.clone(), tenant.clone(), &token);
     let session = SessionId::new("failover-1").unwrap();
     let (record, create) = c
         .create_session(

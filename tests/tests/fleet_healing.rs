@@ -16,7 +16,7 @@ use sessionstore::{
     local_binding,
 };
 use testkit::pg::FreshDatabase;
-use testkit::process::Serve;
+use testkit::process::{Serve, tenant_credentials};
 use testkit::{check, check_exactly_once, eventually, terminal};
 
 /// The scripted agent `hostd serve` registers by default (its id and build).
@@ -71,9 +71,7 @@ impl Fleet {
         let db = FreshDatabase::create(label).await?;
         let serial = ONE_FLEET.lock().await;
         let dir = tempfile::tempdir().expect("tempdir");
-        let (_, digest) = hostlink::auth::mint_credential();
-        let credentials = dir.path().join("credentials");
-        std::fs::write(&credentials, format!("acme {digest}\n")).unwrap();
+        let (_, credentials) = tenant_credentials(dir.path(), "acme");
         let mut hosts = HashMap::new();
         for n in names {
             hosts.insert(

@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 use testkit::eventually_blocking;
-use testkit::process::{Serve, hostd_run, ok};
+use testkit::process::{Serve, hostd_run, ok, tenant_credentials};
 
 fn lines(text: &str) -> Vec<Value> {
     text.lines()
@@ -106,8 +106,7 @@ async fn hostd_controller_alone_places_what_hosts_without_a_reconciler_leave() {
     };
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let (_, digest) = hostlink::auth::mint_credential();
-    std::fs::write(dir.join("credentials"), format!("acme {digest}\n")).unwrap();
+    tenant_credentials(dir, "acme");
     let host = Serve::start(
         dir,
         "alone-host",

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use serde_json::Value;
 use testkit::pg::FreshDatabase;
-use testkit::process::{Serve, hostd_run, ok};
+use testkit::process::{HostdClient as Client, Serve, tenant_credentials};
 
 const PROGRAM: &str = "\
 steps:
@@ -25,34 +25,13 @@ const QUICK_LEASES: &[&str] = &[
     "1500ms",
 ];
 
-struct Client {
-    args: Vec<String>,
-    env: Vec<(String, String)>,
-}
-
 fn hostd_json(dir: &Path, c: &Client, args: &[&str]) -> Value {
-    let mut all: Vec<&str> = vec!["--json"];
-    all.extend_from_slice(args);
-    all.extend(c.args.iter().map(String::as_str));
-    let env: Vec<(&str, &str)> = c
-        .env
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    let text = ok(hostd_run(dir, &all, &env));
+    let text = c.run(dir, &[&["--json"][..], args].concat());
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
 }
 
 fn hostd_lines(dir: &Path, c: &Client, args: &[&str]) -> Vec<Value> {
-    let mut all: Vec<&str> = vec!["--json"];
-    all.extend_from_slice(args);
-    all.extend(c.args.iter().map(String::as_str));
-    let env: Vec<(&str, &str)> = c
-        .env
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    ok(hostd_run(dir, &all, &env))
+    c.run(dir, &[&["--json"][..], args].concat())
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
         .collect()
@@ -74,23 +53,7 @@ fn survives_a_kill_mid_turn(
     // Kill while the turn streams (about 3.6 s of deltas): the prompt is admitted, the reply
     // not yet journaled.
     testkit::eventually_blocking("the prompt to be admitted", || {
-        let out = hostd_run(
-            dir,
-            &[
-                &["--json", "session", "commands", &session][..],
-                &session_client
-                    .args
-                    .iter()
-                    .map(String::as_str)
-                    .collect::<Vec<_>>(),
-            ]
-            .concat(),
-            &session_client
-                .env
-                .iter()
-                .map(|(k, v)| (k.as_str(), v.as_str()))
-                .collect::<Vec<_>>(),
-        );
+        let out = session_client.output(dir, &["--json", "session", "commands", &session]);
         if out.status.success() && !out.stdout.is_empty() {
             Ok(())
         } else {
@@ -137,10 +100,7 @@ fn survives_a_kill_mid_turn(
 fn an_agent_step_survives_its_host_killed_mid_turn_on_sqlite() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path();
-    let none = Client {
-        args: Vec::new(),
-        env: Vec::new(),
-    };
+    let none = Client::default();
     survives_a_kill_mid_turn(
         dir,
         Serve::start(dir, "first", QUICK_LEASES),
@@ -161,10 +121,7 @@ async fn an_agent_step_survives_its_host_killed_mid_turn_on_postgres() {
     };
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path().to_owned();
-    let (secret, digest) = hostlink::auth::mint_credential();
-    let token = secret.expose_secret().to_owned();
-    let credentials = dir.join("credentials");
-    std::fs::write(&credentials, format!("acme {digest}\n")).unwrap();
+    let (token, credentials) = tenant_credentials(&dir, "acme");
     let url = db.url.clone();
     tokio::task::spawn_blocking(move || {
         let creds = credentials.to_str().expect("a UTF-8 path").to_owned();

@@ -9,7 +9,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use testkit::pg::FreshDatabase;
-use testkit::process::{Serve, hostd_command, hostd_run, ok};
+use testkit::process::{HostdClient as Client, Serve, hostd_command, tenant_credentials};
 
 const PROGRAM: &str = "\
 steps:
@@ -21,22 +21,8 @@ steps:
     prompt: hello
 ";
 
-/// The client flags and environment for the Host `s`.
-struct Client {
-    args: Vec<String>,
-    env: Vec<(String, String)>,
-}
-
 fn cli(dir: &Path, c: &Client, args: &[&str]) -> String {
-    let mut all: Vec<&str> = vec!["run"];
-    all.extend_from_slice(args);
-    all.extend(c.args.iter().map(String::as_str));
-    let env: Vec<(&str, &str)> = c
-        .env
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    ok(hostd_run(dir, &all, &env))
+    c.run(dir, &[&["run"][..], args].concat())
 }
 
 fn follows_over_the_channel(dir: &Path, c: &Client) {
@@ -107,13 +93,7 @@ fn logs_follow_is_woken_by_the_runs_channel_on_sqlite() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path();
     let _host = Serve::start(dir, "serve", &[]);
-    follows_over_the_channel(
-        dir,
-        &Client {
-            args: Vec::new(),
-            env: Vec::new(),
-        },
-    );
+    follows_over_the_channel(dir, &Client::default());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -123,10 +103,7 @@ async fn logs_follow_is_woken_by_the_runs_channel_on_postgres() {
     };
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path().to_owned();
-    let (secret, digest) = hostlink::auth::mint_credential();
-    let token = secret.expose_secret().to_owned();
-    let credentials = dir.join("credentials");
-    std::fs::write(&credentials, format!("acme {digest}\n")).unwrap();
+    let (token, credentials) = tenant_credentials(&dir, "acme");
     let url = db.url.clone();
     tokio::task::spawn_blocking(move || {
         let host = Serve::start(

@@ -9,7 +9,7 @@ use std::path::Path;
 use serde_json::Value;
 use testkit::eventually;
 use testkit::pg::FreshDatabase;
-use testkit::process::{Serve, hostd_run, ok};
+use testkit::process::{Serve, hostd_run, ok, tenant_credentials};
 
 const PROGRAM: &str = "\
 steps:
@@ -79,6 +79,28 @@ fn status(dir: &Path, host: &Serve, token: &str, run: &str) -> Value {
     serde_json::from_str(&run_cli(dir, host, token, &["status", run])).expect("status JSON")
 }
 
+/// Checks a run's status: held under epoch 2 by a holder on `host`, every step's result
+/// journaled exactly once. Returns the run's journal.
+fn completed_once_under_epoch_2<'a>(done: &'a Value, host: &str) -> &'a Vec<Value> {
+    assert_eq!(done["epoch"], 2, "{done}");
+    assert!(
+        done["holder"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with(&format!("{host}/")),
+        "{done}"
+    );
+    let journal = done["journal"].as_array().expect("a journal");
+    for step in ["count", "nap", "again"] {
+        let results = journal
+            .iter()
+            .filter(|e| e["step"] == step && e["entry"] == "result")
+            .count();
+        assert_eq!(results, 1, "step {step}: {done}");
+    }
+    journal
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_on_a_killed_host_completes_on_the_other_under_the_next_epoch() {
     let Some(db) = FreshDatabase::create("runs_takeover").await else {
@@ -92,10 +114,7 @@ async fn a_run_on_a_killed_host_completes_on_the_other_under_the_next_epoch() {
         &runnables,
     );
     std::fs::write(dir.join("program.yaml"), PROGRAM).unwrap();
-    let (secret, digest) = hostlink::auth::mint_credential();
-    let token = secret.expose_secret().to_owned();
-    let credentials = dir.join("credentials");
-    std::fs::write(&credentials, format!("acme {digest}\n")).unwrap();
+    let (token, credentials) = tenant_credentials(dir, "acme");
     let a = fleet_host(dir, "fleet-a", &db.url, &credentials, &runnables);
     let b = fleet_host(dir, "fleet-b", &db.url, &credentials, &runnables);
 
@@ -129,22 +148,7 @@ async fn a_run_on_a_killed_host_completes_on_the_other_under_the_next_epoch() {
         }
     })
     .await;
-    assert_eq!(done["epoch"], 2, "{done}");
-    assert!(
-        done["holder"]
-            .as_str()
-            .unwrap_or_default()
-            .starts_with("fleet-b/"),
-        "{done}"
-    );
-    let journal = done["journal"].as_array().expect("a journal");
-    for step in ["count", "nap", "again"] {
-        let results = journal
-            .iter()
-            .filter(|e| e["step"] == step && e["entry"] == "result")
-            .count();
-        assert_eq!(results, 1, "step {step}: {done}");
-    }
+    let journal = completed_once_under_epoch_2(&done, "fleet-b");
     let count = journal.iter().find(|e| e["step"] == "count").unwrap();
     assert_eq!(
         count["epoch"], 1,
@@ -171,10 +175,7 @@ async fn a_run_fails_over_when_its_hosts_registration_expires_long_before_its_le
         &runnables,
     );
     std::fs::write(dir.join("program.yaml"), PROGRAM).unwrap();
-    let (secret, digest) = hostlink::auth::mint_credential();
-    let token = secret.expose_secret().to_owned();
-    let credentials = dir.join("credentials");
-    std::fs::write(&credentials, format!("acme {digest}\n")).unwrap();
+    let (token, credentials) = tenant_credentials(dir, "acme");
     let quick_registry = [
         "--run-lease",
         "10m",
@@ -231,22 +232,7 @@ async fn a_run_fails_over_when_its_hosts_registration_expires_long_before_its_le
         killed.elapsed() < std::time::Duration::from_secs(20),
         "failed over within the registry expiry, not the lease"
     );
-    assert_eq!(done["epoch"], 2, "{done}");
-    assert!(
-        done["holder"]
-            .as_str()
-            .unwrap_or_default()
-            .starts_with("reg-b/"),
-        "{done}"
-    );
-    let journal = done["journal"].as_array().expect("a journal");
-    for step in ["count", "nap", "again"] {
-        let results = journal
-            .iter()
-            .filter(|e| e["step"] == step && e["entry"] == "result")
-            .count();
-        assert_eq!(results, 1, "step {step}: {done}");
-    }
+    completed_once_under_epoch_2(&done, "reg-b");
     drop(b);
     db.drop_now().await;
 }
