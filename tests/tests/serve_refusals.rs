@@ -1,17 +1,34 @@
 //! What `hostd serve` refuses before it serves, as an operator meets it: a store URL that
 //! names no backend, a PostgreSQL server that is not there, a data folder another `hostd
-//! serve` already holds; and what its stderr looks like with `--log-format json`.
+//! serve` already holds, SQLite page caches outside their bounds; and what its stderr looks
+//! like with `--log-format json`.
 
 use std::path::Path;
-use std::process::Output;
+use std::process::{Output, Stdio};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use testkit::process::{Serve, free_port, hostd_run};
+use testkit::process::{Serve, free_port, hostd_command, hostd_run};
 
+/// Runs `hostd serve` expected to refuse. One that serves instead is killed after 20 s, so
+/// the case fails on its assertions rather than hanging.
 fn serve_once(dir: &Path, args: &[&str]) -> Output {
-    let mut all = vec!["serve", "--listen", "127.0.0.1:0", "--data-dir", ".hostd"];
-    all.extend_from_slice(args);
-    hostd_run(dir, &all, &[])
+    let mut child = hostd_command(dir)
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir", ".hostd"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("hostd serve starts");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().expect("hostd serve's status").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().expect("hostd serve's output")
 }
 
 fn stderr(out: &Output) -> String {
@@ -156,6 +173,39 @@ fn a_second_serve_on_the_same_data_folder_is_refused_while_the_first_serves() {
     assert!(status.success(), "{log}");
     let again = Serve::start(dir, "again", &["--data-dir", ".hostd"]);
     let (status, log) = again.terminate();
+    assert!(status.success(), "{log}");
+}
+
+#[test]
+fn sqlite_page_caches_outside_their_bounds_are_refused_by_name_and_small_ones_serve() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    for (flag, field) in [
+        ("--sqlite-writer-cache-kib", "sqlite_writer_cache_kib"),
+        ("--sqlite-reader-cache-kib", "sqlite_reader_cache_kib"),
+    ] {
+        let out = serve_once(dir, &[flag, "32"]);
+        let err = stderr(&out);
+        assert!(!out.status.success(), "{flag} 32 served:\n{err}");
+        assert!(
+            err.contains(field) && err.contains("between 64 KiB and 1 GiB"),
+            "the store's refusal names the option and its range: {err}"
+        );
+        assert!(!err.contains("serving on"), "{err}");
+    }
+    let small = Serve::start(
+        dir,
+        "small-caches",
+        &[
+            "--data-dir",
+            ".hostd",
+            "--sqlite-writer-cache-kib",
+            "64",
+            "--sqlite-reader-cache-kib",
+            "64",
+        ],
+    );
+    let (status, log) = small.terminate();
     assert!(status.success(), "{log}");
 }
 
