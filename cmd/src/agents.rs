@@ -50,7 +50,7 @@ impl RunnableOffer {
     /// are fetched from the store, verified against their digest and unpacked. Handlers a
     /// crashed predecessor left running are stopped first.
     async fn build(&self, store: &Store) -> Result<Vec<Arc<dyn Tool>>, String> {
-        use orchestration::runnable::{InvokeOptions, Reference, Release, RunnableTool, Runner};
+        use ::runnable::{InvokeOptions, Reference, Release, RunnableTool, Runner};
         if self.workspace.is_none() && self.tools.is_empty() {
             return Ok(Vec::new());
         }
@@ -59,9 +59,9 @@ impl RunnableOffer {
             None => None,
         };
         if let Some(r) = &runner {
-            orchestration::runnable::stop_orphans(&r.workspace().state_dir().join("running"));
+            ::runnable::stop_orphans(&r.workspace().state_dir().join("running"));
         }
-        orchestration::runnable::stop_orphans(&self.state_dir.join("running"));
+        ::runnable::stop_orphans(&self.state_dir.join("running"));
         let options = Arc::new(InvokeOptions::default());
         let mut releases = Vec::new();
         match (&runner, self.tools.is_empty()) {
@@ -94,7 +94,7 @@ impl RunnableOffer {
                                 .await
                                 .map_err(|e| format!("--runnable-tool {text}: {e}"))?
                                 .ok_or_else(|| format!("--runnable-tool {text}: [not_found] no such release is published (hostd runnable publish)"))?;
-                            let digest = orchestration::runnable::Digest::parse(&stored.summary.digest)
+                            let digest = ::runnable::Digest::parse(&stored.summary.digest)
                                 .ok_or_else(|| format!("--runnable-tool {text}: [integrity] the store records an unreadable digest"))?;
                             Release::from_bytes(&stored.bytes, Some(&digest), &self.state_dir, None)
                                 .map_err(|e| {

@@ -1,7 +1,7 @@
 //! `hostd serve`'s options, declared once each. The serde types own every option's type,
 //! default and validation: [`ServeOptions`] (the process: listener, data folder, store) with a
 //! nested section per component — `[host]` is `host::Options`, `[link]` is
-//! `host::link::LinkOptions`, `[listener]` is `host::listener::ListenerOptions`, `[agents]` is
+//! `hostlink_server::LinkOptions`, `[listener]` is `host::listener::ListenerOptions`, `[agents]` is
 //! [`AgentOptions`], `[model]` is the model client's
 //! `harness::model::OpenAiOptions` — so a config file (`--config
 //! host.toml`) is that same type and a new component adds one more section. [`ServeFlags`]
@@ -21,13 +21,14 @@ use anyhow::{Context, Result};
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, ValueEnum};
 use harness::model::OpenAiOptions;
-use host::link::LinkOptions;
 use host::listener::ListenerOptions;
-use host::options::{duration_text, parse_placement};
-use host::runs::RunOptions;
+use host::options::parse_placement;
 use host::{IsolationClass, Options};
+use hostlink_server::LinkOptions;
+use run_hosting::RunOptions;
 use serde::{Deserialize, Serialize};
 use sessionstore::{HostId, Placement, SessionId, StoreLocation};
+use timing::duration_text;
 
 use crate::local::DataDir;
 
@@ -105,7 +106,7 @@ pub struct FleetOptions {
 
 impl Default for FleetOptions {
     fn default() -> Self {
-        let d = controller::fleet::ReconcilerOptions::default();
+        let d = fleet::ReconcilerOptions::default();
         FleetOptions {
             reconciler: FleetMode::Auto,
             interval: d.interval,
@@ -119,11 +120,9 @@ impl Default for FleetOptions {
 
 impl FleetOptions {
     /// The reconciler's options (validated).
-    pub fn reconciler_options(
-        &self,
-    ) -> Result<controller::fleet::ReconcilerOptions, controller::fleet::ReconcilerError> {
-        let o = controller::fleet::ReconcilerOptions {
-            name: controller::fleet::ReconcilerOptions::default().name,
+    pub fn reconciler_options(&self) -> Result<fleet::ReconcilerOptions, fleet::ReconcilerError> {
+        let o = fleet::ReconcilerOptions {
+            name: fleet::ReconcilerOptions::default().name,
             interval: self.interval,
             leader_ttl: self.leader_ttl,
             placements_per_pass: self.placements_per_pass,

@@ -1,4 +1,4 @@
-//! `hostd flow`: the command-line face of `orchestration::flow`. This module owns argument
+//! `hostd flow`: the command-line face of `::flow`. This module owns argument
 //! parsing, signal handling, the detached `up`, and which view each subcommand prints (the
 //! views themselves are in `render` and `graph_view`); it must never hold flow behaviour of
 //! its own — every decision is the library's. Every refusal is printed with its stable code
@@ -13,16 +13,16 @@ use std::path::{Path, PathBuf};
 use std::process::{ExitCode, Stdio};
 use std::time::Duration;
 
-use anyhow::{Context, Result, anyhow, bail};
-use clap::{Args, Subcommand, ValueEnum};
-use orchestration::flow::logs::{self, LogFollower, LogLine};
-use orchestration::flow::recover::{self, RecoveryPreview};
-use orchestration::flow::state::{self, StatePaths};
-use orchestration::flow::teardown::TeardownBudget;
-use orchestration::flow::{
+use ::flow::logs::{self, LogFollower, LogLine};
+use ::flow::recover::{self, RecoveryPreview};
+use ::flow::state::{self, StatePaths};
+use ::flow::teardown::TeardownBudget;
+use ::flow::{
     DownAction, DownOptions, DryRun, EnvOverride, EventSink, Flow, FlowEndReason, FlowError,
     FlowEvent, FlowOptions, GraphError, ManifestError, Selection, Stage, dotenv,
 };
+use anyhow::{Context, Result, anyhow, bail};
+use clap::{Args, Subcommand, ValueEnum};
 use render::{Out, Progress};
 use serde_json::{Value, json};
 use tokio::signal::unix::{SignalKind, signal};
@@ -612,7 +612,7 @@ async fn detach(root: &Path, flow: &Flow, args: &UpArgs) -> Result<ExitCode> {
             _ = tokio::time::sleep(Duration::from_millis(50)) => {}
         }
     }
-    let status = orchestration::flow::status(root, FlowOptions::default().probe_timeout)
+    let status = ::flow::status(root, FlowOptions::default().probe_timeout)
         .await?
         .ok_or_else(|| anyhow!("the background up recorded nothing"))?;
     if let (Some(file), Some(origin)) = (&args.env_file, selection_of(args).origin()) {
@@ -650,7 +650,7 @@ async fn down(root: &Path, args: DownArgs) -> Result<ExitCode> {
         teardown_layer_budget: args.teardown_budget,
         kill_grace: None,
     };
-    let report = orchestration::flow::down(root, &options).await?;
+    let report = ::flow::down(root, &options).await?;
     let paths = StatePaths::for_workspace(root);
     if args.json {
         Out::json(&json!({
@@ -694,7 +694,7 @@ async fn down(root: &Path, args: DownArgs) -> Result<ExitCode> {
 }
 
 fn down_preview(root: &Path, json: bool) -> Result<ExitCode> {
-    let Some(preview) = orchestration::flow::down::preview(root)? else {
+    let Some(preview) = ::flow::down::preview(root)? else {
         if json {
             Out::json(&json!({"recorded": false}))?;
         } else {
@@ -753,7 +753,7 @@ fn down_preview(root: &Path, json: bool) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn status_json(status: &orchestration::flow::FlowStatus) -> Value {
+fn status_json(status: &::flow::FlowStatus) -> Value {
     let services: Vec<Value> = status
         .services
         .iter()
@@ -767,7 +767,7 @@ fn status_json(status: &orchestration::flow::FlowStatus) -> Value {
         "up": status.up, "started_at": status.started_at, "services": services})
 }
 
-fn status_text(status: &orchestration::flow::FlowStatus) -> String {
+fn status_text(status: &::flow::FlowStatus) -> String {
     let supervisor = if status.supervisor_alive {
         format!(
             "supervised by `hostd flow up` (pid {})",
@@ -816,9 +816,7 @@ fn status_text(status: &orchestration::flow::FlowStatus) -> String {
 }
 
 async fn status(root: &Path, args: StatusArgs) -> Result<ExitCode> {
-    let Some(status) =
-        orchestration::flow::status(root, FlowOptions::default().probe_timeout).await?
-    else {
+    let Some(status) = ::flow::status(root, FlowOptions::default().probe_timeout).await? else {
         if args.json {
             Out::json(&json!({"flow": null}))?;
         } else {
@@ -1093,9 +1091,9 @@ fn graph(root: &Path, args: GraphArgs) -> Result<ExitCode> {
         Some(StageArg::Run) => vec![Stage::Run],
         None => vec![Stage::Build, Stage::Run],
     };
-    let workspace = orchestration::flow::Workspace::load(root)?;
+    let workspace = ::flow::Workspace::load(root)?;
     // Only the stages shown must be free of cycles.
-    let graph = orchestration::flow::DependencyGraph::from_workspace_for(&workspace, &stages)?;
+    let graph = ::flow::DependencyGraph::from_workspace_for(&workspace, &stages)?;
     let text = match args.format {
         GraphFormat::Text => graph_view::graph_text(&graph, &stages)?,
         GraphFormat::Dot => graph_view::graph_dot(&graph, &stages),

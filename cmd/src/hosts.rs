@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
-use controller::fleet::{Reconciler, sessions_by_host};
+use fleet::{Reconciler, sessions_by_host};
 use sessionstore::{Store, StoreOptions};
 
 use crate::config::{FleetOptions, HostLocation};

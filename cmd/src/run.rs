@@ -5,10 +5,8 @@
 //! resumes within a deadline, and `logs -f`. Also builds a serving Host's run hosting from its
 //! options ([`hosting`]).
 
-use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -18,13 +16,10 @@ use hostlink::runs::{
     ProblemView, RUN_CAPABILITY, RunAnswered, RunList, RunRefusal, RunReply, RunStarted, RunView,
     refusal_codes,
 };
-use orchestration::run::WorkspaceRunnables;
-use orchestration::runnable::Runner;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
-use sessionstore::{HostId, TenantId};
+use sessionstore::TenantId;
 
-use crate::config::ServeOptions;
 use crate::exit::CliError;
 use crate::local::{DataDir, LOCAL_TENANT};
 use crate::output::Output;
@@ -111,44 +106,6 @@ enum RunCommand {
         /// The run id.
         run: String,
     },
-}
-
-/// A serving Host's run hosting, from its options: the runnables workspace of `--runnables`
-/// (none: programs may not invoke) and the agents of its department, whose `agent:` steps run
-/// as one turn in a fresh session on this Host.
-pub fn hosting(
-    service: &host::Service,
-    _store_url: &str,
-    options: &ServeOptions,
-    data: &DataDir,
-    host_id: HostId,
-) -> Result<host::runs::RunHost> {
-    let _ = data;
-    let runner = match &options.agents.runnables {
-        Some(dir) => Some(
-            Runner::open(dir)
-                .with_context(|| format!("the runnables workspace {}", dir.display()))?,
-        ),
-        None => None,
-    };
-    let agents = host::run_agents::ServiceAgents::new(service.clone());
-    let runnables = Arc::new(WorkspaceRunnables {
-        runner,
-        agents: agents.agents().into_iter().collect::<BTreeSet<_>>(),
-    });
-    let metrics = service
-        .metrics()
-        .runs()
-        .map_err(|e| anyhow::anyhow!("run metrics: {e}"))?;
-    Ok(host::runs::RunHost::new(host::runs::RunHosting {
-        store: service.store().clone(),
-        host_id,
-        env: runnables.clone(),
-        invoker: runnables,
-        agents: Some(Arc::new(agents)),
-        options: options.runs.clone(),
-        metrics: Some(metrics),
-    }))
 }
 
 async fn connect(args: &RunArgs) -> Result<HostLinkClient> {

@@ -1,4 +1,4 @@
-//! `hostd runnable`: the command-line face of `orchestration::runnable` — list, show, build,
+//! `hostd runnable`: the command-line face of `::runnable` — list, show, build,
 //! invoke and publish. This module owns argument parsing, rendering (text and `--json`), exit
 //! statuses and signal handling for an invocation; every decision is the library's (and the
 //! session store's, for publish).
@@ -7,11 +7,11 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use ::runnable::deps;
+use ::runnable::projection;
+use ::runnable::{Invocation, InvokeRequest, OutcomeClass, RunnableError, Runner};
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
-use orchestration::runnable::deps;
-use orchestration::runnable::projection;
-use orchestration::runnable::{Invocation, InvokeRequest, OutcomeClass, RunnableError, Runner};
 use serde_json::{Value, json};
 use sessionstore::{NewPackage, Publication, Store, StoreOptions};
 use tokio::signal::unix::{SignalKind, signal};
@@ -293,9 +293,9 @@ fn show(runner: &Runner, reference: &str, json: bool) -> ExitCode {
     };
     let root = &catalog.workspace.root;
     // A recorded release whose bytes no longer verify is flagged (invoke refuses it).
-    if let Err(e) = orchestration::runnable::package::read_recorded(
-        &catalog.workspace.release_path(&decl.identity),
-    ) {
+    if let Err(e) =
+        ::runnable::package::read_recorded(&catalog.workspace.release_path(&decl.identity))
+    {
         eprintln!("hostd: [{}] {e}", e.code());
     }
     let report = deps::report(decl, Some(root));
@@ -430,7 +430,7 @@ async fn invoke(runner: &Runner, a: InvokeArgs) -> Result<ExitCode> {
         })
     };
     let minted = a.intent_id.is_none();
-    let result = orchestration::runnable::invoke(
+    let result = ::runnable::invoke(
         &release,
         InvokeRequest {
             input,

@@ -11,7 +11,7 @@ use clap::{ArgMatches, Args};
 use department::RuntimeProfile;
 use harness::model::OpenAiConfig;
 use host::Composition;
-use host::server::Server;
+use host::Host;
 use hostlink::auth::CredentialStore;
 use sessionstore::{StoreLocation, StoreOptions, Synchronous};
 
@@ -186,13 +186,17 @@ pub async fn run(args: ServeArgs, matches: Option<&ArgMatches>, out: Output) -> 
         .await
         .map_err(|e| anyhow::anyhow!("start: {e}"))?;
     let runs = if options.runs.enabled {
-        Some(crate::run::hosting(
-            &service,
-            &store_url,
-            &options,
-            &data,
-            host_id.clone(),
-        )?)
+        let runner = match &options.agents.runnables {
+            Some(dir) => Some(
+                ::runnable::Runner::open(dir)
+                    .with_context(|| format!("the runnables workspace {}", dir.display()))?,
+            ),
+            None => None,
+        };
+        Some(
+            run_hosting::RunHost::for_service(&service, options.runs.clone(), runner)
+                .map_err(|e| anyhow::anyhow!("{e}"))?,
+        )
     } else {
         None
     };
@@ -219,28 +223,22 @@ pub async fn run(args: ServeArgs, matches: Option<&ArgMatches>, out: Output) -> 
     } else {
         axum::Router::new()
     };
-    let server = Server::from_listener_with_routes(
-        service.clone(),
-        Box::new(creds),
-        link,
-        bounds,
-        listener,
-        runs,
-        console_routes,
-    )
-    .await?;
+    let mut builder = Host::builder(service.clone())
+        .auth(Box::new(creds))
+        .link(link)
+        .listener_bounds(bounds)
+        .routes(console_routes);
+    if let Some(runs) = runs {
+        builder = builder.extension(std::sync::Arc::new(runs));
+    }
     // The fleet reconciler: every Host of a fleet runs one; one of them acts at a time.
-    let reconciler_stop = tokio_util::sync::CancellationToken::new();
-    let reconciler = if options.fleet.enabled_for(&store_url) {
-        let r = controller::fleet::Reconciler::new(
-            service.store().clone(),
-            options.fleet.reconciler_options()?,
-            host_id.as_str(),
-        )?;
-        Some(tokio::spawn(r.run(reconciler_stop.clone())))
-    } else {
-        None
-    };
+    if options.fleet.enabled_for(&store_url) {
+        builder = builder.reconciler(options.fleet.reconciler_options()?);
+    }
+    let server = builder
+        .serve(listener)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e} [{}]", e.code()))?;
     let tenant = if embedded {
         LOCAL_TENANT.to_owned()
     } else {
@@ -274,11 +272,6 @@ pub async fn run(args: ServeArgs, matches: Option<&ArgMatches>, out: Output) -> 
         }
         fence = fences.wait_for(|f| f.is_some()) => fence.ok().and_then(|f| f.clone()),
     };
-    // Stop placing (and give the leadership back) before this Host stops admitting.
-    reconciler_stop.cancel();
-    if let Some(r) = reconciler {
-        let _ = r.await;
-    }
     if let Some(fence) = fence {
         // Serving on would only be refused: stop, and say so with a failing exit.
         server.shutdown();

@@ -8,10 +8,10 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use flow::procfs;
+use flow::state::{self, StatePaths};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use orchestration::flow::procfs;
-use orchestration::flow::state::{self, StatePaths};
 
 const HOSTD: &str = env!("CARGO_BIN_EXE_hostd");
 

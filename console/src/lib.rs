@@ -24,7 +24,7 @@ use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use host::Service;
-use host::runs::RunHost;
+use run_hosting::RunHost;
 use sessionstore::TenantId;
 
 pub use auth::{CredentialFileError, Operator, Operators, Role};

@@ -15,7 +15,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::Stream;
-use host::link::FeedItem;
+use hostlink_server::FeedItem;
 use serde_json::{Value, json};
 use sessionstore::{SessionId, TenantId};
 use tokio::sync::{broadcast, mpsc};

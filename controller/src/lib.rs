@@ -10,7 +10,6 @@
 #![forbid(unsafe_code)]
 
 pub mod client;
-pub mod fleet;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -193,15 +192,20 @@ impl Controller {
 
     /// Places the session: on the Host its registration names when that Host is live and
     /// holds it resident, otherwise on the live, accepting Host with the most free admission
-    /// weight (see [`fleet::rank_hosts`]); then attaches it over HostLink.
+    /// weight (see [`sessionstore::placement::rank_hosts`]); then attaches it over HostLink.
     pub async fn place(&self, session: &SessionId) -> Result<Placed, ControllerError> {
         let record = self.store.session(&self.tenant, session).await?;
         let now = self.store.now_ms().await?;
         // Live, accepting Hosts with room for this tenant, the least loaded first.
         let targets = self.store.targets(true).await?;
         let loads = self.store.host_loads().await?;
-        let live: Vec<HostTarget> =
-            fleet::rank_hosts(&targets, &loads, &self.tenant, session.as_str(), now);
+        let live: Vec<HostTarget> = sessionstore::placement::rank_hosts(
+            &targets,
+            &loads,
+            &self.tenant,
+            session.as_str(),
+            now,
+        );
         let mut candidates: Vec<HostTarget> = Vec::new();
         if let Some(reg) = self.store.registration(&self.tenant, session).await?
             && reg.residency == ResidencyState::Resident

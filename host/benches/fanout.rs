@@ -40,11 +40,6 @@ use axum::response::Response;
 use axum::routing::get;
 use axum::serve::ListenerExt as _;
 use futures::{SinkExt, StreamExt};
-use host::link::backend::{
-    FeedItem, LinkBackend, LinkCtx, Refusal, SessionFeed, StreamPublication,
-};
-use host::link::{ENDURING_RECORD, RECORD_TAG};
-use host::link::{LinkOptions, StreamPage, hostlink_router};
 use host::stream::StreamReader;
 use hostlink::auth::{AuthVerifier, CredentialStore, credential_digest_hex};
 use hostlink::channel::session_channel;
@@ -55,6 +50,11 @@ use hostlink::records::{
     AttachRequest, BindRequest, DrainObservation, DrainRequest, EnduringPublication, HostLinkError,
     RegistryObservation, UnbindRequest,
 };
+use hostlink_server::backend::{
+    FeedItem, LinkBackend, LinkCtx, Refusal, SessionFeed, StreamPublication,
+};
+use hostlink_server::{ENDURING_RECORD, RECORD_TAG};
+use hostlink_server::{LinkOptions, StreamPage, hostlink_router};
 use serde_json::Value;
 use serde_json::value::RawValue;
 use sessionstore::testing::{TestBackend, TestStore};

@@ -20,13 +20,13 @@ use serde_json::value::RawValue;
 use tokio::sync::broadcast;
 
 use crate::failpoints::{self, steps};
-use crate::link::{FeedItem, StreamPublication};
 use crate::residency::SessionCtx;
 use department::PreviewKind;
 use hostlink::public_journal::PublicJournal;
 use hostlink::records::{
     EnduringPublication, EphemeralPublication, PreviewStream, ToolPhase, ToolStepPreview,
 };
+use hostlink_server::{FeedItem, StreamPublication};
 
 /// How many feed items a slow link may fall behind before it is disconnected.
 pub const RELAY_BUFFER: usize = 1024;

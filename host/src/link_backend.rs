@@ -13,7 +13,6 @@ use sessionstore::{CommandId, CompatibilityId, Placement, SessionId, TenantId};
 use tokio::sync::broadcast;
 
 use crate::error::HostError;
-use crate::link::backend::{LinkBackend, LinkCtx, Refusal, SessionFeed, StreamPage};
 use crate::resident::ResidentState;
 use crate::service::{AttachRequest as HostAttach, Observation, Service};
 use crate::stream::{DEFAULT_READER_SESSIONS, StreamReadError, StreamReader};
@@ -23,6 +22,7 @@ use hostlink::records::{
     HostLinkError, RegistryObservation, SessionScope, UnbindRequest, V1,
 };
 use hostlink::timestamp::Timestamp;
+use hostlink_server::backend::{LinkBackend, LinkCtx, Refusal, SessionFeed, StreamPage};
 
 /// The capability tokens this Host advertises after the reserved methods.
 pub const CAPABILITIES: [&str; 3] = [
@@ -41,7 +41,7 @@ struct LinkDrain {
 /// A Service as HostLink sees it.
 pub struct HostBackend {
     service: Service,
-    runs: Option<crate::runs::RunHost>,
+    extensions: Vec<std::sync::Arc<dyn crate::Extension>>,
     auth: Box<dyn AuthVerifier>,
     streams: StreamReader,
     drain: std::sync::Arc<Mutex<Option<LinkDrain>>>,
@@ -54,16 +54,19 @@ impl HostBackend {
         HostBackend {
             streams: StreamReader::new(service.store().clone(), DEFAULT_READER_SESSIONS),
             service,
-            runs: None,
+            extensions: Vec::new(),
             auth,
             drain: std::sync::Arc::default(),
             drains: AtomicU64::new(0),
         }
     }
 
-    /// Serves `run.*` (and advertises `hostlink.run`) with `runs`.
-    pub fn with_runs(mut self, runs: Option<crate::runs::RunHost>) -> HostBackend {
-        self.runs = runs;
+    /// Serves each extension's methods (and advertises its capability token).
+    pub fn with_extensions(
+        mut self,
+        extensions: Vec<std::sync::Arc<dyn crate::Extension>>,
+    ) -> HostBackend {
+        self.extensions = extensions;
         self
     }
 
@@ -190,9 +193,7 @@ impl LinkBackend for HostBackend {
 
     fn capability_tokens(&self) -> Vec<String> {
         let mut tokens: Vec<String> = CAPABILITIES.iter().map(|c| (*c).to_owned()).collect();
-        if self.runs.is_some() {
-            tokens.push(hostlink::runs::RUN_CAPABILITY.to_owned());
-        }
+        tokens.extend(self.extensions.iter().map(|e| e.capability().to_owned()));
         tokens
     }
 
@@ -200,16 +201,15 @@ impl LinkBackend for HostBackend {
         &self,
         link: &LinkCtx,
         run: &sessionstore::RunId,
-    ) -> crate::link::backend::RunEvents {
-        use crate::link::backend::RunEvents;
-        let Some(runs) = &self.runs else {
-            return RunEvents::NotHosted;
-        };
-        match runs.events(&link.tenant, run).await {
-            Ok(rx) => RunEvents::Live(rx),
-            Err(r) if r.code == hostlink::runs::refusal_codes::NOT_FOUND => RunEvents::Unknown,
-            Err(r) => RunEvents::Failed(format!("{}: {}", r.code, r.message)),
+    ) -> hostlink_server::backend::RunEvents {
+        use hostlink_server::backend::RunEvents;
+        for extension in &self.extensions {
+            match extension.run_events(&link.tenant, run).await {
+                RunEvents::NotHosted => continue,
+                events => return events,
+            }
         }
+        RunEvents::NotHosted
     }
 
     async fn extension_rpc(
@@ -217,17 +217,18 @@ impl LinkBackend for HostBackend {
         link: &LinkCtx,
         method: &str,
         data: Option<&serde_json::value::RawValue>,
-    ) -> crate::link::backend::ExtensionReply {
-        match &self.runs {
-            Some(runs) if method.starts_with("run.") => {
-                runs.handle(&link.tenant, method, data).await
+    ) -> hostlink_server::backend::ExtensionReply {
+        for extension in &self.extensions {
+            match extension.call(&link.tenant, method, data).await {
+                hostlink_server::backend::ExtensionReply::NotFound => continue,
+                reply => return reply,
             }
-            _ => crate::link::backend::ExtensionReply::NotFound,
         }
+        hostlink_server::backend::ExtensionReply::NotFound
     }
 
     /// New links once the Host has started and until it stops. The process's stop refuses
-    /// new links itself from its first instant ([`crate::server::Server::shutdown`]); during a
+    /// new links itself from its first instant ([`crate::Host::shutdown`]); during a
     /// HostLink drain of a dedicated Host's fixed session a controller may still reconnect to
     /// read `drain_status`, while attach and bind answer `not_admitting`.
     fn accepting_links(&self) -> bool {

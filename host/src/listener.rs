@@ -26,7 +26,8 @@ use tokio::time::{Instant, Sleep};
 use tokio_util::task::TaskTracker;
 
 use crate::metrics::Metrics;
-use crate::options::{OptionsCode, OptionsError, duration_text};
+use crate::options::{OptionsCode, OptionsError};
+use timing::duration_text;
 
 /// The listener's bounds (`[listener]` in a config file).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

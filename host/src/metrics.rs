@@ -24,9 +24,6 @@ pub const RELEASE_FAILURES: &str = "host_release_failures_total";
 pub const ATTACH_SECONDS: &str = "host_attach_seconds";
 pub const COMMAND_APPLY_SECONDS: &str = "host_command_apply_seconds";
 pub const CONNECTIONS_CUT: &str = "host_connections_cut_total";
-pub const RUNS_DRIVING: &str = "host_runs_driving";
-pub const RUNS_ENDED: &str = "host_runs_ended_total";
-pub const RUN_STEP_SECONDS: &str = "host_run_step_seconds";
 pub const MEMORY_BUDGET: &str = "host_memory_budget_bytes";
 
 /// The residency states `host_sessions` is labelled with.
@@ -209,7 +206,7 @@ pub fn parse_memory_limit(text: &str) -> Option<u64> {
 /// future edit make it do so, the error names the series.
 #[derive(Debug, thiserror::Error)]
 #[error("metrics registry: {0}")]
-pub struct MetricsError(String);
+pub struct MetricsError(pub String);
 
 fn reg<T: prometheus::core::Collector + Clone + 'static>(
     r: &Registry,
@@ -218,14 +215,6 @@ fn reg<T: prometheus::core::Collector + Clone + 'static>(
     r.register(Box::new(c.clone()))
         .map_err(|e| MetricsError(e.to_string()))?;
     Ok(c)
-}
-
-/// The run hosting series.
-#[derive(Clone)]
-pub struct RunMetrics {
-    pub driving: IntGauge,
-    pub ended: IntCounterVec,
-    pub step_seconds: HistogramVec,
 }
 
 /// The registry owns its collectors by value; the metrics keep a second handle on the gauges
@@ -325,41 +314,14 @@ impl Metrics {
         }
     }
 
-    /// Registers the run hosting series (once per registry).
-    pub fn runs(&self) -> Result<RunMetrics, MetricsError> {
-        let r = &self.registry;
-        Ok(RunMetrics {
-            driving: reg(
-                r,
-                m(IntGauge::new(
-                    RUNS_DRIVING,
-                    "Workflow runs this Host drives now (running, parked included).",
-                ))?,
-            )?,
-            ended: reg(
-                r,
-                m(IntCounterVec::new(
-                    Opts::new(
-                        RUNS_ENDED,
-                        "Run drivers that ended on this Host, by how: completed, failed, needs_attention, cancelled, fenced, stopped, error.",
-                    ),
-                    &["state"],
-                ))?,
-            )?,
-            step_seconds: reg(
-                r,
-                m(HistogramVec::new(
-                    HistogramOpts::new(
-                        RUN_STEP_SECONDS,
-                        "Run step latency (start to journaled result or park), by step kind.",
-                    )
-                    .buckets(vec![
-                        0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 120.0, 600.0,
-                    ]),
-                    &["kind"],
-                ))?,
-            )?,
-        })
+    /// Registers `collector` (a series of another crate hosted on this Host, such as run
+    /// hosting's) in this registry, so `/metrics` renders it; a name already registered is
+    /// refused.
+    pub fn register<C: Collector + Clone + 'static>(
+        &self,
+        collector: C,
+    ) -> Result<C, MetricsError> {
+        reg(&self.registry, collector)
     }
 
     /// The text exposition of this registry.

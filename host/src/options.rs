@@ -10,27 +10,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use sessionstore::{HostId, Placement, SessionId};
-
-/// Durations as human-readable text (`500ms`, `30s`, `5m`) in config files, both ways.
-pub mod duration_text {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer, de};
-
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&humantime::format_duration(*d).to_string())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let text = String::deserialize(d)?;
-        parse(&text).map_err(de::Error::custom)
-    }
-
-    /// Parses a duration as a flag or a config file spells it.
-    pub fn parse(text: &str) -> Result<Duration, String> {
-        humantime::parse_duration(text).map_err(|e| format!("{e} (e.g. 500ms, 30s, 5m)"))
-    }
-}
+use timing::duration_text;
 
 /// How the Host admits tenants next to each other.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
@@ -364,7 +344,7 @@ pub fn check_endpoint(endpoint: &str) -> Result<(), OptionsError> {
     }
     // The longest address derived from it is base + "/hostlink/" + the tenant; with a one-byte
     // tenant it must still fit what a registry observation may carry.
-    if endpoint.len() + crate::link::HOSTLINK_PATH_PREFIX.len() + 1
+    if endpoint.len() + hostlink_server::HOSTLINK_PATH_PREFIX.len() + 1
         > hostlink::records::MAX_ENDPOINT_BYTES
     {
         return Err(OptionsError::new(

@@ -1,9 +1,16 @@
-//! The Host's one listener: HostLink (`/hostlink/{tenant}`), `/readyz`, `/healthz` and
-//! `/metrics` on a single axum server with `TCP_NODELAY`. Owns the stop order: the drain runs
-//! while the listener still serves (so `drain_status` stays readable and `/readyz` answers
-//! 503 from its first instant), then the listener stops accepting, then every WebSocket task
-//! is closed and waited for (transports close last), then the Service stops and closes the
-//! store. `/healthz` stays 200 until that stop completes.
+//! The one way to run a Host behind its listener: [`Host::builder`] takes a started
+//! [`Service`] and everything served beside it (tenant credentials, HostLink bounds, listener
+//! bounds, [`Extension`]s such as run hosting, extra routes such as the operator console, the
+//! fleet reconciler), and [`HostBuilder::serve`] puts HostLink (`/hostlink/{tenant}`),
+//! `/readyz`, `/healthz` and `/metrics` on a single axum server with `TCP_NODELAY`.
+//!
+//! This module owns the stop order, all of it: the reconciler stops placing (and gives its
+//! leadership back) first; the extensions stop (run drivers crash-equivalently, nothing
+//! written); the drain runs while the listener still serves (so `drain_status` stays readable
+//! and `/readyz` answers 503 from its first instant); then the listener stops accepting, every
+//! WebSocket task is closed and waited for (transports close last), and the Service stops and
+//! closes the store. `/healthz` stays 200 until that stop completes. Nobody else stops any of
+//! these parts.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -13,20 +20,21 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use hostlink::auth::AuthVerifier;
+use hostlink::codes::Disconnect;
+use hostlink_server::{HostLinkHandle, LinkConfig, LinkOptions, hostlink_router};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
-use crate::link::options::LinkConfig;
-use crate::link::{HostLinkHandle, hostlink_router};
+use crate::extension::Extension;
 use crate::link_backend::HostBackend;
 use crate::listener::ListenerOptions;
-use crate::release::DrainReport;
+use crate::release::{DrainFailure, DrainReport, steps};
 use crate::service::Service;
-use hostlink::auth::AuthVerifier;
-use hostlink::codes::Disconnect;
 
-/// Why the listener could not start.
+/// Why a Host could not begin serving.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
     #[error("cannot listen on {addr}: {source}")]
@@ -36,21 +44,318 @@ pub enum ServerError {
     },
     #[error("listener options: {0}")]
     Options(crate::options::OptionsError),
+    #[error("HostLink options: {0}")]
+    Link(#[from] hostlink_server::LinkOptionsError),
+    #[error("no tenant credentials: give the builder an AuthVerifier")]
+    NoCredentials,
+    #[error("fleet reconciler: {0}")]
+    Reconciler(#[from] fleet::ReconcilerError),
 }
 
-/// A running listener.
-pub struct Server {
+impl ServerError {
+    /// A stable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ServerError::Bind { .. } => "cannot_listen",
+            ServerError::Options(e) => e.code.as_str(),
+            ServerError::Link(_) => "invalid",
+            ServerError::NoCredentials => "no_credentials",
+            ServerError::Reconciler(e) => e.code(),
+        }
+    }
+}
+
+/// Where a Host listens: an address to bind, or a listener the caller bound already (to learn
+/// the port before composing the Host's advertised endpoint).
+pub enum Listen {
+    Address(SocketAddr),
+    Listener(TcpListener),
+}
+
+impl From<SocketAddr> for Listen {
+    fn from(a: SocketAddr) -> Listen {
+        Listen::Address(a)
+    }
+}
+
+impl From<TcpListener> for Listen {
+    fn from(l: TcpListener) -> Listen {
+        Listen::Listener(l)
+    }
+}
+
+/// Everything a Host serves, gathered before it serves. Made by [`Host::builder`].
+pub struct HostBuilder {
+    service: Service,
+    auth: Option<Box<dyn AuthVerifier>>,
+    link: Option<LinkConfig>,
+    bounds: Option<ListenerOptions>,
+    extensions: Vec<Arc<dyn Extension>>,
+    routes: Router,
+    reconciler: Option<fleet::ReconcilerOptions>,
+}
+
+/// A Host serving on its listener. [`Host::shutdown`] begins the stop; [`Host::wait`] waits
+/// for it and returns the drain's report.
+pub struct Host {
     local_addr: SocketAddr,
+    service: Service,
     trigger: watch::Sender<bool>,
     task: JoinHandle<DrainReport>,
     links: HostLinkHandle,
 }
 
-impl std::fmt::Debug for Server {
+impl std::fmt::Debug for Host {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Server")
+        f.debug_struct("Host")
             .field("local_addr", &self.local_addr)
             .finish()
+    }
+}
+
+impl Host {
+    /// Starts describing a Host around `service` (built by [`crate::Composition::build`] and
+    /// started). Tenant credentials are required ([`HostBuilder::auth`]); every other part
+    /// has a default: HostLink and listener bounds at their defaults, no extension, no extra
+    /// route, no reconciler.
+    pub fn builder(service: Service) -> HostBuilder {
+        HostBuilder {
+            service,
+            auth: None,
+            link: None,
+            bounds: None,
+            extensions: Vec::new(),
+            routes: Router::new(),
+            reconciler: None,
+        }
+    }
+}
+
+impl HostBuilder {
+    /// The tenant credentials every HostLink link is checked against.
+    pub fn auth(mut self, auth: Box<dyn AuthVerifier>) -> HostBuilder {
+        self.auth = Some(auth);
+        self
+    }
+
+    /// HostLink's bounds, validated by the caller (so a bad bound is refused before the Host
+    /// starts).
+    pub fn link(mut self, link: LinkConfig) -> HostBuilder {
+        self.link = Some(link);
+        self
+    }
+
+    /// The listener's connection bounds; checked against the link's ping interval when the
+    /// Host begins serving.
+    pub fn listener_bounds(mut self, bounds: ListenerOptions) -> HostBuilder {
+        self.bounds = Some(bounds);
+        self
+    }
+
+    /// Hosts `extension`: its methods are served over HostLink, its capability advertised, it
+    /// is booted when the Host serves and stopped first when the Host stops.
+    pub fn extension(mut self, extension: Arc<dyn Extension>) -> HostBuilder {
+        self.extensions.push(extension);
+        self
+    }
+
+    /// Also serves `routes` on the same listener (the operator console): they answer beside
+    /// HostLink and the probes, under the same connection bounds, and stop with them.
+    pub fn routes(mut self, routes: Router) -> HostBuilder {
+        self.routes = self.routes.merge(routes);
+        self
+    }
+
+    /// Runs the fleet reconciler with `options` beside this Host, holding its leadership
+    /// as this Host; it stops placing before anything else stops.
+    pub fn reconciler(mut self, options: fleet::ReconcilerOptions) -> HostBuilder {
+        self.reconciler = Some(options);
+        self
+    }
+
+    /// The Service this Host serves.
+    pub fn service(&self) -> &Service {
+        &self.service
+    }
+
+    /// Begins serving on `listen`.
+    pub async fn serve(self, listen: impl Into<Listen>) -> Result<Host, ServerError> {
+        let HostBuilder {
+            service,
+            auth,
+            link,
+            bounds,
+            extensions,
+            routes,
+            reconciler,
+        } = self;
+        let auth = auth.ok_or(ServerError::NoCredentials)?;
+        let link = match link {
+            Some(l) => l,
+            None => LinkOptions::default().validate()?,
+        };
+        let bounds = bounds
+            .unwrap_or_default()
+            .validate(link.options().ping_interval)
+            .map_err(ServerError::Options)?;
+        let reconciler = match reconciler {
+            Some(options) => {
+                let holder = service.config().host_id.clone();
+                Some(fleet::Reconciler::new(
+                    service.store().clone(),
+                    options,
+                    holder.as_str(),
+                )?)
+            }
+            None => None,
+        };
+        let listener = match listen.into() {
+            Listen::Listener(l) => l,
+            Listen::Address(addr) => TcpListener::bind(addr)
+                .await
+                .map_err(|source| ServerError::Bind { addr, source })?,
+        };
+        let local_addr = listener.local_addr().map_err(|source| ServerError::Bind {
+            addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+            source,
+        })?;
+        for e in &extensions {
+            e.boot();
+        }
+        let backend =
+            Arc::new(HostBackend::new(service.clone(), auth).with_extensions(extensions.clone()));
+        let (hostlink, links) = hostlink_router(backend, link);
+        let app = Router::new()
+            .route("/readyz", get(readyz))
+            .route("/healthz", get(healthz))
+            .route("/metrics", get(metrics))
+            .with_state(service.clone())
+            .merge(hostlink)
+            .merge(routes);
+        let (trigger, triggered) = watch::channel(false);
+        let (listener_stop, listener_stopped) = watch::channel(false);
+        let server = tokio::spawn(crate::listener::serve(
+            listener,
+            app,
+            bounds,
+            service.metrics().clone(),
+            listener_stopped,
+            // Open HTTP requests get a quarter of the stop's tail to finish.
+            crate::release::stop_tail(service.config().idle_boundary) / 4,
+        ));
+        let placing = reconciler.map(|r| {
+            let stop = CancellationToken::new();
+            (stop.clone(), tokio::spawn(r.run(stop)))
+        });
+        let task = tokio::spawn(stop_in_order(StopParts {
+            triggered,
+            service: service.clone(),
+            placing,
+            extensions,
+            listener_stop,
+            server,
+            links: links.clone(),
+        }));
+        Ok(Host {
+            local_addr,
+            service,
+            trigger,
+            task,
+            links,
+        })
+    }
+}
+
+/// What the stop stops, in its order.
+struct StopParts {
+    triggered: watch::Receiver<bool>,
+    service: Service,
+    placing: Option<(CancellationToken, JoinHandle<()>)>,
+    extensions: Vec<Arc<dyn Extension>>,
+    listener_stop: watch::Sender<bool>,
+    server: JoinHandle<()>,
+    links: HostLinkHandle,
+}
+
+/// The Host's whole stop, once triggered. The one place that orders it.
+async fn stop_in_order(mut p: StopParts) -> DrainReport {
+    let _ = p.triggered.wait_for(|t| *t).await;
+    let idle_boundary = p.service.config().idle_boundary;
+    // Stop placing (and give the leadership back) before this Host stops admitting.
+    if let Some((stop, task)) = p.placing.take() {
+        stop.cancel();
+        let _ = task.await;
+    }
+    tracing::info!("stopping: draining while the listener still serves");
+    for e in &p.extensions {
+        // Run drivers stop crash-equivalently (nothing written) before the store closes.
+        e.shutdown(idle_boundary).await;
+    }
+    let drained = p.service.drain().await;
+    // The tail after the drain is bounded as a whole: links and listener get half of it, the
+    // Service's stop (tasks, then the store) the rest.
+    let tail = crate::release::stop_tail(idle_boundary);
+    let tail_end = tokio::time::Instant::now() + tail;
+    let _ = p.listener_stop.send(true);
+    p.links.close_all(Disconnect::SHUTDOWN);
+    let links_closed = tokio::time::timeout(tail / 2, p.links.wait()).await.is_ok();
+    let _ = tokio::time::timeout_at(tokio::time::Instant::now() + tail / 4, p.server).await;
+    let mut report = p
+        .service
+        .stop_within(tail_end.saturating_duration_since(tokio::time::Instant::now()))
+        .await;
+    if !links_closed {
+        tracing::warn!(
+            host_generation = drained.generation,
+            step = steps::CLOSE_LINK,
+            "some HostLink tasks did not finish within the stop bound"
+        );
+        report.failures.push(DrainFailure {
+            session: None,
+            step: steps::CLOSE_LINK,
+            reason: format!("HostLink tasks still open after {:?}", tail / 2),
+        });
+    }
+    report
+}
+
+impl Host {
+    /// The address the listener is bound to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The Service this Host serves.
+    pub fn service(&self) -> &Service {
+        &self.service
+    }
+
+    /// The HostLink handle (link counts, for observability and tests).
+    pub fn links(&self) -> &HostLinkHandle {
+        &self.links
+    }
+
+    /// Begins the stop (what SIGTERM does): new links are refused from this instant, then
+    /// the stop runs in its order. Idempotent.
+    pub fn shutdown(&self) {
+        self.links.refuse_new_links();
+        let _ = self.trigger.send(true);
+    }
+
+    /// Waits for the stop to complete and returns the drain's report.
+    pub async fn wait(self) -> DrainReport {
+        match self.task.await {
+            Ok(r) => r,
+            Err(e) => {
+                let mut report = DrainReport::new(0);
+                report.failures.push(DrainFailure {
+                    session: None,
+                    step: steps::STOP,
+                    reason: e.to_string(),
+                });
+                report
+            }
+        }
     }
 }
 
@@ -99,187 +404,4 @@ async fn healthz(State(s): State<Service>) -> Response {
 async fn metrics(State(s): State<Service>) -> Response {
     let m = s.metrics();
     ([(header::CONTENT_TYPE, m.content_type())], m.render()).into_response()
-}
-
-impl Server {
-    /// Starts serving `service` (already started) on `listen`, every HostLink link under
-    /// `link` (validated by the caller, so a bad bound is refused before the Host starts).
-    pub async fn bind(
-        service: Service,
-        auth: Box<dyn AuthVerifier>,
-        link: LinkConfig,
-        listen: SocketAddr,
-    ) -> Result<Server, ServerError> {
-        let listener = TcpListener::bind(listen)
-            .await
-            .map_err(|source| ServerError::Bind {
-                addr: listen,
-                source,
-            })?;
-        Server::from_listener(service, auth, link, listener).await
-    }
-
-    /// As [`Server::bind`], on a listener the caller already bound (so it can learn the port
-    /// before composing the Host's advertised endpoint), with the listener's default bounds.
-    pub async fn from_listener(
-        service: Service,
-        auth: Box<dyn AuthVerifier>,
-        link: LinkConfig,
-        listener: TcpListener,
-    ) -> Result<Server, ServerError> {
-        Server::with_runs(service, auth, link, listener, None).await
-    }
-
-    /// As [`Server::from_listener`], also hosting workflow runs with `runs` (booted here; its
-    /// drivers stop first when the Host stops), with the listener's default bounds.
-    pub async fn with_runs(
-        service: Service,
-        auth: Box<dyn AuthVerifier>,
-        link: LinkConfig,
-        listener: TcpListener,
-        runs: Option<crate::runs::RunHost>,
-    ) -> Result<Server, ServerError> {
-        let bounds = ListenerOptions::default()
-            .validate(link.options().ping_interval)
-            .map_err(ServerError::Options)?;
-        Server::from_listener_with(service, auth, link, bounds, listener, runs).await
-    }
-
-    /// As [`Server::with_runs`], under the connection bounds `bounds` (validated by the caller
-    /// against the link's ping interval).
-    pub async fn from_listener_with(
-        service: Service,
-        auth: Box<dyn AuthVerifier>,
-        link: LinkConfig,
-        bounds: ListenerOptions,
-        listener: TcpListener,
-        runs: Option<crate::runs::RunHost>,
-    ) -> Result<Server, ServerError> {
-        Server::from_listener_with_routes(
-            service,
-            auth,
-            link,
-            bounds,
-            listener,
-            runs,
-            Router::new(),
-        )
-        .await
-    }
-
-    /// As [`Server::from_listener_with`], also serving `extra` on the same listener (the
-    /// operator console): its routes answer beside HostLink and the probes, under the same
-    /// connection bounds, and stop with them.
-    pub async fn from_listener_with_routes(
-        service: Service,
-        auth: Box<dyn AuthVerifier>,
-        link: LinkConfig,
-        bounds: ListenerOptions,
-        listener: TcpListener,
-        runs: Option<crate::runs::RunHost>,
-        extra: Router,
-    ) -> Result<Server, ServerError> {
-        let local_addr = listener.local_addr().map_err(|source| ServerError::Bind {
-            addr: SocketAddr::from(([0, 0, 0, 0], 0)),
-            source,
-        })?;
-        if let Some(r) = &runs {
-            r.boot();
-        }
-        let backend = Arc::new(HostBackend::new(service.clone(), auth).with_runs(runs.clone()));
-        let (hostlink, links) = hostlink_router(backend, link);
-        let app = Router::new()
-            .route("/readyz", get(readyz))
-            .route("/healthz", get(healthz))
-            .route("/metrics", get(metrics))
-            .with_state(service.clone())
-            .merge(hostlink)
-            .merge(extra);
-        let (trigger, mut triggered) = watch::channel(false);
-        let (listener_stop, listener_stopped) = watch::channel(false);
-        let server = tokio::spawn(crate::listener::serve(
-            listener,
-            app,
-            bounds,
-            service.metrics().clone(),
-            listener_stopped,
-            // Open HTTP requests get a quarter of the stop's tail to finish.
-            crate::release::stop_tail(service.config().idle_boundary) / 4,
-        ));
-        let links_for_stop = links.clone();
-        let task = tokio::spawn(async move {
-            let _ = triggered.wait_for(|t| *t).await;
-            tracing::info!("stopping: draining while the listener still serves");
-            if let Some(r) = &runs {
-                // Run drivers stop crash-equivalently (nothing written) before the store closes.
-                r.shutdown(service.config().idle_boundary).await;
-            }
-            let drained = service.drain().await;
-            // The tail after the drain is bounded as a whole: links and listener get half of
-            // it, the Service's stop (tasks, then the store) the rest.
-            let tail = crate::release::stop_tail(service.config().idle_boundary);
-            let tail_end = tokio::time::Instant::now() + tail;
-            let _ = listener_stop.send(true);
-            links_for_stop.close_all(Disconnect::SHUTDOWN);
-            let links_closed = tokio::time::timeout(tail / 2, links_for_stop.wait())
-                .await
-                .is_ok();
-            let _ = tokio::time::timeout_at(tokio::time::Instant::now() + tail / 4, server).await;
-            let mut report = service
-                .stop_within(tail_end.saturating_duration_since(tokio::time::Instant::now()))
-                .await;
-            if !links_closed {
-                tracing::warn!(
-                    host_generation = drained.generation,
-                    step = crate::release::steps::CLOSE_LINK,
-                    "some HostLink tasks did not finish within the stop bound"
-                );
-                report.failures.push(crate::release::DrainFailure {
-                    session: None,
-                    step: crate::release::steps::CLOSE_LINK,
-                    reason: format!("HostLink tasks still open after {:?}", tail / 2),
-                });
-            }
-            report
-        });
-        Ok(Server {
-            local_addr,
-            trigger,
-            task,
-            links,
-        })
-    }
-
-    /// The address the listener is bound to.
-    pub fn local_addr(&self) -> SocketAddr {
-        self.local_addr
-    }
-
-    /// The HostLink handle (link counts, for observability and tests).
-    pub fn links(&self) -> &HostLinkHandle {
-        &self.links
-    }
-
-    /// Begins the stop (what SIGTERM does): new links are refused from this instant, then
-    /// the drain runs. Idempotent.
-    pub fn shutdown(&self) {
-        self.links.refuse_new_links();
-        let _ = self.trigger.send(true);
-    }
-
-    /// Waits for the stop to complete and returns the drain's report.
-    pub async fn wait(self) -> DrainReport {
-        match self.task.await {
-            Ok(r) => r,
-            Err(e) => {
-                let mut report = DrainReport::new(0);
-                report.failures.push(crate::release::DrainFailure {
-                    session: None,
-                    step: crate::release::steps::STOP,
-                    reason: e.to_string(),
-                });
-                report
-            }
-        }
-    }
 }

@@ -26,13 +26,13 @@ use uuid::Uuid;
 
 use crate::error::HostError;
 use crate::failpoints;
-use crate::link::FeedItem;
 use crate::metrics::Metrics;
 use crate::options::{Config, Options, OptionsError};
 use crate::readiness::{Fence, ReadinessReport};
 use crate::release::{DrainOnce, DrainReport};
 use crate::residency::{Footprint, Residency, SessionCtx};
 use crate::resident::{ConsumerControl, Resident, ResidentState, SessionKey};
+use hostlink_server::FeedItem;
 
 /// Journal records read per page while deciding create versus restore.
 const CONVERSATION_PROBE_PAGE: usize = 16;
@@ -280,7 +280,7 @@ impl Service {
         ));
         let me = self.inner.clone();
         host.spawn(async move { me.admission_hints().await });
-        host.spawn(crate::fleet::reconcile(self.clone(), host.clone()));
+        host.spawn(crate::reconcile::reconcile(self.clone(), host.clone()));
         let me = self.inner.clone();
         host.spawn(async move { me.probe_store().await });
         tracing::info!(host = %host.config().host_id, generation, "host started");

@@ -13,9 +13,9 @@ use std::sync::{Arc, Mutex};
 use serde_json::value::RawValue;
 use sessionstore::{ErrorCode, EventId, SessionId, Store, StoreError, TenantId};
 
-use crate::link::{StreamPage, StreamPublication};
 use hostlink::public_journal::{PublicJournal, PublicJournalError};
 use hostlink::records::EnduringPublication;
+use hostlink_server::{StreamPage, StreamPublication};
 
 /// How many sessions' learned command identities a reader keeps by default.
 pub const DEFAULT_READER_SESSIONS: usize = 256;

@@ -251,7 +251,7 @@ mod cases {
         tokio::time::timeout(WAIT, async {
             loop {
                 match feed.recv().await {
-                    Ok(host::link::FeedItem::Enduring(p)) => {
+                    Ok(hostlink_server::FeedItem::Enduring(p)) => {
                         seqs.push(p.record.journal_seq.get());
                         if p.record.body().get().contains("turn_done") {
                             return;

@@ -6,7 +6,7 @@
 mod cases {
     use std::time::Duration;
 
-    use controller::fleet::{Reconciler, ReconcilerOptions};
+    use ::fleet::{Reconciler, ReconcilerOptions};
     use sessionstore::testing::TestStore;
     use sessionstore::*;
 

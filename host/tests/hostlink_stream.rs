@@ -10,8 +10,8 @@ mod cases {
 
     use controller::{Controller as Factory, Placed};
     use futures::{SinkExt, StreamExt};
-    use host::link::LinkOptions;
     use hostlink::channel::session_channel;
+    use hostlink_server::LinkOptions;
     use serde_json::{Value, json};
     use sessionstore::testing::TestStore;
     use sessionstore::*;

@@ -6,8 +6,8 @@ mod support;
 
 use std::time::Duration;
 
-use host::link::LinkOptions;
 use hostlink::Disconnect;
+use hostlink_server::LinkOptions;
 use serde_json::{Value, json};
 use support::*;
 

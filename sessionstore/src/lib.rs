@@ -20,6 +20,7 @@ mod ops;
 pub mod packages;
 mod pgexec;
 #[cfg(feature = "testing")]
+pub mod placement;
 pub mod plans;
 mod postgres;
 pub mod runs;

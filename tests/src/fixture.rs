@@ -284,11 +284,11 @@ pub async fn terminal(store: &Store, s: &SessionRecord, command: &CommandId) -> 
 }
 
 /// Waits until a turn of the fed session streams a preview (a turn is in flight).
-pub async fn streaming(feed: &mut tokio::sync::broadcast::Receiver<host::link::FeedItem>) {
+pub async fn streaming(feed: &mut tokio::sync::broadcast::Receiver<hostlink_server::FeedItem>) {
     tokio::time::timeout(WAIT, async {
         loop {
             match feed.recv().await {
-                Ok(host::link::FeedItem::Ephemeral(_)) => return,
+                Ok(hostlink_server::FeedItem::Ephemeral(_)) => return,
                 Ok(_) => continue,
                 Err(e) => panic!("the live feed ended: {e}"),
             }

@@ -3,10 +3,10 @@
 //! HTTP GET for the probes.
 
 use controller::Controller as Factory;
-use host::link::LinkOptions;
-use host::server::Server;
+use host::Host;
 use host::{Options, Service};
 use hostlink::auth::{CredentialStore, credential_digest_hex, mint_credential};
+use hostlink_server::LinkOptions;
 use sessionstore::testing::TestStore;
 use sessionstore::{AgentId, CommandId, CompatibilityId, SessionId, TenantId};
 use tokio::net::TcpListener;
@@ -15,7 +15,7 @@ use crate::fixture::{AGENT, BUILD, options, started};
 
 pub struct Served {
     pub service: Service,
-    pub server: Server,
+    pub server: Host,
     pub base: String,
     pub tokens: Vec<(TenantId, String)>,
 }
@@ -79,7 +79,10 @@ pub async fn serve_with_tokens(
             .unwrap();
     }
     let link = link.validate().unwrap();
-    let server = Server::from_listener(service.clone(), Box::new(creds), link, listener)
+    let server = Host::builder(service.clone())
+        .auth(Box::new(creds))
+        .link(link)
+        .serve(listener)
         .await
         .unwrap();
     Served {

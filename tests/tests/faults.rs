@@ -362,24 +362,20 @@ async fn bounded(ts: &TestStore, host: &str, bounds: host::listener::ListenerOpt
         TenantId::new("acme").unwrap(),
         token.expose_secret().to_owned(),
     ));
-    let link = host::link::LinkOptions {
+    let link = hostlink_server::LinkOptions {
         ping_interval: Duration::from_millis(500),
         pong_timeout: Duration::from_millis(400),
-        ..host::link::LinkOptions::default()
+        ..hostlink_server::LinkOptions::default()
     }
     .validate()
     .unwrap();
-    let bounds = bounds.validate(Duration::from_millis(500)).unwrap();
-    let server = host::server::Server::from_listener_with(
-        service.clone(),
-        Box::new(creds),
-        link,
-        bounds,
-        listener,
-        None,
-    )
-    .await
-    .unwrap();
+    let server = host::Host::builder(service.clone())
+        .auth(Box::new(creds))
+        .link(link)
+        .listener_bounds(bounds)
+        .serve(listener)
+        .await
+        .unwrap();
     Served {
         service,
         server,

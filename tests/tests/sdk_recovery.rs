@@ -298,7 +298,7 @@ mod cases {
             ts,
             "sdk-drain-b",
             |_| {},
-            host::link::LinkOptions::default(),
+            hostlink_server::LinkOptions::default(),
             a.tokens.clone(),
         )
         .await;

@@ -8,16 +8,16 @@ mod cases {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use host::run_agents::ServiceAgents;
-    use host::runs::{RunHost, RunHosting, RunOptions};
-    use host::server::Server;
+    use host::Host;
     use hostlink::auth::{CredentialStore, credential_digest_hex, mint_credential};
-    use orchestration::run::WorkspaceRunnables;
+    use run_hosting::agents::ServiceAgents;
+    use run_hosting::hosting::{RunHost, RunHosting, RunOptions};
     use serde_json::Value;
     use sessionstore::TenantId;
     use sessionstore::testing::TestStore;
     use testkit::*;
     use tokio::net::TcpListener;
+    use workflow::WorkspaceRunnables;
 
     const PROGRAM: &str = "\
 steps:
@@ -66,15 +66,12 @@ steps:
             },
             metrics: None,
         });
-        let server = Server::with_runs(
-            service.clone(),
-            Box::new(creds),
-            host::link::LinkOptions::default().validate().unwrap(),
-            listener,
-            Some(runs.clone()),
-        )
-        .await
-        .unwrap();
+        let server = Host::builder(service.clone())
+            .auth(Box::new(creds))
+            .extension(Arc::new(runs.clone()))
+            .serve(listener)
+            .await
+            .unwrap();
         eventually("the run reconcile", async || {
             check(runs.ready(), || "not ready".into())
         })

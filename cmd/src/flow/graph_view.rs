@@ -1,8 +1,8 @@
 //! `hostd flow graph`: each stage's graph as text (start layers, then edges) or as Graphviz
 //! DOT. This module owns that rendering only.
 
+use ::flow::{DependencyGraph, EdgeOrigin, Stage, StageGraph};
 use anyhow::Result;
-use orchestration::flow::{DependencyGraph, EdgeOrigin, Stage, StageGraph};
 
 fn edge_label(kind: &str, endpoints: &[String], origin: &EdgeOrigin) -> String {
     let mut label = kind.to_owned();

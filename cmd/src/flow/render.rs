@@ -9,9 +9,9 @@ use std::collections::HashMap;
 use std::io::{self, IsTerminal, Write};
 use std::time::{Duration, Instant};
 
+use ::flow::events::Step;
+use ::flow::{FlowEvent, OutputStream, Receipt, TeardownReport};
 use anyhow::{Context, Result};
-use orchestration::flow::events::Step;
-use orchestration::flow::{FlowEvent, OutputStream, Receipt, TeardownReport};
 use serde_json::{Value, json};
 
 /// Standard output, written fallibly: `hostd flow graph > /dev/full` is an error, not a panic.

@@ -10,6 +10,7 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use timing::duration_text;
 
 /// The most retries the options may ask for.
 pub const MAX_RETRIES_LIMIT: u32 = 10;
@@ -188,22 +189,6 @@ impl OpenAiOptions {
             ));
         }
         Ok(())
-    }
-}
-
-/// Durations as human text ("500ms", "10s") in serialized options.
-mod duration_text {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&humantime::format_duration(*d).to_string())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let text = String::deserialize(d)?;
-        humantime::parse_duration(text.trim()).map_err(serde::de::Error::custom)
     }
 }
 

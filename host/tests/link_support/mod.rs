@@ -12,8 +12,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::{SinkExt, StreamExt};
-use host::link::backend::{ExtensionReply, FeedItem, LinkBackend, LinkCtx, Refusal, SessionFeed};
-use host::link::{HostLinkHandle, LinkOptions, StreamPublication, hostlink_router};
 use hostlink::auth::{AuthVerifier, CredentialStore, credential_digest_hex};
 use hostlink::records::{
     AttachRequest, BindRequest, DrainObservation, DrainRequest, DrainState, EnduringPublication,
@@ -21,6 +19,10 @@ use hostlink::records::{
     UnbindRequest, V1,
 };
 use hostlink::timestamp::Timestamp;
+use hostlink_server::backend::{
+    ExtensionReply, FeedItem, LinkBackend, LinkCtx, Refusal, SessionFeed,
+};
+use hostlink_server::{HostLinkHandle, LinkOptions, StreamPublication, hostlink_router};
 use serde_json::Value;
 use serde_json::value::RawValue;
 use sessionstore::{

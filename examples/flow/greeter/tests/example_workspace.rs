@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use orchestration::flow::procfs;
-use orchestration::flow::{EventSink, Flow, FlowEvent, FlowOptions, Selection, StopOutcome};
+use flow::procfs;
+use flow::{EventSink, Flow, FlowEvent, FlowOptions, Selection, StopOutcome};
 use tokio_util::sync::CancellationToken;
 
 const GREETER: &str = env!("CARGO_BIN_EXE_flow-example-greeter");

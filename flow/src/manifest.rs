@@ -1,0 +1,851 @@
+//! The workspace format: `flow.yaml` naming services, each declared inline or in
+//! `services/<name>/service.yaml`, parsed strictly into typed manifests.
+//!
+//! This module owns reading and validating declarations, and every refusal names the file,
+//! the service and the reason. It must never touch a process, a port or the state folder, and
+//! it must never guess: an unknown key, a dangling name or a contradictory edge is refused
+//! rather than ignored.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use strict_yaml::{Mapping, Value};
+
+use crate::error::{ManifestError, ManifestProblem};
+use crate::graph::DependencyKind;
+use crate::restart::{RestartPolicy, RestartSpec};
+
+/// The file every workspace starts from.
+pub const FLOW_FILE: &str = "flow.yaml";
+/// Where a service declared by name only keeps its manifest, relative to the workspace.
+pub const SERVICES_DIR: &str = "services";
+/// The manifest file name inside `services/<name>/`.
+pub const SERVICE_FILE: &str = "service.yaml";
+
+const FLOW_KEYS: &[&str] = &["name", "services"];
+const SERVICE_KEYS: &[&str] = &[
+    "name",
+    "command",
+    "args",
+    "env",
+    "cwd",
+    "endpoints",
+    "dependencies",
+    "restart",
+];
+const ENDPOINT_KEYS: &[&str] = &["name", "api", "port", "health", "tls"];
+const DEPENDENCY_KEYS: &[&str] = &["name", "kind", "endpoints"];
+const RESTART_KEYS: &[&str] = &["policy", "max_restarts", "window", "backoff", "max_backoff"];
+
+/// A loaded, validated workspace.
+#[derive(Debug, Clone)]
+pub struct Workspace {
+    pub root: PathBuf,
+    pub name: String,
+    pub services: Vec<ServiceManifest>,
+}
+
+/// What a service endpoint speaks, which decides its readiness predicate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    Tcp,
+    Http,
+    Grpc,
+}
+
+impl Api {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Api::Tcp => "tcp",
+            Api::Http => "http",
+            Api::Grpc => "grpc",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub name: String,
+    pub api: Api,
+    /// A fixed port; `None` means the flow allocates a free loopback port.
+    pub port: Option<u16>,
+    /// For `http` only: the path probed by the `http-status` predicate.
+    pub health: Option<String>,
+    /// The endpoint serves TLS (gRPC or HTTP): readiness probes speak TLS to it.
+    pub tls: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dependency {
+    pub name: String,
+    pub kind: DependencyKind,
+    /// The producer's endpoints this edge names; empty means "all of them" for a kind that
+    /// consumes endpoints and "none" for one that does not.
+    pub endpoints: Vec<String>,
+}
+
+/// One piece of an environment value: literal text or a reference to a producer's address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EnvSegment {
+    Text(String),
+    EndpointRef { service: String, endpoint: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnvValue {
+    pub segments: Vec<EnvSegment>,
+}
+
+impl EnvValue {
+    pub fn references(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.segments.iter().filter_map(|s| match s {
+            EnvSegment::EndpointRef { service, endpoint } => {
+                Some((service.as_str(), endpoint.as_str()))
+            }
+            EnvSegment::Text(_) => None,
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ServiceManifest {
+    pub name: String,
+    /// The file the service was declared in (`flow.yaml` for an inline service).
+    pub source: PathBuf,
+    pub command: String,
+    pub args: Vec<String>,
+    pub env: Vec<(String, EnvValue)>,
+    /// The working directory: `cwd` resolved against the declaring file's folder, or that
+    /// folder itself.
+    pub cwd: PathBuf,
+    pub endpoints: Vec<Endpoint>,
+    pub dependencies: Vec<Dependency>,
+    /// The restart policy: as declared, else `on-failure` for a service and `no` for a
+    /// one-shot job (settled once the whole workspace says which services are jobs).
+    pub restart: RestartSpec,
+    /// Whether `restart.policy` was written in the manifest.
+    pub restart_policy_declared: bool,
+}
+
+impl ServiceManifest {
+    pub fn endpoint(&self, name: &str) -> Option<&Endpoint> {
+        self.endpoints.iter().find(|e| e.name == name)
+    }
+}
+
+impl Workspace {
+    /// Reads and validates the workspace rooted at `root`.
+    pub fn load(root: &Path) -> Result<Workspace, ManifestError> {
+        let flow_file = root.join(FLOW_FILE);
+        let doc = read_yaml(&flow_file)?;
+        let top = Ctx::file(&flow_file);
+        let map = top.mapping(&doc, "flow.yaml")?;
+        top.check_keys(map, FLOW_KEYS, "flow.yaml")?;
+        let name = match map.get("name") {
+            Some(v) => top.string(v, "name")?,
+            None => root
+                .canonicalize()
+                .ok()
+                .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .unwrap_or_else(|| "flow".to_owned()),
+        };
+        let entries = match map.get("services") {
+            Some(Value::Sequence(seq)) => seq,
+            Some(_) => return Err(top.invalid("services", "must be a list of services")),
+            None => return Err(top.missing("services", "flow.yaml")),
+        };
+        if entries.is_empty() {
+            return Err(top.invalid("services", "declares no services"));
+        }
+
+        let mut services: Vec<ServiceManifest> = Vec::new();
+        let mut seen: HashMap<String, usize> = HashMap::new();
+        for (index, entry) in entries.iter().enumerate() {
+            let entry_map = top.mapping(entry, &format!("services entry #{}", index + 1))?;
+            let name = match entry_map.get("name") {
+                Some(v) => top.string(v, "name")?,
+                None => return Err(top.missing("name", &format!("services entry #{}", index + 1))),
+            };
+            let ctx = Ctx::service(&flow_file, &name);
+            validate_name(&ctx, "name", &name)?;
+            if let Some(first) = seen.get(&name) {
+                return Err(ctx.problem(ManifestProblem::DuplicateService {
+                    where_: format!("entries #{} and #{} of flow.yaml", first + 1, index + 1),
+                }));
+            }
+            seen.insert(name.clone(), index);
+
+            let file_manifest = root.join(SERVICES_DIR).join(&name).join(SERVICE_FILE);
+            let by_name_only = entry_map.len() == 1;
+            let service = if by_name_only {
+                let doc = read_yaml_for(&file_manifest, &name)?;
+                let fctx = Ctx::service(&file_manifest, &name);
+                let fmap = fctx.mapping(&doc, "the service manifest")?;
+                if let Some(v) = fmap.get("name") {
+                    let declared = fctx.string(v, "name")?;
+                    if declared != name {
+                        return Err(fctx.invalid(
+                            "name",
+                            &format!(
+                                "is `{declared}` but flow.yaml and the folder name it `{name}`"
+                            ),
+                        ));
+                    }
+                }
+                let base = file_manifest.parent().unwrap_or(root).to_path_buf();
+                parse_service(&fctx, fmap, &name, &base)?
+            } else {
+                if file_manifest.exists() {
+                    return Err(ctx.problem(ManifestProblem::DuplicateService {
+                        where_: format!("inline in flow.yaml and in {}", file_manifest.display()),
+                    }));
+                }
+                parse_service(&ctx, entry_map, &name, root)?
+            };
+            services.push(service);
+        }
+
+        let mut workspace = Workspace {
+            root: root.to_path_buf(),
+            name,
+            services,
+        };
+        workspace.settle_restart_defaults();
+        workspace.validate()?;
+        Ok(workspace)
+    }
+
+    pub fn service(&self, name: &str) -> Option<&ServiceManifest> {
+        self.services.iter().find(|s| s.name == name)
+    }
+
+    /// Services some consumer waits on as a one-shot job (a `completion` edge).
+    pub fn is_job(&self, name: &str) -> bool {
+        self.services.iter().any(|s| {
+            s.dependencies
+                .iter()
+                .any(|d| d.name == name && d.kind == DependencyKind::Completion)
+        })
+    }
+
+    /// A service whose manifest names no restart policy is restarted on failure (within its
+    /// budget); a one-shot job is not, since running it twice may not be safe.
+    fn settle_restart_defaults(&mut self) {
+        let jobs: Vec<bool> = self.services.iter().map(|s| self.is_job(&s.name)).collect();
+        for (service, is_job) in self.services.iter_mut().zip(jobs) {
+            if !service.restart_policy_declared {
+                service.restart.policy = if is_job {
+                    RestartPolicy::No
+                } else {
+                    RestartPolicy::OnFailure
+                };
+            }
+        }
+    }
+
+    fn validate(&self) -> Result<(), ManifestError> {
+        let by_name: BTreeMap<&str, &ServiceManifest> =
+            self.services.iter().map(|s| (s.name.as_str(), s)).collect();
+        let mut fixed_ports: BTreeMap<u16, String> = BTreeMap::new();
+        // producer -> (consumer waiting for completion, consumer waiting for a service)
+        let mut job_consumer: BTreeMap<&str, &str> = BTreeMap::new();
+        let mut service_consumer: BTreeMap<&str, &str> = BTreeMap::new();
+
+        for service in &self.services {
+            let ctx = Ctx::service(&service.source, &service.name);
+            for endpoint in &service.endpoints {
+                if let Some(port) = endpoint.port {
+                    let here = format!("{}/{}", service.name, endpoint.name);
+                    if let Some(first) = fixed_ports.get(&port) {
+                        return Err(ctx.problem(ManifestProblem::DuplicatePort {
+                            port,
+                            first: first.clone(),
+                            second: here,
+                        }));
+                    }
+                    fixed_ports.insert(port, here);
+                }
+            }
+            for dep in &service.dependencies {
+                if dep.name == service.name {
+                    return Err(ctx.problem(ManifestProblem::SelfDependency));
+                }
+                let producer = by_name.get(dep.name.as_str());
+                if dep.kind == DependencyKind::Completion && !dep.endpoints.is_empty() {
+                    return Err(ctx.problem(ManifestProblem::CompletionWithEndpoints {
+                        producer: dep.name.clone(),
+                    }));
+                }
+                let Some(producer) = producer else {
+                    if dep.kind == DependencyKind::External {
+                        continue;
+                    }
+                    return Err(ctx.problem(ManifestProblem::DanglingDependency {
+                        producer: dep.name.clone(),
+                    }));
+                };
+                if dep.kind == DependencyKind::Runtime && producer.endpoints.is_empty() {
+                    return Err(ctx.problem(ManifestProblem::RuntimeWithoutEndpoints {
+                        producer: dep.name.clone(),
+                    }));
+                }
+                for endpoint in &dep.endpoints {
+                    if producer.endpoint(endpoint).is_none() {
+                        return Err(ctx.problem(ManifestProblem::UndeclaredEndpoint {
+                            producer: dep.name.clone(),
+                            endpoint: endpoint.clone(),
+                        }));
+                    }
+                }
+                match dep.kind {
+                    DependencyKind::Completion => {
+                        job_consumer
+                            .entry(producer.name.as_str())
+                            .or_insert(service.name.as_str());
+                    }
+                    DependencyKind::Legacy | DependencyKind::Runtime => {
+                        service_consumer
+                            .entry(producer.name.as_str())
+                            .or_insert(service.name.as_str());
+                    }
+                    DependencyKind::Build | DependencyKind::Schema | DependencyKind::External => {}
+                }
+            }
+            for (_, value) in &service.env {
+                for (producer_name, endpoint) in value.references() {
+                    let Some(producer) = by_name.get(producer_name) else {
+                        return Err(ctx.problem(ManifestProblem::DanglingDependency {
+                            producer: producer_name.to_owned(),
+                        }));
+                    };
+                    if producer.endpoint(endpoint).is_none() {
+                        return Err(ctx.problem(ManifestProblem::UndeclaredEndpoint {
+                            producer: producer_name.to_owned(),
+                            endpoint: endpoint.to_owned(),
+                        }));
+                    }
+                    if producer.name != service.name {
+                        service_consumer
+                            .entry(producer.name.as_str())
+                            .or_insert(service.name.as_str());
+                    }
+                }
+            }
+        }
+
+        for (producer, job_by) in &job_consumer {
+            let Some(producer_manifest) = by_name.get(producer) else {
+                continue;
+            };
+            if let Some(service_by) = service_consumer.get(producer) {
+                let consumer = by_name
+                    .get(service_by)
+                    .copied()
+                    .unwrap_or(producer_manifest);
+                return Err(Ctx::service(&consumer.source, &consumer.name).problem(
+                    ManifestProblem::JobAndService {
+                        producer: (*producer).to_owned(),
+                        job_consumer: (*job_by).to_owned(),
+                        service_consumer: (*service_by).to_owned(),
+                    },
+                ));
+            }
+            if producer_manifest.restart.policy == RestartPolicy::Always {
+                return Err(Ctx::service(&producer_manifest.source, producer)
+                    .problem(ManifestProblem::AlwaysRestartedJob));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Where a refusal is attributed.
+struct Ctx {
+    file: PathBuf,
+    service: Option<String>,
+}
+
+impl Ctx {
+    fn file(file: &Path) -> Ctx {
+        Ctx {
+            file: file.to_path_buf(),
+            service: None,
+        }
+    }
+
+    fn service(file: &Path, service: &str) -> Ctx {
+        Ctx {
+            file: file.to_path_buf(),
+            service: Some(service.to_owned()),
+        }
+    }
+
+    fn problem(&self, problem: ManifestProblem) -> ManifestError {
+        ManifestError {
+            file: self.file.clone(),
+            service: self.service.clone(),
+            problem: Box::new(problem),
+        }
+    }
+
+    fn invalid(&self, key: &str, reason: &str) -> ManifestError {
+        self.problem(ManifestProblem::InvalidValue {
+            key: key.to_owned(),
+            reason: reason.to_owned(),
+        })
+    }
+
+    fn missing(&self, key: &str, context: &str) -> ManifestError {
+        self.problem(ManifestProblem::MissingKey {
+            key: key.to_owned(),
+            context: context.to_owned(),
+        })
+    }
+
+    fn mapping<'v>(&self, value: &'v Value, what: &str) -> Result<&'v Mapping, ManifestError> {
+        match value {
+            Value::Mapping(m) => Ok(m),
+            _ => Err(self.invalid(what, "must be a mapping of keys to values")),
+        }
+    }
+
+    fn check_keys(
+        &self,
+        map: &Mapping,
+        allowed: &[&str],
+        context: &str,
+    ) -> Result<(), ManifestError> {
+        for key in map.keys() {
+            let name = match key {
+                Value::String(s) => s.clone(),
+                other => scalar_text(other).unwrap_or_else(|| "<non-scalar key>".to_owned()),
+            };
+            if !allowed.contains(&name.as_str()) {
+                return Err(self.problem(ManifestProblem::UnknownKey {
+                    key: name,
+                    context: context.to_owned(),
+                    allowed: allowed.join(", "),
+                }));
+            }
+        }
+        Ok(())
+    }
+
+    fn string(&self, value: &Value, key: &str) -> Result<String, ManifestError> {
+        match value {
+            Value::String(s) => Ok(s.clone()),
+            _ => Err(self.invalid(key, "must be a string")),
+        }
+    }
+
+    /// A string, number or boolean, as text (for args and env values).
+    fn scalar(&self, value: &Value, key: &str) -> Result<String, ManifestError> {
+        scalar_text(value).ok_or_else(|| self.invalid(key, "must be a string, number or boolean"))
+    }
+
+    fn duration(&self, value: &Value, key: &str) -> Result<Duration, ManifestError> {
+        let text = self.scalar(value, key)?;
+        humantime::parse_duration(&text).map_err(|e| {
+            self.invalid(
+                key,
+                &format!("`{text}` is not a duration like 500ms, 10s or 1m ({e})"),
+            )
+        })
+    }
+}
+
+fn scalar_text(value: &Value) -> Option<String> {
+    match value {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        Value::Bool(b) => Some(b.to_string()),
+        _ => None,
+    }
+}
+
+fn read_yaml(path: &Path) -> Result<Value, ManifestError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Ctx::file(path).problem(ManifestProblem::Unreadable(e.to_string())))?;
+    strict_yaml::load_value(&text)
+        .map_err(|e| Ctx::file(path).problem(ManifestProblem::Syntax(e.to_string())))
+}
+
+fn read_yaml_for(path: &Path, service: &str) -> Result<Value, ManifestError> {
+    read_yaml(path).map_err(|mut e| {
+        e.service = Some(service.to_owned());
+        e
+    })
+}
+
+fn validate_name(ctx: &Ctx, key: &str, name: &str) -> Result<(), ManifestError> {
+    let mut chars = name.chars();
+    let valid_first = chars.next().is_some_and(|c| c.is_ascii_alphanumeric());
+    let valid_rest = chars.all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    if valid_first && valid_rest {
+        Ok(())
+    } else {
+        Err(ctx.invalid(
+            key,
+            &format!("`{name}` must start with a letter or digit and contain only letters, digits, `-` and `_`"),
+        ))
+    }
+}
+
+fn validate_env_key(ctx: &Ctx, key: &str) -> Result<(), ManifestError> {
+    let mut chars = key.chars();
+    let valid_first = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+    let valid_rest = chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if valid_first && valid_rest {
+        Ok(())
+    } else {
+        Err(ctx.invalid(
+            "env",
+            &format!("`{key}` is not a valid environment variable name"),
+        ))
+    }
+}
+
+fn parse_service(
+    ctx: &Ctx,
+    map: &Mapping,
+    name: &str,
+    base: &Path,
+) -> Result<ServiceManifest, ManifestError> {
+    ctx.check_keys(map, SERVICE_KEYS, "the service manifest")?;
+    let command = match map.get("command") {
+        Some(v) => ctx.scalar(v, "command")?,
+        None => return Err(ctx.missing("command", "the service manifest")),
+    };
+    if command.trim().is_empty() {
+        return Err(ctx.invalid("command", "is empty"));
+    }
+
+    let args = match map.get("args") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Sequence(seq)) => seq
+            .iter()
+            .map(|v| ctx.scalar(v, "args"))
+            .collect::<Result<Vec<_>, _>>()?,
+        Some(_) => return Err(ctx.invalid("args", "must be a list")),
+    };
+
+    let mut env = Vec::new();
+    match map.get("env") {
+        None | Some(Value::Null) => {}
+        Some(Value::Mapping(m)) => {
+            for (k, v) in m {
+                let key = ctx.string(k, "env")?;
+                validate_env_key(ctx, &key)?;
+                let text = ctx.scalar(v, &format!("env.{key}"))?;
+                env.push((key.clone(), parse_env_value(ctx, &key, &text)?));
+            }
+        }
+        Some(_) => return Err(ctx.invalid("env", "must be a mapping of variable names to values")),
+    }
+
+    let cwd = match map.get("cwd") {
+        None => base.to_path_buf(),
+        Some(v) => {
+            let text = ctx.string(v, "cwd")?;
+            let path = PathBuf::from(&text);
+            if path.is_absolute() {
+                path
+            } else {
+                base.join(path)
+            }
+        }
+    };
+
+    let mut endpoints: Vec<Endpoint> = Vec::new();
+    match map.get("endpoints") {
+        None | Some(Value::Null) => {}
+        Some(Value::Sequence(seq)) => {
+            for (i, item) in seq.iter().enumerate() {
+                let context = format!("endpoints entry #{}", i + 1);
+                let m = ctx.mapping(item, &context)?;
+                ctx.check_keys(m, ENDPOINT_KEYS, &context)?;
+                let endpoint = parse_endpoint(ctx, m, &context)?;
+                if endpoints.iter().any(|e| e.name == endpoint.name) {
+                    return Err(ctx.problem(ManifestProblem::DuplicateEndpoint {
+                        endpoint: endpoint.name,
+                    }));
+                }
+                endpoints.push(endpoint);
+            }
+        }
+        Some(_) => return Err(ctx.invalid("endpoints", "must be a list")),
+    }
+
+    let mut dependencies: Vec<Dependency> = Vec::new();
+    match map.get("dependencies") {
+        None | Some(Value::Null) => {}
+        Some(Value::Sequence(seq)) => {
+            for (i, item) in seq.iter().enumerate() {
+                let context = format!("dependencies entry #{}", i + 1);
+                let m = ctx.mapping(item, &context)?;
+                ctx.check_keys(m, DEPENDENCY_KEYS, &context)?;
+                let dep = parse_dependency(ctx, m, &context)?;
+                if dependencies.iter().any(|d| d.name == dep.name) {
+                    return Err(
+                        ctx.problem(ManifestProblem::DuplicateDependency { producer: dep.name })
+                    );
+                }
+                dependencies.push(dep);
+            }
+        }
+        Some(_) => return Err(ctx.invalid("dependencies", "must be a list")),
+    }
+
+    let (restart, restart_policy_declared) = match map.get("restart") {
+        None | Some(Value::Null) => (RestartSpec::default(), false),
+        Some(v) => {
+            let m = ctx.mapping(v, "restart")?;
+            ctx.check_keys(m, RESTART_KEYS, "restart")?;
+            (parse_restart(ctx, m)?, m.get("policy").is_some())
+        }
+    };
+
+    Ok(ServiceManifest {
+        name: name.to_owned(),
+        source: ctx.file.clone(),
+        command,
+        args,
+        env,
+        cwd,
+        endpoints,
+        dependencies,
+        restart,
+        restart_policy_declared,
+    })
+}
+
+fn parse_endpoint(ctx: &Ctx, m: &Mapping, context: &str) -> Result<Endpoint, ManifestError> {
+    let name = match m.get("name") {
+        Some(v) => ctx.string(v, "endpoints.name")?,
+        None => return Err(ctx.missing("name", context)),
+    };
+    validate_name(ctx, "endpoints.name", &name)?;
+    let api = match m.get("api") {
+        None => return Err(ctx.missing("api", context)),
+        Some(v) => match ctx.string(v, "endpoints.api")?.as_str() {
+            "tcp" => Api::Tcp,
+            "http" => Api::Http,
+            "grpc" => Api::Grpc,
+            other => {
+                return Err(ctx.invalid(
+                    "endpoints.api",
+                    &format!("`{other}` on endpoint `{name}` is not one of tcp, http, grpc"),
+                ));
+            }
+        },
+    };
+    let port = match m.get("port") {
+        None | Some(Value::Null) => None,
+        Some(Value::Number(n)) => match n.as_u64().and_then(|p| u16::try_from(p).ok()) {
+            Some(p) if p > 0 => Some(p),
+            _ => {
+                return Err(ctx.invalid(
+                    "endpoints.port",
+                    &format!("`{n}` on endpoint `{name}` is not a port between 1 and 65535"),
+                ));
+            }
+        },
+        Some(_) => return Err(ctx.invalid("endpoints.port", "must be a number")),
+    };
+    let health = match m.get("health") {
+        None | Some(Value::Null) => None,
+        Some(v) => {
+            let path = ctx.string(v, "endpoints.health")?;
+            if api != Api::Http {
+                return Err(ctx.invalid(
+                    "endpoints.health",
+                    &format!(
+                        "endpoint `{name}` speaks {}; a health path is only for http",
+                        api.as_str()
+                    ),
+                ));
+            }
+            if !path.starts_with('/') {
+                return Err(ctx.invalid(
+                    "endpoints.health",
+                    &format!(
+                        "`{path}` on endpoint `{name}` must be an absolute path starting with `/`"
+                    ),
+                ));
+            }
+            Some(path)
+        }
+    };
+    let tls = match m.get("tls") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(ctx.invalid("endpoints.tls", "must be true or false")),
+    };
+    if tls && api == Api::Tcp {
+        return Err(ctx.invalid(
+            "endpoints.tls",
+            &format!(
+                "endpoint `{name}` speaks tcp, whose readiness is a plain connect; `tls` is for grpc and http"
+            ),
+        ));
+    }
+    Ok(Endpoint {
+        name,
+        api,
+        port,
+        health,
+        tls,
+    })
+}
+
+fn parse_dependency(ctx: &Ctx, m: &Mapping, context: &str) -> Result<Dependency, ManifestError> {
+    let name = match m.get("name") {
+        Some(v) => ctx.string(v, "dependencies.name")?,
+        None => return Err(ctx.missing("name", context)),
+    };
+    let kind = match m.get("kind") {
+        None | Some(Value::Null) => DependencyKind::Legacy,
+        Some(v) => {
+            let text = ctx.string(v, "dependencies.kind")?;
+            text.parse::<DependencyKind>().map_err(|_| {
+                ctx.invalid(
+                    "dependencies.kind",
+                    &format!(
+                        "`{text}` on the dependency on `{name}` is not one of build, schema, runtime, completion, external (or absent for legacy)"
+                    ),
+                )
+            })?
+        }
+    };
+    let endpoints = match m.get("endpoints") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Sequence(seq)) => {
+            let mut names = Vec::new();
+            for item in seq {
+                let endpoint = match item {
+                    Value::String(s) => s.clone(),
+                    Value::Mapping(em) => {
+                        ctx.check_keys(em, &["name"], "a dependency endpoint")?;
+                        match em.get("name") {
+                            Some(v) => ctx.string(v, "dependencies.endpoints.name")?,
+                            None => return Err(ctx.missing("name", "a dependency endpoint")),
+                        }
+                    }
+                    _ => {
+                        return Err(ctx.invalid(
+                            "dependencies.endpoints",
+                            "entries must be endpoint names (or `{name: ...}`)",
+                        ));
+                    }
+                };
+                names.push(endpoint);
+            }
+            names
+        }
+        Some(_) => return Err(ctx.invalid("dependencies.endpoints", "must be a list")),
+    };
+    Ok(Dependency {
+        name,
+        kind,
+        endpoints,
+    })
+}
+
+fn parse_restart(ctx: &Ctx, m: &Mapping) -> Result<RestartSpec, ManifestError> {
+    let mut spec = RestartSpec::default();
+    if let Some(v) = m.get("policy") {
+        spec.policy = match v {
+            Value::Bool(false) => RestartPolicy::No,
+            Value::String(s) => match s.as_str() {
+                "no" => RestartPolicy::No,
+                "on-failure" => RestartPolicy::OnFailure,
+                "always" => RestartPolicy::Always,
+                other => {
+                    return Err(ctx.invalid(
+                        "restart.policy",
+                        &format!("`{other}` is not one of no, on-failure, always"),
+                    ));
+                }
+            },
+            _ => return Err(ctx.invalid("restart.policy", "must be one of no, on-failure, always")),
+        };
+    }
+    if let Some(v) = m.get("max_restarts") {
+        spec.max_restarts = match v {
+            Value::Number(n) => {
+                n.as_u64()
+                    .and_then(|x| u32::try_from(x).ok())
+                    .ok_or_else(|| {
+                        ctx.invalid("restart.max_restarts", "must be a non-negative integer")
+                    })?
+            }
+            _ => return Err(ctx.invalid("restart.max_restarts", "must be a non-negative integer")),
+        };
+    }
+    if let Some(v) = m.get("window") {
+        spec.window = ctx.duration(v, "restart.window")?;
+        if spec.window.is_zero() {
+            return Err(ctx.invalid("restart.window", "must be longer than zero"));
+        }
+    }
+    if let Some(v) = m.get("backoff") {
+        spec.backoff = ctx.duration(v, "restart.backoff")?;
+    }
+    if let Some(v) = m.get("max_backoff") {
+        spec.max_backoff = ctx.duration(v, "restart.max_backoff")?;
+    }
+    if spec.max_backoff < spec.backoff {
+        return Err(ctx.invalid(
+            "restart.max_backoff",
+            "must not be shorter than restart.backoff",
+        ));
+    }
+    Ok(spec)
+}
+
+const REFERENCE_OPEN: &str = "${endpoint:";
+
+fn parse_env_value(ctx: &Ctx, key: &str, text: &str) -> Result<EnvValue, ManifestError> {
+    let mut segments = Vec::new();
+    let mut rest = text;
+    while let Some(start) = rest.find(REFERENCE_OPEN) {
+        if start > 0 {
+            segments.push(EnvSegment::Text(rest[..start].to_owned()));
+        }
+        let after = &rest[start + REFERENCE_OPEN.len()..];
+        let malformed = |reference: &str| {
+            ctx.problem(ManifestProblem::MalformedReference {
+                key: key.to_owned(),
+                reference: reference.to_owned(),
+            })
+        };
+        let Some(end) = after.find('}') else {
+            return Err(malformed(&rest[start..]));
+        };
+        let inner = &after[..end];
+        let reference = &rest[start..start + REFERENCE_OPEN.len() + end + 1];
+        let Some((service, endpoint)) = inner.split_once('/') else {
+            return Err(malformed(reference));
+        };
+        let well_formed = |s: &str| {
+            !s.is_empty()
+                && s.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        };
+        if !well_formed(service) || !well_formed(endpoint) {
+            return Err(malformed(reference));
+        }
+        segments.push(EnvSegment::EndpointRef {
+            service: service.to_owned(),
+            endpoint: endpoint.to_owned(),
+        });
+        rest = &after[end + 1..];
+    }
+    if !rest.is_empty() || segments.is_empty() {
+        segments.push(EnvSegment::Text(rest.to_owned()));
+    }
+    Ok(EnvValue { segments })
+}

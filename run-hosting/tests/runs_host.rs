@@ -1,0 +1,529 @@
+//! Run hosting over real stores (SQLite and PostgreSQL): the `run.*` handlers as HostLink
+//! calls them, the boot gate, the admission cap, boot reconcile and takeover by lease.
+
+mod cases {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use async_trait::async_trait;
+    use hostlink::runs::{RunAnswered, RunList, RunRefusal, RunReply, RunStarted, RunView};
+    use hostlink_server::backend::ExtensionReply;
+    use run_hosting::hosting::{RunHost, RunHosting, RunOptions};
+    use runnable::{Effect, OutcomeClass};
+    use serde::de::DeserializeOwned;
+    use serde_json::{Value, json};
+    use sessionstore::testing::TestStore;
+    use sessionstore::*;
+    use workflow::program::{RunnableInfo, Unresolved, schema_from_yaml};
+    use workflow::{Environment, InvokeCall, InvokeDone, Invoker};
+
+    struct Echo;
+
+    impl Environment for Echo {
+        fn runnable(&self, reference: &str) -> Result<RunnableInfo, Unresolved> {
+            if reference != "echo@1.0.0" {
+                return Err(Unresolved::NotFound {
+                    available: Vec::new(),
+                });
+            }
+            Ok(RunnableInfo {
+                identity: "t/echo@1.0.0".into(),
+                digest: "sha256:0".into(),
+                effect: Effect::ReadOnly,
+                input: schema_from_yaml("type: object\nadditionalProperties: true\n").unwrap(),
+            })
+        }
+        fn agent_known(&self, _: &str) -> bool {
+            false
+        }
+    }
+
+    #[async_trait]
+    impl Invoker for Echo {
+        async fn invoke(&self, call: InvokeCall) -> Result<InvokeDone, String> {
+            Ok(InvokeDone {
+                outcome: OutcomeClass::Succeeded,
+                output: Some(call.input),
+                detail: String::new(),
+            })
+        }
+    }
+
+    const PARKS: &str = "steps:\n  - name: first\n    invoke: echo@1.0.0\n    input: {n: 1}\n  - name: approve\n    ask: ok?\n    answer: {type: boolean}\n  - name: last\n    invoke: echo@1.0.0\n    input: {ok: \"${steps.approve}\"}\n";
+    const QUICK: &str =
+        "steps:\n  - name: first\n    invoke: echo@1.0.0\n  - name: nap\n    sleep: 0s\n";
+
+    fn options(max_active: u32, lease_ms: u64) -> RunOptions {
+        RunOptions {
+            enabled: true,
+            max_active,
+            lease: Duration::from_millis(lease_ms),
+            scan_interval: Duration::from_millis(100),
+            poll: Duration::from_millis(20),
+        }
+    }
+
+    fn host_on(store: &Store, id: &str, o: RunOptions) -> RunHost {
+        RunHost::new(RunHosting {
+            store: store.clone(),
+            host_id: HostId::new(id).unwrap(),
+            env: Arc::new(Echo),
+            invoker: Arc::new(Echo),
+            agents: None,
+            options: o,
+            metrics: None,
+        })
+    }
+
+    async fn booted(store: &Store, id: &str, o: RunOptions) -> RunHost {
+        let h = host_on(store, id, o);
+        h.boot();
+        while !h.ready() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        h
+    }
+
+    fn t(s: &str) -> TenantId {
+        TenantId::new(s).unwrap()
+    }
+
+    async fn call<T: DeserializeOwned>(
+        h: &RunHost,
+        tenant: &str,
+        method: &str,
+        data: Value,
+    ) -> Result<T, RunRefusal> {
+        let raw = serde_json::value::RawValue::from_string(data.to_string()).unwrap();
+        match h.handle(&t(tenant), method, Some(&raw)).await {
+            ExtensionReply::Done(Ok(reply)) => {
+                RunReply::<T>::decode(reply.get().as_bytes()).unwrap()
+            }
+            ExtensionReply::Done(Err(r)) => panic!("{method}: refused {r:?}"),
+            ExtensionReply::NotFound => panic!("{method}: not served"),
+        }
+    }
+
+    async fn start(h: &RunHost, program: &str) -> Result<RunStarted, RunRefusal> {
+        call(
+            h,
+            "acme",
+            "run.start",
+            json!({"version": 1, "program": program}),
+        )
+        .await
+    }
+
+    async fn status(h: &RunHost, tenant: &str, run: &str) -> Result<RunView, RunRefusal> {
+        call(
+            h,
+            tenant,
+            "run.status",
+            json!({"version": 1, "run_id": run}),
+        )
+        .await
+    }
+
+    async fn until(h: &RunHost, run: &str, what: impl Fn(&RunView) -> bool) -> RunView {
+        for _ in 0..500 {
+            let v = status(h, "acme", run).await.unwrap();
+            if what(&v) {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!(
+            "run {run} never got there: {:?}",
+            status(h, "acme", run).await
+        );
+    }
+
+    fn parked(v: &RunView) -> bool {
+        v.checkpoint.as_ref().is_some_and(|c| c.name == "approve")
+    }
+
+    async fn answer(
+        h: &RunHost,
+        tenant: &str,
+        run: &str,
+        value: Value,
+    ) -> Result<RunAnswered, RunRefusal> {
+        call(
+            h,
+            tenant,
+            "run.answer",
+            json!({"version": 1, "run_id": run, "checkpoint": "approve", "value": value}),
+        )
+        .await
+    }
+
+    pub async fn a_refused_program_reports_every_problem_and_records_nothing(ts: &TestStore) {
+        let h = booted(&ts.store, "host-a", options(8, 5000)).await;
+        let bad = "steps:\n  - name: a\n    invoke: nosuch@1.0.0\n  - name: a\n    sleep: 1s\n  - name: b\n    sleep: soon\n";
+        let err = start(&h, bad).await.unwrap_err();
+        assert_eq!(err.code, "invalid");
+        let codes: Vec<&str> = err.problems.iter().map(|p| p.code.as_str()).collect();
+        assert_eq!(
+            codes,
+            [
+                "program.unknown_runnable",
+                "program.duplicate_step",
+                "program.duration"
+            ]
+        );
+        assert!(ts.store.runs(&t("acme")).await.unwrap().is_empty());
+    }
+
+    pub async fn a_pause_free_run_completes_and_is_listed(ts: &TestStore) {
+        let h = booted(&ts.store, "host-a", options(8, 5000)).await;
+        let started = start(&h, QUICK).await.unwrap();
+        assert_eq!((started.epoch, started.created), (1, true));
+        let v = until(&h, &started.run_id, |v| v.state == "completed").await;
+        assert_eq!(v.journal.len(), 2);
+        assert!(v.holder.starts_with("host-a/"));
+        let list: RunList = call(&h, "acme", "run.ps", json!({"version": 1}))
+            .await
+            .unwrap();
+        assert_eq!(list.runs.len(), 1);
+        assert_eq!(list.runs[0].state, "completed");
+        let again = call::<RunStarted>(
+            &h,
+            "acme",
+            "run.resume",
+            json!({"version": 1, "run_id": started.run_id}),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(again.code, "state");
+    }
+
+    pub async fn a_retried_start_with_its_key_returns_the_same_run(ts: &TestStore) {
+        let h = booted(&ts.store, "host-a", options(8, 5000)).await;
+        let data = json!({"version": 1, "program": QUICK, "idempotency_key": "k-1"});
+        let a: RunStarted = call(&h, "acme", "run.start", data.clone()).await.unwrap();
+        let b: RunStarted = call(&h, "acme", "run.start", data).await.unwrap();
+        assert_eq!(a.run_id, b.run_id);
+        assert!(a.created && !b.created);
+        assert_eq!(ts.store.runs(&t("acme")).await.unwrap().len(), 1);
+    }
+
+    pub async fn another_tenants_run_reads_exactly_like_an_unknown_one(ts: &TestStore) {
+        let h = booted(&ts.store, "host-a", options(8, 5000)).await;
+        let started = start(&h, PARKS).await.unwrap();
+        until(&h, &started.run_id, parked).await;
+        let theirs = status(&h, "globex", &started.run_id).await.unwrap_err();
+        let unknown = status(&h, "globex", "run-nosuch").await.unwrap_err();
+        assert_eq!(theirs.code, "not_found");
+        assert_eq!(
+            theirs.message.replace(&started.run_id, "ID"),
+            unknown.message.replace("run-nosuch", "ID")
+        );
+        let ans = answer(&h, "globex", &started.run_id, json!(true))
+            .await
+            .unwrap_err();
+        assert_eq!(ans.code, "not_found");
+        let resume = call::<RunStarted>(
+            &h,
+            "globex",
+            "run.resume",
+            json!({"version": 1, "run_id": started.run_id}),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(resume.code, "not_found");
+        let list: RunList = call(&h, "globex", "run.list", json!({"version": 1}))
+            .await
+            .unwrap();
+        assert!(list.runs.is_empty());
+        assert!(
+            ts.store
+                .run_answers(&RunId::new(started.run_id).unwrap())
+                .await
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    pub async fn a_parked_run_takes_one_valid_answer_from_any_link_of_its_tenant(ts: &TestStore) {
+        let h = booted(&ts.store, "host-a", options(8, 5000)).await;
+        let started = start(&h, PARKS).await.unwrap();
+        let v = until(&h, &started.run_id, parked).await;
+        let cp = v.checkpoint.unwrap();
+        assert_eq!(
+            (cp.kind.as_str(), cp.question.as_deref()),
+            ("ask", Some("ok?"))
+        );
+        let resume = call::<RunStarted>(
+            &h,
+            "acme",
+            "run.resume",
+            json!({"version": 1, "run_id": started.run_id}),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(resume.code, "conflict");
+        let wrong = answer(&h, "acme", &started.run_id, json!("x"))
+            .await
+            .unwrap_err();
+        assert_eq!(wrong.code, "invalid");
+        let later = call::<RunAnswered>(
+            &h,
+            "acme",
+            "run.answer",
+            json!({"version": 1, "run_id": started.run_id, "checkpoint": "last", "value": 1}),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(later.code, "not_found");
+        let ok = answer(&h, "acme", &started.run_id, json!(true))
+            .await
+            .unwrap();
+        assert!(ok.recorded);
+        assert_eq!(ok.answerer, "acme");
+        let done = until(&h, &started.run_id, |v| v.state == "completed").await;
+        assert_eq!(done.epoch, 1);
+        let last = done.journal.iter().find(|e| e.step == "last").unwrap();
+        assert_eq!(last.body, json!({"output": {"ok": true}}));
+        let after = answer(&h, "acme", &started.run_id, json!(false))
+            .await
+            .unwrap_err();
+        assert_eq!(after.code, "state");
+    }
+
+    pub async fn start_and_resume_answer_unavailable_until_the_boot_reconcile_returns(
+        ts: &TestStore,
+    ) {
+        let h = host_on(&ts.store, "host-a", options(8, 5000));
+        h.delay_reconcile(Duration::from_millis(400));
+        h.boot();
+        let early = start(&h, QUICK).await.unwrap_err();
+        assert_eq!(early.code, "unavailable");
+        let resume = call::<RunStarted>(
+            &h,
+            "acme",
+            "run.resume",
+            json!({"version": 1, "run_id": "run-x"}),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(resume.code, "unavailable");
+        assert!(
+            resume.message.contains("hostd run resume run-x"),
+            "{}",
+            resume.message
+        );
+        let list: RunList = call(&h, "acme", "run.list", json!({"version": 1}))
+            .await
+            .unwrap();
+        assert!(
+            list.runs.is_empty(),
+            "reads are served during the reconcile"
+        );
+        while !h.ready() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        start(&h, QUICK).await.unwrap();
+    }
+
+    pub async fn past_the_admission_cap_a_launch_is_refused_and_claims_nothing(ts: &TestStore) {
+        let h = booted(&ts.store, "host-a", options(2, 5000)).await;
+        let a = start(&h, PARKS).await.unwrap();
+        let b = start(&h, PARKS).await.unwrap();
+        until(&h, &a.run_id, parked).await;
+        until(&h, &b.run_id, parked).await;
+        for _ in 0..2 {
+            let refused = start(&h, QUICK).await.unwrap_err();
+            assert_eq!(refused.code, "resource_exhausted");
+        }
+        assert_eq!(ts.store.runs(&t("acme")).await.unwrap().len(), 2);
+        assert_eq!(h.driving(), 2);
+        answer(&h, "acme", &a.run_id, json!(true)).await.unwrap();
+        until(&h, &a.run_id, |v| v.state == "completed").await;
+        for _ in 0..100 {
+            if h.driving() < 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        start(&h, QUICK).await.unwrap();
+    }
+
+    pub async fn a_restarted_host_takes_back_its_parked_run_under_the_next_epoch(ts: &TestStore) {
+        let h = booted(&ts.store, "host-a", options(8, 5000)).await;
+        let parked_run = start(&h, PARKS).await.unwrap();
+        let done_run = start(&h, QUICK).await.unwrap();
+        until(&h, &parked_run.run_id, parked).await;
+        let done = until(&h, &done_run.run_id, |v| v.state == "completed").await;
+        // A stop is crash-equivalent: nothing is written.
+        h.shutdown(Duration::from_secs(5)).await;
+        let still = status(&h, "acme", &parked_run.run_id).await.unwrap();
+        assert_eq!((still.state.as_str(), still.epoch), ("running", 1));
+        for round in 2..=3u64 {
+            let again = booted(&ts.store, "host-a", options(8, 5000)).await;
+            let v = until(&again, &parked_run.run_id, |v| {
+                v.epoch == round && parked(v)
+            })
+            .await;
+            assert_ne!(v.holder, still.holder);
+            let kept = status(&again, "acme", &done_run.run_id).await.unwrap();
+            assert_eq!(
+                (kept.epoch, kept.holder.clone()),
+                (done.epoch, done.holder.clone())
+            );
+            if round == 3 {
+                answer(&again, "acme", &parked_run.run_id, json!(true))
+                    .await
+                    .unwrap();
+                let end = until(&again, &parked_run.run_id, |v| v.state == "completed").await;
+                assert_eq!(end.epoch, 3);
+                assert_eq!(
+                    ts.store
+                        .run_checkpoints(&RunId::new(parked_run.run_id.clone()).unwrap())
+                        .await
+                        .unwrap()
+                        .len(),
+                    1,
+                    "the same checkpoint was open each time"
+                );
+            } else {
+                again.shutdown(Duration::from_secs(5)).await;
+            }
+        }
+    }
+
+    pub async fn a_live_host_takes_over_a_run_whose_holder_stopped_renewing(ts: &TestStore) {
+        let a = booted(&ts.store, "host-a", options(8, 400)).await;
+        let started = start(&a, PARKS).await.unwrap();
+        until(&a, &started.run_id, parked).await;
+        a.shutdown(Duration::from_secs(5)).await;
+        // The holder stopped renewing; its lease runs out.
+        ts.advance(Duration::from_millis(600)).await;
+        let b = booted(&ts.store, "host-b", options(8, 400)).await;
+        let v = until(&b, &started.run_id, |v| {
+            v.epoch == 2 && v.holder.starts_with("host-b/") && parked(v)
+        })
+        .await;
+        assert_eq!(v.state, "running");
+        answer(&b, "acme", &started.run_id, json!(true))
+            .await
+            .unwrap();
+        until(&b, &started.run_id, |v| v.state == "completed").await;
+    }
+
+    pub async fn parallel_resumes_of_an_unheld_run_let_exactly_one_proceed(ts: &TestStore) {
+        let mut o = options(100, 5000);
+        o.scan_interval = Duration::from_secs(20);
+        // Booted first, so neither its reconcile nor its scan sees the orphan.
+        let h = booted(&ts.store, "host-a", o).await;
+        let target = "run-orphan".to_owned();
+        ts.store
+            .create_run(NewRun {
+                run_id: RunId::new(target.clone()).unwrap(),
+                tenant: t("acme"),
+                source: PARKS.into(),
+                input: "{}".into(),
+                holder: "gone-host/1".into(),
+                fencing_token: "old".into(),
+                lease: Duration::from_millis(300),
+                idempotency_key: None,
+            })
+            .await
+            .unwrap();
+        ts.advance(Duration::from_millis(600)).await;
+        let mut calls = Vec::new();
+        for _ in 0..50 {
+            let h = h.clone();
+            let target = target.clone();
+            calls.push(tokio::spawn(async move {
+                call::<RunStarted>(
+                    &h,
+                    "acme",
+                    "run.resume",
+                    json!({"version": 1, "run_id": target}),
+                )
+                .await
+            }));
+        }
+        let mut ok = 0;
+        for c in calls {
+            match c.await.unwrap() {
+                Ok(s) => {
+                    ok += 1;
+                    assert_eq!(s.epoch, 2);
+                }
+                Err(r) => assert_eq!(r.code, "conflict", "{r:?}"),
+            }
+        }
+        assert_eq!(ok, 1);
+        let s = ts
+            .store
+            .run_status(None, &RunId::new(target).unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.epoch, 2);
+    }
+
+    pub async fn a_run_without_a_recorded_program_is_left_and_the_gate_still_opens(ts: &TestStore) {
+        ts.exec_raw(
+            "INSERT INTO run_status (run_id, tenant_id, state, holder, epoch, fencing_token, lease_expires_at, input, revision, created_at, updated_at) \
+             VALUES ('run-bare', 'acme', 'running', 'host-a/1', 1, 'tok', 0, '{}', 1, 0, 0)",
+        )
+        .await;
+        let h = booted(&ts.store, "host-a", options(8, 5000)).await;
+        start(&h, QUICK).await.unwrap();
+        let s = ts
+            .store
+            .run_status(None, &RunId::new("run-bare").unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((s.epoch, s.holder.as_str()), (1, "host-a/1"));
+        let resume = call::<RunStarted>(
+            &h,
+            "acme",
+            "run.resume",
+            json!({"version": 1, "run_id": "run-bare"}),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(resume.code, "program_missing");
+    }
+
+    pub async fn cancel_ends_a_parked_run_and_stops_its_driver(ts: &TestStore) {
+        let h = booted(&ts.store, "host-a", options(8, 5000)).await;
+        let started = start(&h, PARKS).await.unwrap();
+        until(&h, &started.run_id, parked).await;
+        let v: RunView = call(
+            &h,
+            "acme",
+            "run.cancel",
+            json!({"version": 1, "run_id": started.run_id}),
+        )
+        .await
+        .unwrap();
+        assert_eq!(v.state, "cancelled");
+        for _ in 0..200 {
+            if h.driving() == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(h.driving(), 0);
+    }
+}
+
+sessionstore::both_backends!(cases =>
+    a_refused_program_reports_every_problem_and_records_nothing,
+    a_pause_free_run_completes_and_is_listed,
+    a_retried_start_with_its_key_returns_the_same_run,
+    another_tenants_run_reads_exactly_like_an_unknown_one,
+    a_parked_run_takes_one_valid_answer_from_any_link_of_its_tenant,
+    start_and_resume_answer_unavailable_until_the_boot_reconcile_returns,
+    past_the_admission_cap_a_launch_is_refused_and_claims_nothing,
+    a_restarted_host_takes_back_its_parked_run_under_the_next_epoch,
+    a_live_host_takes_over_a_run_whose_holder_stopped_renewing,
+    parallel_resumes_of_an_unheld_run_let_exactly_one_proceed,
+    a_run_without_a_recorded_program_is_left_and_the_gate_still_opens,
+    cancel_ends_a_parked_run_and_stops_its_driver,
+);

@@ -1,0 +1,257 @@
+//! The typed refusals of runnables, each with a stable machine-readable code, and the
+//! declaration problems a load reports all at once (file, line, column, code).
+//!
+//! This module owns the vocabulary of refusal only. It must never decide anything, and no
+//! caller may branch on the human text: branch on [`RunnableError::code`] or
+//! [`DeclarationProblem::code`].
+
+use std::fmt;
+use std::path::PathBuf;
+
+use crate::schema::Violation;
+
+/// One problem in one declaration file.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct DeclarationProblem {
+    pub file: PathBuf,
+    /// 1-based; 0 when the problem is about the file as a whole (unreadable, missing).
+    pub line: usize,
+    pub column: usize,
+    /// A stable code, `declaration.<class>`.
+    pub code: &'static str,
+    /// The key path the problem is at (`input.properties.qty`), empty for the file itself.
+    pub path: String,
+    pub message: String,
+}
+
+impl fmt::Display for DeclarationProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if self.line > 0 {
+            write!(f, ":{}:{}", self.line, self.column)?;
+        }
+        write!(f, ": [{}] ", self.code)?;
+        if !self.path.is_empty() {
+            write!(f, "`{}`: ", self.path)?;
+        }
+        f.write_str(&self.message)
+    }
+}
+
+/// The declaration problem classes (the `code` of a [`DeclarationProblem`]).
+pub mod codes {
+    /// The file cannot be read, or a runnable folder has no `runnable.yaml`.
+    pub const UNREADABLE: &str = "declaration.unreadable";
+    /// Not YAML, a duplicate key, an unsupported tag.
+    pub const SYNTAX: &str = "declaration.syntax";
+    /// A key the format does not have, at any depth.
+    pub const UNKNOWN_KEY: &str = "declaration.unknown_key";
+    /// A required key is absent.
+    pub const MISSING_KEY: &str = "declaration.missing_key";
+    /// A value of the wrong YAML type (a list where a mapping belongs, a null for a list).
+    pub const WRONG_TYPE: &str = "declaration.wrong_type";
+    /// A value of the right type that breaks a rule (a bad name, `effect: safe`, `timeout: 0s`).
+    pub const INVALID_VALUE: &str = "declaration.invalid_value";
+    /// A schema keyword outside the bounded profile (`oneOf`, `$ref`, `pattern`, …).
+    pub const SCHEMA_KEYWORD: &str = "declaration.schema_keyword";
+    /// A schema that breaks a structural rule (`required` naming an undeclared property, an
+    /// array without `items`, a node without `type`).
+    pub const SCHEMA_STRUCTURE: &str = "declaration.schema_structure";
+    /// Two dependencies that map to one environment variable.
+    pub const ENV_COLLISION: &str = "declaration.env_collision";
+    /// A path that leaves the runnable's folder (`..`, absolute, a symlink out).
+    pub const PATH_ESCAPE: &str = "declaration.path_escape";
+    /// Two declarations of one `name@version` in one workspace.
+    pub const DUPLICATE: &str = "declaration.duplicate";
+}
+
+/// A handler's own failure statement.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct HandlerError {
+    pub code: String,
+    pub message: String,
+}
+
+/// Every refusal of the runnable subsystem.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum RunnableError {
+    /// One or more declarations do not load; every problem is listed.
+    #[error("{} declaration problem(s):\n{}", problems.len(), problems.iter().map(|p| format!("  {p}")).collect::<Vec<_>>().join("\n"))]
+    Declaration { problems: Vec<DeclarationProblem> },
+
+    /// The folder given is not usable as a workspace.
+    #[error("{path}: {reason}")]
+    Workspace { path: PathBuf, reason: String },
+
+    /// A reference that does not parse.
+    #[error("`{reference}`: {reason}")]
+    BadReference { reference: String, reason: String },
+
+    /// Nothing matches the reference.
+    #[error("no runnable `{reference}`{}", if available.is_empty() { String::new() } else { format!("; releases of that name: {}", available.join(", ")) })]
+    NotFound {
+        reference: String,
+        available: Vec<String>,
+    },
+
+    /// More than one release matches and nothing chooses between them.
+    #[error("`{reference}` names {} releases; choose one with name@version: {}", candidates.len(), candidates.join(", "))]
+    Ambiguous {
+        reference: String,
+        candidates: Vec<String>,
+    },
+
+    /// The same identity with a different digest.
+    #[error(
+        "{identity} is already recorded with digest {recorded}; this content has digest {offered}. A version is an immutable release: give the changed content a new version"
+    )]
+    Conflict {
+        identity: String,
+        recorded: String,
+        offered: String,
+    },
+
+    /// Bytes that do not match the digest that names them.
+    #[error("integrity: {what}: {reason}")]
+    Integrity { what: String, reason: String },
+
+    /// A build that would change or follow something it must not.
+    #[error("{path}: {reason}")]
+    Build { path: PathBuf, reason: String },
+
+    /// The input breaks the input schema; every violation is listed.
+    #[error("the input of {identity} is invalid:\n{}", violations.iter().map(|v| format!("  {v}")).collect::<Vec<_>>().join("\n"))]
+    InvalidInput {
+        identity: String,
+        violations: Vec<Violation>,
+    },
+
+    /// A dependency that cannot be given an address now.
+    #[error("{identity}: dependency {dependency}: {reason}")]
+    Dependency {
+        identity: String,
+        dependency: String,
+        reason: String,
+    },
+
+    /// The handler could not be started (nothing ran).
+    #[error("{identity}: cannot start `{command}`: {reason}")]
+    Spawn {
+        identity: String,
+        command: String,
+        reason: String,
+    },
+
+    /// A runnable that cannot be offered as an agent tool.
+    #[error("{identity} cannot be a tool: {reason}")]
+    NotATool { identity: String, reason: String },
+
+    /// A file or folder operation failed.
+    #[error("{path}: {reason}")]
+    Io { path: PathBuf, reason: String },
+}
+
+impl RunnableError {
+    /// The stable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            RunnableError::Declaration { .. } => "invalid",
+            RunnableError::Workspace { .. } => "workspace",
+            RunnableError::BadReference { .. } => "bad_reference",
+            RunnableError::NotFound { .. } => "not_found",
+            RunnableError::Ambiguous { .. } => "ambiguous",
+            RunnableError::Conflict { .. } => "conflict",
+            RunnableError::Integrity { .. } => "integrity",
+            RunnableError::Build { .. } => "build",
+            RunnableError::InvalidInput { .. } => "invalid_input",
+            RunnableError::Dependency { .. } => "unresolved_dependency",
+            RunnableError::Spawn { .. } => "spawn",
+            RunnableError::NotATool { .. } => "not_a_tool",
+            RunnableError::Io { .. } => "io",
+        }
+    }
+
+    pub(crate) fn io(path: impl Into<PathBuf>, e: impl fmt::Display) -> RunnableError {
+        RunnableError::Io {
+            path: path.into(),
+            reason: e.to_string(),
+        }
+    }
+
+    /// A machine-readable document of this refusal (`{"code", "message", ...details}`).
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut doc = serde_json::json!({
+            "code": self.code(),
+            "message": self.to_string(),
+        });
+        let extra = match self {
+            RunnableError::Declaration { problems } => {
+                serde_json::json!({ "problems": problems })
+            }
+            RunnableError::NotFound { available, .. } => {
+                serde_json::json!({ "available": available })
+            }
+            RunnableError::Ambiguous { candidates, .. } => {
+                serde_json::json!({ "candidates": candidates })
+            }
+            RunnableError::Conflict {
+                recorded, offered, ..
+            } => serde_json::json!({ "recorded": recorded, "offered": offered }),
+            RunnableError::InvalidInput { violations, .. } => {
+                serde_json::json!({ "violations": violations })
+            }
+            _ => serde_json::json!({}),
+        };
+        if let (Some(d), Some(e)) = (doc.as_object_mut(), extra.as_object()) {
+            for (k, v) in e {
+                d.insert(k.clone(), v.clone());
+            }
+        }
+        doc
+    }
+}
+
+/// Collects the problems of one file read against a schema (a declaration, or the answer
+/// schemas of a workflow program).
+pub struct Sink {
+    pub file: PathBuf,
+    pub problems: Vec<DeclarationProblem>,
+}
+
+impl Sink {
+    pub fn new(file: impl Into<PathBuf>) -> Sink {
+        Sink {
+            file: file.into(),
+            problems: Vec::new(),
+        }
+    }
+
+    /// Records a problem at `node`'s position.
+    pub fn at(
+        &mut self,
+        node: &strict_yaml::Node,
+        code: &'static str,
+        path: &str,
+        message: impl Into<String>,
+    ) {
+        self.at_pos(node.line, node.column, code, path, message);
+    }
+
+    pub fn at_pos(
+        &mut self,
+        line: usize,
+        column: usize,
+        code: &'static str,
+        path: &str,
+        message: impl Into<String>,
+    ) {
+        self.problems.push(DeclarationProblem {
+            file: self.file.clone(),
+            line,
+            column,
+            code,
+            path: path.to_owned(),
+            message: message.into(),
+        });
+    }
+}

@@ -1,0 +1,823 @@
+//! The bounded schema profile runnables declare their input and output in, read from YAML
+//! with every problem reported, rendered as standard JSON Schema (for `show` and for agent
+//! tools), and checked against JSON values with every violation reported by JSON path.
+//!
+//! The profile: `type` (one of object, array, string, integer, number, boolean), `nullable`,
+//! `description`, `enum`; objects take `properties`, `required`, `additionalProperties`
+//! (default false: a member the schema does not declare is refused); arrays take `items`
+//! (required), `minItems`, `maxItems`; strings take `minLength`, `maxLength`; integers and
+//! numbers take `minimum`, `maximum`. Nothing else. `integer` accepts only JSON numbers
+//! written without a fraction or exponent (`1`, not `1.0` or `1e0`); nothing is coerced.
+//!
+//! This module must never run anything or read files: it is pure data and checks.
+
+use std::fmt;
+
+use serde_json::{Map, Value, json};
+
+use crate::error::{Sink, codes};
+use strict_yaml::{Node, NodeKind, Resolved};
+
+/// The most violations one check reports (the rest are counted).
+pub const MAX_VIOLATIONS: usize = 100;
+
+/// A schema's type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SchemaType {
+    Object,
+    Array,
+    String,
+    Integer,
+    Number,
+    Boolean,
+}
+
+impl SchemaType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SchemaType::Object => "object",
+            SchemaType::Array => "array",
+            SchemaType::String => "string",
+            SchemaType::Integer => "integer",
+            SchemaType::Number => "number",
+            SchemaType::Boolean => "boolean",
+        }
+    }
+
+    fn parse(s: &str) -> Option<SchemaType> {
+        Some(match s {
+            "object" => SchemaType::Object,
+            "array" => SchemaType::Array,
+            "string" => SchemaType::String,
+            "integer" => SchemaType::Integer,
+            "number" => SchemaType::Number,
+            "boolean" => SchemaType::Boolean,
+            _ => return None,
+        })
+    }
+
+    /// The keywords this type takes beyond the common ones.
+    fn own_keywords(self) -> &'static [&'static str] {
+        match self {
+            SchemaType::Object => &["properties", "required", "additionalProperties"],
+            SchemaType::Array => &["items", "minItems", "maxItems"],
+            SchemaType::String => &["minLength", "maxLength"],
+            SchemaType::Integer | SchemaType::Number => &["minimum", "maximum"],
+            SchemaType::Boolean => &[],
+        }
+    }
+}
+
+const COMMON_KEYWORDS: &[&str] = &["type", "nullable", "description", "enum"];
+const TYPED_KEYWORDS: &[(&str, &str)] = &[
+    ("properties", "object"),
+    ("required", "object"),
+    ("additionalProperties", "object"),
+    ("items", "array"),
+    ("minItems", "array"),
+    ("maxItems", "array"),
+    ("minLength", "string"),
+    ("maxLength", "string"),
+    ("minimum", "integer and number"),
+    ("maximum", "integer and number"),
+];
+
+/// One schema node of the profile.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Schema {
+    pub ty: SchemaType,
+    pub nullable: bool,
+    pub description: Option<String>,
+    pub enumeration: Option<Vec<Value>>,
+    /// Declared members in declaration order (objects).
+    pub properties: Vec<(String, Schema)>,
+    pub required: Vec<String>,
+    pub additional_properties: bool,
+    pub items: Option<Box<Schema>>,
+    pub min_items: Option<u64>,
+    pub max_items: Option<u64>,
+    pub min_length: Option<u64>,
+    pub max_length: Option<u64>,
+    pub minimum: Option<f64>,
+    pub maximum: Option<f64>,
+}
+
+impl Schema {
+    fn of(ty: SchemaType) -> Schema {
+        Schema {
+            ty,
+            nullable: false,
+            description: None,
+            enumeration: None,
+            properties: Vec::new(),
+            required: Vec::new(),
+            additional_properties: false,
+            items: None,
+            min_items: None,
+            max_items: None,
+            min_length: None,
+            max_length: None,
+            minimum: None,
+            maximum: None,
+        }
+    }
+
+    /// Reads a schema node at `path`, recording every problem in `sink`. Returns `None` when
+    /// the node is unusable (problems were recorded).
+    pub fn parse(node: &Node, path: &str, sink: &mut Sink) -> Option<Schema> {
+        let Some(entries) = node.entries() else {
+            sink.at(
+                node,
+                codes::WRONG_TYPE,
+                path,
+                format!("a schema must be a mapping, not {}", node.describe()),
+            );
+            return None;
+        };
+        let ty = match node.get("type") {
+            None => {
+                sink.at(
+                    node,
+                    codes::SCHEMA_STRUCTURE,
+                    path,
+                    "every schema needs a `type` (object, array, string, integer, number or boolean)",
+                );
+                None
+            }
+            Some(t) => match t.as_str().and_then(SchemaType::parse) {
+                Some(ty) => Some(ty),
+                None => {
+                    sink.at(
+                        t,
+                        codes::INVALID_VALUE,
+                        &join(path, "type"),
+                        format!(
+                            "{} is not a type of the profile; use one of object, array, string, integer, number, boolean",
+                            t.describe()
+                        ),
+                    );
+                    None
+                }
+            },
+        };
+        // Keywords first, so every out-of-profile one is named even when the type is wrong.
+        for (key, _) in entries {
+            let name = key.scalar().map(|s| s.text.as_str()).unwrap_or_default();
+            if COMMON_KEYWORDS.contains(&name) {
+                continue;
+            }
+            if let Some(ty) = ty
+                && ty.own_keywords().contains(&name)
+            {
+                continue;
+            }
+            match TYPED_KEYWORDS.iter().find(|(k, _)| *k == name) {
+                Some((_, applies)) => sink.at(
+                    key,
+                    codes::SCHEMA_KEYWORD,
+                    path,
+                    format!(
+                        "`{name}` applies to {applies} schemas only{}",
+                        ty.map(|t| format!(", and this one is `{}`", t.as_str()))
+                            .unwrap_or_default()
+                    ),
+                ),
+                None => sink.at(
+                    key,
+                    codes::SCHEMA_KEYWORD,
+                    path,
+                    format!(
+                        "`{name}` is outside the bounded schema profile (allowed here: {})",
+                        allowed_here(ty)
+                    ),
+                ),
+            }
+        }
+        let ty = ty?;
+        let mut schema = Schema::of(ty);
+        if let Some(n) = node.get("nullable") {
+            match n.scalar().map(|s| s.resolved) {
+                Some(Resolved::Bool(b)) => schema.nullable = b,
+                _ => sink.at(
+                    n,
+                    codes::WRONG_TYPE,
+                    &join(path, "nullable"),
+                    format!("must be true or false, not {}", n.describe()),
+                ),
+            }
+        }
+        if let Some(d) = node.get("description") {
+            match d.as_str() {
+                Some(s) => schema.description = Some(s.to_owned()),
+                None => sink.at(
+                    d,
+                    codes::WRONG_TYPE,
+                    &join(path, "description"),
+                    format!("must be a string, not {}", d.describe()),
+                ),
+            }
+        }
+        match ty {
+            SchemaType::Object => parse_object(node, path, sink, &mut schema),
+            SchemaType::Array => {
+                match node.get("items") {
+                    None => sink.at(
+                        node,
+                        codes::SCHEMA_STRUCTURE,
+                        path,
+                        "an array schema needs `items`, the schema of its elements",
+                    ),
+                    Some(items) => {
+                        schema.items =
+                            Schema::parse(items, &join(path, "items"), sink).map(Box::new)
+                    }
+                }
+                schema.min_items = count(node, "minItems", path, sink);
+                schema.max_items = count(node, "maxItems", path, sink);
+                check_range(
+                    node,
+                    path,
+                    sink,
+                    schema.min_items,
+                    schema.max_items,
+                    "minItems",
+                );
+            }
+            SchemaType::String => {
+                schema.min_length = count(node, "minLength", path, sink);
+                schema.max_length = count(node, "maxLength", path, sink);
+                check_range(
+                    node,
+                    path,
+                    sink,
+                    schema.min_length,
+                    schema.max_length,
+                    "minLength",
+                );
+            }
+            SchemaType::Integer | SchemaType::Number => {
+                schema.minimum = bound(node, "minimum", path, sink);
+                schema.maximum = bound(node, "maximum", path, sink);
+                if let (Some(lo), Some(hi)) = (schema.minimum, schema.maximum)
+                    && lo > hi
+                {
+                    sink.at(
+                        node,
+                        codes::INVALID_VALUE,
+                        &join(path, "minimum"),
+                        format!("minimum {lo} is above maximum {hi}"),
+                    );
+                }
+            }
+            SchemaType::Boolean => {}
+        }
+        if let Some(e) = node.get("enum") {
+            schema.enumeration = parse_enum(e, &join(path, "enum"), sink, &schema);
+        }
+        Some(schema)
+    }
+
+    /// The schema as standard JSON Schema: `nullable` becomes a type list with `"null"`, and
+    /// objects always state `additionalProperties`.
+    pub fn to_json(&self) -> Value {
+        let mut m = Map::new();
+        if self.nullable {
+            m.insert("type".into(), json!([self.ty.as_str(), "null"]));
+        } else {
+            m.insert("type".into(), json!(self.ty.as_str()));
+        }
+        if let Some(d) = &self.description {
+            m.insert("description".into(), json!(d));
+        }
+        if let Some(e) = &self.enumeration {
+            let mut values = e.clone();
+            if self.nullable {
+                values.push(Value::Null);
+            }
+            m.insert("enum".into(), Value::Array(values));
+        }
+        match self.ty {
+            SchemaType::Object => {
+                let props: Map<String, Value> = self
+                    .properties
+                    .iter()
+                    .map(|(k, s)| (k.clone(), s.to_json()))
+                    .collect();
+                m.insert("properties".into(), Value::Object(props));
+                m.insert("required".into(), json!(self.required));
+                m.insert(
+                    "additionalProperties".into(),
+                    json!(self.additional_properties),
+                );
+            }
+            SchemaType::Array => {
+                if let Some(items) = &self.items {
+                    m.insert("items".into(), items.to_json());
+                }
+                insert_opt(&mut m, "minItems", self.min_items.map(Value::from));
+                insert_opt(&mut m, "maxItems", self.max_items.map(Value::from));
+            }
+            SchemaType::String => {
+                insert_opt(&mut m, "minLength", self.min_length.map(Value::from));
+                insert_opt(&mut m, "maxLength", self.max_length.map(Value::from));
+            }
+            SchemaType::Integer | SchemaType::Number => {
+                insert_opt(&mut m, "minimum", self.minimum.map(number));
+                insert_opt(&mut m, "maximum", self.maximum.map(number));
+            }
+            SchemaType::Boolean => {}
+        }
+        Value::Object(m)
+    }
+
+    /// Every way `value` breaks this schema (at most [`MAX_VIOLATIONS`], then one line
+    /// counting the rest). Empty when it conforms.
+    pub fn validate(&self, value: &Value) -> Vec<Violation> {
+        let mut check = Check {
+            path: Vec::new(),
+            out: Vec::new(),
+            dropped: 0,
+        };
+        check.node(self, value);
+        if check.dropped > 0 {
+            check.out.push(Violation {
+                path: "$".into(),
+                rule: "more",
+                message: format!("{} more violation(s) not listed", check.dropped),
+            });
+        }
+        check.out
+    }
+}
+
+fn insert_opt(m: &mut Map<String, Value>, key: &str, v: Option<Value>) {
+    if let Some(v) = v {
+        m.insert(key.into(), v);
+    }
+}
+
+/// A bound as JSON: whole numbers print without a fraction.
+fn number(f: f64) -> Value {
+    if f.fract() == 0.0 && f.abs() < 9.0e15 {
+        json!(f as i64)
+    } else {
+        json!(f)
+    }
+}
+
+fn allowed_here(ty: Option<SchemaType>) -> String {
+    let mut all: Vec<&str> = COMMON_KEYWORDS.to_vec();
+    match ty {
+        Some(t) => all.extend(t.own_keywords()),
+        None => all.extend(TYPED_KEYWORDS.iter().map(|(k, _)| *k)),
+    }
+    all.join(", ")
+}
+
+pub(crate) fn join(path: &str, key: &str) -> String {
+    if path.is_empty() {
+        key.to_owned()
+    } else {
+        format!("{path}.{key}")
+    }
+}
+
+fn parse_object(node: &Node, path: &str, sink: &mut Sink, schema: &mut Schema) {
+    if let Some(props) = node.get("properties") {
+        let ppath = join(path, "properties");
+        match props.entries() {
+            Some(entries) => {
+                for (key, value) in entries {
+                    let Some(name) = key.as_str() else {
+                        sink.at(
+                            key,
+                            codes::WRONG_TYPE,
+                            &ppath,
+                            format!("a property name must be a string, not {}", key.describe()),
+                        );
+                        continue;
+                    };
+                    if let Some(s) = Schema::parse(value, &join(&ppath, name), sink) {
+                        schema.properties.push((name.to_owned(), s));
+                    }
+                }
+            }
+            None => sink.at(
+                props,
+                codes::WRONG_TYPE,
+                &ppath,
+                format!(
+                    "must be a mapping of property names to schemas, not {} (write `{{}}` for none)",
+                    props.describe()
+                ),
+            ),
+        }
+    }
+    if let Some(req) = node.get("required") {
+        let rpath = join(path, "required");
+        match req.items() {
+            Some(items) => {
+                for item in items {
+                    let Some(name) = item.as_str() else {
+                        sink.at(
+                            item,
+                            codes::WRONG_TYPE,
+                            &rpath,
+                            format!("must list property names, not {}", item.describe()),
+                        );
+                        continue;
+                    };
+                    if schema.required.iter().any(|r| r == name) {
+                        sink.at(
+                            item,
+                            codes::SCHEMA_STRUCTURE,
+                            &rpath,
+                            format!("`{name}` is listed twice"),
+                        );
+                        continue;
+                    }
+                    let declared = node.get("properties").and_then(|p| p.get(name)).is_some();
+                    if !declared {
+                        sink.at(
+                            item,
+                            codes::SCHEMA_STRUCTURE,
+                            &rpath,
+                            format!("`{name}` is required but not declared in `properties`"),
+                        );
+                        continue;
+                    }
+                    schema.required.push(name.to_owned());
+                }
+            }
+            None => sink.at(
+                req,
+                codes::WRONG_TYPE,
+                &rpath,
+                format!(
+                    "must be a list of property names, not {} (write `[]` for none)",
+                    req.describe()
+                ),
+            ),
+        }
+    }
+    if let Some(a) = node.get("additionalProperties") {
+        match a.scalar().map(|s| s.resolved) {
+            Some(Resolved::Bool(b)) => schema.additional_properties = b,
+            _ => sink.at(
+                a,
+                codes::WRONG_TYPE,
+                &join(path, "additionalProperties"),
+                format!(
+                    "must be true or false (a schema is outside the profile), not {}",
+                    a.describe()
+                ),
+            ),
+        }
+    }
+}
+
+fn count(node: &Node, key: &str, path: &str, sink: &mut Sink) -> Option<u64> {
+    let v = node.get(key)?;
+    match v.scalar().map(|s| s.resolved) {
+        Some(Resolved::Int(i)) if i >= 0 => Some(i as u64),
+        _ => {
+            sink.at(
+                v,
+                codes::WRONG_TYPE,
+                &join(path, key),
+                format!("must be a whole number of at least 0, not {}", v.describe()),
+            );
+            None
+        }
+    }
+}
+
+fn bound(node: &Node, key: &str, path: &str, sink: &mut Sink) -> Option<f64> {
+    let v = node.get(key)?;
+    match v.scalar().map(|s| s.resolved) {
+        Some(Resolved::Int(i)) => Some(i as f64),
+        Some(Resolved::Float(f)) if f.is_finite() => Some(f),
+        _ => {
+            sink.at(
+                v,
+                codes::WRONG_TYPE,
+                &join(path, key),
+                format!("must be a finite number, not {}", v.describe()),
+            );
+            None
+        }
+    }
+}
+
+fn check_range(
+    node: &Node,
+    path: &str,
+    sink: &mut Sink,
+    lo: Option<u64>,
+    hi: Option<u64>,
+    key: &str,
+) {
+    if let (Some(lo), Some(hi)) = (lo, hi)
+        && lo > hi
+    {
+        sink.at(
+            node,
+            codes::INVALID_VALUE,
+            &join(path, key),
+            format!("the lower bound {lo} is above the upper bound {hi}"),
+        );
+    }
+}
+
+fn parse_enum(e: &Node, path: &str, sink: &mut Sink, schema: &Schema) -> Option<Vec<Value>> {
+    let Some(items) = e.items() else {
+        sink.at(
+            e,
+            codes::WRONG_TYPE,
+            path,
+            format!("must be a list of allowed values, not {}", e.describe()),
+        );
+        return None;
+    };
+    if items.is_empty() {
+        sink.at(
+            e,
+            codes::INVALID_VALUE,
+            path,
+            "lists no value, so nothing could pass",
+        );
+        return None;
+    }
+    let mut values = Vec::new();
+    for item in items {
+        let v = match (&item.kind, schema.ty) {
+            (NodeKind::Scalar(s), SchemaType::String) if s.resolved == Resolved::Str => {
+                json!(s.text)
+            }
+            (NodeKind::Scalar(s), SchemaType::Integer) => match s.resolved {
+                Resolved::Int(i) => json!(i),
+                _ => Value::Null,
+            },
+            (NodeKind::Scalar(s), SchemaType::Number) => match s.resolved {
+                Resolved::Int(i) => json!(i),
+                Resolved::Float(f) if f.is_finite() => json!(f),
+                _ => Value::Null,
+            },
+            (NodeKind::Scalar(s), SchemaType::Boolean) => match s.resolved {
+                Resolved::Bool(b) => json!(b),
+                _ => Value::Null,
+            },
+            _ => Value::Null,
+        };
+        if v.is_null() {
+            sink.at(
+                item,
+                codes::INVALID_VALUE,
+                path,
+                format!(
+                    "{} is not a {} (enum applies to string, integer, number and boolean schemas, each value of that type)",
+                    item.describe(),
+                    schema.ty.as_str()
+                ),
+            );
+            continue;
+        }
+        if values.contains(&v) {
+            sink.at(
+                item,
+                codes::INVALID_VALUE,
+                path,
+                format!("{v} is listed twice"),
+            );
+            continue;
+        }
+        values.push(v);
+    }
+    Some(values)
+}
+
+/// One way a value breaks a schema.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Violation {
+    /// Where: `$` for the value itself, else a path like `items[2].qty`.
+    pub path: String,
+    /// The rule broken: `type`, `required`, `null`, `additional`, `enum`, `minimum`,
+    /// `maximum`, `min_length`, `max_length`, `min_items`, `max_items`, `more`.
+    pub rule: &'static str,
+    pub message: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: [{}] {}", self.path, self.rule, self.message)
+    }
+}
+
+enum Seg<'a> {
+    Key(&'a str),
+    Index(usize),
+}
+
+struct Check<'a> {
+    path: Vec<Seg<'a>>,
+    out: Vec<Violation>,
+    dropped: usize,
+}
+
+fn is_identifier(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+fn kind_of(v: &Value) -> String {
+    match v {
+        Value::Null => "null".into(),
+        Value::Bool(b) => format!("the boolean {b}"),
+        Value::Number(n) => format!("the number {n}"),
+        Value::String(s) if s.len() > 40 => "a string".into(),
+        Value::String(s) => format!("the string {s:?}"),
+        Value::Array(_) => "an array".into(),
+        Value::Object(_) => "an object".into(),
+    }
+}
+
+impl<'a> Check<'a> {
+    fn path_text(&self) -> String {
+        if self.path.is_empty() {
+            return "$".into();
+        }
+        let mut s = String::new();
+        for seg in &self.path {
+            match seg {
+                Seg::Key(k) if is_identifier(k) => {
+                    if !s.is_empty() {
+                        s.push('.');
+                    }
+                    s.push_str(k);
+                }
+                Seg::Key(k) => s.push_str(&format!("[{}]", json!(k))),
+                Seg::Index(i) => s.push_str(&format!("[{i}]")),
+            }
+        }
+        s
+    }
+
+    fn report(&mut self, rule: &'static str, message: String) {
+        if self.out.len() >= MAX_VIOLATIONS {
+            self.dropped += 1;
+            return;
+        }
+        let path = self.path_text();
+        self.out.push(Violation {
+            path,
+            rule,
+            message,
+        });
+    }
+
+    fn node(&mut self, schema: &Schema, value: &'a Value) {
+        if value.is_null() {
+            if !schema.nullable {
+                self.report(
+                    "null",
+                    format!("null is not allowed here (expected {})", schema.ty.as_str()),
+                );
+            }
+            return;
+        }
+        match (schema.ty, value) {
+            (SchemaType::Object, Value::Object(members)) => self.object(schema, members),
+            (SchemaType::Array, Value::Array(items)) => {
+                let n = items.len() as u64;
+                if let Some(min) = schema.min_items
+                    && n < min
+                {
+                    self.report(
+                        "min_items",
+                        format!("has {n} item(s); at least {min} required"),
+                    );
+                }
+                if let Some(max) = schema.max_items
+                    && n > max
+                {
+                    self.report(
+                        "max_items",
+                        format!("has {n} item(s); at most {max} allowed"),
+                    );
+                }
+                if let Some(item_schema) = &schema.items {
+                    for (i, item) in items.iter().enumerate() {
+                        self.path.push(Seg::Index(i));
+                        self.node(item_schema, item);
+                        self.path.pop();
+                    }
+                }
+            }
+            (SchemaType::String, Value::String(s)) => {
+                let n = s.chars().count() as u64;
+                if let Some(min) = schema.min_length
+                    && n < min
+                {
+                    self.report(
+                        "min_length",
+                        format!("is {n} character(s) long; at least {min} required"),
+                    );
+                }
+                if let Some(max) = schema.max_length
+                    && n > max
+                {
+                    self.report(
+                        "max_length",
+                        format!("is {n} character(s) long; at most {max} allowed"),
+                    );
+                }
+                self.enumeration(schema, value);
+            }
+            (SchemaType::Integer, Value::Number(n)) if n.is_i64() || n.is_u64() => {
+                self.bounds(schema, n.as_f64().unwrap_or(0.0));
+                self.enumeration(schema, value);
+            }
+            (SchemaType::Number, Value::Number(n)) => {
+                self.bounds(schema, n.as_f64().unwrap_or(0.0));
+                self.enumeration(schema, value);
+            }
+            (SchemaType::Boolean, Value::Bool(_)) => self.enumeration(schema, value),
+            (ty, other) => {
+                let expected = match ty {
+                    SchemaType::Integer => "an integer (a whole number without fraction)",
+                    SchemaType::Number => "a number",
+                    SchemaType::String => "a string",
+                    SchemaType::Boolean => "a boolean",
+                    SchemaType::Object => "an object",
+                    SchemaType::Array => "an array",
+                };
+                self.report(
+                    "type",
+                    format!("expected {expected}, got {}", kind_of(other)),
+                );
+            }
+        }
+    }
+
+    fn object(&mut self, schema: &Schema, members: &'a Map<String, Value>) {
+        for name in &schema.required {
+            if !members.contains_key(name) {
+                self.report(
+                    "required",
+                    format!("the required member `{name}` is missing"),
+                );
+            }
+        }
+        for (name, value) in members {
+            match schema.properties.iter().find(|(k, _)| k == name) {
+                Some((_, s)) => {
+                    self.path.push(Seg::Key(name));
+                    self.node(s, value);
+                    self.path.pop();
+                }
+                None if schema.additional_properties => {}
+                None => {
+                    self.path.push(Seg::Key(name));
+                    self.report(
+                        "additional",
+                        "this member is not declared by the schema (additionalProperties is false)"
+                            .into(),
+                    );
+                    self.path.pop();
+                }
+            }
+        }
+    }
+
+    fn bounds(&mut self, schema: &Schema, x: f64) {
+        if let Some(min) = schema.minimum
+            && x < min
+        {
+            self.report("minimum", format!("{x} is below the minimum {min}"));
+        }
+        if let Some(max) = schema.maximum
+            && x > max
+        {
+            self.report("maximum", format!("{x} is above the maximum {max}"));
+        }
+    }
+
+    fn enumeration(&mut self, schema: &Schema, value: &Value) {
+        if let Some(values) = &schema.enumeration {
+            let hit = values.iter().any(|v| match (v, value) {
+                (Value::Number(a), Value::Number(b)) => a.as_f64() == b.as_f64(),
+                _ => v == value,
+            });
+            if !hit {
+                let list: Vec<String> = values.iter().map(|v| v.to_string()).collect();
+                self.report(
+                    "enum",
+                    format!("{} is not one of {}", kind_of(value), list.join(", ")),
+                );
+            }
+        }
+    }
+}

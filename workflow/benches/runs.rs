@@ -1,0 +1,215 @@
+//! `cargo bench -p workflow --bench runs [-- sqlite|postgres]`
+//!
+//! For each backend, in one run: the raw single-row durable commit rate (one connection, one
+//! INSERT per transaction, the store's durability settings; measured before and after, the
+//! ratio is against their mean), then workflow runs of a three-step program — two read-only
+//! invokes of an in-process handler and a zero sleep — recorded and driven through the session
+//! store to completion, 1 at a time and 64 at once: runs/s and the ratio to the raw rate.
+//! Each run is five durable writes (the start, three results, the end).
+//!
+//! PostgreSQL runs when `HOST_TEST_DATABASE_URL` is set.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use runnable::{Effect, OutcomeClass};
+use sessionstore::*;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use workflow::program::{RunnableInfo, Unresolved, schema_from_yaml};
+use workflow::{
+    DriveEnd, Driver, DriverOptions, Environment, InvokeCall, InvokeDone, Invoker, NoEvents,
+};
+
+const RAW_COMMITS: usize = 400;
+const ONE_RUNS: usize = 40;
+const MANY: usize = 64;
+const PER_TASK_RUNS: usize = 4;
+
+const PROGRAM: &str = "\
+steps:
+  - name: first
+    invoke: echo@1.0.0
+    input: {n: \"${input.n}\"}
+  - name: second
+    invoke: echo@1.0.0
+    input: {m: \"${steps.first.n}\"}
+  - name: pause
+    sleep: 0s
+";
+
+struct Echo;
+
+impl Environment for Echo {
+    fn runnable(&self, _: &str) -> Result<RunnableInfo, Unresolved> {
+        Ok(RunnableInfo {
+            identity: "bench/echo@1.0.0".into(),
+            digest: "sha256:0".into(),
+            effect: Effect::ReadOnly,
+            input: schema_from_yaml("type: object\nadditionalProperties: true\n")
+                .expect("a schema"),
+        })
+    }
+    fn agent_known(&self, _: &str) -> bool {
+        false
+    }
+}
+
+#[async_trait]
+impl Invoker for Echo {
+    async fn invoke(&self, call: InvokeCall) -> Result<InvokeDone, String> {
+        Ok(InvokeDone {
+            outcome: OutcomeClass::Succeeded,
+            output: Some(call.input),
+            detail: String::new(),
+        })
+    }
+}
+
+fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+fn raw_sqlite_rate(path: &std::path::Path) -> f64 {
+    sessionstore::testing::raw_sqlite_commit_rate(path, RAW_COMMITS).expect("raw sqlite baseline")
+}
+
+async fn raw_postgres_rate(url: &str, schema: &str) -> f64 {
+    sessionstore::testing::raw_postgres_commit_rate(url, schema, RAW_COMMITS)
+        .await
+        .expect("raw postgres baseline")
+}
+
+fn driver(store: &Store) -> Driver {
+    Driver {
+        journal: Arc::new(store.clone()),
+        env: Arc::new(Echo),
+        invoker: Arc::new(Echo),
+        agents: None,
+        events: Arc::new(NoEvents),
+        options: DriverOptions {
+            lease: Duration::from_secs(60),
+            poll: Duration::from_millis(100),
+        },
+    }
+}
+
+async fn one_run(store: &Store, d: &Driver, id: String) {
+    let status = store
+        .create_run(NewRun {
+            run_id: RunId::new(id).expect("an id"),
+            tenant: TenantId::new("bench").expect("a tenant"),
+            source: PROGRAM.into(),
+            input: r#"{"n": 1}"#.into(),
+            holder: "bench/1".into(),
+            fencing_token: uuid::Uuid::now_v7().simple().to_string(),
+            lease: Duration::from_secs(60),
+            idempotency_key: None,
+        })
+        .await
+        .expect("a run")
+        .status;
+    let end = d
+        .drive(status, Arc::new(Notify::new()), CancellationToken::new())
+        .await
+        .expect("a drive");
+    assert_eq!(end, DriveEnd::Completed);
+}
+
+/// Runs `tasks` concurrent tasks of `per_task` runs each; runs/s.
+async fn runs(store: &Store, label: &str, tasks: usize, per_task: usize) -> f64 {
+    let d = driver(store);
+    let start = Instant::now();
+    let mut handles = Vec::new();
+    for t in 0..tasks {
+        let (store, d, label) = (store.clone(), d.clone(), label.to_owned());
+        handles.push(tokio::spawn(async move {
+            for i in 0..per_task {
+                one_run(&store, &d, format!("{label}-{t}-{i}")).await;
+            }
+        }));
+    }
+    for h in handles {
+        h.await.expect("a task");
+    }
+    (tasks * per_task) as f64 / start.elapsed().as_secs_f64()
+}
+
+fn report(backend: &str, raw: (f64, f64), one: f64, many: f64) {
+    let base = (raw.0 + raw.1) / 2.0;
+    println!(
+        "{backend}: raw single-row durable commits: {:.0} before, {:.0} after: {base:.0} commits/s",
+        raw.0, raw.1
+    );
+    println!(
+        "{backend}: runs, 1 at a time:  {one:>7.1} runs/s  ({:.2}x raw)",
+        one / base
+    );
+    println!(
+        "{backend}: runs, {MANY} at once:   {many:>7.1} runs/s  ({:.2}x raw)",
+        many / base
+    );
+}
+
+async fn bench_sqlite() {
+    println!("sqlite: load average {}", load());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let raw_before = raw_sqlite_rate(&dir.path().join("raw-before.db"));
+    let url = format!("sqlite://{}", dir.path().join("runs.db").display());
+    let store = Store::open(StoreOptions::new(url)).await.expect("store");
+    let one = runs(&store, "one", 1, ONE_RUNS).await;
+    let many = runs(&store, "many", MANY, PER_TASK_RUNS).await;
+    let raw_after = raw_sqlite_rate(&dir.path().join("raw-after.db"));
+    report("sqlite", (raw_before, raw_after), one, many);
+    store.close().await;
+    println!("sqlite: load average {}", load());
+}
+
+async fn bench_postgres(url: String) {
+    println!("postgres: load average {}", load());
+    let schema = format!("bench_runs_{}", std::process::id());
+    let raw_before = raw_postgres_rate(&url, &format!("{schema}_raw")).await;
+    let mut options = StoreOptions::new(url.clone());
+    options.pg_schema = Some(schema.clone());
+    options.pg_max_connections = 32;
+    let store = Store::open(options).await.expect("store");
+    let one = runs(&store, "one", 1, ONE_RUNS).await;
+    let many = runs(&store, "many", MANY, PER_TASK_RUNS).await;
+    let raw_after = raw_postgres_rate(&url, &format!("{schema}_raw")).await;
+    report("postgres", (raw_before, raw_after), one, many);
+    store.close().await;
+    println!("postgres: load average {}", load());
+    use sqlx::{Connection, Executor};
+    if let Ok(mut c) = sqlx::PgConnection::connect(&url).await {
+        let _ = c
+            .execute(sqlx::AssertSqlSafe(format!(
+                "DROP SCHEMA IF EXISTS {schema} CASCADE; DROP SCHEMA IF EXISTS {schema}_raw CASCADE"
+            )))
+            .await;
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    let named = |n: &str| args.iter().any(|a| a == n);
+    let any = named("sqlite") || named("postgres");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    if !any || named("sqlite") {
+        rt.block_on(bench_sqlite());
+    }
+    if !any || named("postgres") {
+        match std::env::var("HOST_TEST_DATABASE_URL") {
+            Ok(url) if !url.is_empty() => rt.block_on(bench_postgres(url)),
+            _ => println!("postgres: skipped (HOST_TEST_DATABASE_URL is unset)"),
+        }
+    }
+}
