@@ -41,7 +41,12 @@ pub struct HostLocation {
     pub data_dir: PathBuf,
     /// Store URL: reach a fleet through its Host registry (postgres://...) [default: the local
     /// `hostd serve`'s].
-    #[arg(long = "store", global = true, env = "HOST_STORE_URL", value_name = "URL")]
+    #[arg(
+        long = "store",
+        global = true,
+        env = "HOST_STORE_URL",
+        value_name = "URL"
+    )]
     pub store: Option<String>,
     /// One Host's HostLink base, ws://host:port, dialled directly (commands that dial a Host:
     /// `run`, `wait`) [default: a Host of --store's registry, else the local `hostd serve`].
@@ -485,7 +490,10 @@ mod tests {
             "--store",
             "sqlite:///x.db",
         ]);
-        assert_eq!(p.location.store_url("hostd hosts ls").unwrap(), "sqlite:///x.db");
+        assert_eq!(
+            p.location.store_url("hostd hosts ls").unwrap(),
+            "sqlite:///x.db"
+        );
     }
 
     #[test]

@@ -167,11 +167,12 @@ fn finished(v: &RunView) -> bool {
 /// live (its driver is woken at once, its channel carries the run's events), else any live Host
 /// serving runs (every one reads the shared store); otherwise the one Host there is.
 async fn link_for_run(dialer: &Dialer, run: &str, accepting: bool) -> Result<Link> {
-    let link = dialer.dial(Pick {
-        accepting,
-        ..Pick::default()
-    })
-    .await?;
+    let link = dialer
+        .dial(Pick {
+            accepting,
+            ..Pick::default()
+        })
+        .await?;
     if !dialer.fails_over() {
         return Ok(link);
     }
@@ -605,13 +606,14 @@ fn no_host(e: &anyhow::Error) -> bool {
 /// it, and when its Host goes away it dials another live one and reads the journal again
 /// (every Host reads the shared store), printing each entry once.
 async fn logs(dialer: &Dialer, run: &str, follow: bool, out: Output) -> Result<ExitCode> {
-    let id = if follow {
-        Some(sessionstore::RunId::new(run.to_owned()).map_err(|e| {
-            CliError::refused(local_codes::INVALID_ID, format!("the run id: {e}"))
-        })?)
-    } else {
-        None
-    };
+    let id =
+        if follow {
+            Some(sessionstore::RunId::new(run.to_owned()).map_err(|e| {
+                CliError::refused(local_codes::INVALID_ID, format!("the run id: {e}"))
+            })?)
+        } else {
+            None
+        };
     let mut link = match &id {
         Some(_) => link_for_run(dialer, run, false).await?,
         None => dialer.dial(Pick::default()).await?,

@@ -254,7 +254,9 @@ fn list(runner: &Runner, json: bool) -> ExitCode {
         }),
     );
     // A closed pipe is a quiet end, not a panic.
-    let _ = std::io::stdout().lock().write_all(table.render().as_bytes());
+    let _ = std::io::stdout()
+        .lock()
+        .write_all(table.render().as_bytes());
     ExitCode::SUCCESS
 }
 

@@ -784,15 +784,14 @@ pub async fn run(args: SessionArgs, out: Output) -> Result<ExitCode> {
             } else if gates.is_empty() {
                 ctx.out.line("no open gates")?;
             } else {
-                let table = Table::new(&["GATE", "KIND", "PROMPT"])
-                    .gap(1)
-                    .least_width(0, 38)
-                    .least_width(1, 11)
-                    .rows(
-                        gates
-                            .iter()
-                            .map(|g| [g.gate.to_string(), g.kind.clone(), g.prompt_summary.clone()]),
-                    );
+                let table =
+                    Table::new(&["GATE", "KIND", "PROMPT"])
+                        .gap(1)
+                        .least_width(0, 38)
+                        .least_width(1, 11)
+                        .rows(gates.iter().map(|g| {
+                            [g.gate.to_string(), g.kind.clone(), g.prompt_summary.clone()]
+                        }));
                 ctx.out.table(&table)?;
             }
             Ok(ExitCode::SUCCESS)
@@ -917,7 +916,10 @@ async fn list(ctx: &Ctx) -> Result<ExitCode> {
         .gap(1)
         .least_width(1, 12)
         .least_width(2, 10)
-        .rows(rows.into_iter().map(|(s, a, r, h)| [s.to_owned(), a.to_owned(), r.to_owned(), h]));
+        .rows(
+            rows.into_iter()
+                .map(|(s, a, r, h)| [s.to_owned(), a.to_owned(), r.to_owned(), h]),
+        );
     ctx.out.table(&table)?;
     Ok(ExitCode::SUCCESS)
 }
