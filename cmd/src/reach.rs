@@ -240,8 +240,8 @@ enum Hosts {
     Endpoint(String),
     /// `--store`: the live Hosts of the store's registry.
     Registry(Store),
-    /// The data folder's Host, if one recorded itself.
-    Local(Option<String>),
+    /// The Host that recorded itself in the data folder.
+    Local(String),
 }
 
 /// A link to a Host that serves the capability.
@@ -276,7 +276,6 @@ pub struct Pick<'a> {
 /// Dials the Host a command's location flags name, as its tenant, for one capability.
 pub struct Dialer {
     hosts: Hosts,
-    data_dir: PathBuf,
     tenant: TenantId,
     token: String,
     name: &'static str,
@@ -302,13 +301,27 @@ impl Dialer {
                     .await
                     .context("opening the store (--store) to read its Host registry")?,
             ),
-            (None, None) => Hosts::Local(runtime.as_ref().map(|r| r.endpoint.clone())),
+            (None, None) => match &runtime {
+                Some(r) => Hosts::Local(r.endpoint.clone()),
+                // Said before the token is looked for: no Host is the first thing to fix.
+                None => {
+                    return Err(CliError::refused(
+                        "no_host",
+                        format!(
+                            "no Host {} could be reached: start `hostd serve` (it writes its \
+                             endpoint to {}), or pass --store or --endpoint",
+                            capability.serving,
+                            location.data_dir.display()
+                        ),
+                    )
+                    .into());
+                }
+            },
         };
         let tenant = flags.tenant.tenant(runtime.as_ref())?;
         let token = flags.tenant.token(&data, &tenant)?;
         Ok(Dialer {
             hosts,
-            data_dir: location.data_dir.clone(),
             tenant,
             token,
             name,
@@ -328,18 +341,7 @@ impl Dialer {
     /// before draining, then the most free weight).
     pub async fn dial(&self, pick: Pick<'_>) -> Result<Link> {
         match &self.hosts {
-            Hosts::Endpoint(e) => self.dial_one(e).await,
-            Hosts::Local(Some(e)) => self.dial_one(e).await,
-            Hosts::Local(None) => Err(CliError::refused(
-                "no_host",
-                format!(
-                    "no Host {} could be reached: start `hostd serve` (it writes its endpoint \
-                     to {}), or pass --store or --endpoint",
-                    self.capability.serving,
-                    self.data_dir.display()
-                ),
-            )
-            .into()),
+            Hosts::Endpoint(e) | Hosts::Local(e) => self.dial_one(e).await,
             Hosts::Registry(store) => self.dial_registry(store, pick).await,
         }
     }
