@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use sessionstore::{HostId, Placement, SessionId, StoreLocation};
 use timing::duration_text;
 
-use crate::local::DataDir;
+use crate::local::{DEFAULT_DATA_DIR, DataDir};
 
 /// SQLite durability.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
@@ -242,7 +242,7 @@ impl Default for ServeOptions {
     fn default() -> Self {
         ServeOptions {
             listen: SocketAddr::from(([127, 0, 0, 1], 7400)),
-            data_dir: PathBuf::from("./.hostd"),
+            data_dir: PathBuf::from(DEFAULT_DATA_DIR),
             store: None,
             credentials_file: None,
             sqlite_synchronous: SyncMode::Full,
@@ -985,117 +985,6 @@ pub fn document_defaults(mut cmd: clap::Command) -> clap::Command {
         cmd = cmd.mut_arg(id, |a| a.value_name(name));
     }
     cmd
-}
-
-/// How long a client command waits for a local Host that is starting, unless told otherwise.
-pub const DEFAULT_WAIT_FOR_HOST: Duration = Duration::from_secs(10);
-/// The longest a client command may be told to wait for a Host.
-const MAX_WAIT_FOR_HOST: Duration = Duration::from_secs(3600);
-
-fn wait_bound(s: &str) -> Result<Duration, String> {
-    let d = duration(s)?;
-    if d > MAX_WAIT_FOR_HOST {
-        return Err(format!(
-            "above_bound: at most {}",
-            humantime::format_duration(MAX_WAIT_FOR_HOST)
-        ));
-    }
-    Ok(d)
-}
-
-/// Where a client command finds its Host and store (`hostd session`, `hostd wait`). Each is
-/// `None` unless given.
-#[derive(Clone, Debug, Default, Args)]
-pub struct HostLocation {
-    /// The data folder of the local `hostd serve` [default: ./.hostd].
-    #[arg(long = "data-dir", global = true, env = "HOST_DATA_DIR")]
-    pub data_dir: Option<PathBuf>,
-    /// Store URL [default: the local `hostd serve`'s].
-    #[arg(long = "store", global = true, env = "HOST_STORE_URL")]
-    pub store: Option<String>,
-}
-
-impl HostLocation {
-    pub fn data_dir(&self) -> PathBuf {
-        self.data_dir
-            .clone()
-            .unwrap_or_else(|| ServeOptions::default().data_dir)
-    }
-}
-
-/// The options of the commands that act as a controller (`hostd session`): where the store,
-/// the Host and the tenant's token are, and how long to wait for a local Host that is
-/// starting. Each is `None` unless given; the defaults are the methods'.
-#[derive(Clone, Debug, Default, Args)]
-pub struct ClientFlags {
-    #[command(flatten)]
-    pub location: HostLocation,
-    /// Tenant [default: the local tenant].
-    #[arg(long = "tenant", global = true, env = "HOST_TENANT")]
-    pub tenant: Option<String>,
-    /// The tenant's HostLink token [default: read from the data folder]. Checked before
-    /// anything is read or admitted.
-    #[arg(
-        long = "token",
-        global = true,
-        env = "HOST_TENANT_TOKEN",
-        hide_env_values = true
-    )]
-    pub token: Option<String>,
-    /// How long to wait for a local Host that is starting (`hostd serve &` just run) before
-    /// giving up; 0s does not wait [default: 10s].
-    #[arg(long = "wait-for-host", global = true, env = "HOST_WAIT_FOR_HOST", value_parser = wait_bound, value_name = "DURATION")]
-    pub wait_for_host: Option<Duration>,
-    /// How long a dial of a Host may take (TCP, upgrade and connect reply); a frozen Host is
-    /// given up on after it [default: 5s].
-    #[arg(long = "connect-timeout", global = true, env = "HOST_CONNECT_TIMEOUT", value_parser = client_timeout, value_name = "DURATION")]
-    pub connect_timeout: Option<Duration>,
-    /// How long a request to a Host waits for its answer [default: 30s].
-    #[arg(long = "request-timeout", global = true, env = "HOST_REQUEST_TIMEOUT", value_parser = client_timeout, value_name = "DURATION")]
-    pub request_timeout: Option<Duration>,
-}
-
-impl ClientFlags {
-    pub fn wait_for_host(&self) -> Duration {
-        self.wait_for_host.unwrap_or(DEFAULT_WAIT_FOR_HOST)
-    }
-
-    /// The HostLink client's timeouts (each validated when parsed).
-    pub fn client_options(&self) -> controller::client::ClientOptions {
-        let d = controller::client::ClientOptions::default();
-        controller::client::ClientOptions {
-            connect_timeout: self.connect_timeout.unwrap_or(d.connect_timeout),
-            request_timeout: self.request_timeout.unwrap_or(d.request_timeout),
-        }
-    }
-}
-
-/// A client timeout: positive and at most [`controller::client::MAX_TIMEOUT`].
-fn client_timeout(s: &str) -> Result<Duration, String> {
-    let d = duration(s)?;
-    let probe = controller::client::ClientOptions {
-        connect_timeout: d,
-        request_timeout: d,
-    };
-    probe.validate().map_err(|e| e.reason)?;
-    Ok(d)
-}
-
-/// How long `hostd wait` waits, unless told otherwise.
-pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// `hostd wait`'s own option.
-#[derive(Clone, Debug, Default, Args)]
-pub struct WaitFlags {
-    /// How long to wait for a Host to be ready before giving up [default: 30s].
-    #[arg(long = "timeout", env = "HOST_WAIT_TIMEOUT", value_parser = wait_bound, value_name = "DURATION")]
-    pub timeout: Option<Duration>,
-}
-
-impl WaitFlags {
-    pub fn timeout(&self) -> Duration {
-        self.timeout.unwrap_or(DEFAULT_WAIT_TIMEOUT)
-    }
 }
 
 #[cfg(test)]

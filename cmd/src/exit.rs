@@ -32,6 +32,10 @@ pub enum CliError {
     /// Refused before anything was read or admitted.
     #[error("{message}")]
     Refused { code: &'static str, message: String },
+    /// The command line asks for something the command cannot do (code `usage`, status 2,
+    /// as for a command line clap refuses).
+    #[error("{message}")]
+    Usage { message: String },
     /// A command was admitted but its outcome is not known yet: the Host has not applied it
     /// (yet). It stays in the session's inbox; resending it with the same command id is
     /// idempotent and waits for its outcome.
@@ -62,9 +66,16 @@ impl CliError {
         }
     }
 
+    pub fn usage(message: impl Into<String>) -> CliError {
+        CliError::Usage {
+            message: message.into(),
+        }
+    }
+
     pub fn code(&self) -> &'static str {
         match self {
             CliError::Refused { code, .. } => code,
+            CliError::Usage { .. } => "usage",
             CliError::AdmittedPending { .. } => "admitted_not_applied",
             CliError::NotApplied { .. } => "not_applied",
         }
@@ -73,6 +84,7 @@ impl CliError {
     pub fn status(&self) -> u8 {
         match self {
             CliError::Refused { .. } => FAILED,
+            CliError::Usage { .. } => USAGE,
             CliError::AdmittedPending { .. } => ADMITTED_PENDING,
             CliError::NotApplied { .. } => NOT_APPLIED,
         }
@@ -81,7 +93,7 @@ impl CliError {
     /// The command id this error is about, if any.
     pub fn command_id(&self) -> Option<&str> {
         match self {
-            CliError::Refused { .. } => None,
+            CliError::Refused { .. } | CliError::Usage { .. } => None,
             CliError::AdmittedPending { command, .. } | CliError::NotApplied { command, .. } => {
                 Some(command)
             }

@@ -28,6 +28,8 @@ use serde_json::{Value, json};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
+use crate::output::Table;
+
 /// Arguments of `hostd flow`.
 #[derive(Debug, Args)]
 #[command(
@@ -104,12 +106,8 @@ struct UpArgs {
     /// Set from the global `--json` flag.
     #[arg(skip)]
     json: bool,
-    /// How long each start of a service (or run of a one-shot job) may take to be ready.
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "2m")]
-    readiness_timeout: Duration,
-    /// How long each teardown layer may take before SIGKILL.
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "15s")]
-    teardown_budget: Duration,
+    #[command(flatten)]
+    timings: Timings,
     /// Internal: this process is the background half of `up --detach`.
     #[arg(long, hide = true)]
     detached_child: bool,
@@ -213,15 +211,39 @@ struct TestArgs {
     /// What to start before the command.
     #[arg(long, value_enum, default_value = "dependencies")]
     deps: TestDeps,
-    /// How long each start of a service may take to be ready.
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "2m")]
-    readiness_timeout: Duration,
-    /// How long each teardown layer may take before SIGKILL.
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "15s")]
-    teardown_budget: Duration,
+    #[command(flatten)]
+    timings: Timings,
     /// The test command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<String>,
+}
+
+/// How long `up` and `test` wait for readiness and give each teardown layer. The defaults
+/// shown and used are [`FlowOptions`]' own.
+#[derive(Debug, Args)]
+struct Timings {
+    /// How long each start of a service (or run of a one-shot job) may take to be ready.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = duration_text(FlowOptions::default().readiness_timeout))]
+    readiness_timeout: Duration,
+    /// How long each teardown layer may take before SIGKILL.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = duration_text(FlowOptions::default().teardown_layer_budget))]
+    teardown_budget: Duration,
+}
+
+impl Timings {
+    /// The flow's options with these timings.
+    fn options(&self) -> FlowOptions {
+        FlowOptions {
+            readiness_timeout: self.readiness_timeout,
+            teardown_layer_budget: self.teardown_budget,
+            ..FlowOptions::default()
+        }
+    }
+}
+
+/// A duration as `--readiness-timeout` and `--teardown-budget` read it (`2m`, `15s`).
+fn duration_text(d: Duration) -> String {
+    humantime::format_duration(d).to_string()
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -316,11 +338,7 @@ fn selection_of(args: &UpArgs) -> Selection {
 }
 
 fn load_flow(root: &Path, args: &UpArgs) -> Result<Flow> {
-    let options = FlowOptions {
-        readiness_timeout: args.readiness_timeout,
-        teardown_layer_budget: args.teardown_budget,
-        ..FlowOptions::default()
-    };
+    let options = args.timings.options();
     let overrides = args
         .set
         .iter()
@@ -432,7 +450,7 @@ async fn up(root: &Path, args: UpArgs) -> Result<ExitCode> {
                 let _ = write!(
                     std::io::stderr(),
                     "{}",
-                    render::table(&["SERVICE", "STATE", "PID", "ENDPOINTS", "RESTARTS"], &rows)
+                    Table::new(&["SERVICE", "STATE", "PID", "ENDPOINTS", "RESTARTS"]).rows(rows)
                 );
                 if let Some(origin) = selection.origin().filter(|_| selection.only_deps) {
                     eprintln_flow(&format!(
@@ -745,10 +763,11 @@ fn down_preview(root: &Path, json: bool) -> Result<ExitCode> {
             ]
         })
         .collect();
-    out.push_str(&render::table(
-        &["SERVICE", "LAYER", "PGID", "WOULD", "PROCESSES", "DETAIL"],
-        &rows,
-    ));
+    out.push_str(
+        &Table::new(&["SERVICE", "LAYER", "PGID", "WOULD", "PROCESSES", "DETAIL"])
+            .rows(rows)
+            .render(),
+    );
     Out::text(&out)?;
     Ok(ExitCode::SUCCESS)
 }
@@ -808,10 +827,7 @@ fn status_text(status: &::flow::FlowStatus) -> String {
         "flow `{}` since {}, {supervisor}\n{}",
         status.flow,
         status.started_at,
-        render::table(
-            &["SERVICE", "STATE", "PID", "ENDPOINTS", "RESTARTS", "DETAIL"],
-            &rows
-        )
+        Table::new(&["SERVICE", "STATE", "PID", "ENDPOINTS", "RESTARTS", "DETAIL"]).rows(rows)
     )
 }
 
@@ -923,7 +939,11 @@ async fn recover_cmd(root: &Path, args: RecoverArgs) -> Result<ExitCode> {
         "`{}`: its recorded leader (pid {}) is gone; these processes remain in its process group {}:\n",
         preview.service, preview.recorded.pid, preview.recorded.pgid
     );
-    out.push_str(&render::table(&["PID", "START (ticks)", "COMMAND"], &rows));
+    out.push_str(
+        &Table::new(&["PID", "START (ticks)", "COMMAND"])
+            .rows(rows)
+            .render(),
+    );
     out.push_str("why they are taken to be this flow's:\n");
     for line in &preview.evidence {
         out.push_str(&format!("  - {line}\n"));
@@ -940,12 +960,7 @@ async fn recover_cmd(root: &Path, args: RecoverArgs) -> Result<ExitCode> {
 }
 
 async fn test(root: &Path, args: TestArgs) -> Result<ExitCode> {
-    let options = FlowOptions {
-        readiness_timeout: args.readiness_timeout,
-        teardown_layer_budget: args.teardown_budget,
-        ..FlowOptions::default()
-    };
-    let flow = Flow::load(root, options)?;
+    let flow = Flow::load(root, args.timings.options())?;
     let selection = Selection {
         only_deps: args.deps == TestDeps::Dependencies,
         ..Selection::service(&args.service)

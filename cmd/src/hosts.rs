@@ -2,18 +2,19 @@
 //! Host registry (every advertisement not yet collected: id, endpoint, generation, last
 //! heartbeat, capacity used and free, draining, sessions held); `controller` runs the fleet
 //! reconciler alone, for users who place sessions apart from their Hosts. Both read the store
-//! directly (an operator's view: no tenant token); neither writes a command or a lease.
+//! the location flags name (`--store`, else the data folder's; an operator's view: no tenant
+//! token); neither writes a command or a lease.
 
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use fleet::{Reconciler, sessions_by_host};
-use sessionstore::{Store, StoreOptions};
+use sessionstore::Store;
 
-use crate::config::{FleetOptions, HostLocation};
-use crate::local::DataDir;
-use crate::output::Output;
+use crate::config::FleetOptions;
+use crate::output::{Output, Table};
+use crate::reach::HostLocation;
 use crate::signals::StopSignals;
 
 /// The Host registry of the store.
@@ -46,18 +47,8 @@ pub struct ControllerArgs {
     fleet: crate::config::FleetFlags,
 }
 
-async fn open(location: &HostLocation) -> Result<Store> {
-    let url = match &location.store {
-        Some(s) => s.clone(),
-        None => DataDir::new(location.data_dir()).store_url()?,
-    };
-    Store::open(StoreOptions::new(url))
-        .await
-        .context("opening the store")
-}
-
 pub async fn hosts(args: HostsArgs, out: Output) -> Result<ExitCode> {
-    let store = open(&args.location).await?;
+    let store = args.location.open_store("hostd hosts").await?;
     match args.command {
         HostsCommand::Ls => list(&store, &out).await?,
     }
@@ -71,7 +62,21 @@ async fn list(store: &Store, out: &Output) -> Result<()> {
     let held = sessions_by_host(&store.host_loads().await?);
     if targets.is_empty() && !out.is_json() {
         out.note("no Host is registered");
+        return Ok(());
     }
+    let mut table = Table::new(&[
+        "HOST",
+        "ENDPOINT",
+        "GENERATION",
+        "STATE",
+        "HEARTBEAT",
+        "USED",
+        "FREE",
+        "SESSIONS",
+    ])
+    .right(2)
+    .right(5)
+    .right(6);
     for t in targets {
         let (sessions, placing) = held.get(&t.host).copied().unwrap_or((0, 0));
         let used = t.weight_used;
@@ -83,40 +88,43 @@ async fn list(store: &Store, out: &Output) -> Result<()> {
             (true, false) => "draining",
         };
         let since = (now - t.observed_at_ms).max(0);
-        out.record(
-            format_args!(
-                "{}\t{}\tgeneration {}\t{state}\theartbeat {:.1}s ago\tused {used}/{}\tfree {free}\tsessions {sessions}{}",
-                t.host,
-                t.endpoint,
-                t.generation,
-                since as f64 / 1000.0,
-                t.capacity,
-                if placing > 0 {
-                    format!(" (+{placing} placing)")
-                } else {
-                    String::new()
-                }
-            ),
-            || {
-                serde_json::json!({
-                    "host_id": t.host.as_str(),
-                    "endpoint": t.endpoint,
-                    "generation": t.generation,
-                    "placement": t.placement.as_str(),
-                    "isolation_class": t.isolation_class,
-                    "last_heartbeat_ms": t.observed_at_ms,
-                    "expires_at_ms": t.expires_at_ms,
-                    "live": live,
-                    "accepting": t.accepting,
-                    "draining": live && !t.accepting,
-                    "capacity": t.capacity,
-                    "capacity_used": used,
-                    "capacity_free": free,
-                    "sessions": sessions,
-                    "placing": placing,
-                })
+        if out.is_json() {
+            out.line(serde_json::json!({
+                "host_id": t.host.as_str(),
+                "endpoint": t.endpoint,
+                "generation": t.generation,
+                "placement": t.placement.as_str(),
+                "isolation_class": t.isolation_class,
+                "last_heartbeat_ms": t.observed_at_ms,
+                "expires_at_ms": t.expires_at_ms,
+                "live": live,
+                "accepting": t.accepting,
+                "draining": live && !t.accepting,
+                "capacity": t.capacity,
+                "capacity_used": used,
+                "capacity_free": free,
+                "sessions": sessions,
+                "placing": placing,
+            }))?;
+            continue;
+        }
+        table.row([
+            t.host.to_string(),
+            t.endpoint.clone(),
+            t.generation.to_string(),
+            state.to_owned(),
+            format!("{:.1}s ago", since as f64 / 1000.0),
+            format!("{used}/{}", t.capacity),
+            free.to_string(),
+            if placing > 0 {
+                format!("{sessions} (+{placing} placing)")
+            } else {
+                sessions.to_string()
             },
-        )?;
+        ]);
+    }
+    if !out.is_json() {
+        out.table(&table)?;
     }
     Ok(())
 }
@@ -128,7 +136,7 @@ pub async fn controller(args: ControllerArgs, out: Output) -> Result<ExitCode> {
     let options = fleet
         .reconciler_options()
         .context("the fleet reconciler's options")?;
-    let store = open(&args.location).await?;
+    let store = args.location.open_store("hostd controller").await?;
     let who = args
         .name
         .unwrap_or_else(|| format!("hostd-controller-{}", std::process::id()));

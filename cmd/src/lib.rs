@@ -12,6 +12,7 @@ mod flow;
 mod hosts;
 mod local;
 mod output;
+mod reach;
 mod run;
 mod runnable;
 mod serve;
@@ -258,6 +259,87 @@ mod tests {
     fn the_version_names_the_commit_or_says_it_is_unknown() {
         assert!(VERSION.starts_with(env!("CARGO_PKG_VERSION")), "{VERSION}");
         assert!(VERSION.contains("(commit "), "{VERSION}");
+    }
+
+    /// The flag `long` of the command at `path` (`["run", "start"]`), as clap sees it there.
+    fn flag(path: &[&str], long: &str) -> Option<clap::Arg> {
+        let mut cmd = cli_command();
+        cmd.build();
+        let mut at = &cmd;
+        for name in path {
+            at = at.find_subcommand(name)?;
+        }
+        at.get_arguments()
+            .find(|a| a.get_long() == Some(long))
+            .cloned()
+    }
+
+    /// What makes a flag the same flag in two places: its help, its variable, its value's name
+    /// and its default.
+    fn shape(a: &clap::Arg) -> String {
+        format!(
+            "{:?} {:?} {:?} {:?}",
+            a.get_help().map(ToString::to_string),
+            a.get_env(),
+            a.get_value_names(),
+            a.get_default_values()
+        )
+    }
+
+    #[test]
+    fn every_family_that_reaches_a_host_or_store_takes_the_same_location_flags() {
+        const LOCATION: [&str; 3] = ["data-dir", "store", "endpoint"];
+        const TENANT: [&str; 2] = ["tenant", "token"];
+        let families: [(&[&str], bool); 8] = [
+            (&["session", "ls"], true),
+            (&["run", "start"], true),
+            (&["run", "logs"], true),
+            (&["runnable", "publish"], true),
+            (&["hosts", "ls"], false),
+            (&["controller"], false),
+            (&["wait"], false),
+            (&["session", "send"], true),
+        ];
+        let reference: Vec<(String, String)> = LOCATION
+            .iter()
+            .chain(TENANT.iter())
+            .map(|f| {
+                let a = flag(&["run", "start"], f).unwrap_or_else(|| panic!("run start --{f}"));
+                ((*f).to_owned(), shape(&a))
+            })
+            .collect();
+        assert!(
+            flag(&["run"], "data-dir")
+                .and_then(|a| a.get_env().map(|e| e == "HOST_DATA_DIR"))
+                .unwrap_or(false)
+        );
+        for (path, acts_for_a_tenant) in families {
+            for (f, expected) in &reference {
+                let wanted = LOCATION.contains(&f.as_str()) || acts_for_a_tenant;
+                match flag(path, f) {
+                    Some(a) => {
+                        assert!(wanted, "hostd {} takes --{f}", path.join(" "));
+                        assert_eq!(&shape(&a), expected, "hostd {} --{f}", path.join(" "));
+                    }
+                    None => assert!(!wanted, "hostd {} lacks --{f}", path.join(" ")),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_flow_timings_show_the_flow_options_defaults() {
+        let defaults = ::flow::FlowOptions::default();
+        for path in [&["flow", "up"][..], &["flow", "test"]] {
+            let readiness = flag(path, "readiness-timeout").expect("--readiness-timeout");
+            let budget = flag(path, "teardown-budget").expect("--teardown-budget");
+            let shown = |a: &clap::Arg| {
+                let v = a.get_default_values();
+                humantime::parse_duration(&v[0].to_string_lossy()).expect("a duration")
+            };
+            assert_eq!(shown(&readiness), defaults.readiness_timeout);
+            assert_eq!(shown(&budget), defaults.teardown_layer_budget);
+        }
     }
 
     #[test]

@@ -1,6 +1,6 @@
-//! The data folder (`./.hostd` by default) that lets the embedded default need no flags:
+//! The data folder ([`DEFAULT_DATA_DIR`] unless told otherwise) that lets the embedded default need no flags:
 //! `hostd serve` keeps the SQLite store, the tenant credentials (digests only) and the local
-//! tenant's token there, and records where it listens; `hostd session` finds them there. This
+//! tenant's token there, and records where it listens; the client commands find them there. This
 //! module owns those file names and formats; it never prints a token in full.
 
 use std::fs;
@@ -10,6 +10,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
+
+/// The data folder every command uses unless told otherwise (`--data-dir`, `HOST_DATA_DIR`).
+pub const DEFAULT_DATA_DIR: &str = "./.hostd";
 
 /// The tenant `hostd serve` creates on first start in the embedded default.
 pub const LOCAL_TENANT: &str = "local";

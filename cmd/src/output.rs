@@ -1,4 +1,5 @@
-//! The one place `hostd` speaks to its user (the `flow` subcommand still writes on its own).
+//! The one place `hostd` speaks to its user (the `flow` and `runnable` subcommands still write
+//! their own lines), and the one table printer every family uses ([`Table`]).
 //! Data — what a script would parse — goes to stdout, as human lines or, with `--json`, JSON:
 //! a command that streams events (`watch`, `journal`) prints one JSON value per line, every
 //! other command prints exactly one JSON document. Diagnostics (notes, warnings, errors,
@@ -104,6 +105,12 @@ impl Output {
         }
     }
 
+    /// A table on stdout (its lines end in line breaks of their own).
+    pub fn table(&self, table: &Table) -> anyhow::Result<()> {
+        let mut out = io::stdout().lock();
+        out.write_all(table.render().as_bytes()).map_err(pipe)
+    }
+
     /// Text without a line break, shown at once (live previews).
     pub fn partial(&self, text: &str) -> anyhow::Result<()> {
         let mut out = io::stdout().lock();
@@ -170,6 +177,134 @@ impl Output {
             let _ = write!(err, "\r\x1b[2K");
             let _ = err.flush();
         }
+    }
+}
+
+/// How a column's cells line up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Align {
+    Left,
+    Right,
+}
+
+/// A table for a person to read: a header line, then one line per row. Each column is as wide
+/// as its widest cell, its header or its least width, whichever is widest (counted in
+/// characters); cells are apart by the gap (2 spaces unless told); the last column is not
+/// padded unless it aligns right, and no line ends in blanks. Under `--json` a caller prints
+/// its rows as data instead: the table is text only.
+#[derive(Clone, Debug)]
+pub struct Table {
+    headers: Vec<String>,
+    least: Vec<usize>,
+    align: Vec<Align>,
+    gap: usize,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    pub fn new(headers: &[&str]) -> Table {
+        Table {
+            headers: headers.iter().map(|h| (*h).to_owned()).collect(),
+            least: vec![0; headers.len()],
+            align: vec![Align::Left; headers.len()],
+            gap: 2,
+            rows: Vec::new(),
+        }
+    }
+
+    /// The spaces between two cells.
+    pub fn gap(mut self, spaces: usize) -> Table {
+        self.gap = spaces;
+        self
+    }
+
+    /// Column `column` is at least `width` characters wide.
+    pub fn least_width(mut self, column: usize, width: usize) -> Table {
+        if let Some(w) = self.least.get_mut(column) {
+            *w = width;
+        }
+        self
+    }
+
+    /// Column `column` aligns right.
+    pub fn right(mut self, column: usize) -> Table {
+        if let Some(a) = self.align.get_mut(column) {
+            *a = Align::Right;
+        }
+        self
+    }
+
+    /// Adds a row (a missing cell is empty; a cell past the last column is dropped).
+    pub fn row<S: Into<String>>(&mut self, cells: impl IntoIterator<Item = S>) {
+        let mut row: Vec<String> = cells
+            .into_iter()
+            .take(self.headers.len())
+            .map(Into::into)
+            .collect();
+        row.resize(self.headers.len(), String::new());
+        self.rows.push(row);
+    }
+
+    /// Adds every row.
+    pub fn rows<R, S>(mut self, rows: impl IntoIterator<Item = R>) -> Table
+    where
+        R: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        for r in rows {
+            self.row(r);
+        }
+        self
+    }
+
+    /// The header and every row, each line ending in a line break.
+    pub fn render(&self) -> String {
+        let width = |s: &str| s.chars().count();
+        let widths: Vec<usize> = (0..self.headers.len())
+            .map(|i| {
+                self.rows
+                    .iter()
+                    .map(|r| width(&r[i]))
+                    .chain([width(&self.headers[i]), self.least[i]])
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        let last = self.headers.len().saturating_sub(1);
+        let line = |cells: &[String]| {
+            let mut text = String::new();
+            for (i, cell) in cells.iter().enumerate() {
+                if i > 0 {
+                    text.push_str(&" ".repeat(self.gap));
+                }
+                let pad = " ".repeat(widths[i].saturating_sub(width(cell)));
+                match self.align[i] {
+                    Align::Right => {
+                        text.push_str(&pad);
+                        text.push_str(cell);
+                    }
+                    Align::Left if i == last => text.push_str(cell),
+                    Align::Left => {
+                        text.push_str(cell);
+                        text.push_str(&pad);
+                    }
+                }
+            }
+            let mut text = text.trim_end().to_owned();
+            text.push('\n');
+            text
+        };
+        let mut out = line(&self.headers);
+        for r in &self.rows {
+            out.push_str(&line(r));
+        }
+        out
+    }
+}
+
+impl Display for Table {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.render())
     }
 }
 
@@ -259,6 +394,26 @@ mod tests {
         let back: Value = serde_json::from_str(&line).unwrap();
         assert_eq!(back["level"], "WARN");
         assert_eq!(back["fields"]["message"], "two\nlines \"quoted\"");
+    }
+
+    #[test]
+    fn a_table_aligns_its_columns_to_the_widest_cell_and_leaves_no_trailing_blanks() {
+        let t = Table::new(&["NAME", "N", "NOTE"])
+            .right(1)
+            .rows([["alpha", "7", "first"], ["b", "1234", ""]]);
+        assert_eq!(
+            t.render(),
+            "NAME      N  NOTE\nalpha     7  first\nb      1234\n"
+        );
+    }
+
+    #[test]
+    fn a_table_keeps_a_columns_least_width_and_its_gap_and_counts_characters() {
+        let t = Table::new(&["ID", "KIND", "PROMPT"])
+            .gap(1)
+            .least_width(0, 6)
+            .rows([["é…", "x", "ask"]]);
+        assert_eq!(t.render(), "ID     KIND PROMPT\né…     x    ask\n");
     }
 
     #[test]

@@ -1,35 +1,45 @@
 //! `hostd run`: workflow runs from the command line, as a HostLink client of a Host that
-//! serves `run.*` (it never drives a run in-process and never reads the store, so tenant
-//! scoping always applies). Owns argument parsing, rendering (problems with source frames from
-//! the local file, the `ps` table, step journals), the retry of `unavailable` starts and
-//! resumes within a deadline, and `logs -f`. Also builds a serving Host's run hosting from its
-//! options ([`hosting`]).
+//! serves `run.*` (it never drives a run in-process and never reads a run from the store, so
+//! tenant scoping always applies). Owns argument parsing, rendering (problems with source
+//! frames from the local file, the `ps` table, step journals), the retry of `unavailable`
+//! starts and resumes within a deadline, and `logs -f`. Which Host it dials is
+//! [`crate::reach`]'s: with `--store`, a live Host of the fleet's registry (the Host holding the
+//! run first, when a command concerns one), and `logs -f` follows the run from Host to Host.
+//! Also builds a serving Host's run hosting from its options ([`hosting`]).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use clap::{Args, Subcommand};
-use controller::client::{ClientError, HostLinkClient};
+use controller::client::{ClientError, HostLinkClient, Publication};
 use hostlink::runs::{
     ProblemView, RUN_CAPABILITY, RunAnswered, RunList, RunRefusal, RunReply, RunStarted, RunView,
     refusal_codes,
 };
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
-use sessionstore::TenantId;
+use tokio::sync::mpsc;
 
 use crate::exit::CliError;
-use crate::local::{DataDir, LOCAL_TENANT};
-use crate::output::Output;
+use crate::output::{Output, Table};
+use crate::reach::{Capability, ClientFlags, Dialer, Link, Pick};
 
-/// How long `start` and `resume` keep retrying a Host that answers `unavailable` (booting).
-/// Longer than any boot reconcile the Host's own options allow for one page of runs.
+/// How long `start` and `resume` keep retrying a Host that answers `unavailable` (booting), and
+/// how long `logs -f` keeps looking for another live Host of the registry when its own goes
+/// away. Longer than any boot reconcile the Host's own options allow for one page of runs.
 pub const RETRY_DEADLINE: Duration = Duration::from_secs(30);
 
 /// How often `logs -f` re-reads the journal without an event from the run's channel.
 const FOLLOW_RESYNC: Duration = Duration::from_secs(5);
+
+/// What `hostd run` needs of the Host it dials.
+const RUNS: Capability = Capability {
+    method: RUN_CAPABILITY,
+    does: "host workflow runs",
+    serving: "serving runs",
+};
 
 /// Start, answer and watch durable workflow runs on a Host.
 #[derive(Debug, Args)]
@@ -37,21 +47,14 @@ const FOLLOW_RESYNC: Duration = Duration::from_secs(5);
     after_help = "With `hostd serve` running with its defaults, no flags are needed:\n  \
 R=$(hostd run start examples/runs/order.yaml --input '{\"order\":\"o-1\"}')\n  \
 hostd run status $R\n  hostd run answer $R approve true\n  hostd run logs -f $R\n\
-Against a fleet: --endpoint ws://host:port --tenant T --token ... (or HOST_ENDPOINT, HOST_TENANT, HOST_TENANT_TOKEN)."
+Against a fleet: --store postgres://... --tenant T --token ... (or HOST_STORE_URL, HOST_TENANT, \
+HOST_TENANT_TOKEN): a live Host of the registry serving runs is dialled, the one holding the run \
+first, and `logs -f` follows the run when it moves to another Host. One Host: --endpoint \
+ws://host:port (HOST_ENDPOINT)."
 )]
 pub struct RunArgs {
-    /// The data folder of the local `hostd serve` (its endpoint and the local tenant's token).
-    #[arg(long, global = true, env = "HOST_DATA_DIR", default_value = "./.hostd")]
-    data_dir: PathBuf,
-    /// The Host's HostLink base, ws://host:port (default: the local `hostd serve`'s).
-    #[arg(long, global = true, env = "HOST_ENDPOINT")]
-    endpoint: Option<String>,
-    /// Tenant (default: the local tenant).
-    #[arg(long, global = true, env = "HOST_TENANT")]
-    tenant: Option<String>,
-    /// The tenant's HostLink token (default: read from the data folder).
-    #[arg(long, global = true, env = "HOST_TENANT_TOKEN", hide_env_values = true)]
-    token: Option<String>,
+    #[command(flatten)]
+    client: ClientFlags,
     #[command(subcommand)]
     command: RunCommand,
 }
@@ -108,52 +111,28 @@ enum RunCommand {
     },
 }
 
-async fn connect(args: &RunArgs) -> Result<HostLinkClient> {
-    let data = DataDir::new(&args.data_dir);
-    let runtime = data.read_runtime()?;
-    let endpoint = match (&args.endpoint, &runtime) {
-        (Some(e), _) => e.clone(),
-        (None, Some(r)) => r.endpoint.clone(),
-        (None, None) => {
-            return Err(CliError::refused(
-                "no_host",
-                format!(
-                    "no Host serving runs could be reached: start `hostd serve` (it writes its endpoint to {}), or pass --endpoint",
-                    args.data_dir.display()
-                ),
-            )
-            .into());
-        }
-    };
-    let tenant = match &args.tenant {
-        Some(t) => t.clone(),
-        None => runtime
-            .as_ref()
-            .map(|r| r.tenant.clone())
-            .filter(|t| !t.is_empty())
-            .unwrap_or_else(|| LOCAL_TENANT.to_owned()),
-    };
-    let token = match &args.token {
-        Some(t) => t.clone(),
-        None => data.token(&tenant)?,
-    };
-    let tenant = TenantId::new(tenant).context("--tenant")?;
-    let client = HostLinkClient::connect(&endpoint, &tenant, &token, "hostd-run")
-        .await
-        .map_err(|e| {
-            let hint = matches!(e, ClientError::Connect(_))
-                .then_some(" (start `hostd serve`, or pass --endpoint)");
-            anyhow::Error::new(e).context(format!(
-                "no Host serving runs could be reached at {endpoint}{}",
-                hint.unwrap_or_default()
-            ))
-        })?;
-    if !client.methods.iter().any(|m| m == RUN_CAPABILITY) {
-        bail!(
-            "the Host at {endpoint} does not host workflow runs (it does not advertise {RUN_CAPABILITY})"
-        );
+/// A `run.*` call the link did not carry (the Host went away, or did not answer in time):
+/// the method and the client's error, shown as before and classified as a plain failure.
+#[derive(Debug, thiserror::Error)]
+#[error("{method}: {error}")]
+struct CallFailed {
+    method: String,
+    error: ClientError,
+}
+
+impl CallFailed {
+    /// Whether the link itself failed (another Host may answer), not the Host's answer.
+    fn link_lost(&self) -> bool {
+        matches!(
+            self.error,
+            ClientError::Connect(_) | ClientError::Disconnected { .. } | ClientError::Timeout(_)
+        )
     }
-    Ok(client)
+}
+
+fn link_lost(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<CallFailed>()
+        .is_some_and(CallFailed::link_lost)
 }
 
 async fn call<T: DeserializeOwned>(
@@ -164,8 +143,61 @@ async fn call<T: DeserializeOwned>(
     let text = client
         .run_rpc(method, &data)
         .await
-        .map_err(|e| anyhow::anyhow!("{method}: {e}"))?;
+        .map_err(|error| CallFailed {
+            method: method.to_owned(),
+            error,
+        })?;
     RunReply::<T>::decode(text.as_bytes()).map_err(|e| anyhow::anyhow!("{method}: {e}"))
+}
+
+fn run_request(run: &str) -> Value {
+    json!({"version": 1, "run_id": run})
+}
+
+/// The registry id of the Host a run's holder (`<host id>/<attempt>`) names, if any.
+fn holder_host(v: &RunView) -> Option<&str> {
+    Some(sessionstore::holder_host(&v.holder)).filter(|h| !h.is_empty())
+}
+
+fn finished(v: &RunView) -> bool {
+    matches!(v.state.as_str(), "completed" | "failed" | "cancelled")
+}
+
+/// A link for a command about `run`: through the registry, the Host holding the run when it is
+/// live (its driver is woken at once, its channel carries the run's events), else any live Host
+/// serving runs (every one reads the shared store); otherwise the one Host there is.
+async fn link_for_run(dialer: &Dialer, run: &str, accepting: bool) -> Result<Link> {
+    let link = dialer
+        .dial(Pick {
+            accepting,
+            ..Pick::default()
+        })
+        .await?;
+    if !dialer.fails_over() {
+        return Ok(link);
+    }
+    let Ok(Ok(v)) = call::<RunView>(&link.client, "run.status", run_request(run)).await else {
+        return Ok(link);
+    };
+    match holder_host(&v) {
+        Some(h) if !finished(&v) && link.host.as_deref() != Some(h) => {
+            match dialer
+                .dial(Pick {
+                    only: Some(h),
+                    accepting,
+                    ..Pick::default()
+                })
+                .await
+            {
+                Ok(holder) => {
+                    link.client.close();
+                    Ok(holder)
+                }
+                Err(_) => Ok(link),
+            }
+        }
+        _ => Ok(link),
+    }
 }
 
 /// A Host's refusal as a coded error (its code is the exit's code); an unknown code keeps its
@@ -387,18 +419,19 @@ fn local(command: &RunCommand) -> Result<Local> {
 
 pub async fn run(args: RunArgs, out: Output) -> Result<ExitCode> {
     let local = local(&args.command)?;
-    let client = connect(&args).await?;
-    let result = dispatch(&client, &args.command, local, out).await;
-    client.close();
+    let dialer = Dialer::new(&args.client, "hostd-run", RUNS).await?;
+    let result = dispatch(&dialer, &args.command, local, out).await;
+    dialer.close().await;
     result
 }
 
 async fn dispatch(
-    client: &HostLinkClient,
+    dialer: &Dialer,
     command: &RunCommand,
     local: Local,
     out: Output,
 ) -> Result<ExitCode> {
+    let any = Pick::default();
     match command {
         RunCommand::Start {
             program,
@@ -408,11 +441,17 @@ async fn dispatch(
             let Local::Start { source, input } = local else {
                 bail!("internal: start without its program");
             };
+            let link = dialer
+                .dial(Pick {
+                    accepting: true,
+                    ..any
+                })
+                .await?;
             let mut data = json!({"version": 1, "program": source, "input": input});
             if let Some(k) = idempotency_key {
                 data["idempotency_key"] = json!(k);
             }
-            match call_retrying::<RunStarted>(client, "run.start", data, out).await? {
+            match call_retrying::<RunStarted>(&link.client, "run.start", data, out).await? {
                 Ok(s) => {
                     out.record(&s.run_id, || json!(s))?;
                     Ok(ExitCode::SUCCESS)
@@ -431,8 +470,10 @@ async fn dispatch(
             }
         }
         RunCommand::Resume { run } => {
-            let data = json!({"version": 1, "run_id": run});
-            match call_retrying::<RunStarted>(client, "run.resume", data, out).await? {
+            let link = link_for_run(dialer, run, true).await?;
+            match call_retrying::<RunStarted>(&link.client, "run.resume", run_request(run), out)
+                .await?
+            {
                 Ok(s) => {
                     out.record(format_args!("{} epoch {}", s.run_id, s.epoch), || json!(s))?;
                     Ok(ExitCode::SUCCESS)
@@ -450,8 +491,11 @@ async fn dispatch(
             checkpoint,
             value,
         } => {
+            let link = link_for_run(dialer, run, false).await?;
             let data = json!({"version": 1, "run_id": run, "checkpoint": checkpoint, "value": parse_value(value)});
-            let a: RunAnswered = call(client, "run.answer", data).await?.map_err(refused)?;
+            let a: RunAnswered = call(&link.client, "run.answer", data)
+                .await?
+                .map_err(refused)?;
             let human = if a.recorded {
                 format!("answered {} of {}", a.checkpoint, a.run_id)
             } else {
@@ -461,96 +505,188 @@ async fn dispatch(
             Ok(ExitCode::SUCCESS)
         }
         RunCommand::Status { run } => {
-            let v: RunView = call(client, "run.status", json!({"version": 1, "run_id": run}))
+            let link = dialer.dial(any).await?;
+            let v: RunView = call(&link.client, "run.status", run_request(run))
                 .await?
                 .map_err(refused)?;
             out.record(status_text(&v).trim_end(), || json!(v))?;
             Ok(ExitCode::SUCCESS)
         }
         RunCommand::Ps => {
-            let list: RunList = call(client, "run.list", json!({"version": 1}))
+            let link = dialer.dial(any).await?;
+            let list: RunList = call(&link.client, "run.list", json!({"version": 1}))
                 .await?
                 .map_err(refused)?;
             if out.is_json() {
                 out.record("", || json!(list))?;
             } else {
-                out.line(format_args!(
-                    "{:<36}  {:<15}  {:<16}  {:>5}  CREATED",
-                    "RUN", "STATE", "STEP", "EPOCH"
-                ))?;
-                for r in &list.runs {
-                    out.line(format_args!(
-                        "{:<36}  {:<15}  {:<16}  {:>5}  {}",
-                        r.run_id,
-                        r.state,
-                        r.step.as_deref().unwrap_or("-"),
-                        r.epoch,
-                        time(r.created_at_ms)
-                    ))?;
-                }
+                out.table(&ps_table(&list))?;
             }
             Ok(ExitCode::SUCCESS)
         }
-        RunCommand::Logs { run, follow } => {
-            // Subscribed before the first read, so no event after it is missed.
-            let mut events = if *follow {
-                let id = sessionstore::RunId::new(run.clone()).map_err(|e| {
-                    CliError::refused(local_codes::INVALID_ID, format!("the run id: {e}"))
-                })?;
-                match client.subscribe_run(&id).await {
-                    Ok(rx) => Some(rx),
-                    Err(e) => {
-                        out.note(format_args!(
-                            "the run's channel is not available ({e}); following by polling"
-                        ));
-                        None
-                    }
-                }
-            } else {
-                None
-            };
-            let mut after = 0;
-            loop {
-                let v: RunView = call(client, "run.status", json!({"version": 1, "run_id": run}))
-                    .await?
-                    .map_err(refused)?;
-                for e in v.journal.iter().filter(|e| e.seq > after) {
-                    let line = journal_lines(&v, after)
-                        .into_iter()
-                        .find(|l| l.trim_start().starts_with(&format!("{} ", e.seq)))
-                        .unwrap_or_default();
-                    out.record(line, || json!(e))?;
-                }
-                after = v.journal.last().map(|e| e.seq).unwrap_or(after);
-                let finished = matches!(v.state.as_str(), "completed" | "failed" | "cancelled");
-                if !follow || finished {
-                    if *follow {
-                        out.note(format_args!("run {} is {}", v.run_id, v.state));
-                    }
-                    return Ok(ExitCode::SUCCESS);
-                }
-                match &mut events {
-                    // An event says the journal moved: read it again. The channel carries the
-                    // events of the Host this link reaches; a run driven (or taken over) by
-                    // another Host of the fleet publishes there, so the journal is also re-read
-                    // every FOLLOW_RESYNC.
-                    Some(rx) => tokio::select! {
-                        e = rx.recv() => if e.is_none() {
-                            out.note(format_args!("the run's channel ended; following by polling"));
-                            events = None;
-                        },
-                        _ = tokio::time::sleep(FOLLOW_RESYNC) => {}
-                    },
-                    None => tokio::time::sleep(Duration::from_millis(500)).await,
-                }
-            }
-        }
+        RunCommand::Logs { run, follow } => logs(dialer, run, *follow, out).await,
         RunCommand::Cancel { run } => {
-            let v: RunView = call(client, "run.cancel", json!({"version": 1, "run_id": run}))
+            let link = link_for_run(dialer, run, false).await?;
+            let v: RunView = call(&link.client, "run.cancel", run_request(run))
                 .await?
                 .map_err(refused)?;
             out.record(format_args!("{} {}", v.run_id, v.state), || json!(v))?;
             Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// `run ps` as a table: the run id, state, step, epoch and creation time of each run.
+fn ps_table(list: &RunList) -> Table {
+    Table::new(&["RUN", "STATE", "STEP", "EPOCH", "CREATED"])
+        .least_width(0, 36)
+        .least_width(1, 15)
+        .least_width(2, 16)
+        .least_width(3, 5)
+        .right(3)
+        .rows(list.runs.iter().map(|r| {
+            [
+                r.run_id.clone(),
+                r.state.clone(),
+                r.step.clone().unwrap_or_else(|| "-".into()),
+                r.epoch.to_string(),
+                time(r.created_at_ms),
+            ]
+        }))
+}
+
+/// Subscribes `link` to the run's channel of step events, or says it follows by polling.
+async fn subscribe(
+    link: &Link,
+    run: &sessionstore::RunId,
+    out: Output,
+) -> Option<mpsc::Receiver<Publication>> {
+    match link.client.subscribe_run(run).await {
+        Ok(rx) => Some(rx),
+        Err(e) => {
+            out.note(format_args!(
+                "the run's channel is not available ({e}); following by polling"
+            ));
+            None
+        }
+    }
+}
+
+/// Dials another live Host of the registry for `run` after `lost` went away, trying until
+/// [`RETRY_DEADLINE`] while no Host can be reached.
+async fn relink(dialer: &Dialer, run: &str, lost: &Link, out: Output) -> Result<Link> {
+    out.note(format_args!(
+        "lost the link to {}; following run {run} on another Host of the registry",
+        lost.name()
+    ));
+    lost.client.close();
+    let began = Instant::now();
+    let mut wait = Duration::from_millis(200);
+    loop {
+        match link_for_run(dialer, run, false).await {
+            Ok(link) => {
+                out.note(format_args!("following run {run} on {}", link.name()));
+                return Ok(link);
+            }
+            Err(e) if began.elapsed() < RETRY_DEADLINE && no_host(&e) => {
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(2));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn no_host(e: &anyhow::Error) -> bool {
+    matches!(e.downcast_ref::<CliError>(), Some(CliError::Refused { code, .. }) if *code == "no_host")
+}
+
+/// `run logs`: the journal; with `follow`, every new entry until the run ends, woken by the
+/// run's channel of step events. Through the registry it follows the run to the Host holding
+/// it, and when its Host goes away it dials another live one and reads the journal again
+/// (every Host reads the shared store), printing each entry once.
+async fn logs(dialer: &Dialer, run: &str, follow: bool, out: Output) -> Result<ExitCode> {
+    let id =
+        if follow {
+            Some(sessionstore::RunId::new(run.to_owned()).map_err(|e| {
+                CliError::refused(local_codes::INVALID_ID, format!("the run id: {e}"))
+            })?)
+        } else {
+            None
+        };
+    let mut link = match &id {
+        Some(_) => link_for_run(dialer, run, false).await?,
+        None => dialer.dial(Pick::default()).await?,
+    };
+    // Subscribed before the first read, so no event after it is missed.
+    let mut events = match &id {
+        Some(id) => subscribe(&link, id, out).await,
+        None => None,
+    };
+    let mut after = 0;
+    // The holder this follower last moved to (or failed to), so it tries each one once.
+    let mut moved_to: Option<String> = None;
+    loop {
+        let v: RunView = match call(&link.client, "run.status", run_request(run)).await {
+            Ok(reply) => reply.map_err(refused)?,
+            Err(e) if follow && dialer.fails_over() && link_lost(&e) => {
+                link = relink(dialer, run, &link, out).await?;
+                if let Some(id) = &id {
+                    events = subscribe(&link, id, out).await;
+                }
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        for e in v.journal.iter().filter(|e| e.seq > after) {
+            let line = journal_lines(&v, after)
+                .into_iter()
+                .find(|l| l.trim_start().starts_with(&format!("{} ", e.seq)))
+                .unwrap_or_default();
+            out.record(line, || json!(e))?;
+        }
+        after = v.journal.last().map(|e| e.seq).unwrap_or(after);
+        if !follow || finished(&v) {
+            if follow {
+                out.note(format_args!("run {} is {}", v.run_id, v.state));
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+        // The run's events are published by the Host driving it: move to that Host when the
+        // run has moved to another live one.
+        if let (Some(holder), Some(id)) = (holder_host(&v), &id)
+            && dialer.fails_over()
+            && link.host.as_deref() != Some(holder)
+            && moved_to.as_deref() != Some(holder)
+        {
+            moved_to = Some(holder.to_owned());
+            let pick = Pick {
+                only: Some(holder),
+                ..Pick::default()
+            };
+            if let Ok(to) = dialer.dial(pick).await {
+                link.client.close();
+                link = to;
+                events = subscribe(&link, id, out).await;
+                continue;
+            }
+        }
+        match &mut events {
+            // An event says the journal moved: read it again. The channel carries the events
+            // of the Host this link reaches; a run driven (or taken over) by another Host of
+            // the fleet publishes there, so the journal is also re-read every FOLLOW_RESYNC.
+            Some(rx) => tokio::select! {
+                e = rx.recv() => if e.is_none() {
+                    events = None;
+                    if dialer.fails_over() {
+                        // The link ended: the next read fails over to another Host.
+                        continue;
+                    }
+                    out.note(format_args!("the run's channel ended; following by polling"));
+                },
+                _ = tokio::time::sleep(FOLLOW_RESYNC) => {}
+            },
+            None => tokio::time::sleep(Duration::from_millis(500)).await,
         }
     }
 }

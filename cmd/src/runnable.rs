@@ -17,7 +17,8 @@ use sessionstore::{NewPackage, Publication, Store, StoreOptions};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
-use crate::local::DataDir;
+use crate::output::Table;
+use crate::reach::{HostLocation, TenantFlags};
 
 /// Exit status of a refusal (nothing ran).
 const EXIT_REFUSED: u8 = 1;
@@ -137,15 +138,20 @@ struct InvokeArgs {
 }
 
 #[derive(Debug, Args)]
+#[command(
+    after_help = "The package goes into the store the location flags name: --store (a fleet's \
+PostgreSQL), else the store of the data folder's Host. A published package is the fleet's, not \
+a tenant's: --tenant and --token are not used, and --endpoint is refused without --store (a Host \
+is not a store)."
+)]
 struct PublishArgs {
     /// `name`, `name@version` or `workspace/name@version`.
     reference: String,
-    /// The session store: postgres://... for a fleet; default: the data folder's SQLite file.
-    #[arg(long, env = "HOST_STORE_URL")]
-    store: Option<String>,
-    /// The data folder whose embedded store to use when --store is not given.
-    #[arg(long, env = "HOST_DATA_DIR", default_value = "./.hostd")]
-    data_dir: PathBuf,
+    #[command(flatten)]
+    location: HostLocation,
+    // Declared as for every family; a package is not a tenant's, so they go unused.
+    #[command(flatten)]
+    _tenant: TenantFlags,
     /// Set from the global `--json` flag.
     #[arg(skip)]
     json: bool,
@@ -233,10 +239,8 @@ fn list(runner: &Runner, json: bool) -> ExitCode {
         println!("no runnables in workspace {}", catalog.workspace.name);
         return ExitCode::SUCCESS;
     }
-    let rows: Vec<[String; 5]> = catalog
-        .runnables
-        .iter()
-        .map(|d| {
+    let table = Table::new(&["IDENTITY", "EFFECT", "TIMEOUT", "DIGEST", "DESCRIPTION"]).rows(
+        catalog.runnables.iter().map(|d| {
             [
                 d.identity.to_string(),
                 d.effect.as_str().to_owned(),
@@ -247,38 +251,12 @@ fn list(runner: &Runner, json: bool) -> ExitCode {
                     .unwrap_or_else(|| "-".into()),
                 d.description.clone(),
             ]
-        })
-        .collect();
-    let headers = ["IDENTITY", "EFFECT", "TIMEOUT", "DIGEST", "DESCRIPTION"];
-    let widths: Vec<usize> = (0..4)
-        .map(|i| {
-            rows.iter()
-                .map(|r| r[i].chars().count())
-                .chain([headers[i].len()])
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let mut out = std::io::stdout().lock();
-    let line = |out: &mut std::io::StdoutLock<'_>, cells: [&str; 5]| {
-        let _ = writeln!(
-            out,
-            "{:w0$}  {:w1$}  {:w2$}  {:w3$}  {}",
-            cells[0],
-            cells[1],
-            cells[2],
-            cells[3],
-            cells[4],
-            w0 = widths[0],
-            w1 = widths[1],
-            w2 = widths[2],
-            w3 = widths[3]
-        );
-    };
-    line(&mut out, headers);
-    for r in &rows {
-        line(&mut out, [&r[0], &r[1], &r[2], &r[3], &r[4]]);
-    }
+        }),
+    );
+    // A closed pipe is a quiet end, not a panic.
+    let _ = std::io::stdout()
+        .lock()
+        .write_all(table.render().as_bytes());
     ExitCode::SUCCESS
 }
 
@@ -491,10 +469,7 @@ async fn publish(runner: &Runner, a: PublishArgs) -> Result<ExitCode> {
         Ok(b) => b,
         Err(e) => return Ok(refuse(&e, a.json)),
     };
-    let url = match &a.store {
-        Some(u) => u.clone(),
-        None => DataDir::new(&a.data_dir).store_url()?,
-    };
+    let url = a.location.store_url("hostd runnable publish")?;
     let store = Store::open(StoreOptions::new(url))
         .await
         .map_err(|e| anyhow::anyhow!("[store] cannot open the session store: {e}"))?;

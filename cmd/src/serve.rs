@@ -17,19 +17,13 @@ use sessionstore::{StoreLocation, StoreOptions, Synchronous};
 
 use crate::agents::DefaultDepartment;
 use crate::config::{ServeFlags, SyncMode, load};
-use crate::local::{DataDir, LOCAL_TENANT, Runtime, redacted};
+use crate::local::{DEFAULT_DATA_DIR, DataDir, LOCAL_TENANT, Runtime, redacted};
 use crate::output::Output;
 use crate::signals::StopSignals;
 
 /// Run a Host: HostLink, /readyz, /healthz and /metrics on one listener.
 #[derive(Debug, Args)]
-#[command(
-    after_help = "With no flags, hostd serve keeps everything in ./.hostd: a SQLite store and a \
-local tenant whose token `hostd session` finds there. For a fleet, point --store at PostgreSQL and \
-give every Host its own --host-id and --internal-endpoint.\n\nEvery option can be set in a TOML \
-file (--config; --print-config shows one), by the environment variable shown in [env: ...], or by \
-its flag; a flag beats the environment, which beats the file, which beats the default."
-)]
+#[command(after_help = after_help())]
 pub struct ServeArgs {
     /// A TOML config file: top-level process options and the sections [host], [link],
     /// [listener], [agents] and [model], named as --print-config prints them.
@@ -41,6 +35,17 @@ pub struct ServeArgs {
     print_config: bool,
     #[command(flatten)]
     flags: ServeFlags,
+}
+
+fn after_help() -> String {
+    format!(
+        "With no flags, hostd serve keeps everything in {DEFAULT_DATA_DIR}: a SQLite store and a \
+         local tenant whose token `hostd session` finds there. For a fleet, point --store at \
+         PostgreSQL and give every Host its own --host-id and --internal-endpoint.\n\nEvery \
+         option can be set in a TOML file (--config; --print-config shows one), by the \
+         environment variable shown in [env: ...], or by its flag; a flag beats the environment, \
+         which beats the file, which beats the default."
+    )
 }
 
 /// The data folder's lock file (an OS advisory lock, released when the process ends however it

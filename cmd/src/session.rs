@@ -25,10 +25,10 @@ use sessionstore::{
 };
 
 use crate::agents::{SCRIPTED_AGENT, build_of};
-use crate::config::ClientFlags;
 use crate::exit::{CliError, controller_code};
-use crate::local::{DataDir, LOCAL_TENANT, LocalHost};
-use crate::output::{Output, Progress};
+use crate::local::{DataDir, LocalHost};
+use crate::output::{Output, Progress, Table};
+use crate::reach::{ClientFlags, WaitForHost};
 use crate::signals::StopSignals;
 
 mod commands;
@@ -52,6 +52,8 @@ being applied; 4 admitted, outcome not yet known (resend it with --command-id <i
 pub struct SessionArgs {
     #[command(flatten)]
     client: ClientFlags,
+    #[command(flatten)]
+    wait: WaitForHost,
     #[command(subcommand)]
     command: SessionCommand,
 }
@@ -190,19 +192,24 @@ async fn await_local(
     }
 }
 
-async fn context(flags: &ClientFlags, out: Output, needs_host: bool) -> Result<Ctx> {
-    let data_dir = flags.location.data_dir();
-    let data = DataDir::new(&data_dir);
-    let tenant_flag = flags.tenant.clone();
-    let local = match &flags.location.store {
+async fn context(
+    flags: &ClientFlags,
+    wait: &WaitForHost,
+    out: Output,
+    needs_host: bool,
+) -> Result<Ctx> {
+    let location = &flags.location;
+    location.refuse_endpoint_alone("hostd session")?;
+    let data = location.data();
+    let local = match &location.store {
         Some(_) => None,
         None => {
-            let tenant = tenant_flag.as_deref().unwrap_or(LOCAL_TENANT);
-            Some(await_local(&data, flags.wait_for_host(), needs_host, tenant, &out).await?)
+            let tenant = flags.tenant.tenant_name(None);
+            Some(await_local(&data, wait.bound(), needs_host, &tenant, &out).await?)
         }
     };
     let runtime = local.as_ref().and_then(LocalHost::runtime);
-    let store_url = match (&flags.location.store, runtime) {
+    let store_url = match (&location.store, runtime) {
         (Some(s), _) => s.clone(),
         (None, Some(r)) => r.store.clone(),
         (None, None) => {
@@ -212,8 +219,8 @@ async fn context(flags: &ClientFlags, out: Output, needs_host: bool) -> Result<C
                     format!(
                         "no store: no Host became ready in {} within {} (start `hostd serve`, \
                          which keeps one there), or pass --store",
-                        data_dir.display(),
-                        humantime::format_duration(flags.wait_for_host())
+                        location.data_dir.display(),
+                        humantime::format_duration(wait.bound())
                     ),
                 )
                 .into());
@@ -221,18 +228,8 @@ async fn context(flags: &ClientFlags, out: Output, needs_host: bool) -> Result<C
             data.store_url()?
         }
     };
-    let tenant = match &tenant_flag {
-        Some(t) => t.clone(),
-        None => runtime
-            .map(|r| r.tenant.clone())
-            .filter(|t| !t.is_empty())
-            .unwrap_or_else(|| LOCAL_TENANT.to_owned()),
-    };
-    let tenant = TenantId::new(tenant).context("--tenant")?;
-    let token = match &flags.token {
-        Some(t) => t.clone(),
-        None => data.token(tenant.as_str())?,
-    };
+    let tenant = flags.tenant.tenant(runtime)?;
+    let token = flags.tenant.token(&data, &tenant)?;
     let store = Store::open(StoreOptions::new(store_url.clone()))
         .await
         .with_context(|| {
@@ -247,11 +244,11 @@ async fn context(flags: &ClientFlags, out: Output, needs_host: bool) -> Result<C
         })?;
     // The data folder's credentials are the ones its Host checks only in the embedded
     // default (a Host serving another store records no local tenant).
-    let embedded = flags.location.store.is_none() && runtime.is_none_or(|r| !r.tenant.is_empty());
+    let embedded = location.store.is_none() && runtime.is_none_or(|r| !r.tenant.is_empty());
     let local_credentials = embedded.then(|| data.credentials_path());
     authenticate(&store, &tenant, &token, local_credentials.as_deref()).await?;
     Ok(Ctx {
-        controller: Controller::new(store, tenant, token).with_client(flags.client_options()),
+        controller: Controller::new(store, tenant, token).with_client(flags.link.client_options()),
         out,
         local,
     })
@@ -632,7 +629,7 @@ fn render(body: &Value) -> Option<String> {
 }
 
 pub async fn run(args: SessionArgs, out: Output) -> Result<ExitCode> {
-    let ctx = context(&args.client, out, args.command.needs_host()).await?;
+    let ctx = context(&args.client, &args.wait, out, args.command.needs_host()).await?;
     match args.command {
         SessionCommand::Create {
             session,
@@ -787,14 +784,15 @@ pub async fn run(args: SessionArgs, out: Output) -> Result<ExitCode> {
             } else if gates.is_empty() {
                 ctx.out.line("no open gates")?;
             } else {
-                ctx.out
-                    .line(format_args!("{:<38} {:<11} PROMPT", "GATE", "KIND"))?;
-                for g in gates {
-                    ctx.out.line(format_args!(
-                        "{:<38} {:<11} {}",
-                        g.gate, g.kind, g.prompt_summary
-                    ))?;
-                }
+                let table =
+                    Table::new(&["GATE", "KIND", "PROMPT"])
+                        .gap(1)
+                        .least_width(0, 38)
+                        .least_width(1, 11)
+                        .rows(gates.iter().map(|g| {
+                            [g.gate.to_string(), g.kind.clone(), g.prompt_summary.clone()]
+                        }));
+                ctx.out.table(&table)?;
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -914,14 +912,15 @@ async fn list(ctx: &Ctx) -> Result<ExitCode> {
             .collect();
         return ctx.out.line(Value::Array(v)).map(|()| ExitCode::SUCCESS);
     }
-    let w = rows.iter().map(|r| r.0.len()).max().unwrap_or(7).max(7);
-    ctx.out.line(format_args!(
-        "{:<w$} {:<12} {:<10} HOST",
-        "SESSION", "AGENT", "RESIDENCY"
-    ))?;
-    for (s, a, r, h) in &rows {
-        ctx.out.line(format_args!("{s:<w$} {a:<12} {r:<10} {h}"))?;
-    }
+    let table = Table::new(&["SESSION", "AGENT", "RESIDENCY", "HOST"])
+        .gap(1)
+        .least_width(1, 12)
+        .least_width(2, 10)
+        .rows(
+            rows.into_iter()
+                .map(|(s, a, r, h)| [s.to_owned(), a.to_owned(), r.to_owned(), h]),
+        );
+    ctx.out.table(&table)?;
     Ok(ExitCode::SUCCESS)
 }
 

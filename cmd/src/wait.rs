@@ -1,8 +1,8 @@
 //! `hostd wait`: blocks until a Host is ready to take sessions, for scripts that start one
 //! (`hostd serve &`) and go on at once. With the embedded default it waits for the data
 //! folder's Host to record itself and answer `/readyz`; against a store URL it waits until the
-//! registry holds a live Host that accepts sessions. It only reads: it never admits, places or
-//! writes anything.
+//! registry holds a live Host that accepts sessions; given an `--endpoint`, until that Host
+//! answers `/readyz`. It only reads: it never admits, places or writes anything.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -11,10 +11,27 @@ use anyhow::Result;
 use clap::Args;
 use sessionstore::{Store, StoreOptions};
 
-use crate::config::{HostLocation, WaitFlags};
 use crate::exit::CliError;
-use crate::local::{DataDir, LocalHost};
+use crate::local::{LocalHost, readyz};
 use crate::output::{Output, Progress};
+use crate::reach::{HostLocation, wait_bound};
+
+/// How long `hostd wait` waits, unless told otherwise.
+pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// `hostd wait`'s own option.
+#[derive(Clone, Debug, Default, Args)]
+pub struct WaitFlags {
+    /// How long to wait for a Host to be ready before giving up [default: 30s].
+    #[arg(long = "timeout", env = "HOST_WAIT_TIMEOUT", value_parser = wait_bound, value_name = "DURATION")]
+    pub timeout: Option<Duration>,
+}
+
+impl WaitFlags {
+    pub fn timeout(&self) -> Duration {
+        self.timeout.unwrap_or(DEFAULT_WAIT_TIMEOUT)
+    }
+}
 
 /// Wait until a Host is ready to take sessions (exit 0), or give up after --timeout (exit 1,
 /// code `host_not_ready`).
@@ -32,7 +49,8 @@ pub struct WaitArgs {
 
 /// A Host found ready.
 struct Ready {
-    host: String,
+    /// Its id, when the data folder or the registry names it.
+    host: Option<String>,
     endpoint: String,
 }
 
@@ -43,14 +61,21 @@ pub async fn run(args: WaitArgs, out: Output) -> Result<ExitCode> {
     let mut store: Option<Store> = None;
     let mut last = String::from("nothing seen yet");
     loop {
-        let seen = match &args.location.store {
-            None => local(&args.location, &mut last).await?,
-            Some(url) => fleet(url, &mut store, &mut last).await,
+        let location = &args.location;
+        let seen = match (&location.endpoint, &location.store) {
+            (Some(endpoint), _) => one(endpoint, &mut last).await,
+            (None, Some(url)) => fleet(url, &mut store, &mut last).await,
+            (None, None) => local(location, &mut last).await?,
         };
         if let Some(ready) = seen {
             drop(progress);
+            let named = ready
+                .host
+                .as_deref()
+                .map(|h| format!("Host {h}"))
+                .unwrap_or_else(|| "the Host".to_owned());
             out.record(
-                format_args!("ready: Host {} at {}", ready.host, ready.endpoint),
+                format_args!("ready: {named} at {}", ready.endpoint),
                 || serde_json::json!({"ready": true, "host_id": ready.host, "endpoint": ready.endpoint}),
             )?;
             return Ok(ExitCode::SUCCESS);
@@ -70,11 +95,29 @@ pub async fn run(args: WaitArgs, out: Output) -> Result<ExitCode> {
     }
 }
 
+/// The one Host at `endpoint`, ready when its `/readyz` answers 200.
+async fn one(endpoint: &str, last: &mut String) -> Option<Ready> {
+    match readyz(endpoint).await {
+        Some(200) => Some(Ready {
+            host: None,
+            endpoint: endpoint.to_owned(),
+        }),
+        Some(status) => {
+            *last = format!("the Host at {endpoint} answers /readyz with {status}");
+            None
+        }
+        None => {
+            *last = format!("nothing answers /readyz at {endpoint}");
+            None
+        }
+    }
+}
+
 async fn local(location: &HostLocation, last: &mut String) -> Result<Option<Ready>> {
-    let data = DataDir::new(location.data_dir());
+    let data = location.data();
     Ok(match data.probe().await? {
         LocalHost::Ready(r) => Some(Ready {
-            host: r.host_id,
+            host: Some(r.host_id),
             endpoint: r.endpoint,
         }),
         LocalHost::Gone(r) => {
@@ -122,7 +165,7 @@ async fn fleet(url: &str, store: &mut Option<Store>, last: &mut String) -> Optio
     };
     match found.await {
         Ok(Some(t)) => Some(Ready {
-            host: t.host.to_string(),
+            host: Some(t.host.to_string()),
             endpoint: t.endpoint,
         }),
         Ok(None) => {

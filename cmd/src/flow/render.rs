@@ -1,6 +1,6 @@
 //! How `hostd flow` shows things: the live view of an `up` (prefixed service output on
-//! stdout, flow lines and a progress line on stderr), its JSON-lines form, tables, receipts,
-//! and the one-object JSON form of an error. Every write to stdout goes through [`Out`],
+//! stdout, flow lines and a progress line on stderr), its JSON-lines form, receipts (in the
+//! one table printer, `crate::output::Table`), and the one-object JSON form of an error. Every write to stdout goes through [`Out`],
 //! which reports a closed or full stream as an error instead of panicking.
 //!
 //! This module owns presentation only; it must never decide anything about a flow.
@@ -13,6 +13,8 @@ use ::flow::events::Step;
 use ::flow::{FlowEvent, OutputStream, Receipt, TeardownReport};
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
+
+use crate::output::Table;
 
 /// Standard output, written fallibly: `hostd flow graph > /dev/full` is an error, not a panic.
 pub struct Out;
@@ -49,36 +51,6 @@ pub fn json_error(code: &str, message: &str) {
     let _ = writeln!(io::stderr(), "{value}");
 }
 
-/// Left-aligned columns, the last one free.
-pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
-    for row in rows {
-        for (i, cell) in row.iter().enumerate() {
-            if let Some(w) = widths.get_mut(i) {
-                *w = (*w).max(cell.len());
-            }
-        }
-    }
-    let render = |cells: Vec<String>| {
-        let mut line = String::new();
-        for (i, cell) in cells.iter().enumerate() {
-            if i + 1 == cells.len() {
-                line.push_str(cell);
-            } else {
-                line.push_str(&format!("{cell:<w$}  ", w = widths[i]));
-            }
-        }
-        line.trim_end().to_owned()
-    };
-    let mut out = render(headers.iter().map(|h| h.to_string()).collect());
-    out.push('\n');
-    for row in rows {
-        out.push_str(&render(row.clone()));
-        out.push('\n');
-    }
-    out
-}
-
 pub fn endpoints_text<'a>(endpoints: impl Iterator<Item = (&'a str, String)>) -> String {
     let text: Vec<String> = endpoints.map(|(n, a)| format!("{n}={a}")).collect();
     if text.is_empty() {
@@ -109,7 +81,9 @@ pub fn receipts_table(report: &TeardownReport) -> String {
             ]
         })
         .collect();
-    table(&["SERVICE", "LAYER", "OUTCOME", "MS", "DETAIL"], &rows)
+    Table::new(&["SERVICE", "LAYER", "OUTCOME", "MS", "DETAIL"])
+        .rows(rows)
+        .render()
 }
 
 pub fn report_json(report: &TeardownReport) -> Value {
