@@ -31,11 +31,11 @@ use crate::backend::Admission;
 use crate::clock::Millis;
 use crate::error::{StoreError, StoreResult};
 use crate::ids::{CommandId, HostId, RuntimeSessionId, SessionId, TenantId};
+use crate::options::StoreOptions;
 pub(crate) use crate::pgexec::map_err;
 use crate::pgexec::{self, Answer, Batcher, Work, is_retryable};
 use crate::sql::{Conn, Dialect, Param, Row, SetStmt, SqlTx};
 use crate::stats::Counters;
-use crate::store::StoreOptions;
 
 const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../migrations/postgres/0001_init.sql")),

@@ -16,9 +16,9 @@ use tokio::sync::{broadcast, oneshot};
 use crate::backend::Admission;
 use crate::clock::{Millis, SharedClock};
 use crate::error::{StoreError, StoreResult};
+use crate::options::{StoreOptions, Synchronous};
 use crate::sql::{Conn, Dialect, Param, Row, SetStmt, SqlTx, Value};
 use crate::stats::Counters;
-use crate::store::{StoreOptions, Synchronous};
 
 /// The migrations this binary knows, in order.
 const MIGRATIONS: &[(i64, &str)] = &[
