@@ -15,6 +15,7 @@ pub mod limits;
 pub mod location;
 pub mod machine;
 mod merged;
+mod migrations;
 pub mod model;
 mod ops;
 mod options;
