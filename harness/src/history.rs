@@ -1,5 +1,5 @@
-//! The conversation a model is sent, derived from a session's turns. Owns the rules that keep
-//! it acceptable to strict chat APIs and chat templates whatever the journal holds:
+//! The conversation a model is sent, derived from a session's turns (each turn's part is a
+//! [`TurnTranscript`], kept by the state's fold). Owns the rules that keep it acceptable to strict chat APIs and chat templates whatever the journal holds:
 //!
 //! - every tool call of an assistant message is answered by a tool message before anything
 //!   else is said; a call the journal holds no result for gets one saying why there is none;
@@ -14,7 +14,25 @@
 //! It never reads or writes the journal.
 
 use crate::model::{ChatMessage, ToolCall};
-use crate::state::{TurnEnd, TurnTranscript};
+
+/// How a turn ended, as far as the conversation needs to know.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum TurnEnd {
+    Done,
+    Failed { code: String },
+    Interrupted { reason: String },
+}
+
+/// One turn's part of the conversation.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct TurnTranscript {
+    pub turn_id: String,
+    pub user: String,
+    /// The committed steps and tool results, in journal order.
+    pub messages: Vec<ChatMessage>,
+    /// `None` while the turn is in flight.
+    pub end: Option<TurnEnd>,
+}
 
 /// The conversation for the next model step: the system prompt, every turn made well-formed,
 /// then `pending` (the text of an input whose turn is running but not journaled yet).

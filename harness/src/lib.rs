@@ -8,6 +8,7 @@
 pub mod agent;
 pub mod events;
 mod history;
+mod inbox;
 pub mod model;
 mod session;
 mod state;

@@ -10,6 +10,7 @@ use tokio::sync::oneshot;
 use uuid::Uuid;
 
 use crate::events::{Cause, GateKind, HarnessEvent};
+use crate::history::{self, TurnEnd, TurnTranscript};
 use crate::model::{ChatMessage, ToolCall};
 
 /// How a gate was resolved.
@@ -35,25 +36,6 @@ pub(crate) struct PendingInput {
     pub event_id: String,
     pub text: String,
     pub cause: Option<Cause>,
-}
-
-/// How a turn ended, as far as the conversation needs to know.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum TurnEnd {
-    Done,
-    Failed { code: String },
-    Interrupted { reason: String },
-}
-
-/// One turn's part of the conversation.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct TurnTranscript {
-    pub turn_id: String,
-    pub user: String,
-    /// The committed steps and tool results, in journal order.
-    pub messages: Vec<ChatMessage>,
-    /// `None` while the turn is in flight.
-    pub end: Option<TurnEnd>,
 }
 
 /// What the journal says about a turn that has started and not ended.
@@ -272,7 +254,7 @@ impl SessionState {
         }
     }
 
-    /// The conversation as a model sees it, made well-formed (see [`crate::history`]);
+    /// The conversation as a model sees it, made well-formed (see `history`);
     /// `pending` names a queued input whose turn is running but has not been journaled yet
     /// (its `turn_started` rides on the first step).
     pub fn conversation_with(
@@ -286,7 +268,7 @@ impl SessionState {
                 .find(|i| i.event_id == event)
                 .map(|i| i.text.as_str())
         });
-        crate::history::conversation(system, &self.turns, pending)
+        history::conversation(system, &self.turns, pending)
     }
 
     /// Whole-session idle: no turn, no open gate, nothing queued.

@@ -21,8 +21,8 @@ use uuid::Uuid;
 
 use crate::agent::AgentConfig;
 use crate::events::{Cause, GateKind, HarnessEvent, TurnError, summarize_arguments};
+use crate::inbox::{Msg, Shared, StopReason, TurnMsg};
 use crate::model::{FinishReason, ModelEvent, ModelRequest, ToolCall};
-use crate::session::{Msg, Shared, StopReason, TurnMsg};
 use crate::state::{OpenGate, OpenTurn, Resolution};
 use crate::tool::ASK_USER;
 

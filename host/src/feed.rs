@@ -13,13 +13,14 @@
 //! until it succeeds.
 
 use std::num::NonZeroU64;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::value::RawValue;
 use tokio::sync::broadcast;
 
 use crate::failpoints::{self, steps};
+pub use crate::fanout::RELAY_BUFFER;
 use crate::residency::SessionCtx;
 use department::PreviewKind;
 use hostlink::public_journal::PublicJournal;
@@ -27,9 +28,6 @@ use hostlink::records::{
     EnduringPublication, EphemeralPublication, PreviewStream, ToolPhase, ToolStepPreview,
 };
 use hostlink_server::{FeedItem, StreamPublication};
-
-/// How many feed items a slow link may fall behind before it is disconnected.
-pub const RELAY_BUFFER: usize = 1024;
 
 /// The first pause before a failed read of the command mapping is tried again; each further
 /// failure doubles it, up to [`MAPPING_RETRY_MAX`].
@@ -40,48 +38,6 @@ pub const MAPPING_RETRY_MAX: Duration = Duration::from_secs(2);
 /// The pause after `pause`: doubled, capped.
 fn next_pause(pause: Duration) -> Duration {
     (pause * 2).min(MAPPING_RETRY_MAX)
-}
-
-/// A session's fan-out to its live viewers. The buffer ([`RELAY_BUFFER`] slots, about 40 KiB)
-/// exists only while someone watches: made by the first subscriber, dropped when the relay
-/// next finds nobody listening. A resident session nobody watches holds none.
-#[derive(Default)]
-pub(crate) struct Relay {
-    tx: Mutex<Option<broadcast::Sender<FeedItem>>>,
-}
-
-impl Relay {
-    fn slot(&self) -> MutexGuard<'_, Option<broadcast::Sender<FeedItem>>> {
-        match self.tx.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
-    }
-
-    /// A new viewer of the feed from now on (allocating the buffer when it is the first).
-    pub fn subscribe(&self) -> broadcast::Receiver<FeedItem> {
-        self.slot()
-            .get_or_insert_with(|| broadcast::channel(RELAY_BUFFER).0)
-            .subscribe()
-    }
-
-    /// The sender while anyone listens; with nobody left, the buffer is dropped.
-    fn listening(&self) -> Option<broadcast::Sender<FeedItem>> {
-        let mut slot = self.slot();
-        match slot.as_ref() {
-            Some(tx) if tx.receiver_count() > 0 => Some(tx.clone()),
-            Some(_) => {
-                *slot = None;
-                None
-            }
-            None => None,
-        }
-    }
-
-    /// Whether a buffer is held now.
-    pub fn allocated(&self) -> bool {
-        self.slot().is_some()
-    }
 }
 
 /// Projects and relays committed events and previews until the residency ends.
@@ -262,25 +218,5 @@ mod tests {
         assert_eq!(seen[1], MAPPING_RETRY_FIRST * 2);
         assert!(seen.windows(2).all(|w| w[1] >= w[0]));
         assert_eq!(*seen.last().unwrap(), MAPPING_RETRY_MAX);
-    }
-
-    #[test]
-    fn a_relay_holds_no_buffer_until_someone_subscribes_and_drops_it_when_all_have_left() {
-        let relay = Relay::default();
-        assert!(!relay.allocated(), "nobody watches yet");
-        assert!(relay.listening().is_none());
-        assert!(!relay.allocated());
-        let a = relay.subscribe();
-        let b = relay.subscribe();
-        assert!(relay.allocated());
-        assert!(relay.listening().is_some());
-        drop(a);
-        assert!(relay.listening().is_some(), "one viewer is left");
-        drop(b);
-        assert!(relay.listening().is_none());
-        assert!(!relay.allocated(), "the buffer went with the last viewer");
-        // A later viewer gets a fresh buffer.
-        let _c = relay.subscribe();
-        assert!(relay.listening().is_some());
     }
 }

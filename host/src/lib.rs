@@ -7,10 +7,12 @@
 //! runs) only through [`Extension`]. [`Host::builder`] is the one way to serve it.
 
 mod admission;
+mod attach;
 mod consumer;
 pub mod error;
 pub mod extension;
 pub mod failpoints;
+mod fanout;
 pub mod feed;
 mod link_backend;
 pub mod listener;
@@ -27,6 +29,7 @@ mod service;
 pub mod stream;
 mod upkeep;
 
+pub use attach::AttachRequest;
 pub use error::HostError;
 pub use extension::Extension;
 pub use link_backend::{CAPABILITIES, HostBackend};
@@ -36,6 +39,4 @@ pub use release::{DrainFailure, DrainReport, steps as drain_steps};
 pub use residency::Footprint;
 pub use resident::{ResidentState, SessionKey};
 pub use server::{Host, HostBuilder, Listen, ServerError};
-pub use service::{
-    AttachRequest, Attached, Composition, CompositionError, Observation, Registrar, Service,
-};
+pub use service::{Attached, Composition, CompositionError, Observation, Registrar, Service};

@@ -12,9 +12,10 @@ use department::LaunchMode;
 use sessionstore::{CommandId, CompatibilityId, Placement, SessionId, TenantId};
 use tokio::sync::broadcast;
 
+use crate::attach::AttachRequest as HostAttach;
 use crate::error::HostError;
 use crate::resident::ResidentState;
-use crate::service::{AttachRequest as HostAttach, Observation, Service};
+use crate::service::{Observation, Service};
 use crate::stream::{DEFAULT_READER_SESSIONS, StreamReadError, StreamReader};
 use hostlink::auth::AuthVerifier;
 use hostlink::records::{

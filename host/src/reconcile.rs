@@ -10,20 +10,27 @@
 use std::sync::Arc;
 
 use futures::StreamExt as _;
+use futures::future::BoxFuture;
 use sessionstore::{PlacementRecord, Store};
 use tokio::sync::broadcast;
 use tracing::Instrument as _;
 
+use crate::attach::AttachRequest;
 use crate::error::HostError;
 use crate::residency::Residency;
 use crate::resident::{ResidentState, SessionKey};
-use crate::service::{AttachRequest, Service};
 
 /// How many assigned sessions one pass attaches at the same time.
 const ATTACH_CONCURRENCY: usize = 4;
 
+/// How the loop makes an assigned session resident here: the composition's attach, answering
+/// whether this call took the session (false: it already was resident). Handed in by the
+/// composition (`service`) that starts the loop, so the loop never reaches the composition.
+pub(crate) type Attach =
+    Box<dyn Fn(AttachRequest) -> BoxFuture<'static, Result<bool, HostError>> + Send + Sync>;
+
 /// Runs the loop until the Host stops.
-pub(crate) async fn reconcile(service: Service, host: Arc<Residency>) {
+pub(crate) async fn reconcile(host: Arc<Residency>, attach: Attach) {
     let mut hints = Some(host.store().admissions());
     let mut tick = tokio::time::interval(host.config().reconcile_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -66,7 +73,7 @@ pub(crate) async fn reconcile(service: Service, host: Arc<Residency>) {
             wake_sessions_with_work(&host).await;
         }
         if !host.draining() {
-            act_on_assignments(&service, &host).await;
+            act_on_assignments(&attach, &host).await;
         }
     }
 }
@@ -113,7 +120,7 @@ async fn wake_sessions_with_work(host: &Residency) {
     }
 }
 
-async fn act_on_assignments(service: &Service, host: &Residency) {
+async fn act_on_assignments(attach: &Attach, host: &Residency) {
     let config = host.config();
     let assigned = match host
         .store()
@@ -129,15 +136,15 @@ async fn act_on_assignments(service: &Service, host: &Residency) {
     futures::stream::iter(assigned.into_iter().take(config.reconcile_batch))
         .for_each_concurrent(ATTACH_CONCURRENCY, |p| {
             let span = tracing::info_span!("assignment", tenant = %p.tenant, session = %p.session, leader_epoch = p.leader_epoch);
-            take_assignment(service, host.store(), p).instrument(span)
+            take_assignment(attach, host.store(), p).instrument(span)
         })
         .await;
 }
 
-async fn take_assignment(service: &Service, store: &Store, p: PlacementRecord) {
+async fn take_assignment(attach: &Attach, store: &Store, p: PlacementRecord) {
     let outcome = match store.session(&p.tenant, &p.session).await {
-        Ok(session) => service
-            .attach(AttachRequest {
+        Ok(session) => {
+            attach(AttachRequest {
                 tenant: p.tenant.clone(),
                 session: p.session.clone(),
                 agent: session.agent,
@@ -147,7 +154,7 @@ async fn take_assignment(service: &Service, store: &Store, p: PlacementRecord) {
                 trace: None,
             })
             .await
-            .map(|a| a.attached),
+        }
         Err(e) => Err(HostError::from(e)),
     };
     match &outcome {

@@ -16,6 +16,8 @@ use tokio::sync::{Mutex, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::fanout::Relay;
+
 /// The key of a session on this Host.
 #[derive(Clone, PartialEq, Eq, Hash, Debug, PartialOrd, Ord)]
 pub struct SessionKey {
@@ -102,7 +104,7 @@ pub(crate) struct Resident {
     pub warm_released: AtomicBool,
     /// Projected committed events, relayed to every subscriber of this session (a buffer only
     /// while someone watches).
-    pub relay: crate::feed::Relay,
+    pub relay: Relay,
 }
 
 impl std::fmt::Debug for Resident {

@@ -24,6 +24,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 use uuid::Uuid;
 
+use crate::attach::AttachRequest;
 use crate::error::HostError;
 use crate::failpoints;
 use crate::metrics::Metrics;
@@ -82,21 +83,6 @@ impl CompositionError {
             CompositionError::Metrics(_) => "metrics",
         }
     }
-}
-
-/// An attach request (what `hostlink.attach` carries, minus the transport's checks).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AttachRequest {
-    pub tenant: TenantId,
-    pub session: SessionId,
-    pub agent: AgentId,
-    /// The runtime build the caller expects, if it says: it must then equal the agent's and
-    /// a resident session's.
-    pub compatibility: Option<CompatibilityId>,
-    /// Informational: create versus restore is decided from the journal, never from this.
-    pub mode: LaunchMode,
-    pub actor: Option<String>,
-    pub trace: Option<String>,
 }
 
 /// A registry observation: where a session is resident, as a controller sees it.
@@ -280,7 +266,12 @@ impl Service {
         ));
         let me = self.inner.clone();
         host.spawn(async move { me.admission_hints().await });
-        host.spawn(crate::reconcile::reconcile(self.clone(), host.clone()));
+        let me = self.clone();
+        let attach: crate::reconcile::Attach = Box::new(move |req| {
+            let me = me.clone();
+            Box::pin(async move { me.attach(req).await.map(|a| a.attached) })
+        });
+        host.spawn(crate::reconcile::reconcile(host.clone(), attach));
         let me = self.inner.clone();
         host.spawn(async move { me.probe_store().await });
         tracing::info!(host = %host.config().host_id, generation, "host started");
@@ -807,7 +798,7 @@ impl Inner {
                 gates_open: std::sync::atomic::AtomicUsize::new(0),
                 ending: std::sync::atomic::AtomicBool::new(false),
                 warm_released: std::sync::atomic::AtomicBool::new(false),
-                relay: crate::feed::Relay::default(),
+                relay: crate::fanout::Relay::default(),
             });
             let (reg, projected) = tokio::join!(
                 store.put_registration(self.host.registration(

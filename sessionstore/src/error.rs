@@ -3,6 +3,11 @@
 
 use std::fmt;
 
+/// The store URLs an `unsupported_store` refusal names as accepted, as an operator would type
+/// them. Which URL is which store is the rule of `location` (`StoreLocation::parse`); this is
+/// only the text the refusal shows.
+pub const STORE_SCHEMES: &str = "sqlite://PATH, postgres://… or postgresql://…, or a plain path";
+
 /// A stable, machine-readable error code.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum ErrorCode {
@@ -139,10 +144,7 @@ pub enum StoreError {
 
     /// The store URL names no backend this build has (`given` is its scheme, never the
     /// whole URL).
-    #[error(
-        "unsupported_store: `{given}` is not a store; give {}",
-        crate::location::STORE_SCHEMES
-    )]
+    #[error("unsupported_store: `{given}` is not a store; give {}", STORE_SCHEMES)]
     UnsupportedStore { given: String },
 }
 

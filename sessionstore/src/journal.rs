@@ -8,7 +8,7 @@ use crate::clock::Millis;
 use crate::error::{StoreError, StoreResult};
 use crate::ids::*;
 use crate::limits::{MAX_RECORD_VALUE_BYTES, MAX_REFERENCED_BODY_BYTES};
-use crate::model::{CommandKind, Disposition, ObjectRef};
+use crate::model::{CommandKind, CommandRecord, Disposition, ObjectRef};
 
 /// A runtime's hold on its journal. Every append is fenced by `epoch` and compare-and-set on
 /// the tip the writer tracks.
@@ -61,6 +61,17 @@ pub struct CommandIdentity {
     pub command: CommandId,
     pub runtime_command: RuntimeCommandId,
     pub kind: CommandKind,
+}
+
+impl CommandRecord {
+    /// The identity the runtime records this command under (the application prefix).
+    pub fn identity(&self) -> CommandIdentity {
+        CommandIdentity {
+            command: self.command.clone(),
+            runtime_command: self.runtime_command,
+            kind: self.kind,
+        }
+    }
 }
 
 /// One entry to append to the journal.

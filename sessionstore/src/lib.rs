@@ -15,17 +15,20 @@ pub mod limits;
 pub mod location;
 pub mod machine;
 mod merged;
+mod migrations;
 pub mod model;
 mod ops;
+mod options;
 pub mod packages;
 mod pgexec;
-#[cfg(feature = "testing")]
 pub mod placement;
+#[cfg(feature = "testing")]
 pub mod plans;
 mod postgres;
 pub mod runs;
 mod sql;
 mod sqlite;
+mod statements;
 pub mod stats;
 mod store;
 #[cfg(feature = "testing")]
@@ -44,6 +47,7 @@ pub use ids::*;
 pub use journal::*;
 pub use location::StoreLocation;
 pub use model::*;
+pub use options::{LOCAL_STORAGE_BINDING, StoreOptions, Synchronous, local_binding};
 pub use packages::{NewPackage, PackageSummary, Publication, StoredPackage};
 pub use runs::{
     AnswerRecorded, Checkpoint, CheckpointKind, NewCheckpoint, NewRun, NewStepEntry, RunAnswer,
@@ -51,6 +55,4 @@ pub use runs::{
     StepEntryKind, Takeover, TakeoverRule, holder_host,
 };
 pub use stats::StoreStats;
-pub use store::{
-    BackendKind, LOCAL_STORAGE_BINDING, Store, StoreOptions, Synchronous, local_binding,
-};
+pub use store::{BackendKind, Store};

@@ -6,10 +6,10 @@
 use std::fmt;
 use std::path::PathBuf;
 
+/// The schemes a store URL may carry, as an operator would type them (the refusal's text, kept
+/// with the error it is shown in).
+pub use crate::error::STORE_SCHEMES;
 use crate::error::{StoreError, StoreResult};
-
-/// The schemes a store URL may carry, as an operator would type them.
-pub const STORE_SCHEMES: &str = "sqlite://PATH, postgres://… or postgresql://…, or a plain path";
 
 /// Where a store lives.
 #[derive(Clone, Debug, PartialEq, Eq)]

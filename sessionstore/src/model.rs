@@ -370,17 +370,6 @@ pub struct CommandRecord {
     pub settled_at_ms: Option<Millis>,
 }
 
-impl CommandRecord {
-    /// The identity the runtime records this command under (the application prefix).
-    pub fn identity(&self) -> crate::journal::CommandIdentity {
-        crate::journal::CommandIdentity {
-            command: self.command.clone(),
-            runtime_command: self.runtime_command,
-            kind: self.kind,
-        }
-    }
-}
-
 /// Claim a command under a residency grant.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct ClaimRequest {

@@ -31,26 +31,13 @@ use crate::backend::Admission;
 use crate::clock::Millis;
 use crate::error::{StoreError, StoreResult};
 use crate::ids::{CommandId, HostId, RuntimeSessionId, SessionId, TenantId};
+use crate::migrations;
+use crate::options::StoreOptions;
 pub(crate) use crate::pgexec::map_err;
 use crate::pgexec::{self, Answer, Batcher, Work, is_retryable};
 use crate::sql::{Conn, Dialect, Param, Row, SetStmt, SqlTx};
 use crate::stats::Counters;
-use crate::store::StoreOptions;
 
-const MIGRATIONS: &[(i64, &str)] = &[
-    (1, include_str!("../migrations/postgres/0001_init.sql")),
-    (2, include_str!("../migrations/postgres/0002_hot_path.sql")),
-    (
-        3,
-        include_str!("../migrations/postgres/0003_runnable_packages.sql"),
-    ),
-    (4, include_str!("../migrations/postgres/0004_runs.sql")),
-    (5, include_str!("../migrations/postgres/0005_fleet.sql")),
-    (
-        6,
-        include_str!("../migrations/postgres/0006_public_offsets.sql"),
-    ),
-];
 /// The store's tables: analysed when due (see [`DUE_SQL`]) right after the migrations, at
 /// open and every `pg_statistics_interval`, so the planner's statistics follow the tables'
 /// growth (a schema is otherwise never analysed while autovacuum is off).
@@ -713,48 +700,85 @@ fn quote_ident(s: &str) -> String {
     format!("\"{}\"", s.replace('"', "\"\""))
 }
 
-async fn migrate(pool: &PgPool) -> StoreResult<()> {
-    let mut tx = pool.begin().await.map_err(map_err)?;
-    // Advisory locks are for migrations only: concurrent openers wait here.
-    tx.execute("SELECT pg_advisory_xact_lock(7400740074)")
-        .await
-        .map_err(map_err)?;
-    tx.execute(
-        "CREATE TABLE IF NOT EXISTS schema_migrations (version BIGINT PRIMARY KEY, applied_at BIGINT NOT NULL)",
-    )
-    .await
-    .map_err(map_err)?;
-    // Applied by set, not by maximum: migrations are independent, so one numbered below an
-    // applied one (merged later) is still applied.
-    let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM schema_migrations")
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(map_err)?;
-    let latest = MIGRATIONS.last().map_or(0, |m| m.0);
-    if let Some(unknown) = applied
-        .iter()
-        .find(|v| !MIGRATIONS.iter().any(|m| m.0 == **v))
-    {
-        return Err(StoreError::state(
-            "schema",
-            format!("version {unknown}"),
-            format!(
-                "the database was written by a newer build (schema version {unknown}); this binary knows up to {latest}. Upgrade hostd or use another database."
-            ),
-        ));
+/// The migration runner's steps on one pooled connection, in one transaction under the
+/// migration lock: an advisory lock held until that transaction ends, so concurrent openers
+/// of the same database wait for each other here (advisory locks are for migrations only).
+struct PgSchema<'p> {
+    pool: &'p PgPool,
+    tx: Option<Transaction<'static, Postgres>>,
+}
+
+impl PgSchema<'_> {
+    fn tx(&mut self) -> StoreResult<&mut Transaction<'static, Postgres>> {
+        self.tx
+            .as_mut()
+            .ok_or_else(|| StoreError::unavailable("the migration transaction is not open"))
     }
-    for (version, sql) in MIGRATIONS.iter().filter(|m| !applied.contains(&m.0)) {
-        sqlx::raw_sql(AssertSqlSafe(*sql))
-            .execute(&mut *tx)
+}
+
+impl migrations::Schema for PgSchema<'_> {
+    async fn begin(&mut self) -> StoreResult<()> {
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        tx.execute("SELECT pg_advisory_xact_lock(7400740074)")
             .await
             .map_err(map_err)?;
+        self.tx = Some(tx);
+        Ok(())
+    }
+
+    async fn create_version_table(&mut self) -> StoreResult<()> {
+        self.tx()?
+            .execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations (version BIGINT PRIMARY KEY, applied_at BIGINT NOT NULL)",
+            )
+            .await
+            .map(|_| ())
+            .map_err(map_err)
+    }
+
+    async fn applied(&mut self) -> StoreResult<Vec<i64>> {
+        sqlx::query_scalar("SELECT version FROM schema_migrations")
+            .fetch_all(&mut **self.tx()?)
+            .await
+            .map_err(map_err)
+    }
+
+    async fn apply(&mut self, sql: &'static str) -> StoreResult<()> {
+        sqlx::raw_sql(AssertSqlSafe(sql))
+            .execute(&mut **self.tx()?)
+            .await
+            .map(|_| ())
+            .map_err(map_err)
+    }
+
+    async fn record(&mut self, version: i64) -> StoreResult<()> {
         sqlx::query("INSERT INTO schema_migrations (version, applied_at) VALUES ($1, (floor(extract(epoch from clock_timestamp()) * 1000))::bigint)")
             .bind(version)
-            .execute(&mut *tx)
+            .execute(&mut **self.tx()?)
             .await
-            .map_err(map_err)?;
+            .map(|_| ())
+            .map_err(map_err)
     }
-    tx.commit().await.map_err(map_err)
+
+    async fn commit(&mut self) -> StoreResult<()> {
+        match self.tx.take() {
+            Some(tx) => tx.commit().await.map_err(map_err),
+            None => Err(StoreError::unavailable(
+                "the migration transaction is not open",
+            )),
+        }
+    }
+
+    async fn rollback(&mut self) {
+        if let Some(tx) = self.tx.take() {
+            let _ = tx.rollback().await;
+        }
+    }
+}
+
+async fn migrate(pool: &PgPool) -> StoreResult<()> {
+    let mut schema = PgSchema { pool, tx: None };
+    migrations::migrate(&mut schema, migrations::POSTGRES).await
 }
 
 /// Why the server named by `connect` could not be reached, saying where: a refused or

@@ -16,25 +16,10 @@ use tokio::sync::{broadcast, oneshot};
 use crate::backend::Admission;
 use crate::clock::{Millis, SharedClock};
 use crate::error::{StoreError, StoreResult};
+use crate::migrations;
+use crate::options::{StoreOptions, Synchronous};
 use crate::sql::{Conn, Dialect, Param, Row, SetStmt, SqlTx, Value};
 use crate::stats::Counters;
-use crate::store::{StoreOptions, Synchronous};
-
-/// The migrations this binary knows, in order.
-const MIGRATIONS: &[(i64, &str)] = &[
-    (1, include_str!("../migrations/sqlite/0001_init.sql")),
-    (2, include_str!("../migrations/sqlite/0002_hot_path.sql")),
-    (
-        3,
-        include_str!("../migrations/sqlite/0003_runnable_packages.sql"),
-    ),
-    (4, include_str!("../migrations/sqlite/0004_runs.sql")),
-    (5, include_str!("../migrations/sqlite/0005_fleet.sql")),
-    (
-        6,
-        include_str!("../migrations/sqlite/0006_public_offsets.sql"),
-    ),
-];
 
 /// A connection usable by the generic SQL layer.
 pub(crate) struct SqliteConn<'a> {
@@ -322,52 +307,64 @@ fn configure(conn: &Connection, options: &StoreOptions, writer: bool) -> StoreRe
     Ok(())
 }
 
-fn migrate(conn: &Connection, now: Millis) -> StoreResult<()> {
-    conn.execute_batch("BEGIN IMMEDIATE").map_err(map_err)?;
-    let result = (|| {
-        conn.execute_batch(
-            "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)",
-        )
-        .map_err(map_err)?;
-        // Applied by set, not by maximum: migrations are independent, so one numbered
-        // below an applied one (merged later) is still applied.
-        let applied: Vec<i64> = {
-            let mut stmt = conn
-                .prepare("SELECT version FROM schema_migrations")
-                .map_err(map_err)?;
-            let rows = stmt.query_map([], |r| r.get(0)).map_err(map_err)?;
-            rows.collect::<Result<_, _>>().map_err(map_err)?
-        };
-        let latest = MIGRATIONS.last().map_or(0, |m| m.0);
-        if let Some(unknown) = applied
-            .iter()
-            .find(|v| !MIGRATIONS.iter().any(|m| m.0 == **v))
-        {
-            return Err(StoreError::state(
-                "schema",
-                format!("version {unknown}"),
-                format!(
-                    "the database was written by a newer build (schema version {unknown}); this binary knows up to {latest}. Upgrade hostd or use another database."
-                ),
-            ));
-        }
-        for (version, sql) in MIGRATIONS.iter().filter(|m| !applied.contains(&m.0)) {
-            conn.execute_batch(sql).map_err(map_err)?;
-            conn.execute(
-                "INSERT INTO schema_migrations (version, applied_at) VALUES (?1, ?2)",
-                rusqlite::params![version, now],
-            )
-            .map_err(map_err)?;
-        }
-        Ok(())
-    })();
-    match result {
-        Ok(()) => conn.execute_batch("COMMIT").map_err(map_err),
-        Err(e) => {
-            let _ = conn.execute_batch("ROLLBACK");
-            Err(e)
-        }
+/// The migration runner's steps on the writer connection, before it serves anything (so
+/// they run synchronously; `BEGIN IMMEDIATE` takes the file's write lock, which keeps another
+/// process's opener out until the commit).
+struct SqliteSchema<'c> {
+    conn: &'c Connection,
+    now: Millis,
+}
+
+impl migrations::Schema for SqliteSchema<'_> {
+    async fn begin(&mut self) -> StoreResult<()> {
+        self.conn.execute_batch("BEGIN IMMEDIATE").map_err(map_err)
     }
+
+    async fn create_version_table(&mut self) -> StoreResult<()> {
+        self.conn
+            .execute_batch(
+                "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)",
+            )
+            .map_err(map_err)
+    }
+
+    async fn applied(&mut self) -> StoreResult<Vec<i64>> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT version FROM schema_migrations")
+            .map_err(map_err)?;
+        let rows = stmt.query_map([], |r| r.get(0)).map_err(map_err)?;
+        rows.collect::<Result<_, _>>().map_err(map_err)
+    }
+
+    async fn apply(&mut self, sql: &'static str) -> StoreResult<()> {
+        self.conn.execute_batch(sql).map_err(map_err)
+    }
+
+    async fn record(&mut self, version: i64) -> StoreResult<()> {
+        self.conn
+            .execute(
+                "INSERT INTO schema_migrations (version, applied_at) VALUES (?1, ?2)",
+                rusqlite::params![version, self.now],
+            )
+            .map(|_| ())
+            .map_err(map_err)
+    }
+
+    async fn commit(&mut self) -> StoreResult<()> {
+        self.conn.execute_batch("COMMIT").map_err(map_err)
+    }
+
+    async fn rollback(&mut self) {
+        let _ = self.conn.execute_batch("ROLLBACK");
+    }
+}
+
+fn migrate(conn: &Connection, now: Millis) -> StoreResult<()> {
+    futures::executor::block_on(migrations::migrate(
+        &mut SqliteSchema { conn, now },
+        migrations::SQLITE,
+    ))
 }
 
 /// Runs a transaction-control statement from the statement cache (the writer runs several per

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use crate::clock::ManualClock;
 use crate::error::StoreResult;
-use crate::store::{Store, StoreOptions};
+use crate::options::StoreOptions;
+use crate::store::Store;
 
 /// Which backend a test runs against.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
