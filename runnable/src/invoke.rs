@@ -44,7 +44,7 @@ use crate::deps;
 use crate::error::{HandlerError, RunnableError};
 use crate::outcome::{self, ExitStatus, Observation, OutcomeClass};
 use crate::release::Release;
-use crate::schema::Violation;
+use crate::error::Violation;
 
 /// The protocol name of the request document.
 pub const REQUEST_PROTOCOL: &str = "hostd.runnable.request/1";

@@ -32,13 +32,13 @@ pub mod tool;
 pub mod workspace;
 
 pub use declaration::{Declaration, DependencyDecl, Effect};
-pub use error::{DeclarationProblem, HandlerError, RunnableError};
+pub use error::{DeclarationProblem, HandlerError, RunnableError, Violation};
 pub use identity::{Identity, Reference};
 pub use invoke::{Invocation, InvokeOptions, InvokeRequest, effect_id, invoke, stop_orphans};
 pub use outcome::{OutcomeClass, classify};
 pub use package::{Built, Destination, Digest, Package};
 pub use release::Release;
 pub use runner::Runner;
-pub use schema::{Schema, Violation};
+pub use schema::Schema;
 pub use tool::RunnableTool;
 pub use workspace::{Catalog, Workspace, resolve};
