@@ -473,12 +473,7 @@ impl Ctx {
     }
 
     /// Refuses the first key of `map` that is not `allowed`.
-    fn check_keys(
-        &self,
-        map: &Map,
-        allowed: &[&str],
-        context: &str,
-    ) -> Result<(), ManifestError> {
+    fn check_keys(&self, map: &Map, allowed: &[&str], context: &str) -> Result<(), ManifestError> {
         match map.unknown_keys(allowed).next() {
             None => Ok(()),
             Some((_, key)) => Err(self.problem(ManifestProblem::UnknownKey {
@@ -625,7 +620,11 @@ fn parse_service(
     }
 
     let mut dependencies: Vec<Dependency> = Vec::new();
-    for (i, item) in ctx.list(map, "dependencies", "dependencies")?.iter().enumerate() {
+    for (i, item) in ctx
+        .list(map, "dependencies", "dependencies")?
+        .iter()
+        .enumerate()
+    {
         let context = format!("dependencies entry #{}", i + 1);
         let m = ctx.mapping(item, &context)?;
         ctx.check_keys(&m, DEPENDENCY_KEYS, &context)?;
@@ -709,8 +708,9 @@ fn parse_endpoint(ctx: &Ctx, m: &Map, context: &str) -> Result<Endpoint, Manifes
     };
     let tls = match m.given("tls") {
         None => false,
-        Some(v) => read::boolean(v, "endpoints.tls", "must be true or false")
-            .map_err(|p| ctx.refuse(p))?,
+        Some(v) => {
+            read::boolean(v, "endpoints.tls", "must be true or false").map_err(|p| ctx.refuse(p))?
+        }
     };
     if tls && api == Api::Tcp {
         return Err(ctx.invalid(

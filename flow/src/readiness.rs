@@ -21,8 +21,8 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
 use crate::manifest::{Api, ServiceManifest};
-use crate::predicate::{Predicate, ReadinessFailure};
 use crate::ports::PortMap;
+use crate::predicate::{Predicate, ReadinessFailure};
 use crate::process::ExitInfo;
 use crate::sockets;
 

@@ -174,8 +174,8 @@ impl Declaration {
                 message,
             }]
         };
-        let text = std::str::from_utf8(bytes)
-            .map_err(|e| syntax(0, 0, format!("not UTF-8 text: {e}")))?;
+        let text =
+            std::str::from_utf8(bytes).map_err(|e| syntax(0, 0, format!("not UTF-8 text: {e}")))?;
         let doc = strict_yaml::load(text).map_err(|e| syntax(e.line, e.column, e.message))?;
         let mut problems = Vec::new();
         let parsed = parse_document(&doc, workspace, folder, file, exists, &mut problems);
@@ -205,21 +205,32 @@ fn parse_document(
     problems.extend(top.unknown(TOP_KEYS));
     problems.extend(top.missing(REQUIRED_KEYS));
 
-    let name = top.get("name").and_then(|n| identity_part(n, "name", problems));
+    let name = top
+        .get("name")
+        .and_then(|n| identity_part(n, "name", problems));
     let version = top
         .get("version")
         .and_then(|n| identity_part(n, "version", problems));
     let description = match top.get("description") {
         None => String::new(),
         Some(d) => problems
-            .keep(read::string(d, "description", "must be a string, not {found}"))
+            .keep(read::string(
+                d,
+                "description",
+                "must be a string, not {found}",
+            ))
             .map(str::to_owned)
             .unwrap_or_default(),
     };
     let input = top.get("input").and_then(|n| schema(n, "input", problems));
-    let output = top.get("output").and_then(|n| schema(n, "output", problems));
+    let output = top
+        .get("output")
+        .and_then(|n| schema(n, "output", problems));
     let command = top.get("command").and_then(|c| {
-        let text = problems.keep(read::text(c, "command", SCALAR))?.text.clone();
+        let text = problems
+            .keep(read::text(c, "command", SCALAR))?
+            .text
+            .clone();
         check_command(c, &text, folder, exists, problems);
         Some(text)
     });
@@ -266,7 +277,9 @@ fn parse_document(
 }
 
 fn schema(node: &Node, path: &str, problems: &mut Vec<Problem>) -> Option<Schema> {
-    Schema::read(node, path).map_err(|list| problems.extend(list)).ok()
+    Schema::read(node, path)
+        .map_err(|list| problems.extend(list))
+        .ok()
 }
 
 /// `name` or `version`: any non-null scalar, taken as written.
@@ -444,8 +457,9 @@ fn parse_dependencies(top: &Map, problems: &mut Vec<Problem>) -> Vec<DependencyD
             continue;
         };
         problems.extend(entry.unknown(DEPENDENCY_KEYS));
-        let service = problems.keep(entry.require("service")).and_then(|s| {
-            match s.as_str() {
+        let service = problems
+            .keep(entry.require("service"))
+            .and_then(|s| match s.as_str() {
                 Some(t) if !t.is_empty() => Some(t.to_owned()),
                 _ => {
                     problems.report(Problem::wrong_type(
@@ -455,8 +469,7 @@ fn parse_dependencies(top: &Map, problems: &mut Vec<Problem>) -> Vec<DependencyD
                     ));
                     None
                 }
-            }
-        });
+            });
         let epath = entry.path_of("endpoints");
         let endpoints: Vec<(String, &Node)> = match entry.get("endpoints") {
             None => {

@@ -11,7 +11,6 @@
 //!
 //! This module must never run anything or read files: it is pure data and checks.
 
-
 use serde_json::{Map, Value, json};
 
 use crate::error::{Violation, codes};
@@ -190,7 +189,11 @@ impl Schema {
         if let Some(n) = map.get("nullable") {
             let path = join(path, "nullable");
             schema.nullable = problems
-                .keep(read::boolean(n, &path, "must be true or false, not {found}"))
+                .keep(read::boolean(
+                    n,
+                    &path,
+                    "must be true or false, not {found}",
+                ))
                 .unwrap_or_default();
         }
         if let Some(d) = map.get("description") {
@@ -392,9 +395,8 @@ fn parse_object(node: &Node, path: &str, problems: &mut Vec<Problem>, schema: &m
             )) else {
                 continue;
             };
-            let refuse = |message: String| {
-                Problem::format(item, &rpath, codes::SCHEMA_STRUCTURE, message)
-            };
+            let refuse =
+                |message: String| Problem::format(item, &rpath, codes::SCHEMA_STRUCTURE, message);
             if schema.required.iter().any(|r| r == name) {
                 problems.report(refuse(format!("`{name}` is listed twice")));
                 continue;

@@ -377,7 +377,10 @@ mod tests {
         let args = d.get("args").unwrap();
         let err = sequence(args, "args", "must be a list, not {found}").unwrap_err();
         assert_eq!(err.message(), "must be a list, not null");
-        assert_eq!(err.to_string(), "line 1, column 7: `args`: must be a list, not null");
+        assert_eq!(
+            err.to_string(),
+            "line 1, column 7: `args`: must be a list, not null"
+        );
         let err = sequence(args, "args", "must be a list").unwrap_err();
         assert_eq!(err.message(), "must be a list");
     }
@@ -417,7 +420,10 @@ mod tests {
         let mut problems: Vec<Problem> = Vec::new();
         let a = d.get("a").unwrap();
         assert_eq!(problems.keep(string(a, "a", "")), Some("x"));
-        assert_eq!(problems.keep(boolean(a, "a", "must be true or false")), None);
+        assert_eq!(
+            problems.keep(boolean(a, "a", "must be true or false")),
+            None
+        );
         assert_eq!(problems.len(), 1);
         assert_eq!(join("", "a"), "a");
         assert_eq!(join("a", "b"), "a.b");

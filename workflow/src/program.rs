@@ -457,7 +457,9 @@ fn parse_supervise(node: &Node, p: &mut Problems) -> Option<Supervise> {
                 format!("`supervise` has no key `{other}` (it takes `restarts` and `window`)"),
             )),
         };
-        ok &= p.keep(result.map_err(|e| e.under(codes::SUPERVISE))).is_some();
+        ok &= p
+            .keep(result.map_err(|e| e.under(codes::SUPERVISE)))
+            .is_some();
     }
     let Some(restarts) = restarts else {
         if ok {
@@ -507,7 +509,11 @@ pub fn parse(source: &str, env: &dyn Environment) -> Result<Program, Vec<Problem
         p.at(&root, codes::MISSING_KEY, "a program needs `steps`");
         return Err(p.list);
     };
-    let items = match p.keep(read::sequence(steps, "steps", "`steps` must be a list, not {found}")) {
+    let items = match p.keep(read::sequence(
+        steps,
+        "steps",
+        "`steps` must be a list, not {found}",
+    )) {
         Some([]) => {
             p.at(steps, codes::NO_STEPS, "a program needs at least one step");
             return Err(p.list);
