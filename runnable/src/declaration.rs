@@ -157,7 +157,7 @@ impl Declaration {
     /// Parses declaration bytes whose handler files are wherever `exists` (given a path
     /// relative to the runnable's folder) finds them: the folder on disk for [`Self::parse`],
     /// the file list of a package for a packaged declaration.
-    pub fn parse_with(
+    pub(crate) fn parse_with(
         workspace: &str,
         folder: &Path,
         file: &Path,
