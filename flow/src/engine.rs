@@ -29,6 +29,7 @@ use crate::procfs::{self, Ownership};
 use crate::restart::RestartSpec;
 use crate::state::{self, StatePaths, WorkspaceLock};
 use crate::supervisor::{self, Command, Excluded, Setup, SlotSpec, Supervisor};
+pub use crate::supervisor::{FlowEnd, FlowEndReason, ServiceStatus};
 use crate::teardown::TeardownReport;
 
 pub use crate::environment::env_key;
@@ -80,24 +81,6 @@ pub struct Flow {
     overrides: Vec<EnvOverride>,
 }
 
-/// Why a flow ended.
-#[derive(Debug, Clone)]
-pub enum FlowEndReason {
-    /// Its handle asked it to stop (or was dropped).
-    Shutdown,
-    /// Its cancellation token fired (Ctrl-C, SIGTERM, SIGHUP, `hostd flow down`).
-    Cancelled,
-    /// A service failed in a way no policy could absorb.
-    Failed(FlowError),
-}
-
-/// How a flow ended, with the receipts of its teardown.
-#[derive(Debug, Clone)]
-pub struct FlowEnd {
-    pub reason: FlowEndReason,
-    pub teardown: TeardownReport,
-}
-
 /// An `up` that did not reach "up": why, and the teardown of what it had started.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{error}")]
@@ -119,17 +102,6 @@ impl From<GraphError> for UpFailure {
     fn from(error: GraphError) -> Self {
         FlowError::Graph(error).into()
     }
-}
-
-/// One service as a status view shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServiceStatus {
-    pub name: String,
-    pub state: String,
-    pub pid: Option<i32>,
-    pub endpoints: Vec<(String, SocketAddr)>,
-    pub restarts: u32,
-    pub detail: Option<String>,
 }
 
 /// One service of a plan, as Load and Init leave it: what would be run, where, with what.

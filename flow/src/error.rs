@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use crate::readiness::ReadinessFailure;
+use crate::predicate::ReadinessFailure;
 
 /// One refusal of a workspace's declarations, naming the file, the service (when the problem
 /// belongs to one) and the reason.

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use crate::readiness::ReadinessFailure;
+use crate::predicate::ReadinessFailure;
 use crate::teardown::Receipt;
 
 /// Which pipe a line of output came from.

@@ -11,25 +11,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::error::GraphError;
-use crate::manifest::Workspace;
-
-/// Why a consumer depends on a producer, which decides the stages the edge constrains and
-/// what the consumer waits for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum DependencyKind {
-    /// No kind declared: constrains build and run, waits for the producer to be healthy.
-    Legacy,
-    /// A build or code-generation input: constrains build only, waits for nothing.
-    Build,
-    /// The producer's API contract is read at build time: build only, waits for nothing.
-    Schema,
-    /// A consumed endpoint: run only, waits for the producer to be healthy.
-    Runtime,
-    /// One-shot work that must finish first: run only, waits for an exit status 0.
-    Completion,
-    /// Provided outside the workspace: no stage, never started or waited for.
-    External,
-}
+use crate::manifest::{DependencyKind, Workspace};
 
 /// What a consumer waits for before it starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,18 +23,9 @@ pub enum Wait {
     Completed,
 }
 
+/// What each declared kind means for the graph: the stages it constrains, the endpoints it
+/// uses and what the consumer waits for.
 impl DependencyKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DependencyKind::Legacy => "legacy",
-            DependencyKind::Build => "build",
-            DependencyKind::Schema => "schema",
-            DependencyKind::Runtime => "runtime",
-            DependencyKind::Completion => "completion",
-            DependencyKind::External => "external",
-        }
-    }
-
     /// The stages whose graph holds an edge of this kind.
     pub fn stages(self) -> &'static [Stage] {
         match self {
@@ -89,26 +62,6 @@ impl DependencyKind {
                 Wait::Nothing
             }
         }
-    }
-}
-
-impl FromStr for DependencyKind {
-    type Err = ();
-    fn from_str(s: &str) -> Result<Self, ()> {
-        Ok(match s {
-            "build" => DependencyKind::Build,
-            "schema" => DependencyKind::Schema,
-            "runtime" => DependencyKind::Runtime,
-            "completion" => DependencyKind::Completion,
-            "external" => DependencyKind::External,
-            _ => return Err(()),
-        })
-    }
-}
-
-impl fmt::Display for DependencyKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 

@@ -7,13 +7,15 @@
 //! rather than ignored.
 
 use std::collections::{BTreeMap, HashMap};
+use std::fmt;
 use std::path::{Path, PathBuf};
+use std::str::FromStr;
 use std::time::Duration;
 
-use strict_yaml::{Mapping, Value};
+use strict_yaml::read::{self, Map, Problem, ProblemKind};
+use strict_yaml::{Node, Resolved};
 
 use crate::error::{ManifestError, ManifestProblem};
-use crate::graph::DependencyKind;
 use crate::restart::{RestartPolicy, RestartSpec};
 
 /// The file every workspace starts from.
@@ -37,6 +39,57 @@ const SERVICE_KEYS: &[&str] = &[
 const ENDPOINT_KEYS: &[&str] = &["name", "api", "port", "health", "tls"];
 const DEPENDENCY_KEYS: &[&str] = &["name", "kind", "endpoints"];
 const RESTART_KEYS: &[&str] = &["policy", "max_restarts", "window", "backoff", "max_backoff"];
+
+/// Why a consumer depends on a producer, as declared. What each kind means for the stages
+/// and the waits is the dependency graph's business (`graph.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DependencyKind {
+    /// No kind declared: constrains build and run, waits for the producer to be healthy.
+    Legacy,
+    /// A build or code-generation input: constrains build only, waits for nothing.
+    Build,
+    /// The producer's API contract is read at build time: build only, waits for nothing.
+    Schema,
+    /// A consumed endpoint: run only, waits for the producer to be healthy.
+    Runtime,
+    /// One-shot work that must finish first: run only, waits for an exit status 0.
+    Completion,
+    /// Provided outside the workspace: no stage, never started or waited for.
+    External,
+}
+
+impl DependencyKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DependencyKind::Legacy => "legacy",
+            DependencyKind::Build => "build",
+            DependencyKind::Schema => "schema",
+            DependencyKind::Runtime => "runtime",
+            DependencyKind::Completion => "completion",
+            DependencyKind::External => "external",
+        }
+    }
+}
+
+impl FromStr for DependencyKind {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Self, ()> {
+        Ok(match s {
+            "build" => DependencyKind::Build,
+            "schema" => DependencyKind::Schema,
+            "runtime" => DependencyKind::Runtime,
+            "completion" => DependencyKind::Completion,
+            "external" => DependencyKind::External,
+            _ => return Err(()),
+        })
+    }
+}
+
+impl fmt::Display for DependencyKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// A loaded, validated workspace.
 #[derive(Debug, Clone)]
@@ -141,7 +194,7 @@ impl Workspace {
         let doc = read_yaml(&flow_file)?;
         let top = Ctx::file(&flow_file);
         let map = top.mapping(&doc, "flow.yaml")?;
-        top.check_keys(map, FLOW_KEYS, "flow.yaml")?;
+        top.check_keys(&map, FLOW_KEYS, "flow.yaml")?;
         let name = match map.get("name") {
             Some(v) => top.string(v, "name")?,
             None => root
@@ -151,8 +204,8 @@ impl Workspace {
                 .unwrap_or_else(|| "flow".to_owned()),
         };
         let entries = match map.get("services") {
-            Some(Value::Sequence(seq)) => seq,
-            Some(_) => return Err(top.invalid("services", "must be a list of services")),
+            Some(v) => read::sequence(v, "services", "must be a list of services")
+                .map_err(|p| top.refuse(p))?,
             None => return Err(top.missing("services", "flow.yaml")),
         };
         if entries.is_empty() {
@@ -194,14 +247,14 @@ impl Workspace {
                     }
                 }
                 let base = file_manifest.parent().unwrap_or(root).to_path_buf();
-                parse_service(&fctx, fmap, &name, &base)?
+                parse_service(&fctx, &fmap, &name, &base)?
             } else {
                 if file_manifest.exists() {
                     return Err(ctx.problem(ManifestProblem::DuplicateService {
                         where_: format!("inline in flow.yaml and in {}", file_manifest.display()),
                     }));
                 }
-                parse_service(&ctx, entry_map, &name, root)?
+                parse_service(&ctx, &entry_map, &name, root)?
             };
             services.push(service);
         }
@@ -403,75 +456,73 @@ impl Ctx {
         })
     }
 
-    fn mapping<'v>(&self, value: &'v Value, what: &str) -> Result<&'v Mapping, ManifestError> {
-        match value {
-            Value::Mapping(m) => Ok(m),
-            _ => Err(self.invalid(what, "must be a mapping of keys to values")),
-        }
-    }
-
-    fn check_keys(
-        &self,
-        map: &Mapping,
-        allowed: &[&str],
-        context: &str,
-    ) -> Result<(), ManifestError> {
-        for key in map.keys() {
-            let name = match key {
-                Value::String(s) => s.clone(),
-                other => scalar_text(other).unwrap_or_else(|| "<non-scalar key>".to_owned()),
-            };
-            if !allowed.contains(&name.as_str()) {
-                return Err(self.problem(ManifestProblem::UnknownKey {
-                    key: name,
-                    context: context.to_owned(),
-                    allowed: allowed.join(", "),
-                }));
+    /// A value that does not fit, refused in the manifest's words under the key it was read
+    /// at.
+    fn refuse(&self, problem: Problem) -> ManifestError {
+        let reason = match &problem.kind {
+            ProblemKind::Duration { text, reason } => {
+                format!("`{text}` is not a duration like 500ms, 10s or 1m ({reason})")
             }
+            _ => problem.message(),
+        };
+        self.invalid(&problem.path, &reason)
+    }
+
+    fn mapping<'n>(&self, node: &'n Node, what: &str) -> Result<Map<'n>, ManifestError> {
+        read::mapping(node, what, "must be a mapping of keys to values").map_err(|p| self.refuse(p))
+    }
+
+    /// Refuses the first key of `map` that is not `allowed`.
+    fn check_keys(&self, map: &Map, allowed: &[&str], context: &str) -> Result<(), ManifestError> {
+        match map.unknown_keys(allowed).next() {
+            None => Ok(()),
+            Some((_, key)) => Err(self.problem(ManifestProblem::UnknownKey {
+                key: key.to_owned(),
+                context: context.to_owned(),
+                allowed: allowed.join(", "),
+            })),
         }
-        Ok(())
     }
 
-    fn string(&self, value: &Value, key: &str) -> Result<String, ManifestError> {
-        match value {
-            Value::String(s) => Ok(s.clone()),
-            _ => Err(self.invalid(key, "must be a string")),
+    /// The list under `key` (read as `label`), empty when absent or null.
+    fn list<'n>(&self, map: &Map<'n>, key: &str, label: &str) -> Result<&'n [Node], ManifestError> {
+        match map.given(key) {
+            None => Ok(&[]),
+            Some(v) => read::sequence(v, label, "must be a list").map_err(|p| self.refuse(p)),
         }
     }
 
-    /// A string, number or boolean, as text (for args and env values).
-    fn scalar(&self, value: &Value, key: &str) -> Result<String, ManifestError> {
-        scalar_text(value).ok_or_else(|| self.invalid(key, "must be a string, number or boolean"))
+    fn string(&self, node: &Node, key: &str) -> Result<String, ManifestError> {
+        read::string(node, key, "must be a string")
+            .map(str::to_owned)
+            .map_err(|p| self.refuse(p))
     }
 
-    fn duration(&self, value: &Value, key: &str) -> Result<Duration, ManifestError> {
-        let text = self.scalar(value, key)?;
-        humantime::parse_duration(&text).map_err(|e| {
-            self.invalid(
-                key,
-                &format!("`{text}` is not a duration like 500ms, 10s or 1m ({e})"),
-            )
+    /// A string, number or boolean, as text (for args and env values): numbers as written,
+    /// booleans as `true` or `false`.
+    fn scalar(&self, node: &Node, key: &str) -> Result<String, ManifestError> {
+        let scalar = read::text(node, key, "must be a string, number or boolean")
+            .map_err(|p| self.refuse(p))?;
+        Ok(match scalar.resolved {
+            Resolved::Bool(b) => b.to_string(),
+            _ => scalar.text.clone(),
         })
     }
-}
 
-fn scalar_text(value: &Value) -> Option<String> {
-    match value {
-        Value::String(s) => Some(s.clone()),
-        Value::Number(n) => Some(n.to_string()),
-        Value::Bool(b) => Some(b.to_string()),
-        _ => None,
+    fn duration(&self, node: &Node, key: &str) -> Result<Duration, ManifestError> {
+        let text = self.scalar(node, key)?;
+        read::duration(node, key, &text).map_err(|p| self.refuse(p))
     }
 }
 
-fn read_yaml(path: &Path) -> Result<Value, ManifestError> {
+fn read_yaml(path: &Path) -> Result<Node, ManifestError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| Ctx::file(path).problem(ManifestProblem::Unreadable(e.to_string())))?;
-    strict_yaml::load_value(&text)
+    strict_yaml::load(&text)
         .map_err(|e| Ctx::file(path).problem(ManifestProblem::Syntax(e.to_string())))
 }
 
-fn read_yaml_for(path: &Path, service: &str) -> Result<Value, ManifestError> {
+fn read_yaml_for(path: &Path, service: &str) -> Result<Node, ManifestError> {
     read_yaml(path).map_err(|mut e| {
         e.service = Some(service.to_owned());
         e
@@ -510,7 +561,7 @@ fn validate_env_key(ctx: &Ctx, key: &str) -> Result<(), ManifestError> {
 
 fn parse_service(
     ctx: &Ctx,
-    map: &Mapping,
+    map: &Map,
     name: &str,
     base: &Path,
 ) -> Result<ServiceManifest, ManifestError> {
@@ -523,27 +574,22 @@ fn parse_service(
         return Err(ctx.invalid("command", "is empty"));
     }
 
-    let args = match map.get("args") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Sequence(seq)) => seq
-            .iter()
-            .map(|v| ctx.scalar(v, "args"))
-            .collect::<Result<Vec<_>, _>>()?,
-        Some(_) => return Err(ctx.invalid("args", "must be a list")),
-    };
+    let args = ctx
+        .list(map, "args", "args")?
+        .iter()
+        .map(|v| ctx.scalar(v, "args"))
+        .collect::<Result<Vec<_>, _>>()?;
 
     let mut env = Vec::new();
-    match map.get("env") {
-        None | Some(Value::Null) => {}
-        Some(Value::Mapping(m)) => {
-            for (k, v) in m {
-                let key = ctx.string(k, "env")?;
-                validate_env_key(ctx, &key)?;
-                let text = ctx.scalar(v, &format!("env.{key}"))?;
-                env.push((key.clone(), parse_env_value(ctx, &key, &text)?));
-            }
+    if let Some(v) = map.given("env") {
+        let m = read::mapping(v, "env", "must be a mapping of variable names to values")
+            .map_err(|p| ctx.refuse(p))?;
+        for (k, v) in m.entries() {
+            let key = ctx.string(k, "env")?;
+            validate_env_key(ctx, &key)?;
+            let text = ctx.scalar(v, &format!("env.{key}"))?;
+            env.push((key.clone(), parse_env_value(ctx, &key, &text)?));
         }
-        Some(_) => return Err(ctx.invalid("env", "must be a mapping of variable names to values")),
     }
 
     let cwd = match map.get("cwd") {
@@ -560,51 +606,41 @@ fn parse_service(
     };
 
     let mut endpoints: Vec<Endpoint> = Vec::new();
-    match map.get("endpoints") {
-        None | Some(Value::Null) => {}
-        Some(Value::Sequence(seq)) => {
-            for (i, item) in seq.iter().enumerate() {
-                let context = format!("endpoints entry #{}", i + 1);
-                let m = ctx.mapping(item, &context)?;
-                ctx.check_keys(m, ENDPOINT_KEYS, &context)?;
-                let endpoint = parse_endpoint(ctx, m, &context)?;
-                if endpoints.iter().any(|e| e.name == endpoint.name) {
-                    return Err(ctx.problem(ManifestProblem::DuplicateEndpoint {
-                        endpoint: endpoint.name,
-                    }));
-                }
-                endpoints.push(endpoint);
-            }
+    for (i, item) in ctx.list(map, "endpoints", "endpoints")?.iter().enumerate() {
+        let context = format!("endpoints entry #{}", i + 1);
+        let m = ctx.mapping(item, &context)?;
+        ctx.check_keys(&m, ENDPOINT_KEYS, &context)?;
+        let endpoint = parse_endpoint(ctx, &m, &context)?;
+        if endpoints.iter().any(|e| e.name == endpoint.name) {
+            return Err(ctx.problem(ManifestProblem::DuplicateEndpoint {
+                endpoint: endpoint.name,
+            }));
         }
-        Some(_) => return Err(ctx.invalid("endpoints", "must be a list")),
+        endpoints.push(endpoint);
     }
 
     let mut dependencies: Vec<Dependency> = Vec::new();
-    match map.get("dependencies") {
-        None | Some(Value::Null) => {}
-        Some(Value::Sequence(seq)) => {
-            for (i, item) in seq.iter().enumerate() {
-                let context = format!("dependencies entry #{}", i + 1);
-                let m = ctx.mapping(item, &context)?;
-                ctx.check_keys(m, DEPENDENCY_KEYS, &context)?;
-                let dep = parse_dependency(ctx, m, &context)?;
-                if dependencies.iter().any(|d| d.name == dep.name) {
-                    return Err(
-                        ctx.problem(ManifestProblem::DuplicateDependency { producer: dep.name })
-                    );
-                }
-                dependencies.push(dep);
-            }
+    for (i, item) in ctx
+        .list(map, "dependencies", "dependencies")?
+        .iter()
+        .enumerate()
+    {
+        let context = format!("dependencies entry #{}", i + 1);
+        let m = ctx.mapping(item, &context)?;
+        ctx.check_keys(&m, DEPENDENCY_KEYS, &context)?;
+        let dep = parse_dependency(ctx, &m, &context)?;
+        if dependencies.iter().any(|d| d.name == dep.name) {
+            return Err(ctx.problem(ManifestProblem::DuplicateDependency { producer: dep.name }));
         }
-        Some(_) => return Err(ctx.invalid("dependencies", "must be a list")),
+        dependencies.push(dep);
     }
 
-    let (restart, restart_policy_declared) = match map.get("restart") {
-        None | Some(Value::Null) => (RestartSpec::default(), false),
+    let (restart, restart_policy_declared) = match map.given("restart") {
+        None => (RestartSpec::default(), false),
         Some(v) => {
             let m = ctx.mapping(v, "restart")?;
-            ctx.check_keys(m, RESTART_KEYS, "restart")?;
-            (parse_restart(ctx, m)?, m.get("policy").is_some())
+            ctx.check_keys(&m, RESTART_KEYS, "restart")?;
+            (parse_restart(ctx, &m)?, m.get("policy").is_some())
         }
     };
 
@@ -622,7 +658,7 @@ fn parse_service(
     })
 }
 
-fn parse_endpoint(ctx: &Ctx, m: &Mapping, context: &str) -> Result<Endpoint, ManifestError> {
+fn parse_endpoint(ctx: &Ctx, m: &Map, context: &str) -> Result<Endpoint, ManifestError> {
     let name = match m.get("name") {
         Some(v) => ctx.string(v, "endpoints.name")?,
         None => return Err(ctx.missing("name", context)),
@@ -642,21 +678,12 @@ fn parse_endpoint(ctx: &Ctx, m: &Mapping, context: &str) -> Result<Endpoint, Man
             }
         },
     };
-    let port = match m.get("port") {
-        None | Some(Value::Null) => None,
-        Some(Value::Number(n)) => match n.as_u64().and_then(|p| u16::try_from(p).ok()) {
-            Some(p) if p > 0 => Some(p),
-            _ => {
-                return Err(ctx.invalid(
-                    "endpoints.port",
-                    &format!("`{n}` on endpoint `{name}` is not a port between 1 and 65535"),
-                ));
-            }
-        },
-        Some(_) => return Err(ctx.invalid("endpoints.port", "must be a number")),
+    let port = match m.given("port") {
+        None => None,
+        Some(v) => Some(parse_port(ctx, v, &name)?),
     };
-    let health = match m.get("health") {
-        None | Some(Value::Null) => None,
+    let health = match m.given("health") {
+        None => None,
         Some(v) => {
             let path = ctx.string(v, "endpoints.health")?;
             if api != Api::Http {
@@ -679,10 +706,11 @@ fn parse_endpoint(ctx: &Ctx, m: &Mapping, context: &str) -> Result<Endpoint, Man
             Some(path)
         }
     };
-    let tls = match m.get("tls") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => return Err(ctx.invalid("endpoints.tls", "must be true or false")),
+    let tls = match m.given("tls") {
+        None => false,
+        Some(v) => {
+            read::boolean(v, "endpoints.tls", "must be true or false").map_err(|p| ctx.refuse(p))?
+        }
     };
     if tls && api == Api::Tcp {
         return Err(ctx.invalid(
@@ -701,13 +729,36 @@ fn parse_endpoint(ctx: &Ctx, m: &Mapping, context: &str) -> Result<Endpoint, Man
     })
 }
 
-fn parse_dependency(ctx: &Ctx, m: &Mapping, context: &str) -> Result<Dependency, ManifestError> {
+/// A fixed port: a number, and a whole one from 1 to 65535.
+fn parse_port(ctx: &Ctx, node: &Node, endpoint: &str) -> Result<u16, ManifestError> {
+    let Some(n) = node
+        .scalar()
+        .filter(|n| matches!(n.resolved, Resolved::Int(_) | Resolved::Float(_)))
+    else {
+        return Err(ctx.invalid("endpoints.port", "must be a number"));
+    };
+    match n.resolved {
+        Resolved::Int(p) => u16::try_from(p).ok().filter(|p| *p > 0),
+        _ => None,
+    }
+    .ok_or_else(|| {
+        ctx.invalid(
+            "endpoints.port",
+            &format!(
+                "`{}` on endpoint `{endpoint}` is not a port between 1 and 65535",
+                n.text
+            ),
+        )
+    })
+}
+
+fn parse_dependency(ctx: &Ctx, m: &Map, context: &str) -> Result<Dependency, ManifestError> {
     let name = match m.get("name") {
         Some(v) => ctx.string(v, "dependencies.name")?,
         None => return Err(ctx.missing("name", context)),
     };
-    let kind = match m.get("kind") {
-        None | Some(Value::Null) => DependencyKind::Legacy,
+    let kind = match m.given("kind") {
+        None => DependencyKind::Legacy,
         Some(v) => {
             let text = ctx.string(v, "dependencies.kind")?;
             text.parse::<DependencyKind>().map_err(|_| {
@@ -720,33 +771,27 @@ fn parse_dependency(ctx: &Ctx, m: &Mapping, context: &str) -> Result<Dependency,
             })?
         }
     };
-    let endpoints = match m.get("endpoints") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Sequence(seq)) => {
-            let mut names = Vec::new();
-            for item in seq {
-                let endpoint = match item {
-                    Value::String(s) => s.clone(),
-                    Value::Mapping(em) => {
-                        ctx.check_keys(em, &["name"], "a dependency endpoint")?;
-                        match em.get("name") {
-                            Some(v) => ctx.string(v, "dependencies.endpoints.name")?,
-                            None => return Err(ctx.missing("name", "a dependency endpoint")),
-                        }
-                    }
-                    _ => {
-                        return Err(ctx.invalid(
-                            "dependencies.endpoints",
-                            "entries must be endpoint names (or `{name: ...}`)",
-                        ));
-                    }
-                };
-                names.push(endpoint);
+    let mut endpoints = Vec::new();
+    for item in ctx.list(m, "endpoints", "dependencies.endpoints")? {
+        let endpoint = match (item.as_str(), item.entries()) {
+            (Some(s), _) => s.to_owned(),
+            (None, Some(_)) => {
+                let em = ctx.mapping(item, "a dependency endpoint")?;
+                ctx.check_keys(&em, &["name"], "a dependency endpoint")?;
+                match em.get("name") {
+                    Some(v) => ctx.string(v, "dependencies.endpoints.name")?,
+                    None => return Err(ctx.missing("name", "a dependency endpoint")),
+                }
             }
-            names
-        }
-        Some(_) => return Err(ctx.invalid("dependencies.endpoints", "must be a list")),
-    };
+            (None, None) => {
+                return Err(ctx.invalid(
+                    "dependencies.endpoints",
+                    "entries must be endpoint names (or `{name: ...}`)",
+                ));
+            }
+        };
+        endpoints.push(endpoint);
+    }
     Ok(Dependency {
         name,
         kind,
@@ -754,12 +799,12 @@ fn parse_dependency(ctx: &Ctx, m: &Mapping, context: &str) -> Result<Dependency,
     })
 }
 
-fn parse_restart(ctx: &Ctx, m: &Mapping) -> Result<RestartSpec, ManifestError> {
+fn parse_restart(ctx: &Ctx, m: &Map) -> Result<RestartSpec, ManifestError> {
     let mut spec = RestartSpec::default();
     if let Some(v) = m.get("policy") {
-        spec.policy = match v {
-            Value::Bool(false) => RestartPolicy::No,
-            Value::String(s) => match s.as_str() {
+        spec.policy = match (v.scalar().map(|s| s.resolved), v.as_str()) {
+            (Some(Resolved::Bool(false)), _) => RestartPolicy::No,
+            (_, Some(s)) => match s {
                 "no" => RestartPolicy::No,
                 "on-failure" => RestartPolicy::OnFailure,
                 "always" => RestartPolicy::Always,
@@ -774,16 +819,14 @@ fn parse_restart(ctx: &Ctx, m: &Mapping) -> Result<RestartSpec, ManifestError> {
         };
     }
     if let Some(v) = m.get("max_restarts") {
-        spec.max_restarts = match v {
-            Value::Number(n) => {
-                n.as_u64()
-                    .and_then(|x| u32::try_from(x).ok())
-                    .ok_or_else(|| {
-                        ctx.invalid("restart.max_restarts", "must be a non-negative integer")
-                    })?
-            }
-            _ => return Err(ctx.invalid("restart.max_restarts", "must be a non-negative integer")),
-        };
+        let n = read::integer(
+            v,
+            "restart.max_restarts",
+            0..=i64::from(u32::MAX),
+            "must be a non-negative integer",
+        )
+        .map_err(|p| ctx.refuse(p))?;
+        spec.max_restarts = u32::try_from(n).unwrap_or(u32::MAX);
     }
     if let Some(v) = m.get("window") {
         spec.window = ctx.duration(v, "restart.window")?;

@@ -98,7 +98,8 @@ mod tests {
     use std::collections::HashMap;
 
     use super::*;
-    use crate::graph::{DependencyKind, Edge, EdgeOrigin, Stage};
+    use crate::graph::{Edge, EdgeOrigin, Stage};
+    use crate::manifest::DependencyKind;
 
     fn graph(nodes: &[&str], edges: &[(&str, &str, DependencyKind)]) -> StageGraph {
         let mut g = StageGraph::new(Stage::Run, nodes.iter().map(|s| s.to_string()).collect());

@@ -4,7 +4,8 @@
 //! state file the moment it exists, and tears everything down in reverse layers when asked,
 //! interrupted, or failed.
 //!
-//! The task owns all per-service state; [`crate::engine`] builds it and hands callers a
+//! The task owns all per-service state and reports how the flow ended ([`FlowEnd`]) and how
+//! each service stands ([`ServiceStatus`]); the engine module builds it and hands callers a
 //! handle. It must never signal a process it did not spawn in this flow, must never leave a
 //! started process unrecorded while anything waits on it, and must never leave a started
 //! process behind when it ends, however it ends.
@@ -22,7 +23,6 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::engine::{FlowEnd, FlowEndReason, ServiceStatus};
 use crate::error::FlowError;
 use crate::events::{EventSink, FlowEvent, Step};
 use crate::graph::StageGraph;
@@ -31,9 +31,10 @@ use crate::manifest::ServiceManifest;
 use crate::options::FlowOptions;
 use crate::policy::{Action, Standing, StartPolicy};
 use crate::ports::{self, PortMap};
+use crate::predicate::{Predicate, ReadinessFailure};
 use crate::process::{ExitInfo, ServiceProcess, SpawnSpec};
 use crate::procfs::StartIdentity;
-use crate::readiness::{Backoff, Predicate, ReadinessFailure, ReadinessGate};
+use crate::readiness::{Backoff, ReadinessGate};
 use crate::restart::{RestartDecision, RestartTracker};
 use crate::sockets;
 use crate::state::{
@@ -42,6 +43,35 @@ use crate::state::{
 use crate::teardown::{
     self, Signalled, StopTarget, TeardownBudget, TeardownOperation, TeardownReport,
 };
+
+/// Why a flow ended.
+#[derive(Debug, Clone)]
+pub enum FlowEndReason {
+    /// Its handle asked it to stop (or was dropped).
+    Shutdown,
+    /// Its cancellation token fired (Ctrl-C, SIGTERM, SIGHUP, `hostd flow down`).
+    Cancelled,
+    /// A service failed in a way no policy could absorb.
+    Failed(FlowError),
+}
+
+/// How a flow ended, with the receipts of its teardown.
+#[derive(Debug, Clone)]
+pub struct FlowEnd {
+    pub reason: FlowEndReason,
+    pub teardown: TeardownReport,
+}
+
+/// One service as a status view shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceStatus {
+    pub name: String,
+    pub state: String,
+    pub pid: Option<i32>,
+    pub endpoints: Vec<(String, SocketAddr)>,
+    pub restarts: u32,
+    pub detail: Option<String>,
+}
 
 #[derive(Debug)]
 pub(crate) enum Command {

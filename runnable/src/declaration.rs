@@ -11,11 +11,12 @@
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
-use crate::error::{DeclarationProblem, Sink, codes};
+use crate::error::{DeclarationProblem, codes};
 use crate::identity::{Identity, check_part};
-use crate::schema::{Schema, join};
+use crate::schema::Schema;
 use flow::engine::env_key;
-use strict_yaml::{Node, Resolved};
+use strict_yaml::Node;
+use strict_yaml::read::{self, Map, Problem, Report};
 
 /// The file name of a declaration inside a runnable's folder.
 pub const DECLARATION_FILE: &str = "runnable.yaml";
@@ -39,6 +40,8 @@ const REQUIRED_KEYS: &[&str] = &[
     "name", "version", "input", "output", "command", "timeout", "effect",
 ];
 const DEPENDENCY_KEYS: &[&str] = &["service", "endpoints"];
+/// What `command`, `args` items and `env` values take.
+const SCALAR: &str = "must be a string, number or boolean, not {found}";
 /// Environment prefixes hostd injects; a declaration may not set them itself.
 const RESERVED_ENV_PREFIXES: &[&str] = &["HOSTD_", "FLOW_DEP_"];
 
@@ -151,47 +154,37 @@ impl Declaration {
         Declaration::parse_with(workspace, folder, file, bytes, &exists)
     }
 
-    /// Parses the declaration of a package: the handler path is looked up among `files`.
-    pub fn parse_packaged(
-        workspace: &str,
-        folder: &Path,
-        file: &Path,
-        bytes: &[u8],
-        files: &[crate::package::PackagedFile],
-    ) -> Result<Declaration, Vec<DeclarationProblem>> {
-        let exists = |rel: &str| {
-            let rel = rel.trim_start_matches("./");
-            files.iter().any(|f| f.path == rel)
-        };
-        Declaration::parse_with(workspace, folder, file, bytes, &exists)
-    }
-
-    fn parse_with(
+    /// Parses declaration bytes whose handler files are wherever `exists` (given a path
+    /// relative to the runnable's folder) finds them: the folder on disk for [`Self::parse`],
+    /// the file list of a package for a packaged declaration.
+    pub(crate) fn parse_with(
         workspace: &str,
         folder: &Path,
         file: &Path,
         bytes: &[u8],
         exists: &dyn Fn(&str) -> bool,
     ) -> Result<Declaration, Vec<DeclarationProblem>> {
-        let mut sink = Sink::new(file);
-        let text = match std::str::from_utf8(bytes) {
-            Ok(t) => t,
-            Err(e) => {
-                sink.at_pos(0, 0, codes::SYNTAX, "", format!("not UTF-8 text: {e}"));
-                return Err(sink.problems);
-            }
+        let syntax = |line: usize, column: usize, message: String| {
+            vec![DeclarationProblem {
+                file: file.to_path_buf(),
+                line,
+                column,
+                code: codes::SYNTAX,
+                path: String::new(),
+                message,
+            }]
         };
-        let doc = match strict_yaml::load(text) {
-            Ok(d) => d,
-            Err(e) => {
-                sink.at_pos(e.line, e.column, codes::SYNTAX, "", e.message);
-                return Err(sink.problems);
-            }
-        };
-        let parsed = parse_document(&doc, workspace, folder, file, exists, &mut sink);
+        let text =
+            std::str::from_utf8(bytes).map_err(|e| syntax(0, 0, format!("not UTF-8 text: {e}")))?;
+        let doc = strict_yaml::load(text).map_err(|e| syntax(e.line, e.column, e.message))?;
+        let mut problems = Vec::new();
+        let parsed = parse_document(&doc, workspace, folder, file, exists, &mut problems);
         match parsed {
-            Some(d) if sink.problems.is_empty() => Ok(d),
-            _ => Err(sink.problems),
+            Some(d) if problems.is_empty() => Ok(d),
+            _ => Err(problems
+                .into_iter()
+                .map(|p| DeclarationProblem::read(file, p))
+                .collect()),
         }
     }
 }
@@ -202,88 +195,66 @@ fn parse_document(
     folder: &Path,
     file: &Path,
     exists: &dyn Fn(&str) -> bool,
-    sink: &mut Sink,
+    problems: &mut Vec<Problem>,
 ) -> Option<Declaration> {
-    let Some(entries) = doc.entries() else {
-        sink.at(
-            doc,
-            codes::WRONG_TYPE,
-            "",
-            format!("a declaration is a mapping of keys, not {}", doc.describe()),
-        );
-        return None;
-    };
-    for (key, _) in entries {
-        let name = key.scalar().map(|s| s.text.as_str()).unwrap_or_default();
-        if !TOP_KEYS.contains(&name) {
-            sink.at(
-                key,
-                codes::UNKNOWN_KEY,
-                name,
-                format!("unknown key (allowed: {})", TOP_KEYS.join(", ")),
-            );
-        }
-    }
-    for key in REQUIRED_KEYS {
-        if doc.get(key).is_none() {
-            sink.at(
-                doc,
-                codes::MISSING_KEY,
-                key,
-                format!("the required member `{key}` is missing"),
-            );
-        }
-    }
+    let top = problems.keep(read::mapping(
+        doc,
+        "",
+        "a declaration is a mapping of keys, not {found}",
+    ))?;
+    problems.extend(top.unknown(TOP_KEYS));
+    problems.extend(top.missing(REQUIRED_KEYS));
 
-    let name = identity_part(doc, "name", sink);
-    let version = identity_part(doc, "version", sink);
-    let description = match doc.get("description") {
+    let name = top
+        .get("name")
+        .and_then(|n| identity_part(n, "name", problems));
+    let version = top
+        .get("version")
+        .and_then(|n| identity_part(n, "version", problems));
+    let description = match top.get("description") {
         None => String::new(),
-        Some(d) => match d.as_str() {
-            Some(s) => s.to_owned(),
-            None => {
-                sink.at(
-                    d,
-                    codes::WRONG_TYPE,
-                    "description",
-                    format!("must be a string, not {}", d.describe()),
-                );
-                String::new()
-            }
-        },
+        Some(d) => problems
+            .keep(read::string(
+                d,
+                "description",
+                "must be a string, not {found}",
+            ))
+            .map(str::to_owned)
+            .unwrap_or_default(),
     };
-    let input = doc
-        .get("input")
-        .and_then(|n| Schema::parse(n, "input", sink));
-    let output = doc
+    let input = top.get("input").and_then(|n| schema(n, "input", problems));
+    let output = top
         .get("output")
-        .and_then(|n| Schema::parse(n, "output", sink));
-    let command = doc.get("command").and_then(|c| {
-        let text = scalar_text(c, "command", sink)?;
-        check_command(c, &text, folder, exists, sink);
+        .and_then(|n| schema(n, "output", problems));
+    let command = top.get("command").and_then(|c| {
+        let text = problems
+            .keep(read::text(c, "command", SCALAR))?
+            .text
+            .clone();
+        check_command(c, &text, folder, exists, problems);
         Some(text)
     });
-    let args = parse_args(doc, sink);
-    let env = parse_env(doc, sink);
-    let timeout = doc.get("timeout").and_then(|t| parse_timeout(t, sink));
-    let effect = doc
+    let args = parse_args(&top, problems);
+    let env = parse_env(&top, problems);
+    let timeout = top.get("timeout").and_then(|t| parse_timeout(t, problems));
+    let effect = top
         .get("effect")
         .and_then(|e| match e.as_str().and_then(Effect::parse) {
             Some(effect) => Some(effect),
             None => {
-                sink.at(
+                problems.report(Problem::format(
                     e,
-                    codes::INVALID_VALUE,
                     "effect",
+                    codes::INVALID_VALUE,
                     format!(
                         "{} is not an effect; use exactly one of read_only, idempotent, effectful",
                         e.describe()
                     ),
-                );
+                ));
                 None
             }
         });
-    let dependencies = parse_dependencies(doc, sink);
+    let dependencies = parse_dependencies(&top, problems);
 
     Some(Declaration {
         identity: Identity {
@@ -305,45 +276,23 @@ fn parse_document(
     })
 }
 
+fn schema(node: &Node, path: &str, problems: &mut Vec<Problem>) -> Option<Schema> {
+    Schema::read(node, path)
+        .map_err(|list| problems.extend(list))
+        .ok()
+}
+
 /// `name` or `version`: any non-null scalar, taken as written.
-fn identity_part(doc: &Node, key: &str, sink: &mut Sink) -> Option<String> {
-    let node = doc.get(key)?;
-    let text = match node.scalar() {
-        Some(s) if s.resolved != Resolved::Null => s.text.clone(),
-        _ => {
-            sink.at(
-                node,
-                codes::WRONG_TYPE,
-                key,
-                format!("must be a single value, not {}", node.describe()),
-            );
-            return None;
-        }
-    };
+fn identity_part(node: &Node, key: &str, problems: &mut Vec<Problem>) -> Option<String> {
+    let text = problems
+        .keep(read::text(node, key, "must be a single value, not {found}"))?
+        .text
+        .clone();
     if let Err(reason) = check_part(&text) {
-        sink.at(node, codes::INVALID_VALUE, key, reason);
+        problems.report(Problem::format(node, key, codes::INVALID_VALUE, reason));
         return None;
     }
     Some(text)
-}
-
-/// A string, number or boolean as its text.
-fn scalar_text(node: &Node, path: &str, sink: &mut Sink) -> Option<String> {
-    match node.scalar() {
-        Some(s) if s.resolved != Resolved::Null => Some(s.text.clone()),
-        _ => {
-            sink.at(
-                node,
-                codes::WRONG_TYPE,
-                path,
-                format!(
-                    "must be a string, number or boolean, not {}",
-                    node.describe()
-                ),
-            );
-            None
-        }
-    }
 }
 
 /// Whether `rel` stays inside its base: relative, no `..`, no root.
@@ -359,20 +308,21 @@ fn check_command(
     command: &str,
     folder: &Path,
     exists: &dyn Fn(&str) -> bool,
-    sink: &mut Sink,
+    problems: &mut Vec<Problem>,
 ) {
+    let mut refuse = |code: &'static str, message: String| {
+        problems.report(Problem::format(node, "command", code, message));
+    };
     if command.trim().is_empty() {
-        sink.at(node, codes::INVALID_VALUE, "command", "is empty");
+        refuse(codes::INVALID_VALUE, "is empty".into());
         return;
     }
     if !command.contains('/') {
         return; // a program found on PATH
     }
     if !stays_inside(command) {
-        sink.at(
-            node,
+        refuse(
             codes::PATH_ESCAPE,
-            "command",
             format!(
                 "`{command}` leaves the runnable's folder; a handler path is relative to the folder and may not use `..` or start with `/`"
             ),
@@ -380,42 +330,36 @@ fn check_command(
         return;
     }
     if !exists(command) {
-        sink.at(
-            node,
+        refuse(
             codes::INVALID_VALUE,
-            "command",
             format!("`{command}` names no file in {}", folder.display()),
         );
     }
 }
 
-fn parse_args(doc: &Node, sink: &mut Sink) -> Vec<String> {
-    let Some(node) = doc.get("args") else {
+fn parse_args(top: &Map, problems: &mut Vec<Problem>) -> Vec<String> {
+    let Some(node) = top.get("args") else {
         return Vec::new();
     };
-    let Some(items) = node.items() else {
-        sink.at(
-            node,
-            codes::WRONG_TYPE,
-            "args",
-            format!(
-                "must be a list (write `[]` for none), not {}",
-                node.describe()
-            ),
-        );
+    let Some(items) = problems.keep(read::sequence(
+        node,
+        "args",
+        "must be a list (write `[]` for none), not {found}",
+    )) else {
         return Vec::new();
     };
     let mut out = Vec::new();
     for (i, item) in items.iter().enumerate() {
-        let path = format!("args[{i}]");
-        if let Some(text) = scalar_text(item, &path, sink) {
+        let path = read::index("args", i);
+        if let Some(scalar) = problems.keep(read::text(item, &path, SCALAR)) {
+            let text = scalar.text.clone();
             if text == ".." || text.starts_with("../") {
-                sink.at(
+                problems.report(Problem::format(
                     item,
+                    path,
                     codes::PATH_ESCAPE,
-                    &path,
                     format!("`{text}` leaves the runnable's folder"),
-                );
+                ));
             }
             out.push(text);
         }
@@ -431,170 +375,110 @@ fn valid_env_name(key: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
-fn parse_env(doc: &Node, sink: &mut Sink) -> Vec<(String, String)> {
-    let Some(node) = doc.get("env") else {
+fn parse_env(top: &Map, problems: &mut Vec<Problem>) -> Vec<(String, String)> {
+    let Some(node) = top.get("env") else {
         return Vec::new();
     };
-    let Some(entries) = node.entries() else {
-        sink.at(
-            node,
-            codes::WRONG_TYPE,
-            "env",
-            format!(
-                "must be a mapping (write `{{}}` for none), not {}",
-                node.describe()
-            ),
-        );
+    let Some(env) = problems.keep(read::mapping(
+        node,
+        "env",
+        "must be a mapping (write `{}` for none), not {found}",
+    )) else {
         return Vec::new();
     };
     let mut out = Vec::new();
-    for (key, value) in entries {
-        let name = key.scalar().map(|s| s.text.clone()).unwrap_or_default();
-        let path = join("env", &name);
-        if !valid_env_name(&name) {
-            sink.at(
+    for (key, value) in env.entries() {
+        let name = key.key_text();
+        let path = env.path_of(name);
+        if !valid_env_name(name) {
+            problems.report(Problem::format(
                 key,
+                path,
                 codes::INVALID_VALUE,
-                &path,
                 format!("`{name}` is not a valid environment variable name"),
-            );
+            ));
             continue;
         }
         if let Some(prefix) = RESERVED_ENV_PREFIXES.iter().find(|p| name.starts_with(*p)) {
-            sink.at(
+            problems.report(Problem::format(
                 key,
+                path,
                 codes::INVALID_VALUE,
-                &path,
                 format!("names starting with `{prefix}` are set by hostd"),
-            );
+            ));
             continue;
         }
-        if let Some(text) = scalar_text(value, &path, sink) {
-            out.push((name, text));
+        if let Some(scalar) = problems.keep(read::text(value, &path, SCALAR)) {
+            out.push((name.to_owned(), scalar.text.clone()));
         }
     }
     out
 }
 
-fn parse_timeout(node: &Node, sink: &mut Sink) -> Option<Duration> {
-    let text = match node.as_str() {
-        Some(t) => t,
-        None => {
-            sink.at(
-                node,
-                codes::WRONG_TYPE,
-                "timeout",
-                format!(
-                    "must be a duration with a unit, like 30s or 2m, not {}",
-                    node.describe()
-                ),
-            );
-            return None;
-        }
-    };
-    match humantime::parse_duration(text) {
-        Ok(d) if d.is_zero() => {
-            sink.at(
-                node,
-                codes::INVALID_VALUE,
-                "timeout",
-                "must be longer than zero",
-            );
-            None
-        }
-        Ok(d) if d > MAX_TIMEOUT => {
-            sink.at(node, codes::INVALID_VALUE, "timeout", "may be at most 24h");
-            None
-        }
-        Ok(d) => Some(d),
-        Err(e) => {
-            sink.at(
-                node,
-                codes::INVALID_VALUE,
-                "timeout",
-                format!("`{text}` is not a positive duration like 500ms, 30s or 2m ({e})"),
-            );
-            None
-        }
+fn parse_timeout(node: &Node, problems: &mut Vec<Problem>) -> Option<Duration> {
+    let text = problems.keep(read::string(
+        node,
+        "timeout",
+        "must be a duration with a unit, like 30s or 2m, not {found}",
+    ))?;
+    let duration = problems.keep(read::duration(node, "timeout", text))?;
+    let refuse = |message: &str| Problem::format(node, "timeout", codes::INVALID_VALUE, message);
+    if duration.is_zero() {
+        problems.report(refuse("must be longer than zero"));
+        None
+    } else if duration > MAX_TIMEOUT {
+        problems.report(refuse("may be at most 24h"));
+        None
+    } else {
+        Some(duration)
     }
 }
 
-fn parse_dependencies(doc: &Node, sink: &mut Sink) -> Vec<DependencyDecl> {
-    let Some(node) = doc.get("dependencies") else {
+fn parse_dependencies(top: &Map, problems: &mut Vec<Problem>) -> Vec<DependencyDecl> {
+    let Some(node) = top.get("dependencies") else {
         return Vec::new();
     };
-    let Some(items) = node.items() else {
-        sink.at(
-            node,
-            codes::WRONG_TYPE,
-            "dependencies",
-            format!(
-                "must be a list of {{service, endpoints}} entries (write `[]` for none), not {}",
-                node.describe()
-            ),
-        );
+    let Some(items) = problems.keep(read::sequence(
+        node,
+        "dependencies",
+        "must be a list of {service, endpoints} entries (write `[]` for none), not {found}",
+    )) else {
         return Vec::new();
     };
     let mut out: Vec<DependencyDecl> = Vec::new();
     // env variable → (service/endpoint, line) of the first that took it
     let mut taken: Vec<(String, String, usize)> = Vec::new();
     for (i, item) in items.iter().enumerate() {
-        let path = format!("dependencies[{i}]");
-        let Some(entries) = item.entries() else {
-            sink.at(
-                item,
-                codes::WRONG_TYPE,
-                &path,
-                format!(
-                    "must be a mapping with `service` and `endpoints`, not {}",
-                    item.describe()
-                ),
-            );
+        let Some(entry) = problems.keep(read::mapping(
+            item,
+            &read::index("dependencies", i),
+            "must be a mapping with `service` and `endpoints`, not {found}",
+        )) else {
             continue;
         };
-        for (key, _) in entries {
-            let k = key.scalar().map(|s| s.text.as_str()).unwrap_or_default();
-            if !DEPENDENCY_KEYS.contains(&k) {
-                sink.at(
-                    key,
-                    codes::UNKNOWN_KEY,
-                    &join(&path, k),
-                    format!("unknown key (allowed: {})", DEPENDENCY_KEYS.join(", ")),
-                );
-            }
-        }
-        let service = match item.get("service") {
-            None => {
-                sink.at(
-                    item,
-                    codes::MISSING_KEY,
-                    &join(&path, "service"),
-                    "the required member `service` is missing",
-                );
-                None
-            }
-            Some(s) => match s.as_str() {
+        problems.extend(entry.unknown(DEPENDENCY_KEYS));
+        let service = problems
+            .keep(entry.require("service"))
+            .and_then(|s| match s.as_str() {
                 Some(t) if !t.is_empty() => Some(t.to_owned()),
                 _ => {
-                    sink.at(
+                    problems.report(Problem::wrong_type(
                         s,
-                        codes::WRONG_TYPE,
-                        &join(&path, "service"),
-                        format!("must be a service name, not {}", s.describe()),
-                    );
+                        entry.path_of("service"),
+                        "must be a service name, not {found}",
+                    ));
                     None
                 }
-            },
-        };
-        let epath = join(&path, "endpoints");
-        let endpoints: Vec<(String, &Node)> = match item.get("endpoints") {
+            });
+        let epath = entry.path_of("endpoints");
+        let endpoints: Vec<(String, &Node)> = match entry.get("endpoints") {
             None => {
-                sink.at(
+                problems.report(Problem::format(
                     item,
-                    codes::MISSING_KEY,
                     &epath,
+                    codes::MISSING_KEY,
                     "the required member `endpoints` is missing: name the endpoints the handler calls",
-                );
+                ));
                 Vec::new()
             }
             Some(e) => match e.items() {
@@ -603,26 +487,21 @@ fn parse_dependencies(doc: &Node, sink: &mut Sink) -> Vec<DependencyDecl> {
                     .filter_map(|n| match n.as_str() {
                         Some(t) if !t.is_empty() => Some((t.to_owned(), n)),
                         _ => {
-                            sink.at(
+                            problems.report(Problem::wrong_type(
                                 n,
-                                codes::WRONG_TYPE,
                                 &epath,
-                                format!("must list endpoint names, not {}", n.describe()),
-                            );
+                                "must list endpoint names, not {found}",
+                            ));
                             None
                         }
                     })
                     .collect(),
                 _ => {
-                    sink.at(
+                    problems.report(Problem::wrong_type(
                         e,
-                        codes::WRONG_TYPE,
                         &epath,
-                        format!(
-                            "must be a non-empty list of endpoint names, not {}",
-                            e.describe()
-                        ),
-                    );
+                        "must be a non-empty list of endpoint names, not {found}",
+                    ));
                     Vec::new()
                 }
             },
@@ -633,23 +512,20 @@ fn parse_dependencies(doc: &Node, sink: &mut Sink) -> Vec<DependencyDecl> {
             let var = DependencyDecl::env_var(&service, &endpoint);
             let label = format!("{service}/{endpoint}");
             if let Some((_, first, line)) = taken.iter().find(|(v, _, _)| *v == var) {
-                if *first == label {
-                    sink.at(
-                        at,
+                let (code, message) = if *first == label {
+                    (
                         codes::INVALID_VALUE,
-                        &epath,
                         format!("`{label}` is declared twice (first on line {line})"),
-                    );
+                    )
                 } else {
-                    sink.at(
-                        at,
+                    (
                         codes::ENV_COLLISION,
-                        &epath,
                         format!(
                             "`{label}` and `{first}` (line {line}) would both be injected as {var}"
                         ),
-                    );
-                }
+                    )
+                };
+                problems.report(Problem::format(at, &epath, code, message));
                 continue;
             }
             taken.push((var, label, at.line));

@@ -1,14 +1,15 @@
-//! The typed refusals of runnables, each with a stable machine-readable code, and the
-//! declaration problems a load reports all at once (file, line, column, code).
+//! The typed refusals of runnables, each with a stable machine-readable code; the
+//! declaration problems a load reports all at once (file, line, column, code), with how the
+//! YAML reader's problems map onto them; and the violations an input or output check lists.
 //!
 //! This module owns the vocabulary of refusal only. It must never decide anything, and no
-//! caller may branch on the human text: branch on [`RunnableError::code`] or
-//! [`DeclarationProblem::code`].
+//! caller may branch on the human text: branch on [`RunnableError::code`],
+//! [`DeclarationProblem::code`] or [`Violation::rule`].
 
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use crate::schema::Violation;
+use strict_yaml::read::{Problem, ProblemKind};
 
 /// One problem in one declaration file.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -38,6 +39,31 @@ impl fmt::Display for DeclarationProblem {
     }
 }
 
+impl DeclarationProblem {
+    /// A problem the YAML reader found in `file`, under the declaration's code for its kind
+    /// and in the declaration's words.
+    pub(crate) fn read(file: &Path, problem: Problem) -> DeclarationProblem {
+        let (code, message) = match &problem.kind {
+            ProblemKind::WrongType { .. } => (codes::WRONG_TYPE, problem.message()),
+            ProblemKind::UnknownKey { .. } => (codes::UNKNOWN_KEY, problem.message()),
+            ProblemKind::MissingKey { .. } => (codes::MISSING_KEY, problem.message()),
+            ProblemKind::Duration { text, reason } => (
+                codes::INVALID_VALUE,
+                format!("`{text}` is not a positive duration like 500ms, 30s or 2m ({reason})"),
+            ),
+            ProblemKind::Format { code, message } => (*code, message.clone()),
+        };
+        DeclarationProblem {
+            file: file.to_path_buf(),
+            line: problem.line,
+            column: problem.column,
+            code,
+            path: problem.path,
+            message,
+        }
+    }
+}
+
 /// The declaration problem classes (the `code` of a [`DeclarationProblem`]).
 pub mod codes {
     /// The file cannot be read, or a runnable folder has no `runnable.yaml`.
@@ -63,6 +89,23 @@ pub mod codes {
     pub const PATH_ESCAPE: &str = "declaration.path_escape";
     /// Two declarations of one `name@version` in one workspace.
     pub const DUPLICATE: &str = "declaration.duplicate";
+}
+
+/// One way a value breaks a schema.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Violation {
+    /// Where: `$` for the value itself, else a path like `items[2].qty`.
+    pub path: String,
+    /// The rule broken: `type`, `required`, `null`, `additional`, `enum`, `minimum`,
+    /// `maximum`, `min_length`, `max_length`, `min_items`, `max_items`, `more`.
+    pub rule: &'static str,
+    pub message: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: [{}] {}", self.path, self.rule, self.message)
+    }
 }
 
 /// A handler's own failure statement.
@@ -208,50 +251,5 @@ impl RunnableError {
             }
         }
         doc
-    }
-}
-
-/// Collects the problems of one file read against a schema (a declaration, or the answer
-/// schemas of a workflow program).
-pub struct Sink {
-    pub file: PathBuf,
-    pub problems: Vec<DeclarationProblem>,
-}
-
-impl Sink {
-    pub fn new(file: impl Into<PathBuf>) -> Sink {
-        Sink {
-            file: file.into(),
-            problems: Vec::new(),
-        }
-    }
-
-    /// Records a problem at `node`'s position.
-    pub fn at(
-        &mut self,
-        node: &strict_yaml::Node,
-        code: &'static str,
-        path: &str,
-        message: impl Into<String>,
-    ) {
-        self.at_pos(node.line, node.column, code, path, message);
-    }
-
-    pub fn at_pos(
-        &mut self,
-        line: usize,
-        column: usize,
-        code: &'static str,
-        path: &str,
-        message: impl Into<String>,
-    ) {
-        self.problems.push(DeclarationProblem {
-            file: self.file.clone(),
-            line,
-            column,
-            code,
-            path: path.to_owned(),
-            message: message.into(),
-        });
     }
 }

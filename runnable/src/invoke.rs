@@ -41,10 +41,10 @@ use tokio_util::sync::CancellationToken;
 use flow::procfs::{self, Ownership, StartIdentity};
 
 use crate::deps;
+use crate::error::Violation;
 use crate::error::{HandlerError, RunnableError};
 use crate::outcome::{self, ExitStatus, Observation, OutcomeClass};
 use crate::release::Release;
-use crate::schema::Violation;
 
 /// The protocol name of the request document.
 pub const REQUEST_PROTOCOL: &str = "hostd.runnable.request/1";

@@ -30,7 +30,8 @@
 use serde_json::Value;
 
 use crate::error::HandlerError;
-use crate::schema::{Schema, Violation};
+use crate::error::Violation;
+use crate::schema::Schema;
 
 /// The class of an outcome.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -290,15 +291,13 @@ pub fn parse_document(stdout: &[u8], overflowed: bool, bound: usize) -> Document
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::Sink;
     use serde_json::json;
 
     fn schema() -> Schema {
         let node =
             strict_yaml::load("type: object\nproperties: {n: {type: integer}}\nrequired: [n]\n")
                 .unwrap();
-        let mut sink = Sink::new("t");
-        Schema::parse(&node, "output", &mut sink).unwrap()
+        Schema::read(&node, "output").unwrap()
     }
 
     fn exit(code: i32) -> ExitStatus {

@@ -251,13 +251,18 @@ impl Package {
                 what: self.identity.to_string(),
                 reason: format!("the package holds no {DECLARATION_FILE}"),
             })?;
-        // Path checks against `folder` happen at build; a package is checked by its digest.
-        Declaration::parse_packaged(
+        // Path checks against `folder` happen at build; a package is checked by its digest,
+        // and its handler path is looked up among the packaged files.
+        let packaged = |rel: &str| {
+            let rel = rel.trim_start_matches("./");
+            self.files.iter().any(|f| f.path == rel)
+        };
+        Declaration::parse_with(
             &self.identity.workspace,
             folder,
             &folder.join(DECLARATION_FILE),
             &file.bytes,
-            &self.files,
+            &packaged,
         )
         .map_err(|problems| RunnableError::Declaration { problems })
     }

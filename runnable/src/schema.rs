@@ -11,11 +11,10 @@
 //!
 //! This module must never run anything or read files: it is pure data and checks.
 
-use std::fmt;
-
 use serde_json::{Map, Value, json};
 
-use crate::error::{Sink, codes};
+use crate::error::{Violation, codes};
+use strict_yaml::read::{self, Problem, Report, join};
 use strict_yaml::{Node, NodeKind, Resolved};
 
 /// The most violations one check reports (the rest are counted).
@@ -122,157 +121,143 @@ impl Schema {
         }
     }
 
-    /// Reads a schema node at `path`, recording every problem in `sink`. Returns `None` when
-    /// the node is unusable (problems were recorded).
-    pub fn parse(node: &Node, path: &str, sink: &mut Sink) -> Option<Schema> {
-        let Some(entries) = node.entries() else {
-            sink.at(
-                node,
-                codes::WRONG_TYPE,
-                path,
-                format!("a schema must be a mapping, not {}", node.describe()),
-            );
-            return None;
-        };
-        let ty = match node.get("type") {
+    /// Reads a schema of the profile from `node`, found at key path `path`, with every
+    /// problem of it reported. This is the one way to read the profile from YAML: a
+    /// declaration's `input` and `output` are read with it, and so are other formats' schemas
+    /// (a workflow's answer schemas). A problem is a wrong type (in the words of the profile)
+    /// or a rule of the profile filed under a `declaration.*` code of [`codes`].
+    pub fn read(node: &Node, path: &str) -> Result<Schema, Vec<Problem>> {
+        let mut problems = Vec::new();
+        match Schema::parse(node, path, &mut problems) {
+            Some(schema) if problems.is_empty() => Ok(schema),
+            _ => Err(problems),
+        }
+    }
+
+    /// Reads a schema node, reporting every problem; `None` when the node is unusable.
+    fn parse(node: &Node, path: &str, problems: &mut Vec<Problem>) -> Option<Schema> {
+        let map = problems.keep(read::mapping(
+            node,
+            path,
+            "a schema must be a mapping, not {found}",
+        ))?;
+        let ty = match map.get("type") {
             None => {
-                sink.at(
+                problems.report(Problem::format(
                     node,
-                    codes::SCHEMA_STRUCTURE,
                     path,
+                    codes::SCHEMA_STRUCTURE,
                     "every schema needs a `type` (object, array, string, integer, number or boolean)",
-                );
+                ));
                 None
             }
             Some(t) => match t.as_str().and_then(SchemaType::parse) {
                 Some(ty) => Some(ty),
                 None => {
-                    sink.at(
+                    problems.report(Problem::format(
                         t,
+                        join(path, "type"),
                         codes::INVALID_VALUE,
-                        &join(path, "type"),
                         format!(
                             "{} is not a type of the profile; use one of object, array, string, integer, number, boolean",
                             t.describe()
                         ),
-                    );
+                    ));
                     None
                 }
             },
         };
         // Keywords first, so every out-of-profile one is named even when the type is wrong.
-        for (key, _) in entries {
-            let name = key.scalar().map(|s| s.text.as_str()).unwrap_or_default();
-            if COMMON_KEYWORDS.contains(&name) {
-                continue;
-            }
-            if let Some(ty) = ty
-                && ty.own_keywords().contains(&name)
-            {
-                continue;
-            }
-            match TYPED_KEYWORDS.iter().find(|(k, _)| *k == name) {
-                Some((_, applies)) => sink.at(
-                    key,
-                    codes::SCHEMA_KEYWORD,
-                    path,
-                    format!(
-                        "`{name}` applies to {applies} schemas only{}",
-                        ty.map(|t| format!(", and this one is `{}`", t.as_str()))
-                            .unwrap_or_default()
-                    ),
+        let mut allowed: Vec<&str> = COMMON_KEYWORDS.to_vec();
+        allowed.extend(ty.map(SchemaType::own_keywords).unwrap_or_default());
+        for (key, name) in map.unknown_keys(&allowed) {
+            let message = match TYPED_KEYWORDS.iter().find(|(k, _)| *k == name) {
+                Some((_, applies)) => format!(
+                    "`{name}` applies to {applies} schemas only{}",
+                    ty.map(|t| format!(", and this one is `{}`", t.as_str()))
+                        .unwrap_or_default()
                 ),
-                None => sink.at(
-                    key,
-                    codes::SCHEMA_KEYWORD,
-                    path,
-                    format!(
-                        "`{name}` is outside the bounded schema profile (allowed here: {})",
-                        allowed_here(ty)
-                    ),
+                None => format!(
+                    "`{name}` is outside the bounded schema profile (allowed here: {})",
+                    allowed_here(ty)
                 ),
-            }
+            };
+            problems.report(Problem::format(key, path, codes::SCHEMA_KEYWORD, message));
         }
         let ty = ty?;
         let mut schema = Schema::of(ty);
-        if let Some(n) = node.get("nullable") {
-            match n.scalar().map(|s| s.resolved) {
-                Some(Resolved::Bool(b)) => schema.nullable = b,
-                _ => sink.at(
+        if let Some(n) = map.get("nullable") {
+            let path = join(path, "nullable");
+            schema.nullable = problems
+                .keep(read::boolean(
                     n,
-                    codes::WRONG_TYPE,
-                    &join(path, "nullable"),
-                    format!("must be true or false, not {}", n.describe()),
-                ),
-            }
+                    &path,
+                    "must be true or false, not {found}",
+                ))
+                .unwrap_or_default();
         }
-        if let Some(d) = node.get("description") {
-            match d.as_str() {
-                Some(s) => schema.description = Some(s.to_owned()),
-                None => sink.at(
-                    d,
-                    codes::WRONG_TYPE,
-                    &join(path, "description"),
-                    format!("must be a string, not {}", d.describe()),
-                ),
-            }
+        if let Some(d) = map.get("description") {
+            let path = join(path, "description");
+            schema.description = problems
+                .keep(read::string(d, &path, "must be a string, not {found}"))
+                .map(str::to_owned);
         }
         match ty {
-            SchemaType::Object => parse_object(node, path, sink, &mut schema),
+            SchemaType::Object => parse_object(node, path, problems, &mut schema),
             SchemaType::Array => {
-                match node.get("items") {
-                    None => sink.at(
+                match map.get("items") {
+                    None => problems.report(Problem::format(
                         node,
-                        codes::SCHEMA_STRUCTURE,
                         path,
+                        codes::SCHEMA_STRUCTURE,
                         "an array schema needs `items`, the schema of its elements",
-                    ),
+                    )),
                     Some(items) => {
                         schema.items =
-                            Schema::parse(items, &join(path, "items"), sink).map(Box::new)
+                            Schema::parse(items, &join(path, "items"), problems).map(Box::new)
                     }
                 }
-                schema.min_items = count(node, "minItems", path, sink);
-                schema.max_items = count(node, "maxItems", path, sink);
+                schema.min_items = count(node, "minItems", path, problems);
+                schema.max_items = count(node, "maxItems", path, problems);
                 check_range(
                     node,
                     path,
-                    sink,
+                    problems,
                     schema.min_items,
                     schema.max_items,
                     "minItems",
                 );
             }
             SchemaType::String => {
-                schema.min_length = count(node, "minLength", path, sink);
-                schema.max_length = count(node, "maxLength", path, sink);
+                schema.min_length = count(node, "minLength", path, problems);
+                schema.max_length = count(node, "maxLength", path, problems);
                 check_range(
                     node,
                     path,
-                    sink,
+                    problems,
                     schema.min_length,
                     schema.max_length,
                     "minLength",
                 );
             }
             SchemaType::Integer | SchemaType::Number => {
-                schema.minimum = bound(node, "minimum", path, sink);
-                schema.maximum = bound(node, "maximum", path, sink);
+                schema.minimum = bound(node, "minimum", path, problems);
+                schema.maximum = bound(node, "maximum", path, problems);
                 if let (Some(lo), Some(hi)) = (schema.minimum, schema.maximum)
                     && lo > hi
                 {
-                    sink.at(
+                    problems.report(Problem::format(
                         node,
+                        join(path, "minimum"),
                         codes::INVALID_VALUE,
-                        &join(path, "minimum"),
                         format!("minimum {lo} is above maximum {hi}"),
-                    );
+                    ));
                 }
             }
             SchemaType::Boolean => {}
         }
-        if let Some(e) = node.get("enum") {
-            schema.enumeration = parse_enum(e, &join(path, "enum"), sink, &schema);
+        if let Some(e) = map.get("enum") {
+            schema.enumeration = parse_enum(e, &join(path, "enum"), problems, &schema);
         }
         Some(schema)
     }
@@ -374,145 +359,95 @@ fn allowed_here(ty: Option<SchemaType>) -> String {
     all.join(", ")
 }
 
-pub(crate) fn join(path: &str, key: &str) -> String {
-    if path.is_empty() {
-        key.to_owned()
-    } else {
-        format!("{path}.{key}")
-    }
-}
-
-fn parse_object(node: &Node, path: &str, sink: &mut Sink, schema: &mut Schema) {
+fn parse_object(node: &Node, path: &str, problems: &mut Vec<Problem>, schema: &mut Schema) {
     if let Some(props) = node.get("properties") {
         let ppath = join(path, "properties");
-        match props.entries() {
-            Some(entries) => {
-                for (key, value) in entries {
-                    let Some(name) = key.as_str() else {
-                        sink.at(
-                            key,
-                            codes::WRONG_TYPE,
-                            &ppath,
-                            format!("a property name must be a string, not {}", key.describe()),
-                        );
-                        continue;
-                    };
-                    if let Some(s) = Schema::parse(value, &join(&ppath, name), sink) {
-                        schema.properties.push((name.to_owned(), s));
-                    }
-                }
-            }
-            None => sink.at(
-                props,
-                codes::WRONG_TYPE,
+        let properties = problems.keep(read::mapping(
+            props,
+            &ppath,
+            "must be a mapping of property names to schemas, not {found} (write `{}` for none)",
+        ));
+        for (key, value) in properties.iter().flat_map(|p| p.entries()) {
+            let Some(name) = problems.keep(read::string(
+                key,
                 &ppath,
-                format!(
-                    "must be a mapping of property names to schemas, not {} (write `{{}}` for none)",
-                    props.describe()
-                ),
-            ),
+                "a property name must be a string, not {found}",
+            )) else {
+                continue;
+            };
+            if let Some(s) = Schema::parse(value, &join(&ppath, name), problems) {
+                schema.properties.push((name.to_owned(), s));
+            }
         }
     }
     if let Some(req) = node.get("required") {
         let rpath = join(path, "required");
-        match req.items() {
-            Some(items) => {
-                for item in items {
-                    let Some(name) = item.as_str() else {
-                        sink.at(
-                            item,
-                            codes::WRONG_TYPE,
-                            &rpath,
-                            format!("must list property names, not {}", item.describe()),
-                        );
-                        continue;
-                    };
-                    if schema.required.iter().any(|r| r == name) {
-                        sink.at(
-                            item,
-                            codes::SCHEMA_STRUCTURE,
-                            &rpath,
-                            format!("`{name}` is listed twice"),
-                        );
-                        continue;
-                    }
-                    let declared = node.get("properties").and_then(|p| p.get(name)).is_some();
-                    if !declared {
-                        sink.at(
-                            item,
-                            codes::SCHEMA_STRUCTURE,
-                            &rpath,
-                            format!("`{name}` is required but not declared in `properties`"),
-                        );
-                        continue;
-                    }
-                    schema.required.push(name.to_owned());
-                }
-            }
-            None => sink.at(
-                req,
-                codes::WRONG_TYPE,
+        let required = problems.keep(read::sequence(
+            req,
+            &rpath,
+            "must be a list of property names, not {found} (write `[]` for none)",
+        ));
+        for item in required.unwrap_or_default() {
+            let Some(name) = problems.keep(read::string(
+                item,
                 &rpath,
-                format!(
-                    "must be a list of property names, not {} (write `[]` for none)",
-                    req.describe()
-                ),
-            ),
+                "must list property names, not {found}",
+            )) else {
+                continue;
+            };
+            let refuse =
+                |message: String| Problem::format(item, &rpath, codes::SCHEMA_STRUCTURE, message);
+            if schema.required.iter().any(|r| r == name) {
+                problems.report(refuse(format!("`{name}` is listed twice")));
+                continue;
+            }
+            let declared = node.get("properties").and_then(|p| p.get(name)).is_some();
+            if !declared {
+                problems.report(refuse(format!(
+                    "`{name}` is required but not declared in `properties`"
+                )));
+                continue;
+            }
+            schema.required.push(name.to_owned());
         }
     }
     if let Some(a) = node.get("additionalProperties") {
-        match a.scalar().map(|s| s.resolved) {
-            Some(Resolved::Bool(b)) => schema.additional_properties = b,
-            _ => sink.at(
+        let path = join(path, "additionalProperties");
+        schema.additional_properties = problems
+            .keep(read::boolean(
                 a,
-                codes::WRONG_TYPE,
-                &join(path, "additionalProperties"),
-                format!(
-                    "must be true or false (a schema is outside the profile), not {}",
-                    a.describe()
-                ),
-            ),
-        }
+                &path,
+                "must be true or false (a schema is outside the profile), not {found}",
+            ))
+            .unwrap_or_default();
     }
 }
 
-fn count(node: &Node, key: &str, path: &str, sink: &mut Sink) -> Option<u64> {
+fn count(node: &Node, key: &str, path: &str, problems: &mut Vec<Problem>) -> Option<u64> {
     let v = node.get(key)?;
-    match v.scalar().map(|s| s.resolved) {
-        Some(Resolved::Int(i)) if i >= 0 => Some(i as u64),
-        _ => {
-            sink.at(
-                v,
-                codes::WRONG_TYPE,
-                &join(path, key),
-                format!("must be a whole number of at least 0, not {}", v.describe()),
-            );
-            None
-        }
-    }
+    problems
+        .keep(read::integer(
+            v,
+            &join(path, key),
+            0..=i64::MAX,
+            "must be a whole number of at least 0, not {found}",
+        ))
+        .and_then(|i| u64::try_from(i).ok())
 }
 
-fn bound(node: &Node, key: &str, path: &str, sink: &mut Sink) -> Option<f64> {
+fn bound(node: &Node, key: &str, path: &str, problems: &mut Vec<Problem>) -> Option<f64> {
     let v = node.get(key)?;
-    match v.scalar().map(|s| s.resolved) {
-        Some(Resolved::Int(i)) => Some(i as f64),
-        Some(Resolved::Float(f)) if f.is_finite() => Some(f),
-        _ => {
-            sink.at(
-                v,
-                codes::WRONG_TYPE,
-                &join(path, key),
-                format!("must be a finite number, not {}", v.describe()),
-            );
-            None
-        }
-    }
+    problems.keep(read::number(
+        v,
+        &join(path, key),
+        "must be a finite number, not {found}",
+    ))
 }
 
 fn check_range(
     node: &Node,
     path: &str,
-    sink: &mut Sink,
+    problems: &mut Vec<Problem>,
     lo: Option<u64>,
     hi: Option<u64>,
     key: &str,
@@ -520,32 +455,33 @@ fn check_range(
     if let (Some(lo), Some(hi)) = (lo, hi)
         && lo > hi
     {
-        sink.at(
+        problems.report(Problem::format(
             node,
+            join(path, key),
             codes::INVALID_VALUE,
-            &join(path, key),
             format!("the lower bound {lo} is above the upper bound {hi}"),
-        );
+        ));
     }
 }
 
-fn parse_enum(e: &Node, path: &str, sink: &mut Sink, schema: &Schema) -> Option<Vec<Value>> {
-    let Some(items) = e.items() else {
-        sink.at(
-            e,
-            codes::WRONG_TYPE,
-            path,
-            format!("must be a list of allowed values, not {}", e.describe()),
-        );
-        return None;
-    };
+fn parse_enum(
+    e: &Node,
+    path: &str,
+    problems: &mut Vec<Problem>,
+    schema: &Schema,
+) -> Option<Vec<Value>> {
+    let items = problems.keep(read::sequence(
+        e,
+        path,
+        "must be a list of allowed values, not {found}",
+    ))?;
     if items.is_empty() {
-        sink.at(
+        problems.report(Problem::format(
             e,
-            codes::INVALID_VALUE,
             path,
+            codes::INVALID_VALUE,
             "lists no value, so nothing could pass",
-        );
+        ));
         return None;
     }
     let mut values = Vec::new();
@@ -569,48 +505,22 @@ fn parse_enum(e: &Node, path: &str, sink: &mut Sink, schema: &Schema) -> Option<
             },
             _ => Value::Null,
         };
+        let refuse = |message: String| Problem::format(item, path, codes::INVALID_VALUE, message);
         if v.is_null() {
-            sink.at(
-                item,
-                codes::INVALID_VALUE,
-                path,
-                format!(
-                    "{} is not a {} (enum applies to string, integer, number and boolean schemas, each value of that type)",
-                    item.describe(),
-                    schema.ty.as_str()
-                ),
-            );
+            problems.report(refuse(format!(
+                "{} is not a {} (enum applies to string, integer, number and boolean schemas, each value of that type)",
+                item.describe(),
+                schema.ty.as_str()
+            )));
             continue;
         }
         if values.contains(&v) {
-            sink.at(
-                item,
-                codes::INVALID_VALUE,
-                path,
-                format!("{v} is listed twice"),
-            );
+            problems.report(refuse(format!("{v} is listed twice")));
             continue;
         }
         values.push(v);
     }
     Some(values)
-}
-
-/// One way a value breaks a schema.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Violation {
-    /// Where: `$` for the value itself, else a path like `items[2].qty`.
-    pub path: String,
-    /// The rule broken: `type`, `required`, `null`, `additional`, `enum`, `minimum`,
-    /// `maximum`, `min_length`, `max_length`, `min_items`, `max_items`, `more`.
-    pub rule: &'static str,
-    pub message: String,
-}
-
-impl fmt::Display for Violation {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: [{}] {}", self.path, self.rule, self.message)
-    }
 }
 
 enum Seg<'a> {

@@ -1,4 +1,4 @@
-//! Workflow programs: the YAML form, read with the crate's one loader and validated completely
+//! Workflow programs: the YAML form, read with the shared strict YAML reader and validated completely
 //! before anything is recorded. Every problem is reported (not the first), each with a stable
 //! code, the step it belongs to and its line and column; no problem carries source text, so a
 //! refusal's size does not grow with the program.
@@ -31,9 +31,8 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-use runnable::Effect;
-use runnable::error::Sink;
-use runnable::schema::Schema;
+use runnable::{Effect, Schema};
+use strict_yaml::read::{self, ProblemKind, Report};
 use strict_yaml::{Node, NodeKind, Resolved};
 
 /// The stable codes of program problems.
@@ -206,18 +205,40 @@ struct Problems {
 
 impl Problems {
     fn at(&mut self, node: &Node, code: &str, message: impl Into<String>) {
+        self.push(node.line, node.column, code, message.into());
+    }
+
+    fn push(&mut self, line: usize, column: usize, code: &str, message: String) {
         self.list.push(Problem {
             code: code.to_owned(),
-            message: message.into(),
+            message,
             step: self.step.clone(),
-            line: node.line,
-            column: node.column,
+            line,
+            column,
         });
+    }
+
+    /// The problems of an answer schema, each under [`codes::ANSWER_SCHEMA`] naming its key.
+    fn answer_schema(&mut self, problems: Vec<read::Problem>) {
+        for problem in problems {
+            let message = format!("`{}`: {}", problem.path, problem.message());
+            self.push(problem.line, problem.column, codes::ANSWER_SCHEMA, message);
+        }
     }
 }
 
-fn key_text(k: &Node) -> &str {
-    k.scalar().map(|s| s.text.as_str()).unwrap_or_default()
+/// The reader's problems, under the program's codes and in its words.
+impl Report for Problems {
+    fn report(&mut self, problem: read::Problem) {
+        let code = match &problem.kind {
+            ProblemKind::WrongType { .. } => codes::WRONG_TYPE,
+            ProblemKind::UnknownKey { .. } => codes::UNKNOWN_KEY,
+            ProblemKind::MissingKey { .. } => codes::MISSING_KEY,
+            ProblemKind::Duration { .. } => codes::DURATION,
+            ProblemKind::Format { code, .. } => code,
+        };
+        self.push(problem.line, problem.column, code, problem.message());
+    }
 }
 
 /// Checks a step name: 1-64 of lowercase letters, digits, `-` and `_`.
@@ -235,26 +256,30 @@ pub fn check_step_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Parses a non-negative duration (`0s`, `250ms`, `10m`).
-fn parse_duration(node: &Node) -> Result<Duration, String> {
+/// Reads a non-negative duration (`0s`, `250ms`, `10m`); every problem is filed under
+/// [`codes::DURATION`].
+fn parse_duration(node: &Node) -> Result<Duration, read::Problem> {
     let text = match &node.kind {
         NodeKind::Scalar(s) if matches!(s.resolved, Resolved::Str | Resolved::Int(_)) => {
             s.text.trim()
         }
         _ => {
-            return Err(format!(
-                "a duration must be text like `30s`, not {}",
-                node.describe()
-            ));
+            return Err(read::Problem::wrong_type(
+                node,
+                "",
+                "a duration must be text like `30s`, not {found}",
+            )
+            .under(codes::DURATION));
         }
     };
-    if text == "0" {
-        return Ok(Duration::ZERO);
-    }
-    let d = humantime::parse_duration(text)
-        .map_err(|_| format!("{text:?} is not a duration like `30s`, `250ms` or `10m`"))?;
+    let refuse = |message: String| read::Problem::format(node, "", codes::DURATION, message);
+    let d = read::duration(node, "", text).map_err(|_| {
+        refuse(format!(
+            "{text:?} is not a duration like `30s`, `250ms` or `10m`"
+        ))
+    })?;
     if d > MAX_SLEEP {
-        return Err(format!("{text:?} is longer than a year"));
+        return Err(refuse(format!("{text:?} is longer than a year")));
     }
     Ok(d)
 }
@@ -335,7 +360,7 @@ fn to_json(node: &Node) -> Value {
         NodeKind::Mapping(entries) => {
             let mut m = Map::new();
             for (k, v) in entries {
-                m.insert(key_text(k).to_owned(), to_json(v));
+                m.insert(k.key_text().to_owned(), to_json(v));
             }
             Value::Object(m)
         }
@@ -390,56 +415,51 @@ fn check_template(node: &Node, earlier: &[String], own: &str, p: &mut Problems) 
 }
 
 fn parse_supervise(node: &Node, p: &mut Problems) -> Option<Supervise> {
-    let Some(entries) = node.entries() else {
-        p.at(
+    let policy = p.keep(
+        read::mapping(
             node,
-            codes::SUPERVISE,
-            format!(
-                "`supervise` must be a mapping like `{{restarts: 2, window: 10m}}`, not {}",
-                node.describe()
-            ),
-        );
-        return None;
-    };
+            "",
+            "`supervise` must be a mapping like `{restarts: 2, window: 10m}`, not {found}",
+        )
+        .map_err(|e| e.under(codes::SUPERVISE)),
+    )?;
     let mut ok = true;
     let mut restarts = None;
     let mut window = None;
-    for (k, v) in entries {
-        match key_text(k) {
-            "restarts" => match v.scalar().map(|s| s.resolved) {
-                Some(Resolved::Int(n)) if (0..=1000).contains(&n) => restarts = Some(n as u32),
-                _ => {
-                    ok = false;
-                    p.at(
+    for (k, v) in policy.entries() {
+        let result = match k.key_text() {
+            "restarts" => read::integer(
+                v,
+                "",
+                0..=1000,
+                "`restarts` must be an integer from 0 to 1000, not {found}",
+            )
+            .map(|n| {
+                restarts = u32::try_from(n).ok();
+            }),
+            "window" => parse_duration(v).and_then(|d| {
+                if d.is_zero() {
+                    Err(read::Problem::format(
                         v,
+                        "",
                         codes::SUPERVISE,
-                        format!(
-                            "`restarts` must be an integer from 0 to 1000, not {}",
-                            v.describe()
-                        ),
-                    );
+                        "`window` must be a positive duration",
+                    ))
+                } else {
+                    window = Some(d);
+                    Ok(())
                 }
-            },
-            "window" => match parse_duration(v) {
-                Ok(d) if !d.is_zero() => window = Some(d),
-                Ok(_) => {
-                    ok = false;
-                    p.at(v, codes::SUPERVISE, "`window` must be a positive duration");
-                }
-                Err(e) => {
-                    ok = false;
-                    p.at(v, codes::SUPERVISE, e);
-                }
-            },
-            other => {
-                ok = false;
-                p.at(
-                    k,
-                    codes::SUPERVISE,
-                    format!("`supervise` has no key `{other}` (it takes `restarts` and `window`)"),
-                );
-            }
-        }
+            }),
+            other => Err(read::Problem::format(
+                k,
+                "",
+                codes::SUPERVISE,
+                format!("`supervise` has no key `{other}` (it takes `restarts` and `window`)"),
+            )),
+        };
+        ok &= p
+            .keep(result.map_err(|e| e.under(codes::SUPERVISE)))
+            .is_some();
     }
     let Some(restarts) = restarts else {
         if ok {
@@ -468,90 +488,70 @@ pub fn parse(source: &str, env: &dyn Environment) -> Result<Program, Vec<Problem
             }]);
         }
     };
-    let Some(entries) = root.entries() else {
-        p.at(
-            &root,
-            codes::WRONG_TYPE,
-            format!(
-                "a program must be a mapping with `steps`, not {}",
-                root.describe()
-            ),
-        );
+    let Some(top) = p.keep(read::mapping(
+        &root,
+        "",
+        "a program must be a mapping with `steps`, not {found}",
+    )) else {
         return Err(p.list);
     };
-    for (k, _) in entries {
-        if !TOP_KEYS.contains(&key_text(k)) {
-            p.at(
-                k,
-                codes::UNKNOWN_KEY,
-                format!(
-                    "a program has no key `{}` (it takes `steps` and `description`)",
-                    key_text(k)
-                ),
-            );
-        }
+    for (k, key) in top.unknown_keys(TOP_KEYS) {
+        p.at(
+            k,
+            codes::UNKNOWN_KEY,
+            format!("a program has no key `{key}` (it takes `steps` and `description`)"),
+        );
     }
-    if let Some(d) = root.get("description")
-        && d.as_str().is_none()
-    {
-        p.at(d, codes::WRONG_TYPE, "`description` must be text");
+    if let Some(d) = top.get("description") {
+        p.keep(read::string(d, "description", "`description` must be text"));
     }
-    let items = match root.get("steps") {
-        None => {
-            p.at(&root, codes::MISSING_KEY, "a program needs `steps`");
+    let Some(steps) = top.get("steps") else {
+        p.at(&root, codes::MISSING_KEY, "a program needs `steps`");
+        return Err(p.list);
+    };
+    let items = match p.keep(read::sequence(
+        steps,
+        "steps",
+        "`steps` must be a list, not {found}",
+    )) {
+        Some([]) => {
+            p.at(steps, codes::NO_STEPS, "a program needs at least one step");
             return Err(p.list);
         }
-        Some(s) => match s.items() {
-            Some([]) => {
-                p.at(s, codes::NO_STEPS, "a program needs at least one step");
-                return Err(p.list);
-            }
-            Some(items) if items.len() > MAX_STEPS => {
-                p.at(
-                    s,
-                    codes::NO_STEPS,
-                    format!("a program has at most {MAX_STEPS} steps"),
-                );
-                return Err(p.list);
-            }
-            Some(items) => items,
-            None => {
-                p.at(
-                    s,
-                    codes::WRONG_TYPE,
-                    format!("`steps` must be a list, not {}", s.describe()),
-                );
-                return Err(p.list);
-            }
-        },
+        Some(items) if items.len() > MAX_STEPS => {
+            p.at(
+                steps,
+                codes::NO_STEPS,
+                format!("a program has at most {MAX_STEPS} steps"),
+            );
+            return Err(p.list);
+        }
+        Some(items) => items,
+        None => return Err(p.list),
     };
     let mut names: Vec<String> = Vec::new();
     let mut seen = HashSet::new();
     let mut steps = Vec::new();
     for item in items {
         p.step = None;
-        let Some(entries) = item.entries() else {
-            p.at(
-                item,
-                codes::WRONG_TYPE,
-                format!("a step must be a mapping, not {}", item.describe()),
-            );
+        let Some(step) = p.keep(read::mapping(
+            item,
+            "",
+            "a step must be a mapping, not {found}",
+        )) else {
             continue;
         };
-        let name = match item.get("name") {
+        let name = match step.get("name") {
             None => {
                 p.at(item, codes::MISSING_KEY, "a step needs a `name`");
                 None
             }
-            Some(n) => match n.as_str() {
-                None => {
-                    p.at(
-                        n,
-                        codes::WRONG_TYPE,
-                        format!("a step's `name` must be text, not {}", n.describe()),
-                    );
-                    None
-                }
+            Some(n) => match p.keep(read::string(
+                n,
+                "name",
+                "a step's `name` must be text, not {found}",
+            )) {
+                None => None,
                 Some(text) => match check_step_name(text) {
                     Err(e) => {
                         p.at(n, codes::STEP_NAME, e);
@@ -571,14 +571,8 @@ pub fn parse(source: &str, env: &dyn Environment) -> Result<Program, Vec<Problem
             },
         };
         p.step = name.clone();
-        for (k, _) in entries {
-            if !STEP_KEYS.contains(&key_text(k)) {
-                p.at(
-                    k,
-                    codes::UNKNOWN_KEY,
-                    format!("a step has no key `{}`", key_text(k)),
-                );
-            }
+        for (k, key) in step.unknown_keys(STEP_KEYS) {
+            p.at(k, codes::UNKNOWN_KEY, format!("a step has no key `{key}`"));
         }
         let kinds: Vec<&str> = KINDS
             .iter()
@@ -658,14 +652,11 @@ fn step_kind(
             if let Some(i) = input {
                 check_template(i, earlier, own, p);
             }
-            let Some(reference) = node.as_str() else {
-                p.at(
-                    node,
-                    codes::WRONG_TYPE,
-                    format!("`invoke` names a runnable, not {}", node.describe()),
-                );
-                return None;
-            };
+            let reference = p.keep(read::string(
+                node,
+                "invoke",
+                "`invoke` names a runnable, not {found}",
+            ))?;
             match env.runnable(reference) {
                 Ok(runnable) => Some(StepKind::Invoke {
                     reference: reference.to_owned(),
@@ -707,20 +698,13 @@ fn step_kind(
             }
         }
         "ask" => {
-            let question = match node.as_str() {
-                Some(q) => {
-                    check_template(node, earlier, own, p);
-                    Some(q.to_owned())
-                }
-                None => {
-                    p.at(
-                        node,
-                        codes::ANSWER_SCHEMA,
-                        format!("`ask` is the question, as text, not {}", node.describe()),
-                    );
-                    None
-                }
-            };
+            let question = p.keep(
+                read::string(node, "ask", "`ask` is the question, as text, not {found}")
+                    .map_err(|e| e.under(codes::ANSWER_SCHEMA)),
+            );
+            if question.is_some() {
+                check_template(node, earlier, own, p);
+            }
             let Some(answer) = item.get("answer") else {
                 p.at(
                     item,
@@ -729,58 +713,40 @@ fn step_kind(
                 );
                 return None;
             };
-            let mut sink = Sink::new("program");
-            let schema = Schema::parse(answer, "answer", &mut sink);
-            for problem in sink.problems {
-                p.list.push(Problem {
-                    code: codes::ANSWER_SCHEMA.into(),
-                    message: format!("`{}`: {}", problem.path, problem.message),
-                    step: p.step.clone(),
-                    line: problem.line,
-                    column: problem.column,
-                });
-            }
+            let schema = Schema::read(answer, "answer")
+                .map_err(|problems| p.answer_schema(problems))
+                .ok();
             Some(StepKind::Ask {
-                question: question?,
+                question: question?.to_owned(),
                 schema: schema?,
             })
         }
-        "sleep" => match parse_duration(node) {
-            Ok(duration) => Some(StepKind::Sleep { duration }),
-            Err(e) => {
-                p.at(node, codes::DURATION, e);
-                None
-            }
-        },
+        "sleep" => p
+            .keep(parse_duration(node))
+            .map(|duration| StepKind::Sleep { duration }),
         "agent" => {
             let prompt = match item.get("prompt") {
                 None => {
                     p.at(item, codes::MISSING_KEY, "an `agent` step needs a `prompt`");
                     None
                 }
-                Some(pr) => match pr.as_str() {
-                    Some(text) => {
+                Some(pr) => {
+                    let text = p.keep(read::string(
+                        pr,
+                        "prompt",
+                        "`prompt` must be text, not {found}",
+                    ));
+                    if text.is_some() {
                         check_template(pr, earlier, own, p);
-                        Some(text.to_owned())
                     }
-                    None => {
-                        p.at(
-                            pr,
-                            codes::WRONG_TYPE,
-                            format!("`prompt` must be text, not {}", pr.describe()),
-                        );
-                        None
-                    }
-                },
+                    text.map(str::to_owned)
+                }
             };
-            let Some(agent) = node.as_str() else {
-                p.at(
-                    node,
-                    codes::WRONG_TYPE,
-                    format!("`agent` names an agent, not {}", node.describe()),
-                );
-                return None;
-            };
+            let agent = p.keep(read::string(
+                node,
+                "agent",
+                "`agent` names an agent, not {found}",
+            ))?;
             if !env.agent_known(agent) {
                 p.at(
                     node,
@@ -879,8 +845,7 @@ pub fn answer_schema(source: &str, step: &str) -> Option<Schema> {
         .items()?
         .iter()
         .find(|i| i.get("name").and_then(Node::as_str) == Some(step))?;
-    let mut sink = Sink::new("program");
-    Schema::parse(item.get("answer")?, "answer", &mut sink)
+    Schema::read(item.get("answer")?, "answer").ok()
 }
 
 /// Reads a schema of the bounded profile from YAML text (for environments and tests that
@@ -895,20 +860,16 @@ pub fn schema_from_yaml(text: &str) -> Result<Schema, Vec<Problem>> {
             column: e.column,
         }]
     })?;
-    let mut sink = Sink::new("schema");
-    let schema = Schema::parse(&node, "", &mut sink);
-    match schema {
-        Some(s) if sink.problems.is_empty() => Ok(s),
-        _ => Err(sink
-            .problems
+    Schema::read(&node, "").map_err(|problems| {
+        problems
             .into_iter()
             .map(|p| Problem {
                 code: codes::ANSWER_SCHEMA.into(),
-                message: p.message,
+                message: p.message(),
                 step: None,
                 line: p.line,
                 column: p.column,
             })
-            .collect()),
-    }
+            .collect()
+    })
 }

@@ -1,0 +1,58 @@
+//! The readiness vocabulary: the named predicates a started service must pass (lifecycle,
+//! runner, tcp-connect, http-status, grpc-health, listener, completion) and the verdict of the
+//! first one that did not hold. Readiness probes with them, the supervisor and events report
+//! them, and a flow error carries the verdict.
+//!
+//! This module owns those two types only. It must never probe, wait or decide anything.
+
+use std::fmt;
+
+/// A named readiness requirement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Predicate {
+    /// The service's Start action returned successfully.
+    Lifecycle,
+    /// The started process is still alive (or, for a service with no endpoints, exited 0).
+    Runner,
+    /// The endpoint accepts a TCP connection.
+    TcpConnect,
+    /// The endpoint's declared health path answers without a server error (5xx).
+    HttpStatus,
+    /// The endpoint's `grpc.health.v1` service reports SERVING (or is unimplemented).
+    GrpcHealth,
+    /// Whatever answers on the endpoint's port is a process of the service's own process
+    /// group, not a squatter that took the port.
+    Listener,
+    /// A one-shot job exited with status 0.
+    Completion,
+}
+
+impl Predicate {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Predicate::Lifecycle => "lifecycle",
+            Predicate::Runner => "runner",
+            Predicate::TcpConnect => "tcp-connect",
+            Predicate::HttpStatus => "http-status",
+            Predicate::GrpcHealth => "grpc-health",
+            Predicate::Listener => "listener",
+            Predicate::Completion => "completion",
+        }
+    }
+}
+
+impl fmt::Display for Predicate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The first requirement that did not hold, with the last error it gave.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}{}: {predicate} failed: {last_error}", service, endpoint.as_ref().map(|e| format!("/{e}")).unwrap_or_default())]
+pub struct ReadinessFailure {
+    pub service: String,
+    pub endpoint: Option<String>,
+    pub predicate: Predicate,
+    pub last_error: String,
+}
