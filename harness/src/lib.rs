@@ -12,6 +12,8 @@ pub mod model;
 mod session;
 mod state;
 mod target;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod tool;
 mod turn;
 
