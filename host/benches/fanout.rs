@@ -62,6 +62,7 @@ use sessionstore::{
     AgentId, CommandId, CompatibilityId, EventId, JournalEntry, NewSession, RuntimeSessionId,
     SessionBinding, SessionId, TenantId, local_binding,
 };
+use testkit::bench::median;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::broadcast;
 use tokio_tungstenite::tungstenite::Message;
@@ -538,11 +539,6 @@ async fn raw_round(n: usize, wire: &[Utf8Bytes], channel: &str) -> Round {
     drop(feed);
     server.abort();
     round
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 fn rounds_text(v: &[f64]) -> String {

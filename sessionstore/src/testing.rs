@@ -4,6 +4,8 @@
 //! PostgreSQL cases read their server from `HOST_TEST_DATABASE_URL` and each gets a fresh
 //! schema, dropped when the [`TestStore`] is dropped. When the variable is unset they report
 //! themselves skipped on stderr; with `CI=true` an unset variable fails the test instead.
+//!
+//! What the workspace's benches share below a Host is [`bench`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -11,6 +13,8 @@ use std::time::Duration;
 use crate::clock::ManualClock;
 use crate::error::StoreResult;
 use crate::store::{Store, StoreOptions};
+
+pub mod bench;
 
 /// Which backend a test runs against.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
