@@ -36,12 +36,10 @@ use department::{LaunchMode, LaunchRequest, RuntimeCommand};
 use futures::StreamExt;
 use harness::events::HarnessEvent;
 use harness::model::ScriptedModel;
-use harness::testing::{begin_attempt, settle};
 use harness::tool::ToolRegistry;
 use harness::{AgentConfig, HarnessTarget, SessionHandle};
-use sessionstore::testing::bench::{
-    BenchDatabase, bench_postgres_url, held, median, new_session,
-};
+use sessionstore::testing::bench::{BenchDatabase, bench_postgres_url, held, median, runtime};
+use sessionstore::testing::{begin_attempt, new_session, settle};
 use sessionstore::wire::{CommandBodyV1, encode_command_body};
 use sessionstore::*;
 use uuid::Uuid;
@@ -559,10 +557,7 @@ async fn bench_postgres(url: String) {
 }
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = runtime();
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some(MEMORY_CHILD) {
         let url = args.get(2).expect("a store url").clone();

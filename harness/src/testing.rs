@@ -1,20 +1,16 @@
-//! Test support (feature `testing`): the agent-side fixtures that harness's own suites, its
-//! bench and the workspace's test kit (`testkit`) all use, kept here once. A tool whose effect
-//! is counted, the command bodies a test sends, what a Host does around an apply (claim and
-//! begin an attempt, settle), and a session's public journal read back as harness events.
+//! Test support (feature `testing`): the agent-side fixtures that harness's own suites and the
+//! workspace's test kit (`testkit`) both use, kept here once. A tool whose effect is counted,
+//! the command bodies a test sends, and a session's public journal read back as harness events.
+//! (The store-side steps a Host takes around an apply are `sessionstore::testing`'s.)
 //!
 //! Only test and bench targets enable it; it never composes a Host and holds no scaffolding
 //! that a single suite alone needs (that stays in the suite's own `support` module).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
 use serde_json::{Value, json};
 use sessionstore::wire::{CommandBodyV1, GateAnswer};
-use sessionstore::{
-    AttemptId, AttemptRequest, ClaimRequest, CommandRecord, JournalEpoch, ResidencyEpoch,
-    RuntimeSessionId, SettleRequest, Store, StoreResult, TenantId,
-};
+use sessionstore::{RuntimeSessionId, Store, TenantId};
 use uuid::Uuid;
 
 use crate::events::HarnessEvent;
@@ -78,7 +74,11 @@ pub fn count(evs: &[HarnessEvent], ty: &str) -> usize {
 
 /// The first 1,000 public events of the runtime session `rs`, decoded. Panics on a read or an
 /// event that does not decode (a test's failure).
-pub async fn public_events(store: &Store, tenant: &TenantId, rs: RuntimeSessionId) -> Vec<HarnessEvent> {
+pub async fn public_events(
+    store: &Store,
+    tenant: &TenantId,
+    rs: RuntimeSessionId,
+) -> Vec<HarnessEvent> {
     let page = store
         .journal_public_page(tenant, rs, 0, None, 1000)
         .await
@@ -87,59 +87,4 @@ pub async fn public_events(store: &Store, tenant: &TenantId, rs: RuntimeSessionI
         .iter()
         .map(|e| HarnessEvent::decode(&e.body).expect("a harness event"))
         .collect()
-}
-
-/// What a Host does before it hands an admitted command to the runtime: claims `rec` under
-/// `residency` and begins an attempt under the runtime's journal `epoch`. Returns the applying
-/// record and the attempt.
-pub async fn begin_attempt(
-    store: &Store,
-    rec: &CommandRecord,
-    residency: ResidencyEpoch,
-    epoch: JournalEpoch,
-) -> StoreResult<(CommandRecord, AttemptId)> {
-    let token = Uuid::now_v7();
-    let claimed = store
-        .claim(ClaimRequest {
-            tenant: rec.tenant.clone(),
-            session: rec.session.clone(),
-            command: rec.command.clone(),
-            epoch: residency,
-            token,
-            ttl: Duration::from_secs(60),
-            expected_revision: rec.revision,
-        })
-        .await?;
-    let attempt = AttemptId::mint();
-    let applying = store
-        .begin_attempt(AttemptRequest {
-            tenant: rec.tenant.clone(),
-            session: rec.session.clone(),
-            command: rec.command.clone(),
-            epoch: residency,
-            claim_token: token,
-            attempt,
-            journal_epoch: epoch,
-            expected_revision: claimed.revision,
-        })
-        .await?;
-    Ok((applying, attempt))
-}
-
-/// What a Host does once the runtime recorded the disposition of `applying`: settles it under
-/// `residency`. Returns the settled record.
-pub async fn settle(
-    store: &Store,
-    applying: &CommandRecord,
-    residency: ResidencyEpoch,
-) -> StoreResult<CommandRecord> {
-    store
-        .settle(SettleRequest {
-            tenant: applying.tenant.clone(),
-            session: applying.session.clone(),
-            command: applying.command.clone(),
-            epoch: residency,
-            expected_revision: applying.revision,
-        })
-        .await
 }

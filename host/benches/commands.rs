@@ -21,8 +21,8 @@ use department::LaunchMode;
 use host::{Options, Service};
 use sessionstore::*;
 use testkit::bench::{
-    BenchDatabase, admit_input, attach_request, bench_postgres_url, chosen_backends,
-    host_options, inputs_applied, load_average, new_session, percentile, start_host,
+    BenchDatabase, admit_input, attach_request, bench_postgres_url, chosen_backends, host_options,
+    inputs_applied, load_average, new_session, percentile, runtime, start_host,
 };
 
 const ONE_SESSION: usize = 150;
@@ -228,10 +228,7 @@ async fn bench(backend: &str, options: StoreOptions) {
 /// named (`cargo bench` itself passes `--bench`).
 fn main() {
     let chosen = chosen_backends();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = runtime();
     println!("load average {}", load_average());
     if chosen.sqlite {
         let db = BenchDatabase::sqlite("host.db");

@@ -62,7 +62,7 @@ use sessionstore::{
     AgentId, CommandId, CompatibilityId, EventId, JournalEntry, NewSession, RuntimeSessionId,
     SessionBinding, SessionId, TenantId, local_binding,
 };
-use testkit::bench::median;
+use testkit::bench::{median, runtime};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::broadcast;
 use tokio_tungstenite::tungstenite::Message;
@@ -796,10 +796,7 @@ fn main() {
     // `cargo bench` passes `--bench`. A filter argument `recovery` runs only the recovery
     // measurement; any other filter is accepted and ignored.
     let only_recovery = std::env::args().skip(1).any(|a| a == "recovery");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = runtime();
     let started = Instant::now();
     let mut at_many = None;
     let sets: &[(usize, u64)] = if only_recovery { &[] } else { &SETS };

@@ -16,9 +16,7 @@ use std::time::{Duration, Instant};
 
 use department::LaunchMode;
 use host::{AttachRequest, Options, Service};
-use testkit::bench::{
-    BenchDatabase, attach_request, held, host_options, new_session, start_host,
-};
+use testkit::bench::{BenchDatabase, attach_request, held, host_options, new_session, start_host};
 
 const SESSIONS: usize = 1000;
 const WINDOW: Duration = Duration::from_secs(20);

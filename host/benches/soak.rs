@@ -42,7 +42,7 @@ use host::{Options, Service};
 use sessionstore::*;
 use testkit::bench::{
     BenchDatabase, Held, admit_input, attach_request, bench_postgres_url, env_usize, held,
-    host_options, inputs_applied, least_squares, load_average, new_session, start_host,
+    host_options, inputs_applied, least_squares, load_average, new_session, runtime, start_host,
 };
 
 const DEFAULT_N: usize = 25_600;
@@ -239,10 +239,7 @@ async fn soak(backend: &str, options: StoreOptions, n: usize, k: usize) {
 fn run_one(backend: &str) {
     let n = env_usize("HOST_SOAK_N", DEFAULT_N);
     let k = env_usize("HOST_SOAK_SESSIONS", DEFAULT_SESSIONS).max(1);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = runtime();
     match backend {
         "sqlite" => {
             let db = BenchDatabase::sqlite("host.db");

@@ -20,8 +20,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sessionstore::testing::bench::{
-    BenchDatabase, bench_postgres_url, chosen_backends, load_average, new_session,
+    BenchDatabase, bench_postgres_url, chosen_backends, load_average, runtime,
 };
+use sessionstore::testing::new_session;
 use sessionstore::*;
 
 const RAW_COMMITS: usize = 400;
@@ -318,12 +319,7 @@ fn selection() -> Selection {
 
 fn main() {
     let chosen = selection();
-    let rt = Arc::new(
-        tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-            .expect("runtime"),
-    );
+    let rt = Arc::new(runtime());
     if chosen.sqlite {
         rt.block_on(bench_sqlite(chosen.growth));
     }

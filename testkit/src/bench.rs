@@ -2,9 +2,9 @@
 //! `system-tests` benches): a Host composed over a bench's store with the real harness and its
 //! scripted model, sessions attached and fed inputs the way a controller does, and the Host's
 //! own count of applied inputs. Everything a bench needs below a Host (the backends asked for,
-//! a database per backend, a session to measure on, `/proc` readings, medians, fits, the load
-//! average) is `sessionstore::testing::bench`'s, re-exported here so that a Host bench imports
-//! one module.
+//! a runtime, a database per backend, a session to measure on, `/proc` readings, medians,
+//! fits, the load average) is `sessionstore::testing`'s, re-exported here so that a Host bench
+//! imports one module.
 //!
 //! It measures nothing on its own and asserts nothing about a figure; what a bench measures
 //! and prints stays in the bench.
@@ -24,6 +24,7 @@ use sessionstore::{
 };
 
 pub use sessionstore::testing::bench::*;
+pub use sessionstore::testing::new_session;
 
 /// Registers one agent, `assistant`: the harness with the scripted model and no tools, at the
 /// build `compatibility`, journaling into the Host's own store.

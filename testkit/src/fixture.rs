@@ -15,7 +15,7 @@ use harness::testing::public_events;
 use harness::tool::{EchoTool, ToolRegistry};
 use harness::{AgentConfig, HarnessTarget};
 use host::{AttachRequest, Attached, Composition, HostError, Options, Registrar, Service};
-use sessionstore::testing::TestStore;
+use sessionstore::testing::{TestStore, new_session};
 use sessionstore::wire::{CommandBodyV1, encode_command_body};
 use sessionstore::*;
 use uuid::Uuid;
@@ -107,21 +107,10 @@ impl Controller {
         }
     }
 
+    /// A fresh session of this controller's tenant for [`AGENT`] at [`BUILD`].
     pub async fn session(&self) -> SessionRecord {
-        self.store
-            .create_session(NewSession {
-                tenant: self.tenant.clone(),
-                session: SessionId::new(format!("s-{}", Uuid::now_v7())).unwrap(),
-                agent: AgentId::new(AGENT).unwrap(),
-                compatibility: CompatibilityId::new(BUILD).unwrap(),
-                binding: SessionBinding {
-                    runtime_session_id: RuntimeSessionId::mint(),
-                    storage_binding_id: local_binding(),
-                    binding_version: 1,
-                },
-            })
-            .await
-            .unwrap()
+        let name = format!("s-{}", Uuid::now_v7());
+        new_session(&self.store, self.tenant.as_str(), &name, BUILD).await
     }
 
     pub fn attach_request(&self, s: &SessionRecord) -> AttachRequest {

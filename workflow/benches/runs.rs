@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use runnable::{Effect, OutcomeClass};
 use sessionstore::testing::bench::{
-    BenchDatabase, bench_postgres_url, chosen_backends, load_average,
+    BenchDatabase, bench_postgres_url, chosen_backends, load_average, runtime,
 };
 use sessionstore::*;
 use tokio::sync::Notify;
@@ -182,10 +182,7 @@ async fn bench_postgres(url: String) {
 
 fn main() {
     let chosen = chosen_backends();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = runtime();
     if chosen.sqlite {
         rt.block_on(bench_sqlite());
     }

@@ -15,11 +15,11 @@ use std::time::Duration;
 use department::{LaunchMode, LaunchRequest, Recorded, RuntimeCommand, RuntimeError};
 use harness::events::HarnessEvent;
 use harness::model::{Model, ModelError, ModelRequest, ModelStream, ScriptedModel};
-use harness::testing::{begin_attempt, public_events, settle};
+use harness::testing::public_events;
 use harness::tool::{EchoTool, Tool, ToolError, ToolRegistry};
 use harness::{AgentConfig, HarnessTarget, SessionHandle};
 use serde_json::{Value, json};
-use sessionstore::testing::TestStore;
+use sessionstore::testing::{TestStore, begin_attempt, new_session, settle};
 use sessionstore::wire::{CommandBodyV1, encode_command_body};
 use sessionstore::*;
 use uuid::Uuid;
@@ -126,21 +126,8 @@ impl Fx {
             CompatibilityId::new("harness-test-1").unwrap(),
         )
         .unwrap();
-        let session = ts
-            .store
-            .create_session(NewSession {
-                tenant: TenantId::new("acme").unwrap(),
-                session: SessionId::new(format!("s-{}", Uuid::now_v7())).unwrap(),
-                agent: AgentId::new("assistant").unwrap(),
-                compatibility: CompatibilityId::new("harness-test-1").unwrap(),
-                binding: SessionBinding {
-                    runtime_session_id: RuntimeSessionId::mint(),
-                    storage_binding_id: local_binding(),
-                    binding_version: 1,
-                },
-            })
-            .await
-            .unwrap();
+        let name = format!("s-{}", Uuid::now_v7());
+        let session = new_session(&ts.store, "acme", &name, "harness-test-1").await;
         Fx {
             store: ts.store.clone(),
             target,
@@ -216,7 +203,9 @@ impl Fx {
             .apply(RuntimeCommand::for_attempt(&applying, attempt, epoch, body))
             .await;
         let settled = match &r {
-            Ok(_) => settle(&self.store, &applying, self.residency).await.unwrap(),
+            Ok(_) => settle(&self.store, &applying, self.residency)
+                .await
+                .unwrap(),
             Err(_) => applying,
         };
         (settled, r)

@@ -1,8 +1,8 @@
 //! Bench support that needs no Host (part of the `testing` feature): what the workspace's
-//! benches share whatever they measure. The backends a run was asked for, a database per
-//! backend that the bench drops when it is done, a session to measure on, and the readings
-//! printed beside the figures: the load average, what a process holds (`/proc`), medians,
-//! percentiles and least-squares fits.
+//! benches share whatever they measure. The backends a run was asked for, a runtime, a
+//! database per backend that the bench drops when it is done, and the readings printed beside
+//! the figures: the load average, what a process holds (`/proc`), medians, percentiles and
+//! least-squares fits. (A session to measure on is [`super::new_session`].)
 //!
 //! It lives in the bottom crate so that every crate's benches reach it without a dependency
 //! loop (`sessionstore`, `harness` and `workflow` benches use it directly; the Host benches
@@ -12,11 +12,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::store::{Store, StoreOptions};
-use crate::{
-    AgentId, CompatibilityId, NewSession, RuntimeSessionId, SessionBinding, SessionId,
-    SessionRecord, TenantId, local_binding,
-};
+use crate::store::StoreOptions;
 
 /// The backends a bench run was asked for on its command line (`-- sqlite`, `-- postgres`):
 /// both when neither is named. Other arguments (`cargo bench` passes `--bench`) are ignored.
@@ -47,6 +43,14 @@ pub fn bench_postgres_url() -> Option<String> {
             None
         }
     }
+}
+
+/// The runtime a bench runs on: multi-threaded, one worker per core, everything enabled.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("the bench's runtime")
 }
 
 /// Where a bench keeps its store: a SQLite file in a temporary folder of its own (removed when
@@ -110,7 +114,8 @@ impl BenchDatabase {
     pub fn raw_schema(&mut self) -> String {
         let raw = format!(
             "{}_raw",
-            self.schema().expect("a PostgreSQL bench database has a schema")
+            self.schema()
+                .expect("a PostgreSQL bench database has a schema")
         );
         if !self.schemas.contains(&raw) {
             self.schemas.push(raw.clone());
@@ -140,30 +145,6 @@ pub async fn drop_schemas(url: &str, schemas: &[String]) {
         let _ = c.execute(sqlx::AssertSqlSafe(sql)).await;
         let _ = c.close().await;
     }
-}
-
-/// Creates the session `session` of tenant `tenant` for the agent `assistant` at build
-/// `compatibility`, with a fresh local binding. Panics when the store refuses.
-pub async fn new_session(
-    store: &Store,
-    tenant: &str,
-    session: &str,
-    compatibility: &str,
-) -> SessionRecord {
-    store
-        .create_session(NewSession {
-            tenant: TenantId::new(tenant).expect("a tenant id"),
-            session: SessionId::new(session).expect("a session id"),
-            agent: AgentId::new("assistant").expect("an agent id"),
-            compatibility: CompatibilityId::new(compatibility).expect("a compatibility id"),
-            binding: SessionBinding {
-                runtime_session_id: RuntimeSessionId::mint(),
-                storage_binding_id: local_binding(),
-                binding_version: 1,
-            },
-        })
-        .await
-        .expect("session")
 }
 
 /// The 1, 5 and 15 minute load averages, for a bench to print beside its figures.
