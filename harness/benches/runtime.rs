@@ -38,6 +38,8 @@ use harness::events::HarnessEvent;
 use harness::model::ScriptedModel;
 use harness::tool::ToolRegistry;
 use harness::{AgentConfig, HarnessTarget, SessionHandle};
+use sessionstore::testing::bench::{BenchDatabase, bench_postgres_url, held, median, runtime};
+use sessionstore::testing::{begin_attempt, new_session, settle};
 use sessionstore::wire::{CommandBodyV1, encode_command_body};
 use sessionstore::*;
 use uuid::Uuid;
@@ -102,20 +104,13 @@ impl Bench {
     }
 
     async fn new_session(&self) -> SessionRecord {
-        self.store
-            .create_session(NewSession {
-                tenant: self.tenant.clone(),
-                session: SessionId::new(self.unique("s")).unwrap(),
-                agent: AgentId::new("assistant").unwrap(),
-                compatibility: CompatibilityId::new(COMPATIBILITY).unwrap(),
-                binding: SessionBinding {
-                    runtime_session_id: RuntimeSessionId::mint(),
-                    storage_binding_id: local_binding(),
-                    binding_version: 1,
-                },
-            })
-            .await
-            .expect("session")
+        new_session(
+            &self.store,
+            self.tenant.as_str(),
+            &self.unique("s"),
+            COMPATIBILITY,
+        )
+        .await
     }
 
     async fn new_sessions(&self, n: usize) -> Vec<SessionRecord> {
@@ -175,47 +170,14 @@ impl Bench {
             })
             .await
             .expect("admit");
-        let token = Uuid::now_v7();
-        let claimed = self
-            .store
-            .claim(ClaimRequest {
-                tenant: rec.tenant.clone(),
-                session: rec.session.clone(),
-                command: rec.command.clone(),
-                epoch: self.residency,
-                token,
-                ttl: Duration::from_secs(60),
-                expected_revision: rec.revision,
-            })
-            .await
-            .expect("claim");
-        let attempt = AttemptId::mint();
         let epoch = h.journal_epoch();
-        let applying = self
-            .store
-            .begin_attempt(AttemptRequest {
-                tenant: rec.tenant.clone(),
-                session: rec.session.clone(),
-                command: rec.command.clone(),
-                epoch: self.residency,
-                claim_token: token,
-                attempt,
-                journal_epoch: epoch,
-                expected_revision: claimed.revision,
-            })
+        let (applying, attempt) = begin_attempt(&self.store, &rec, self.residency, epoch)
             .await
-            .expect("begin attempt");
+            .expect("claim and begin attempt");
         h.apply(RuntimeCommand::for_attempt(&rec, attempt, epoch, body))
             .await
             .expect("apply");
-        self.store
-            .settle(SettleRequest {
-                tenant: rec.tenant.clone(),
-                session: rec.session.clone(),
-                command: rec.command.clone(),
-                epoch: self.residency,
-                expected_revision: applying.revision,
-            })
+        settle(&self.store, &applying, self.residency)
             .await
             .expect("settle");
     }
@@ -515,12 +477,9 @@ impl Bench {
 
 /// Resident set size of this process, in KiB.
 fn rss_kib() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .expect("VmRSS")
+    let rss = held(None).rss;
+    assert!(rss.is_finite(), "VmRSS in /proc/self/status");
+    rss / 1024.0
 }
 
 /// The raw baseline for memory: `m` idle tokio tasks, each awaiting a bounded channel. Returns
@@ -540,11 +499,6 @@ async fn idle_tasks(m: usize) -> (f64, Vec<tokio::sync::mpsc::Sender<u64>>) {
 
 fn min(v: &[Duration]) -> Duration {
     v.iter().copied().min().unwrap_or_default()
-}
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
 }
 
 /// Sessions per memory round.
@@ -581,45 +535,29 @@ async fn memory_child(url: String, schema: Option<String>) {
 }
 
 async fn bench_sqlite() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let url = format!("sqlite://{}", dir.path().join("store.db").display());
-    let store = Store::open(StoreOptions::new(url.clone()))
-        .await
-        .expect("store");
+    let db = BenchDatabase::sqlite("store.db");
+    let store = Store::open(db.options.clone()).await.expect("store");
     let bench = Bench::new("sqlite", store);
     bench.turns().await;
     bench.restore().await;
     bench.store.close().await;
-    memory_in_child(&url, None);
+    memory_in_child(db.url(), None);
 }
 
 async fn bench_postgres(url: String) {
-    let schema = format!("bench_harness_{}", std::process::id());
-    let mut options = StoreOptions::new(url.clone());
-    options.pg_schema = Some(schema.clone());
-    options.pg_max_connections = 32;
-    let store = Store::open(options).await.expect("store");
+    let mut db = BenchDatabase::postgres(&url, "bench_harness");
+    db.options.pg_max_connections = 32;
+    let store = Store::open(db.options.clone()).await.expect("store");
     let bench = Bench::new("postgres", store);
     bench.turns().await;
     bench.restore().await;
     bench.store.close().await;
-    memory_in_child(&url, Some(&schema));
-    use sqlx::{Connection, Executor};
-    if let Ok(mut c) = sqlx::PgConnection::connect(&url).await {
-        let _ = c
-            .execute(sqlx::AssertSqlSafe(format!(
-                "DROP SCHEMA IF EXISTS {schema} CASCADE"
-            )))
-            .await;
-        let _ = c.close().await;
-    }
+    memory_in_child(&url, db.schema());
+    db.finish().await;
 }
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = runtime();
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some(MEMORY_CHILD) {
         let url = args.get(2).expect("a store url").clone();
@@ -629,9 +567,8 @@ fn main() {
     // `cargo bench` passes `--bench`; a filter argument is accepted and ignored.
     let start = Instant::now();
     rt.block_on(bench_sqlite());
-    match std::env::var("HOST_TEST_DATABASE_URL") {
-        Ok(url) if !url.is_empty() => rt.block_on(bench_postgres(url)),
-        _ => println!("postgres: skipped (HOST_TEST_DATABASE_URL is unset)"),
+    if let Some(url) = bench_postgres_url() {
+        rt.block_on(bench_postgres(url));
     }
     println!("total: {:.1} s", start.elapsed().as_secs_f64());
 }

@@ -13,6 +13,8 @@ pub mod model;
 mod session;
 mod state;
 mod target;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod tool;
 mod turn;
 

@@ -15,100 +15,40 @@
 //! one read per session confirms the last command is terminal. It reads nothing from the
 //! database while the Host works.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use department::{LaunchMode, Registration, RuntimeProfile};
-use harness::model::ScriptedModel;
-use harness::tool::ToolRegistry;
-use harness::{AgentConfig, HarnessTarget};
-use host::{AttachRequest, Composition, Options, Registrar, Service};
-use sessionstore::wire::{CommandBodyV1, encode_command_body};
+use department::LaunchMode;
+use host::{Options, Service};
 use sessionstore::*;
+use testkit::bench::{
+    BenchDatabase, admit_input, attach_request, bench_postgres_url, chosen_backends, host_options,
+    inputs_applied, load_average, new_session, percentile, runtime, start_host,
+};
 
 const ONE_SESSION: usize = 150;
 const MANY: usize = 64;
 const PER_SESSION: usize = 30;
 const ATTACHES: usize = 60;
 
-struct Reg;
-
-#[async_trait::async_trait]
-impl Registrar for Reg {
-    async fn register(&self, store: &Store) -> Result<Vec<Registration>, String> {
-        let agent = AgentConfig::new(
-            Arc::new(ScriptedModel::new()),
-            ToolRegistry::new(vec![]).map_err(|e| e.to_string())?,
-        );
-        let target =
-            HarnessTarget::new(store.clone(), agent, CompatibilityId::new("bench").unwrap())
-                .map_err(|e| e.to_string())?;
-        Ok(vec![Registration {
-            agent: AgentId::new("assistant").unwrap(),
-            target: Arc::new(target),
-        }])
-    }
-}
-
-fn tenant() -> TenantId {
-    TenantId::new("bench").unwrap()
-}
-
-async fn new_session(store: &Store, name: &str) -> SessionRecord {
-    store
-        .create_session(NewSession {
-            tenant: tenant(),
-            session: SessionId::new(name).unwrap(),
-            agent: AgentId::new("assistant").unwrap(),
-            compatibility: CompatibilityId::new("bench").unwrap(),
-            binding: SessionBinding {
-                runtime_session_id: RuntimeSessionId::mint(),
-                storage_binding_id: local_binding(),
-                binding_version: 1,
-            },
-        })
-        .await
-        .expect("session")
+/// A session of tenant `bench` at build `bench`.
+async fn session(store: &Store, name: &str) -> SessionRecord {
+    new_session(store, "bench", name, "bench").await
 }
 
 async fn host(options: StoreOptions, name: &str) -> Service {
-    let svc = Composition {
-        options: Options {
-            host_id: Some(HostId::new(name).unwrap()),
-            internal_endpoint: Some("ws://127.0.0.1:7400".into()),
-            capacity: 1000,
-            reconcile_interval: Duration::from_millis(500),
-            ..Options::default()
-        },
-        store: options,
-        registrar: Box::new(Reg),
-        profile: RuntimeProfile::Durable,
-        version: "bench".into(),
-    }
-    .build()
-    .await
-    .expect("compose");
-    svc.start().await.expect("start");
-    svc
-}
-
-fn attach_req(s: &SessionRecord) -> AttachRequest {
-    AttachRequest {
-        tenant: s.tenant.clone(),
-        session: s.session.clone(),
-        agent: s.agent.clone(),
-        compatibility: Some(s.compatibility.clone()),
-        mode: LaunchMode::Create,
-        actor: None,
-        trace: None,
-    }
+    let host = Options {
+        capacity: 1000,
+        reconcile_interval: Duration::from_millis(500),
+        ..host_options(name)
+    };
+    start_host(host, options, "bench").await
 }
 
 /// The store's lifecycle rate and the writes and statements each command cost.
 async fn raw_rate(store: &Store, sessions: usize, per: usize, tag: &str) -> Measured {
     let mut all = Vec::new();
     for i in 0..sessions {
-        all.push(new_session(store, &format!("raw-{tag}-{i}")).await);
+        all.push(session(store, &format!("raw-{tag}-{i}")).await);
     }
     let before = store.stats();
     let start = Instant::now();
@@ -159,33 +99,11 @@ impl Measured {
 async fn drive(svc: Service, store: Store, s: SessionRecord, per: usize) -> CommandId {
     let mut last = None;
     for i in 0..per {
-        let rec = store
-            .admit(NewCommand {
-                tenant: s.tenant.clone(),
-                session: s.session.clone(),
-                command: CommandId::new(format!("c{i}")).unwrap(),
-                kind: CommandKind::Input,
-                body: CommandBody::Inline(encode_command_body(&CommandBodyV1::Input {
-                    text: "hello".into(),
-                })),
-                principal: None,
-                metadata: None,
-                apply_within: Duration::from_secs(3600),
-            })
-            .await
-            .expect("admit");
+        let rec = admit_input(&store, &s, CommandId::new(format!("c{i}")).unwrap()).await;
         let _ = svc.deliver(&s.tenant, &s.session);
         last = Some(rec.command);
     }
     last.expect("at least one command")
-}
-
-/// How many inputs the Host has applied so far (its own count, in memory).
-fn applied(svc: &Service) -> u64 {
-    svc.metrics()
-        .apply_seconds
-        .with_label_values(&["input"])
-        .get_sample_count()
 }
 
 async fn host_rate(
@@ -197,11 +115,13 @@ async fn host_rate(
 ) -> Measured {
     let mut all = Vec::new();
     for i in 0..sessions {
-        let s = new_session(store, &format!("host-{tag}-{i}")).await;
-        svc.attach(attach_req(&s)).await.expect("attach");
+        let s = session(store, &format!("host-{tag}-{i}")).await;
+        svc.attach(attach_request(&s, LaunchMode::Create))
+            .await
+            .expect("attach");
         all.push(s);
     }
-    let expected = applied(svc) + (sessions * per) as u64;
+    let expected = inputs_applied(svc) + (sessions * per) as u64;
     let before = svc.store().stats();
     let start = Instant::now();
     let tasks: Vec<_> = all
@@ -213,7 +133,7 @@ async fn host_rate(
     for t in tasks {
         last.push(t.await.expect("task"));
     }
-    while applied(svc) < expected {
+    while inputs_applied(svc) < expected {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let took = start.elapsed();
@@ -225,11 +145,6 @@ async fn host_rate(
     Measured::new(sessions * per, took, stats)
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[idx.min(sorted.len() - 1)]
-}
-
 async fn attach_latency(
     options: StoreOptions,
     store: &Store,
@@ -239,9 +154,11 @@ async fn attach_latency(
     let mut sessions = Vec::new();
     let mut create = Vec::new();
     for i in 0..ATTACHES {
-        let s = new_session(store, &format!("lat-{name}-{i}")).await;
+        let s = session(store, &format!("lat-{name}-{i}")).await;
         let t = Instant::now();
-        svc.attach(attach_req(&s)).await.expect("attach");
+        svc.attach(attach_request(&s, LaunchMode::Create))
+            .await
+            .expect("attach");
         create.push(t.elapsed());
         sessions.push(s);
     }
@@ -250,7 +167,10 @@ async fn attach_latency(
     let mut restore = Vec::new();
     for s in &sessions {
         let t = Instant::now();
-        let a = svc.attach(attach_req(s)).await.expect("attach");
+        let a = svc
+            .attach(attach_request(s, LaunchMode::Create))
+            .await
+            .expect("attach");
         restore.push(t.elapsed());
         assert_eq!(a.launched, LaunchMode::Restore);
     }
@@ -304,51 +224,25 @@ async fn bench(backend: &str, options: StoreOptions) {
     store.close().await;
 }
 
-fn load() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "unknown".into())
-}
-
 /// `cargo bench -p host --bench commands [-- sqlite|postgres]`: both backends unless one is
 /// named (`cargo bench` itself passes `--bench`).
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let named = |n: &str| args.iter().any(|a| a == n);
-    let any = named("sqlite") || named("postgres");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let sqlite = StoreOptions::new(format!("sqlite://{}", dir.path().join("host.db").display()));
-    println!("load average {}", load());
-    if !any || named("sqlite") {
-        rt.block_on(bench("sqlite", sqlite));
-        println!("load average {}", load());
+    let chosen = chosen_backends();
+    let rt = runtime();
+    println!("load average {}", load_average());
+    if chosen.sqlite {
+        let db = BenchDatabase::sqlite("host.db");
+        rt.block_on(bench("sqlite", db.options.clone()));
+        println!("load average {}", load_average());
     }
-    if any && !named("postgres") {
+    if !chosen.postgres {
         return;
     }
-    match std::env::var("HOST_TEST_DATABASE_URL") {
-        Ok(url) if !url.is_empty() => {
-            let schema = format!("bench_host_{}", std::process::id());
-            let mut o = StoreOptions::new(url.clone());
-            o.pg_schema = Some(schema.clone());
-            o.pg_max_connections = 32;
-            rt.block_on(bench("postgres", o));
-            println!("load average {}", load());
-            rt.block_on(async {
-                use sqlx::{Connection, Executor};
-                if let Ok(mut c) = sqlx::PgConnection::connect(&url).await {
-                    let _ = c
-                        .execute(sqlx::AssertSqlSafe(format!(
-                            "DROP SCHEMA IF EXISTS {schema} CASCADE"
-                        )))
-                        .await;
-                }
-            });
-        }
-        _ => println!("postgres: skipped (HOST_TEST_DATABASE_URL is unset)"),
+    if let Some(url) = bench_postgres_url() {
+        let mut db = BenchDatabase::postgres(&url, "bench_host");
+        db.options.pg_max_connections = 32;
+        rt.block_on(bench("postgres", db.options.clone()));
+        println!("load average {}", load_average());
+        rt.block_on(db.finish());
     }
 }

@@ -62,6 +62,7 @@ use sessionstore::{
     AgentId, CommandId, CompatibilityId, EventId, JournalEntry, NewSession, RuntimeSessionId,
     SessionBinding, SessionId, TenantId, local_binding,
 };
+use testkit::bench::{median, runtime};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::broadcast;
 use tokio_tungstenite::tungstenite::Message;
@@ -540,11 +541,6 @@ async fn raw_round(n: usize, wire: &[Utf8Bytes], channel: &str) -> Round {
     round
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn rounds_text(v: &[f64]) -> String {
     v.iter()
         .map(|r| format!("{r:.0}"))
@@ -800,10 +796,7 @@ fn main() {
     // `cargo bench` passes `--bench`. A filter argument `recovery` runs only the recovery
     // measurement; any other filter is accepted and ignored.
     let only_recovery = std::env::args().skip(1).any(|a| a == "recovery");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = runtime();
     let started = Instant::now();
     let mut at_many = None;
     let sets: &[(usize, u64)] = if only_recovery { &[] } else { &SETS };

@@ -12,38 +12,15 @@
 //! CPU is this process's user + system time (`/proc/self/stat`, in USER_HZ = 100 ticks per
 //! second on Linux), so it includes the store's work (SQLite runs in-process).
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use department::{LaunchMode, Registration, RuntimeProfile};
-use harness::model::ScriptedModel;
-use harness::tool::ToolRegistry;
-use harness::{AgentConfig, HarnessTarget};
-use host::{AttachRequest, Composition, Options, Registrar, Service};
-use sessionstore::*;
+use department::LaunchMode;
+use host::{AttachRequest, Options, Service};
+use testkit::bench::{BenchDatabase, attach_request, held, host_options, new_session, start_host};
 
 const SESSIONS: usize = 1000;
 const WINDOW: Duration = Duration::from_secs(20);
 const USER_HZ: f64 = 100.0;
-
-struct Reg;
-
-#[async_trait::async_trait]
-impl Registrar for Reg {
-    async fn register(&self, store: &Store) -> Result<Vec<Registration>, String> {
-        let agent = AgentConfig::new(
-            Arc::new(ScriptedModel::new()),
-            ToolRegistry::new(vec![]).map_err(|e| e.to_string())?,
-        );
-        let target =
-            HarnessTarget::new(store.clone(), agent, CompatibilityId::new("bench").unwrap())
-                .map_err(|e| e.to_string())?;
-        Ok(vec![Registration {
-            agent: AgentId::new("assistant").unwrap(),
-            target: Arc::new(target),
-        }])
-    }
-}
 
 /// User + system CPU seconds of this process so far.
 fn cpu_seconds() -> f64 {
@@ -61,14 +38,14 @@ fn cpu_seconds() -> f64 {
     (ticks(11) + ticks(12)) / USER_HZ
 }
 
-/// This process's resident set, in KiB.
+/// This process's resident set, in KiB (0 when `/proc` does not say).
 fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
+    let rss = held(None).rss;
+    if rss.is_finite() {
+        (rss / 1024.0) as u64
+    } else {
+        0
+    }
 }
 
 struct Idle {
@@ -112,24 +89,12 @@ fn ratio(a: f64, b: f64) -> String {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let dir = tempfile::tempdir().expect("a temporary folder");
-    let url = format!("sqlite://{}", dir.path().join("idle.db").display());
-    let svc = Composition {
-        options: Options {
-            host_id: Some(HostId::new("idle-bench").unwrap()),
-            internal_endpoint: Some("ws://127.0.0.1:7400".into()),
-            capacity: 2 * SESSIONS as u32,
-            ..Options::default()
-        },
-        store: StoreOptions::new(url),
-        registrar: Box::new(Reg),
-        profile: RuntimeProfile::Durable,
-        version: "bench".into(),
-    }
-    .build()
-    .await
-    .expect("the Host composes");
-    svc.start().await.expect("the Host starts");
+    let db = BenchDatabase::sqlite("idle.db");
+    let options = Options {
+        capacity: 2 * SESSIONS as u32,
+        ..host_options("idle-bench")
+    };
+    let svc = start_host(options, db.options.clone(), "bench").await;
     println!(
         "idle cost on one Host (SQLite, synchronous=FULL): heartbeat {:?}, reconcile {:?}, window {WINDOW:?}",
         svc.config().registry_heartbeat,
@@ -140,32 +105,12 @@ async fn main() {
     print("no session (baseline)", &baseline);
 
     let rss_before = rss_kib();
-    let tenant = TenantId::new("bench").unwrap();
     let attach_started = Instant::now();
     for i in 0..SESSIONS {
-        let s = svc
-            .store()
-            .create_session(NewSession {
-                tenant: tenant.clone(),
-                session: SessionId::new(format!("idle-{i}")).unwrap(),
-                agent: AgentId::new("assistant").unwrap(),
-                compatibility: CompatibilityId::new("bench").unwrap(),
-                binding: SessionBinding {
-                    runtime_session_id: RuntimeSessionId::mint(),
-                    storage_binding_id: local_binding(),
-                    binding_version: 1,
-                },
-            })
-            .await
-            .expect("a session");
+        let s = new_session(svc.store(), "bench", &format!("idle-{i}"), "bench").await;
         svc.attach(AttachRequest {
-            tenant: s.tenant.clone(),
-            session: s.session.clone(),
-            agent: s.agent.clone(),
-            compatibility: Some(s.compatibility.clone()),
-            mode: LaunchMode::Create,
             actor: Some("bench".into()),
-            trace: None,
+            ..attach_request(&s, LaunchMode::Create)
         })
         .await
         .expect("attach");

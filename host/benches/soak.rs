@@ -35,17 +35,15 @@
 //! `HOST_SOAK_NO_STOP` set the process exits without stopping the Host, so a heap profiler
 //! (`heaptrack`) reports everything still held as leaked, by allocation site.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use department::{LaunchMode, Registration, RuntimeProfile};
-use harness::model::ScriptedModel;
-use harness::tool::ToolRegistry;
-use harness::{AgentConfig, HarnessTarget};
-use host::{AttachRequest, Composition, Options, Registrar, Service};
-use sessionstore::wire::{CommandBodyV1, encode_command_body};
+use department::LaunchMode;
+use host::{Options, Service};
 use sessionstore::*;
-use testkit::stats::{Held, env_usize, held, least_squares, load_average};
+use testkit::bench::{
+    BenchDatabase, Held, admit_input, attach_request, bench_postgres_url, env_usize, held,
+    host_options, inputs_applied, least_squares, load_average, new_session, runtime, start_host,
+};
 
 const DEFAULT_N: usize = 25_600;
 const DEFAULT_INPUT_N: usize = 1600;
@@ -54,93 +52,26 @@ const DEFAULT_SESSIONS: usize = 16;
 /// reach their working size).
 const WARM_UP_ROUNDS: usize = 6;
 
-struct Reg;
-
-#[async_trait::async_trait]
-impl Registrar for Reg {
-    async fn register(&self, store: &Store) -> Result<Vec<Registration>, String> {
-        let agent = AgentConfig::new(
-            Arc::new(ScriptedModel::new()),
-            ToolRegistry::new(vec![]).map_err(|e| e.to_string())?,
-        );
-        let target =
-            HarnessTarget::new(store.clone(), agent, CompatibilityId::new("soak").unwrap())
-                .map_err(|e| e.to_string())?;
-        Ok(vec![Registration {
-            agent: AgentId::new("assistant").unwrap(),
-            target: Arc::new(target),
-        }])
-    }
-}
-
-fn tenant() -> TenantId {
-    TenantId::new("soak").unwrap()
-}
-
-async fn new_session(store: &Store, name: &str) -> SessionRecord {
-    store
-        .create_session(NewSession {
-            tenant: tenant(),
-            session: SessionId::new(name).unwrap(),
-            agent: AgentId::new("assistant").unwrap(),
-            compatibility: CompatibilityId::new("soak").unwrap(),
-            binding: SessionBinding {
-                runtime_session_id: RuntimeSessionId::mint(),
-                storage_binding_id: local_binding(),
-                binding_version: 1,
-            },
-        })
-        .await
-        .expect("session")
+/// A session of tenant `soak` at build `soak`.
+async fn session(store: &Store, name: &str) -> SessionRecord {
+    new_session(store, "soak", name, "soak").await
 }
 
 async fn host(options: StoreOptions) -> Service {
-    let svc = Composition {
-        options: Options {
-            host_id: Some(HostId::new("soak").unwrap()),
-            internal_endpoint: Some("ws://127.0.0.1:7400".into()),
-            capacity: 10_000,
-            warm_ttl: Duration::from_millis(20),
-            reconcile_interval: Duration::from_millis(500),
-            ..Options::default()
-        },
-        store: options,
-        registrar: Box::new(Reg),
-        profile: RuntimeProfile::Durable,
-        version: "soak".into(),
-    }
-    .build()
-    .await
-    .expect("compose");
-    svc.start().await.expect("start");
-    svc
-}
-
-fn attach_req(s: &SessionRecord) -> AttachRequest {
-    AttachRequest {
-        tenant: s.tenant.clone(),
-        session: s.session.clone(),
-        agent: s.agent.clone(),
-        compatibility: Some(s.compatibility.clone()),
-        mode: LaunchMode::Restore,
-        actor: None,
-        trace: None,
-    }
-}
-
-/// How many inputs the Host has applied so far (its own in-memory count).
-fn applied(svc: &Service) -> u64 {
-    svc.metrics()
-        .apply_seconds
-        .with_label_values(&["input"])
-        .get_sample_count()
+    let host = Options {
+        capacity: 10_000,
+        warm_ttl: Duration::from_millis(20),
+        reconcile_interval: Duration::from_millis(500),
+        ..host_options("soak")
+    };
+    start_host(host, options, "soak").await
 }
 
 /// One round: each session is attached (create or restore) — with one input admitted first
 /// when `input` names the round — and the round returns once every input is applied and every
 /// session is warm-released again.
 async fn round(svc: &Service, store: &Store, sessions: &[SessionRecord], input: Option<&str>) {
-    let expected = applied(svc) + input.map_or(0, |_| sessions.len() as u64);
+    let expected = inputs_applied(svc) + input.map_or(0, |_| sessions.len() as u64);
     let work = sessions.iter().map(|s| {
         let svc = svc.clone();
         let store = store.clone();
@@ -148,32 +79,20 @@ async fn round(svc: &Service, store: &Store, sessions: &[SessionRecord], input: 
         let command = input.map(|label| CommandId::new(format!("c-{label}")).unwrap());
         async move {
             if let Some(command) = command {
-                store
-                    .admit(NewCommand {
-                        tenant: s.tenant.clone(),
-                        session: s.session.clone(),
-                        command,
-                        kind: CommandKind::Input,
-                        body: CommandBody::Inline(encode_command_body(&CommandBodyV1::Input {
-                            text: "hello".into(),
-                        })),
-                        principal: None,
-                        metadata: None,
-                        apply_within: Duration::from_secs(3600),
-                    })
-                    .await
-                    .expect("admit");
+                admit_input(&store, &s, command).await;
             }
-            svc.attach(attach_req(&s)).await.expect("attach");
+            svc.attach(attach_request(&s, LaunchMode::Restore))
+                .await
+                .expect("attach");
         }
     });
     futures::future::join_all(work).await;
     let deadline = Instant::now() + Duration::from_secs(60);
-    while applied(svc) < expected || !svc.residents().is_empty() {
+    while inputs_applied(svc) < expected || !svc.residents().is_empty() {
         assert!(
             Instant::now() < deadline,
             "round {input:?}: {} of {expected} applied, {} still resident after 60 s",
-            applied(svc),
+            inputs_applied(svc),
             svc.residents().len()
         );
         tokio::time::sleep(Duration::from_millis(2)).await;
@@ -248,7 +167,7 @@ async fn soak(backend: &str, options: StoreOptions, n: usize, k: usize) {
     let started = Instant::now();
     let mut fixed = Vec::with_capacity(k);
     for i in 0..k {
-        fixed.push(new_session(&store, &format!("fixed-{i}")).await);
+        fixed.push(session(&store, &format!("fixed-{i}")).await);
     }
     let mut fresh = 0;
     let mut new_batch = |store: Store| {
@@ -257,7 +176,7 @@ async fn soak(backend: &str, options: StoreOptions, n: usize, k: usize) {
         async move {
             let mut batch = Vec::with_capacity(k);
             for i in 0..k {
-                batch.push(new_session(&store, &format!("new-{b}-{i}")).await);
+                batch.push(session(&store, &format!("new-{b}-{i}")).await);
             }
             batch
         }
@@ -320,15 +239,11 @@ async fn soak(backend: &str, options: StoreOptions, n: usize, k: usize) {
 fn run_one(backend: &str) {
     let n = env_usize("HOST_SOAK_N", DEFAULT_N);
     let k = env_usize("HOST_SOAK_SESSIONS", DEFAULT_SESSIONS).max(1);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = runtime();
     match backend {
         "sqlite" => {
-            let dir = tempfile::tempdir().expect("tempdir");
-            let mut o =
-                StoreOptions::new(format!("sqlite://{}", dir.path().join("host.db").display()));
+            let db = BenchDatabase::sqlite("host.db");
+            let mut o = db.options.clone();
             o.sqlite_writer_cache_kib = env_usize(
                 "HOST_SOAK_SQLITE_WRITER_CACHE_KIB",
                 o.sqlite_writer_cache_kib as usize,
@@ -343,25 +258,13 @@ fn run_one(backend: &str) {
             );
             rt.block_on(soak("sqlite", o, n, k));
         }
-        _ => match std::env::var("HOST_TEST_DATABASE_URL") {
-            Ok(url) if !url.is_empty() => {
-                let schema = format!("bench_soak_{}", std::process::id());
-                let mut o = StoreOptions::new(url.clone());
-                o.pg_schema = Some(schema.clone());
-                rt.block_on(soak("postgres", o, n, k));
-                rt.block_on(async {
-                    use sqlx::{Connection, Executor};
-                    if let Ok(mut c) = sqlx::PgConnection::connect(&url).await {
-                        let _ = c
-                            .execute(sqlx::AssertSqlSafe(format!(
-                                "DROP SCHEMA IF EXISTS {schema} CASCADE"
-                            )))
-                            .await;
-                    }
-                });
+        _ => {
+            if let Some(url) = bench_postgres_url() {
+                let db = BenchDatabase::postgres(&url, "bench_soak");
+                rt.block_on(soak("postgres", db.options.clone(), n, k));
+                rt.block_on(db.finish());
             }
-            _ => println!("postgres: skipped (HOST_TEST_DATABASE_URL is unset)"),
-        },
+        }
     }
 }
 

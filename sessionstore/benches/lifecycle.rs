@@ -19,6 +19,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use sessionstore::testing::bench::{
+    BenchDatabase, bench_postgres_url, chosen_backends, load_average, runtime,
+};
+use sessionstore::testing::new_session;
 use sessionstore::*;
 
 const RAW_COMMITS: usize = 400;
@@ -41,21 +45,9 @@ async fn raw_postgres_rate(url: &str, schema: &str) -> f64 {
         .expect("raw postgres baseline")
 }
 
-async fn new_session(store: &Store, name: &str) -> SessionRecord {
-    store
-        .create_session(NewSession {
-            tenant: TenantId::new("bench").unwrap(),
-            session: SessionId::new(name).unwrap(),
-            agent: AgentId::new("assistant").unwrap(),
-            compatibility: CompatibilityId::new("build").unwrap(),
-            binding: SessionBinding {
-                runtime_session_id: RuntimeSessionId::mint(),
-                storage_binding_id: local_binding(),
-                binding_version: 1,
-            },
-        })
-        .await
-        .expect("session")
+/// A session of tenant `bench` at build `build`.
+async fn session(store: &Store, name: &str) -> SessionRecord {
+    new_session(store, "bench", name, "build").await
 }
 
 struct Run {
@@ -109,7 +101,7 @@ async fn lifecycles(store: &Store, sessions: &[SessionRecord], per_session: usiz
 async fn sessions(store: &Store, n: usize, tag: &str) -> Vec<SessionRecord> {
     let mut all = Vec::with_capacity(n);
     for i in 0..n {
-        all.push(new_session(store, &format!("{tag}-{i}")).await);
+        all.push(session(store, &format!("{tag}-{i}")).await);
     }
     all
 }
@@ -150,12 +142,6 @@ async fn grown_run(store: &Store, all: &[SessionRecord], round: usize) -> Run {
         stats: store.stats().since(&before),
         commands,
     }
-}
-
-fn load() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "unknown".into())
 }
 
 /// Growth: the lifecycle on sessions of 10,000 commands against sessions of 100.
@@ -236,15 +222,10 @@ fn report(backend: &str, raw: (f64, f64), one: &Run, many: &Run) {
 }
 
 async fn bench_sqlite(growth_phase: bool) {
-    println!("sqlite: load average {}", load());
-    let dir = tempfile::tempdir().expect("tempdir");
-    let raw_before = raw_sqlite_rate(&dir.path().join("raw-before.db"));
-    let store = Store::open(StoreOptions::new(format!(
-        "sqlite://{}",
-        dir.path().join("store.db").display()
-    )))
-    .await
-    .expect("store");
+    println!("sqlite: load average {}", load_average());
+    let db = BenchDatabase::sqlite("store.db");
+    let raw_before = raw_sqlite_rate(&db.beside("raw-before.db"));
+    let store = Store::open(db.options.clone()).await.expect("store");
     let one = lifecycles(
         &store,
         &sessions(&store, 1, "one").await,
@@ -257,21 +238,19 @@ async fn bench_sqlite(growth_phase: bool) {
         PER_SESSION_COMMANDS,
     )
     .await;
-    let raw_after = raw_sqlite_rate(&dir.path().join("raw-after.db"));
+    let raw_after = raw_sqlite_rate(&db.beside("raw-after.db"));
     report("sqlite", (raw_before, raw_after), &one, &many);
     if growth_phase {
         growth("sqlite", &store).await;
     }
     store.close().await;
-    println!("sqlite: load average {}", load());
+    println!("sqlite: load average {}", load_average());
 }
 
 /// Only the 64-session lifecycle, `rounds` times (for profiling: `-- postgres many`).
 async fn many_only(url: String, rounds: usize) {
-    let schema = format!("bench_many_{}", std::process::id());
-    let mut options = StoreOptions::new(url.clone());
-    options.pg_schema = Some(schema.clone());
-    let store = Store::open(options).await.expect("store");
+    let db = BenchDatabase::postgres(&url, "bench_many");
+    let store = Store::open(db.options.clone()).await.expect("store");
     for round in 0..rounds {
         let all = sessions(&store, MANY_SESSIONS, &format!("many-{round}")).await;
         let run = lifecycles(&store, &all, PER_SESSION_COMMANDS).await;
@@ -282,26 +261,18 @@ async fn many_only(url: String, rounds: usize) {
         );
     }
     store.close().await;
-    use sqlx::{Connection, Executor};
-    if let Ok(mut c) = sqlx::PgConnection::connect(&url).await {
-        let _ = c
-            .execute(sqlx::AssertSqlSafe(format!(
-                "DROP SCHEMA IF EXISTS {schema} CASCADE"
-            )))
-            .await;
-    }
+    db.finish().await;
 }
 
 async fn bench_postgres(url: String, growth_phase: bool) {
-    println!("postgres: load average {}", load());
-    let schema = format!("bench_{}", std::process::id());
-    let raw_before = raw_postgres_rate(&url, &format!("{schema}_raw")).await;
-    let mut options = StoreOptions::new(url.clone());
-    options.pg_schema = Some(schema.clone());
-    options.pg_max_connections = 32;
+    println!("postgres: load average {}", load_average());
+    let mut db = BenchDatabase::postgres(&url, "bench");
+    let raw = db.raw_schema();
+    let raw_before = raw_postgres_rate(&url, &raw).await;
+    db.options.pg_max_connections = 32;
     // The growth phase calls the statistics check itself, after one stale run.
-    options.pg_statistics_interval = Duration::from_secs(3600);
-    let store = Store::open(options).await.expect("store");
+    db.options.pg_statistics_interval = Duration::from_secs(3600);
+    let store = Store::open(db.options.clone()).await.expect("store");
     let one = lifecycles(
         &store,
         &sessions(&store, 1, "one").await,
@@ -314,21 +285,14 @@ async fn bench_postgres(url: String, growth_phase: bool) {
         PER_SESSION_COMMANDS,
     )
     .await;
-    let raw_after = raw_postgres_rate(&url, &format!("{schema}_raw")).await;
+    let raw_after = raw_postgres_rate(&url, &raw).await;
     report("postgres", (raw_before, raw_after), &one, &many);
     if growth_phase {
         growth("postgres", &store).await;
     }
     store.close().await;
-    println!("postgres: load average {}", load());
-    use sqlx::{Connection, Executor};
-    if let Ok(mut c) = sqlx::PgConnection::connect(&url).await {
-        let _ = c
-            .execute(sqlx::AssertSqlSafe(format!(
-                "DROP SCHEMA IF EXISTS {schema} CASCADE; DROP SCHEMA IF EXISTS {schema}_raw CASCADE"
-            )))
-            .await;
-    }
+    println!("postgres: load average {}", load_average());
+    db.finish().await;
 }
 
 /// What to run: `cargo bench -p sessionstore --bench lifecycle [-- sqlite|postgres] [lifecycle]`
@@ -342,15 +306,12 @@ struct Selection {
 }
 
 fn selection() -> Selection {
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| a != "--bench")
-        .collect();
+    let args: Vec<String> = std::env::args().skip(1).collect();
     let named = |n: &str| args.iter().any(|a| a == n);
-    let any_backend = named("sqlite") || named("postgres");
+    let backends = chosen_backends();
     Selection {
-        sqlite: !any_backend || named("sqlite"),
-        postgres: !any_backend || named("postgres"),
+        sqlite: backends.sqlite,
+        postgres: backends.postgres,
         growth: !named("lifecycle"),
         many_only: named("many"),
     }
@@ -358,20 +319,15 @@ fn selection() -> Selection {
 
 fn main() {
     let chosen = selection();
-    let rt = Arc::new(
-        tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-            .expect("runtime"),
-    );
+    let rt = Arc::new(runtime());
     if chosen.sqlite {
         rt.block_on(bench_sqlite(chosen.growth));
     }
     if chosen.postgres {
-        match std::env::var("HOST_TEST_DATABASE_URL") {
-            Ok(url) if !url.is_empty() && chosen.many_only => rt.block_on(many_only(url, 4)),
-            Ok(url) if !url.is_empty() => rt.block_on(bench_postgres(url, chosen.growth)),
-            _ => println!("postgres: skipped (HOST_TEST_DATABASE_URL is unset)"),
+        match bench_postgres_url() {
+            Some(url) if chosen.many_only => rt.block_on(many_only(url, 4)),
+            Some(url) => rt.block_on(bench_postgres(url, chosen.growth)),
+            None => {}
         }
     }
 }

@@ -4,6 +4,10 @@
 //! PostgreSQL cases read their server from `HOST_TEST_DATABASE_URL` and each gets a fresh
 //! schema, dropped when the [`TestStore`] is dropped. When the variable is unset they report
 //! themselves skipped on stderr; with `CI=true` an unset variable fails the test instead.
+//!
+//! Also here, for suites and benches alike: a session to work on ([`new_session`]) and the
+//! steps a Host takes around an apply ([`begin_attempt`], [`settle`]). What the workspace's
+//! benches share below a Host is [`bench`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -12,6 +16,12 @@ use crate::clock::ManualClock;
 use crate::error::StoreResult;
 use crate::options::StoreOptions;
 use crate::store::Store;
+use crate::{
+    AgentId, CompatibilityId, NewSession, RuntimeSessionId, SessionBinding, SessionId,
+    SessionRecord, TenantId, local_binding,
+};
+
+pub mod bench;
 
 /// Which backend a test runs against.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -245,6 +255,86 @@ macro_rules! both_backends {
     };
 }
 
+/// Creates the session `session` of tenant `tenant` for the agent `assistant` at build
+/// `compatibility`, with a fresh local binding. Panics when the store refuses.
+pub async fn new_session(
+    store: &Store,
+    tenant: &str,
+    session: &str,
+    compatibility: &str,
+) -> SessionRecord {
+    store
+        .create_session(NewSession {
+            tenant: TenantId::new(tenant).expect("a tenant id"),
+            session: SessionId::new(session).expect("a session id"),
+            agent: AgentId::new("assistant").expect("an agent id"),
+            compatibility: CompatibilityId::new(compatibility).expect("a compatibility id"),
+            binding: SessionBinding {
+                runtime_session_id: RuntimeSessionId::mint(),
+                storage_binding_id: local_binding(),
+                binding_version: 1,
+            },
+        })
+        .await
+        .expect("session")
+}
+
+/// What a Host does before it hands an admitted command to the runtime: claims `rec` under
+/// `residency` and begins an attempt under the runtime's journal `epoch`. Returns the applying
+/// record and the attempt.
+pub async fn begin_attempt(
+    store: &Store,
+    rec: &crate::CommandRecord,
+    residency: crate::ResidencyEpoch,
+    epoch: crate::JournalEpoch,
+) -> StoreResult<(crate::CommandRecord, crate::AttemptId)> {
+    use crate::*;
+    let token = uuid::Uuid::now_v7();
+    let claimed = store
+        .claim(ClaimRequest {
+            tenant: rec.tenant.clone(),
+            session: rec.session.clone(),
+            command: rec.command.clone(),
+            epoch: residency,
+            token,
+            ttl: Duration::from_secs(60),
+            expected_revision: rec.revision,
+        })
+        .await?;
+    let attempt = AttemptId::mint();
+    let applying = store
+        .begin_attempt(AttemptRequest {
+            tenant: rec.tenant.clone(),
+            session: rec.session.clone(),
+            command: rec.command.clone(),
+            epoch: residency,
+            claim_token: token,
+            attempt,
+            journal_epoch: epoch,
+            expected_revision: claimed.revision,
+        })
+        .await?;
+    Ok((applying, attempt))
+}
+
+/// What a Host does once the runtime recorded the disposition of `applying`: settles it under
+/// `residency`. Returns the settled record.
+pub async fn settle(
+    store: &Store,
+    applying: &crate::CommandRecord,
+    residency: crate::ResidencyEpoch,
+) -> StoreResult<crate::CommandRecord> {
+    store
+        .settle(crate::SettleRequest {
+            tenant: applying.tenant.clone(),
+            session: applying.session.clone(),
+            command: applying.command.clone(),
+            epoch: residency,
+            expected_revision: applying.revision,
+        })
+        .await
+}
+
 /// The full command lifecycle as a Host and its runtime drive it, straight on the store:
 /// admit → claim → begin attempt → journal application → settle → cursor, `n` times on one
 /// session (which must exist). Benchmarks use it as the store's raw lifecycle rate.
@@ -287,31 +377,7 @@ pub async fn run_lifecycle_as(
                 apply_within: Duration::from_secs(3600),
             })
             .await?;
-        let token = uuid::Uuid::now_v7();
-        let claimed = store
-            .claim(ClaimRequest {
-                tenant: session.tenant.clone(),
-                session: session.session.clone(),
-                command: rec.command.clone(),
-                epoch,
-                token,
-                ttl: Duration::from_secs(60),
-                expected_revision: rec.revision,
-            })
-            .await?;
-        let attempt = AttemptId::mint();
-        let applying = store
-            .begin_attempt(AttemptRequest {
-                tenant: session.tenant.clone(),
-                session: session.session.clone(),
-                command: rec.command.clone(),
-                epoch,
-                claim_token: token,
-                attempt,
-                journal_epoch: lease.epoch,
-                expected_revision: claimed.revision,
-            })
-            .await?;
+        let (applying, attempt) = begin_attempt(store, &rec, epoch, lease.epoch).await?;
         lease.tip = store
             .journal_append(
                 &lease,
@@ -324,15 +390,7 @@ pub async fn run_lifecycle_as(
                 }],
             )
             .await?;
-        store
-            .settle(SettleRequest {
-                tenant: session.tenant.clone(),
-                session: session.session.clone(),
-                command: rec.command.clone(),
-                epoch,
-                expected_revision: applying.revision,
-            })
-            .await?;
+        settle(store, &applying, epoch).await?;
         store
             .save_cursor(&session.tenant, &session.session, rec.accepted_order, epoch)
             .await?;

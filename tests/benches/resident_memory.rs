@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use controller::Controller;
 use sessionstore::{AgentId, CommandId, CompatibilityId, SessionId, Store, StoreOptions, TenantId};
+use testkit::bench::{Held, held, load_average};
 use testkit::process::Serve;
-use testkit::stats::{Held, held, load_average};
 
 const DEFAULT_SESSIONS: usize = 1000;
 /// How many creations run at once (a handful of controllers, as a busy fleet would).

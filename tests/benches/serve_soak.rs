@@ -31,9 +31,9 @@ use std::time::{Duration, Instant};
 use controller::Controller;
 use sessionstore::wire::CommandBodyV1;
 use sessionstore::{AgentId, CommandId, CompatibilityId, SessionId, Store, StoreOptions, TenantId};
+use testkit::bench::{Held, env_usize, held, least_squares, load_average};
 use testkit::pg::FreshDatabase;
 use testkit::process::{Serve, http_get, tenant_credentials};
-use testkit::stats::{Held, env_usize, held, least_squares, load_average};
 
 const WARM_TTL: &str = "300ms";
 const WARM_UP_ROUNDS: usize = 4;

@@ -20,7 +20,7 @@ struct Fixture {
     operate: String,
     tenant_token: String,
     svc: host::Service,
-    rocket: Arc<Rocket>,
+    rocket: Arc<CountingTool>,
     c: Controller,
     task: tokio::task::JoinHandle<()>,
 }

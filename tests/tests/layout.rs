@@ -42,7 +42,10 @@ const NEVER: &[(&str, &[&str])] = &[
     ),
     ("hostlink-server", &["host", "harness", "department"]),
     ("fleet", &["host", "hostlink", "hostlink-server", "harness"]),
-    ("workflow", &["host", "hostlink", "hostlink-server", "run-hosting"]),
+    (
+        "workflow",
+        &["host", "hostlink", "hostlink-server", "run-hosting"],
+    ),
 ];
 
 /// Each workspace crate (examples left out) and the workspace crates it depends on (normal
@@ -51,7 +54,13 @@ fn workspace() -> BTreeMap<String, BTreeSet<String>> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let out = Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--no-deps", "--offline"])
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--offline",
+        ])
         .current_dir(&root)
         .output()
         .expect("cargo metadata runs");
@@ -62,7 +71,10 @@ fn workspace() -> BTreeMap<String, BTreeSet<String>> {
     );
     let meta: Value = serde_json::from_slice(&out.stdout).expect("cargo metadata prints JSON");
     let packages = meta["packages"].as_array().expect("packages");
-    let examples = root.join("examples").canonicalize().expect("examples folder");
+    let examples = root
+        .join("examples")
+        .canonicalize()
+        .expect("examples folder");
     let members: Vec<&Value> = packages
         .iter()
         .filter(|p| {

@@ -14,6 +14,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use runnable::{Effect, OutcomeClass};
+use sessionstore::testing::bench::{
+    BenchDatabase, bench_postgres_url, chosen_backends, load_average, runtime,
+};
 use sessionstore::*;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -65,12 +68,6 @@ impl Invoker for Echo {
             detail: String::new(),
         })
     }
-}
-
-fn load() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "unknown".into())
 }
 
 fn raw_sqlite_rate(path: &std::path::Path) -> f64 {
@@ -155,61 +152,43 @@ fn report(backend: &str, raw: (f64, f64), one: f64, many: f64) {
 }
 
 async fn bench_sqlite() {
-    println!("sqlite: load average {}", load());
-    let dir = tempfile::tempdir().expect("tempdir");
-    let raw_before = raw_sqlite_rate(&dir.path().join("raw-before.db"));
-    let url = format!("sqlite://{}", dir.path().join("runs.db").display());
-    let store = Store::open(StoreOptions::new(url)).await.expect("store");
+    println!("sqlite: load average {}", load_average());
+    let db = BenchDatabase::sqlite("runs.db");
+    let raw_before = raw_sqlite_rate(&db.beside("raw-before.db"));
+    let store = Store::open(db.options.clone()).await.expect("store");
     let one = runs(&store, "one", 1, ONE_RUNS).await;
     let many = runs(&store, "many", MANY, PER_TASK_RUNS).await;
-    let raw_after = raw_sqlite_rate(&dir.path().join("raw-after.db"));
+    let raw_after = raw_sqlite_rate(&db.beside("raw-after.db"));
     report("sqlite", (raw_before, raw_after), one, many);
     store.close().await;
-    println!("sqlite: load average {}", load());
+    println!("sqlite: load average {}", load_average());
 }
 
 async fn bench_postgres(url: String) {
-    println!("postgres: load average {}", load());
-    let schema = format!("bench_runs_{}", std::process::id());
-    let raw_before = raw_postgres_rate(&url, &format!("{schema}_raw")).await;
-    let mut options = StoreOptions::new(url.clone());
-    options.pg_schema = Some(schema.clone());
-    options.pg_max_connections = 32;
-    let store = Store::open(options).await.expect("store");
+    println!("postgres: load average {}", load_average());
+    let mut db = BenchDatabase::postgres(&url, "bench_runs");
+    let raw = db.raw_schema();
+    let raw_before = raw_postgres_rate(&url, &raw).await;
+    db.options.pg_max_connections = 32;
+    let store = Store::open(db.options.clone()).await.expect("store");
     let one = runs(&store, "one", 1, ONE_RUNS).await;
     let many = runs(&store, "many", MANY, PER_TASK_RUNS).await;
-    let raw_after = raw_postgres_rate(&url, &format!("{schema}_raw")).await;
+    let raw_after = raw_postgres_rate(&url, &raw).await;
     report("postgres", (raw_before, raw_after), one, many);
     store.close().await;
-    println!("postgres: load average {}", load());
-    use sqlx::{Connection, Executor};
-    if let Ok(mut c) = sqlx::PgConnection::connect(&url).await {
-        let _ = c
-            .execute(sqlx::AssertSqlSafe(format!(
-                "DROP SCHEMA IF EXISTS {schema} CASCADE; DROP SCHEMA IF EXISTS {schema}_raw CASCADE"
-            )))
-            .await;
-    }
+    println!("postgres: load average {}", load_average());
+    db.finish().await;
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| a != "--bench")
-        .collect();
-    let named = |n: &str| args.iter().any(|a| a == n);
-    let any = named("sqlite") || named("postgres");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    if !any || named("sqlite") {
+    let chosen = chosen_backends();
+    let rt = runtime();
+    if chosen.sqlite {
         rt.block_on(bench_sqlite());
     }
-    if !any || named("postgres") {
-        match std::env::var("HOST_TEST_DATABASE_URL") {
-            Ok(url) if !url.is_empty() => rt.block_on(bench_postgres(url)),
-            _ => println!("postgres: skipped (HOST_TEST_DATABASE_URL is unset)"),
-        }
+    if chosen.postgres
+        && let Some(url) = bench_postgres_url()
+    {
+        rt.block_on(bench_postgres(url));
     }
 }

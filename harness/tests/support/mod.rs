@@ -1,5 +1,8 @@
 //! What the harness test suites share: a session over a real store with a harness target
-//! (`Fx`), command helpers, and tools with observable effects. Each suite uses part of it.
+//! (`Fx`), the command path a Host drives, a tool that never finishes and a model that records
+//! its requests. Each suite uses part of it. The fixtures the workspace's test kit uses too
+//! (the counted-effect tool, command bodies, event readings) are `harness::testing`'s,
+//! re-exported here.
 #![allow(dead_code)]
 
 pub mod strict_chat;
@@ -12,39 +15,18 @@ use std::time::Duration;
 use department::{LaunchMode, LaunchRequest, Recorded, RuntimeCommand, RuntimeError};
 use harness::events::HarnessEvent;
 use harness::model::{Model, ModelError, ModelRequest, ModelStream, ScriptedModel};
+use harness::testing::public_events;
 use harness::tool::{EchoTool, Tool, ToolError, ToolRegistry};
 use harness::{AgentConfig, HarnessTarget, SessionHandle};
 use serde_json::{Value, json};
-use sessionstore::testing::TestStore;
-use sessionstore::wire::{CommandBodyV1, GateAnswer, encode_command_body};
+use sessionstore::testing::{TestStore, begin_attempt, new_session, settle};
+use sessionstore::wire::{CommandBodyV1, encode_command_body};
 use sessionstore::*;
 use uuid::Uuid;
 
+pub use harness::testing::{CountingTool, answer, count, input, replies};
+
 pub const WAIT: Duration = Duration::from_secs(15);
-
-/// A tool with an effect: counts its runs and needs approval.
-#[derive(Default)]
-pub struct CountingTool {
-    pub runs: AtomicUsize,
-}
-
-#[async_trait::async_trait]
-impl Tool for CountingTool {
-    fn spec(&self) -> harness::model::ToolSpec {
-        harness::model::ToolSpec {
-            name: "launch_rocket".into(),
-            description: "Has an effect; asks first.".into(),
-            parameters: json!({"type": "object"}),
-        }
-    }
-    fn needs_approval(&self) -> bool {
-        true
-    }
-    async fn call(&self, _arguments: Value) -> Result<String, ToolError> {
-        let n = self.runs.fetch_add(1, Ordering::SeqCst) + 1;
-        Ok(format!("launched (run {n})"))
-    }
-}
 
 /// A tool with an effect that never finishes on its own (no approval, not replay-safe): a
 /// process that dies while it runs leaves its outcome unknown.
@@ -144,21 +126,8 @@ impl Fx {
             CompatibilityId::new("harness-test-1").unwrap(),
         )
         .unwrap();
-        let session = ts
-            .store
-            .create_session(NewSession {
-                tenant: TenantId::new("acme").unwrap(),
-                session: SessionId::new(format!("s-{}", Uuid::now_v7())).unwrap(),
-                agent: AgentId::new("assistant").unwrap(),
-                compatibility: CompatibilityId::new("harness-test-1").unwrap(),
-                binding: SessionBinding {
-                    runtime_session_id: RuntimeSessionId::mint(),
-                    storage_binding_id: local_binding(),
-                    binding_version: 1,
-                },
-            })
-            .await
-            .unwrap();
+        let name = format!("s-{}", Uuid::now_v7());
+        let session = new_session(&ts.store, "acme", &name, "harness-test-1").await;
         Fx {
             store: ts.store.clone(),
             target,
@@ -216,36 +185,9 @@ impl Fx {
         rec: &CommandRecord,
         epoch: JournalEpoch,
     ) -> (CommandRecord, AttemptId) {
-        let token = Uuid::now_v7();
-        let claimed = self
-            .store
-            .claim(ClaimRequest {
-                tenant: rec.tenant.clone(),
-                session: rec.session.clone(),
-                command: rec.command.clone(),
-                epoch: self.residency,
-                token,
-                ttl: Duration::from_secs(60),
-                expected_revision: rec.revision,
-            })
+        begin_attempt(&self.store, rec, self.residency, epoch)
             .await
-            .unwrap();
-        let attempt = AttemptId::mint();
-        let applying = self
-            .store
-            .begin_attempt(AttemptRequest {
-                tenant: rec.tenant.clone(),
-                session: rec.session.clone(),
-                command: rec.command.clone(),
-                epoch: self.residency,
-                claim_token: token,
-                attempt,
-                journal_epoch: epoch,
-                expected_revision: claimed.revision,
-            })
-            .await
-            .unwrap();
-        (applying, attempt)
+            .unwrap()
     }
 
     /// Admit → claim → attempt → apply → settle. Returns the settled record.
@@ -261,15 +203,7 @@ impl Fx {
             .apply(RuntimeCommand::for_attempt(&applying, attempt, epoch, body))
             .await;
         let settled = match &r {
-            Ok(_) => self
-                .store
-                .settle(SettleRequest {
-                    tenant: rec.tenant.clone(),
-                    session: rec.session.clone(),
-                    command: rec.command.clone(),
-                    epoch: self.residency,
-                    expected_revision: applying.revision,
-                })
+            Ok(_) => settle(&self.store, &applying, self.residency)
                 .await
                 .unwrap(),
             Err(_) => applying,
@@ -285,15 +219,7 @@ impl Fx {
     }
 
     pub async fn events(&self) -> Vec<HarnessEvent> {
-        let page = self
-            .store
-            .journal_public_page(&self.session.tenant, self.rs(), 0, None, 1000)
-            .await
-            .unwrap();
-        page.events
-            .iter()
-            .map(|e| HarnessEvent::decode(&e.body).unwrap())
-            .collect()
+        public_events(&self.store, &self.session.tenant, self.rs()).await
     }
 
     pub async fn tip(&self) -> u64 {
@@ -356,34 +282,8 @@ pub async fn streaming(h: &SessionHandle) {
         .expect("the preview stream is open");
 }
 
-pub fn answer(gate: Uuid, action: &str, text: Option<&str>) -> CommandBodyV1 {
-    CommandBodyV1::GateResponse(GateAnswer {
-        gate_id: gate,
-        action: action.into(),
-        text: text.map(str::to_owned),
-        expected_gate_seq: None,
-    })
-}
-
-pub fn input(text: &str) -> CommandBodyV1 {
-    CommandBodyV1::Input { text: text.into() }
-}
-
-pub fn count(evs: &[HarnessEvent], ty: &str) -> usize {
-    evs.iter().filter(|e| e.type_name() == ty).count()
-}
-
 pub fn turns_done(evs: &[HarnessEvent]) -> usize {
     evs.iter().filter(|e| e.is_turn_terminal()).count()
-}
-
-pub fn replies(evs: &[HarnessEvent]) -> Vec<String> {
-    evs.iter()
-        .filter_map(|e| match e {
-            HarnessEvent::AssistantMessage { text, .. } if !text.is_empty() => Some(text.clone()),
-            _ => None,
-        })
-        .collect()
 }
 
 pub fn mode(m: LaunchMode) -> LaunchMode {

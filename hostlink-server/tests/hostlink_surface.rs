@@ -1,7 +1,6 @@
 //! The HostLink surface over real sockets: a real axum server on 127.0.0.1:0, an in-memory
 //! backend, and real WebSocket clients.
 
-#[path = "link_support/mod.rs"]
 mod support;
 
 use std::time::Duration;
@@ -960,7 +959,7 @@ async fn bindings_are_bounded_per_link_and_per_tenant() {
     assert_eq!(reply_data(&r), &json!({}));
     assert_eq!(s.handle.tenant_bindings(&tenant("acme")), 3);
     drop(b);
-    testkit::wait_until("a closed link to give its bindings back", || {
+    wait_until("a closed link to give its bindings back", || {
         s.handle.tenant_bindings(&tenant("acme")) == 1
     })
     .await;

@@ -1,6 +1,8 @@
 //! A Host composed in-process with the real harness over a real store (SQLite or PostgreSQL
 //! through [`TestStore`]), and a controller's-eye view of the store that admits commands,
-//! waits for their outcomes and checks that every command ended exactly once, honestly.
+//! waits for their outcomes and checks that every command ended exactly once, honestly. The
+//! agent-side fixtures (the counted-effect tool, command bodies, event readings) are
+//! `harness::testing`'s, re-exported here.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -9,47 +11,25 @@ use std::time::Duration;
 use department::{LaunchMode, Registration, RuntimeProfile};
 use harness::events::HarnessEvent;
 use harness::model::ScriptedModel;
-use harness::tool::{EchoTool, Tool, ToolError, ToolRegistry};
+use harness::testing::public_events;
+use harness::tool::{EchoTool, ToolRegistry};
 use harness::{AgentConfig, HarnessTarget};
 use host::{AttachRequest, Attached, Composition, HostError, Options, Registrar, Service};
-use serde_json::{Value, json};
-use sessionstore::testing::TestStore;
-use sessionstore::wire::{CommandBodyV1, GateAnswer, encode_command_body};
+use sessionstore::testing::{TestStore, new_session};
+use sessionstore::wire::{CommandBodyV1, encode_command_body};
 use sessionstore::*;
 use uuid::Uuid;
+
+pub use harness::testing::{CountingTool, answer, count, input, replies};
 
 use crate::poll::{WAIT, check, eventually};
 
 pub const AGENT: &str = "assistant";
 pub const BUILD: &str = "harness-1";
 
-/// A tool with an effect that counts its runs (needs approval).
-#[derive(Default)]
-pub struct Rocket {
-    pub runs: AtomicUsize,
-}
-
-#[async_trait::async_trait]
-impl Tool for Rocket {
-    fn spec(&self) -> harness::model::ToolSpec {
-        harness::model::ToolSpec {
-            name: "launch_rocket".into(),
-            description: "Has an effect; asks first.".into(),
-            parameters: json!({"type": "object"}),
-        }
-    }
-    fn needs_approval(&self) -> bool {
-        true
-    }
-    async fn call(&self, _arguments: Value) -> Result<String, ToolError> {
-        let n = self.runs.fetch_add(1, Ordering::SeqCst) + 1;
-        Ok(format!("launched (run {n})"))
-    }
-}
-
 /// Registers the harness agent, journaling into the Host's own store.
 pub struct HarnessRegistrar {
-    pub rocket: Arc<Rocket>,
+    pub rocket: Arc<CountingTool>,
 }
 
 #[async_trait::async_trait]
@@ -90,7 +70,7 @@ pub fn options(host: &str) -> Options {
     }
 }
 
-pub async fn compose(ts: &TestStore, opts: Options, rocket: Arc<Rocket>) -> Service {
+pub async fn compose(ts: &TestStore, opts: Options, rocket: Arc<CountingTool>) -> Service {
     Composition {
         options: opts,
         store: ts.options(),
@@ -104,8 +84,8 @@ pub async fn compose(ts: &TestStore, opts: Options, rocket: Arc<Rocket>) -> Serv
 }
 
 /// A composed and started Host.
-pub async fn started(ts: &TestStore, opts: Options) -> (Service, Arc<Rocket>) {
-    let rocket = Arc::new(Rocket::default());
+pub async fn started(ts: &TestStore, opts: Options) -> (Service, Arc<CountingTool>) {
+    let rocket = Arc::new(CountingTool::default());
     let svc = compose(ts, opts, rocket.clone()).await;
     svc.start().await.expect("the Host starts");
     (svc, rocket)
@@ -127,21 +107,10 @@ impl Controller {
         }
     }
 
+    /// A fresh session of this controller's tenant for [`AGENT`] at [`BUILD`].
     pub async fn session(&self) -> SessionRecord {
-        self.store
-            .create_session(NewSession {
-                tenant: self.tenant.clone(),
-                session: SessionId::new(format!("s-{}", Uuid::now_v7())).unwrap(),
-                agent: AgentId::new(AGENT).unwrap(),
-                compatibility: CompatibilityId::new(BUILD).unwrap(),
-                binding: SessionBinding {
-                    runtime_session_id: RuntimeSessionId::mint(),
-                    storage_binding_id: local_binding(),
-                    binding_version: 1,
-                },
-            })
-            .await
-            .unwrap()
+        let name = format!("s-{}", Uuid::now_v7());
+        new_session(&self.store, self.tenant.as_str(), &name, BUILD).await
     }
 
     pub fn attach_request(&self, s: &SessionRecord) -> AttachRequest {
@@ -223,15 +192,7 @@ impl Controller {
     }
 
     pub async fn events(&self, s: &SessionRecord) -> Vec<HarnessEvent> {
-        let page = self
-            .store
-            .journal_public_page(&s.tenant, s.binding.runtime_session_id, 0, None, 1000)
-            .await
-            .unwrap();
-        page.events
-            .iter()
-            .map(|e| HarnessEvent::decode(&e.body).unwrap())
-            .collect()
+        public_events(&self.store, &s.tenant, s.binding.runtime_session_id).await
     }
 
     pub async fn wait_events(
@@ -296,32 +257,6 @@ pub async fn streaming(feed: &mut tokio::sync::broadcast::Receiver<hostlink_serv
     })
     .await
     .expect("a preview within the wait");
-}
-
-pub fn input(text: &str) -> CommandBodyV1 {
-    CommandBodyV1::Input { text: text.into() }
-}
-
-pub fn answer(gate: Uuid, action: &str, text: Option<&str>) -> CommandBodyV1 {
-    CommandBodyV1::GateResponse(GateAnswer {
-        gate_id: gate,
-        action: action.into(),
-        text: text.map(str::to_owned),
-        expected_gate_seq: None,
-    })
-}
-
-pub fn replies(evs: &[HarnessEvent]) -> Vec<String> {
-    evs.iter()
-        .filter_map(|e| match e {
-            HarnessEvent::AssistantMessage { text, .. } if !text.is_empty() => Some(text.clone()),
-            _ => None,
-        })
-        .collect()
-}
-
-pub fn count(evs: &[HarnessEvent], ty: &str) -> usize {
-    evs.iter().filter(|e| e.type_name() == ty).count()
 }
 
 pub fn metric(svc: &Service, name: &str) -> f64 {

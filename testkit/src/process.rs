@@ -12,8 +12,9 @@ use nix::unistd::Pid;
 
 use crate::poll::eventually_blocking;
 
-/// The `hostd` this suite runs: `cmd::main` built into this crate's own binary, which cargo
-/// builds before it runs this crate's integration tests (the only callers).
+/// The `hostd` the whole-system tests run: `cmd::main` built into `system-tests`' own binary
+/// `hostd-under-test`, which cargo builds next to that package's test binaries before it runs
+/// them (its integration tests, benches and examples are the only callers).
 pub fn hostd() -> &'static Path {
     static HOSTD: OnceLock<PathBuf> = OnceLock::new();
     HOSTD.get_or_init(|| {
@@ -26,7 +27,7 @@ pub fn hostd() -> &'static Path {
             .join("hostd-under-test");
         assert!(
             path.is_file(),
-            "no {} (cargo builds it for this crate's integration tests)",
+            "no {} (cargo builds it for system-tests' integration tests, benches and examples)",
             path.display()
         );
         path
@@ -63,8 +64,9 @@ pub struct Serve {
 }
 
 /// Environment variables a child must not inherit from whoever runs the suite.
-const SCRUBBED: [&str; 6] = [
+const SCRUBBED: [&str; 7] = [
     "HOST_STORE_URL",
+    "HOST_ENDPOINT",
     "HOST_DATA_DIR",
     "HOST_TENANT",
     "HOST_TENANT_TOKEN",

@@ -1,6 +1,6 @@
-//! Test support: an in-memory [`LinkBackend`] (this layer's own behaviour is what the suite
-//! tests; the Host's real backend comes later), a real axum server on 127.0.0.1:0 and a real
-//! WebSocket client (tokio-tungstenite).
+//! Test support: an in-memory [`LinkBackend`] (this crate's own behaviour is what the suite
+//! tests; the Host's real backend is tested in `host`), a real axum server on 127.0.0.1:0 and a
+//! real WebSocket client (tokio-tungstenite).
 
 #![allow(dead_code)]
 
@@ -505,6 +505,19 @@ pub struct Client {
 }
 
 pub const WAIT: Duration = Duration::from_secs(5);
+
+/// Asks `pred` every 20 ms until it holds, failing after 20 s with `what` (the test kit's wait;
+/// this crate's tests build no Host and so no test kit).
+pub async fn wait_until(what: &str, mut pred: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !pred() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
 
 impl Client {
     pub async fn send_text(&mut self, text: &str) {
