@@ -132,7 +132,8 @@ impl Operators {
                     "the name must be 1-64 letters, digits, '-', '_' or '.'",
                 ));
             }
-            let role = Role::from_wire(role).map_err(|_| bad("the role must be read or operate"))?;
+            let role =
+                Role::from_wire(role).map_err(|_| bad("the role must be read or operate"))?;
             let bytes = hex::decode(digest)
                 .ok()
                 .and_then(|b| <[u8; 32]>::try_from(b).ok())

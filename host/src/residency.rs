@@ -522,8 +522,8 @@ impl Residency {
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<(), sessionstore::StoreError>>,
     {
-        let mut retries = Backoff::new(Duration::from_millis(100), self.config.registry_heartbeat)
-            .retries();
+        let mut retries =
+            Backoff::new(Duration::from_millis(100), self.config.registry_heartbeat).retries();
         loop {
             match write().await {
                 Err(e) if e.code() == ErrorCode::Unavailable => {

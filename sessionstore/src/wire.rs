@@ -569,9 +569,8 @@ mod tests {
 
     #[test]
     fn a_raw_strict_object_keeps_each_members_exact_bytes_in_order() {
-        let obj =
-            StrictObject::<Box<RawValue>>::parse(br#" {"b": {"z":1, "a" :2}, "a":[1 ,2]} "#)
-                .unwrap();
+        let obj = StrictObject::<Box<RawValue>>::parse(br#" {"b": {"z":1, "a" :2}, "a":[1 ,2]} "#)
+            .unwrap();
         let keys: Vec<&str> = obj.members().iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(keys, ["b", "a"]);
         assert_eq!(obj.get("b").unwrap().get(), r#"{"z":1, "a" :2}"#);
@@ -594,11 +593,18 @@ mod tests {
             assert_eq!(raw, value, "{:?}", String::from_utf8_lossy(bad));
         }
         assert_eq!(
-            StrictObject::<Value>::parse(br#"{"a":1} {}"#).unwrap_err().0,
+            StrictObject::<Value>::parse(br#"{"a":1} {}"#)
+                .unwrap_err()
+                .0,
             "trailing data after the object"
         );
-        let dup = StrictObject::<Value>::parse(br#"{"a":1,"a":2}"#).unwrap_err().0;
-        assert!(dup.starts_with("not a single JSON object: duplicate member \"a\""), "{dup}");
+        let dup = StrictObject::<Value>::parse(br#"{"a":1,"a":2}"#)
+            .unwrap_err()
+            .0;
+        assert!(
+            dup.starts_with("not a single JSON object: duplicate member \"a\""),
+            "{dup}"
+        );
     }
 
     fn s() -> SessionId {

@@ -182,7 +182,10 @@ mod tests {
     #[test]
     fn the_cap_holds_from_the_first_step_and_extreme_steps_never_overflow() {
         assert_eq!(Backoff::new(5 * MS, 2 * MS).step(0), 2 * MS);
-        assert_eq!(Backoff::new(Duration::ZERO, MS).step(u32::MAX), Duration::ZERO);
+        assert_eq!(
+            Backoff::new(Duration::ZERO, MS).step(u32::MAX),
+            Duration::ZERO
+        );
         let huge = Backoff::new(Duration::from_nanos(1), Duration::MAX);
         assert_eq!(huge.step(10), Duration::from_nanos(1024));
         assert_eq!(huge.step(u32::MAX), Duration::MAX);

@@ -339,8 +339,9 @@ mod tests {
         }
         let e = serde_json::from_str::<Full>("\"First\"").unwrap_err();
         assert!(
-            e.to_string()
-                .starts_with("unknown variant `First`, expected one of `first`, `second_one`, `3rd`"),
+            e.to_string().starts_with(
+                "unknown variant `First`, expected one of `first`, `second_one`, `3rd`"
+            ),
             "{e}"
         );
     }
