@@ -296,6 +296,36 @@ mod tests {
         from_str(Refused);
     }
 
+    wire_enum! {
+        /// Parsed by hand over `from_wire`: one value is written but never read back.
+        enum Edge {
+            Legacy = "legacy",
+            OnFailure = "on-failure",
+        }
+        serde;
+    }
+
+    impl FromStr for Edge {
+        type Err = ();
+        fn from_str(text: &str) -> Result<Edge, ()> {
+            match Edge::from_wire(text) {
+                Ok(Edge::Legacy) | Err(_) => Err(()),
+                Ok(edge) => Ok(edge),
+            }
+        }
+    }
+
+    #[test]
+    fn a_crate_may_parse_the_texts_its_own_way() {
+        assert_eq!("on-failure".parse::<Edge>(), Ok(Edge::OnFailure));
+        assert_eq!("legacy".parse::<Edge>(), Err(()));
+        assert_eq!(Edge::Legacy.to_string(), "legacy");
+        assert_eq!(
+            serde_json::to_string(&Edge::OnFailure).unwrap(),
+            r#""on-failure""#
+        );
+    }
+
     #[test]
     fn each_value_is_written_and_read_back_as_its_one_text() {
         for (value, text) in Full::ALL.into_iter().zip(Full::TEXTS) {
