@@ -20,6 +20,7 @@ use hostlink::runs::{
 };
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
+use timing::Backoff;
 use tokio::sync::mpsc;
 
 use crate::exit::CliError;
@@ -30,6 +31,8 @@ use crate::reach::{Capability, ClientFlags, Dialer, Link, Pick};
 /// how long `logs -f` keeps looking for another live Host of the registry when its own goes
 /// away. Longer than any boot reconcile the Host's own options allow for one page of runs.
 pub const RETRY_DEADLINE: Duration = Duration::from_secs(30);
+/// The pauses between those tries: from 200 ms, doubled up to 2 s.
+const RETRY_BACKOFF: Backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(2));
 
 /// How often `logs -f` re-reads the journal without an event from the run's channel.
 const FOLLOW_RESYNC: Duration = Duration::from_secs(5);
@@ -227,7 +230,7 @@ async fn call_retrying<T: DeserializeOwned>(
     out: Output,
 ) -> Result<Result<T, RunRefusal>> {
     let began = Instant::now();
-    let mut wait = Duration::from_millis(200);
+    let mut retries = RETRY_BACKOFF.retries();
     let mut told = false;
     loop {
         match call::<T>(client, method, data.clone()).await? {
@@ -239,8 +242,7 @@ async fn call_retrying<T: DeserializeOwned>(
                     ));
                     told = true;
                 }
-                tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(Duration::from_secs(2));
+                tokio::time::sleep(retries.next_wait()).await;
             }
             other => return Ok(other),
         }
@@ -581,7 +583,7 @@ async fn relink(dialer: &Dialer, run: &str, lost: &Link, out: Output) -> Result<
     ));
     lost.client.close();
     let began = Instant::now();
-    let mut wait = Duration::from_millis(200);
+    let mut retries = RETRY_BACKOFF.retries();
     loop {
         match link_for_run(dialer, run, false).await {
             Ok(link) => {
@@ -589,8 +591,7 @@ async fn relink(dialer: &Dialer, run: &str, lost: &Link, out: Output) -> Result<
                 return Ok(link);
             }
             Err(e) if began.elapsed() < RETRY_DEADLINE && no_host(&e) => {
-                tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(Duration::from_secs(2));
+                tokio::time::sleep(retries.next_wait()).await;
             }
             Err(e) => return Err(e),
         }

@@ -16,33 +16,18 @@ use std::path::Path;
 
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
+use wire_enum::wire_enum;
 
-/// What an operator may do.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Role {
-    /// Sees every view; changes nothing.
-    Read,
-    /// Also answers gates, retries or skips runs, and drains this Host.
-    Operate,
-}
-
-impl Role {
-    fn parse(s: &str) -> Option<Role> {
-        match s {
-            "read" => Some(Role::Read),
-            "operate" => Some(Role::Operate),
-            _ => None,
-        }
+wire_enum! {
+    /// What an operator may do, as the credential file and the API spell it.
+    pub enum Role {
+        /// Sees every view; changes nothing.
+        Read = "read",
+        /// Also answers gates, retries or skips runs, and drains this Host.
+        Operate = "operate",
     }
-
-    /// The file spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Read => "read",
-            Role::Operate => "operate",
-        }
-    }
+    kind = "role";
+    serde;
 }
 
 /// An authenticated operator.
@@ -147,7 +132,8 @@ impl Operators {
                     "the name must be 1-64 letters, digits, '-', '_' or '.'",
                 ));
             }
-            let role = Role::parse(role).ok_or_else(|| bad("the role must be read or operate"))?;
+            let role =
+                Role::from_wire(role).map_err(|_| bad("the role must be read or operate"))?;
             let bytes = hex::decode(digest)
                 .ok()
                 .and_then(|b| <[u8; 32]>::try_from(b).ok())

@@ -3,15 +3,19 @@
 //! under another runtime session id, is refused and released.
 
 use sessionstore::{AgentId, CompatibilityId, SessionBinding, SessionId, StoreError, TenantId};
+use wire_enum::wire_enum;
 
 use crate::capabilities::Capabilities;
 use crate::runtime::{Runtime, RuntimeError};
 
-/// Create a new conversation, or restore an existing one from its journal.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum LaunchMode {
-    Create,
-    Restore,
+wire_enum! {
+    /// Create a new conversation, or restore an existing one from its journal. The text is the
+    /// `mode` label of the Host's attach metrics.
+    pub enum LaunchMode {
+        Create = "create",
+        Restore = "restore",
+    }
+    kind = "launch_mode";
 }
 
 /// What to launch.

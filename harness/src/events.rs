@@ -5,6 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use wire_enum::wire_enum;
 
 use crate::model::ToolCall;
 
@@ -32,25 +33,19 @@ impl Cause {
     }
 }
 
-/// A gate's kind.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum GateKind {
-    /// A tool that needs approval asks before it runs: `approve` or `deny`.
-    Permission,
-    /// A tool asks the human a question: `answer` with text.
-    AskUser,
+wire_enum! {
+    /// A gate's kind.
+    pub enum GateKind {
+        /// A tool that needs approval asks before it runs: `approve` or `deny`.
+        Permission = "permission",
+        /// A tool asks the human a question: `answer` with text.
+        AskUser = "ask_user",
+    }
+    kind = "gate_kind";
+    serde;
 }
 
 impl GateKind {
-    /// The wire spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            GateKind::Permission => "permission",
-            GateKind::AskUser => "ask_user",
-        }
-    }
-
     /// The actions this kind of gate offers.
     pub fn actions(self) -> &'static [&'static str] {
         match self {

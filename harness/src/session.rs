@@ -19,6 +19,7 @@ use sessionstore::{
     JournalEpoch, JournalLease, RuntimeCommandId, RuntimeSessionId, SessionId, Store, StoreError,
     SystemClock, TenantId,
 };
+use timing::Backoff;
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -361,21 +362,10 @@ fn record_kind(entry: JournalEntry) -> sessionstore::RecordKind {
     }
 }
 
-/// The first wait before retrying an interrupted journal write, and the longest.
-const RETRY_INITIAL_BACKOFF: Duration = Duration::from_millis(50);
-const RETRY_MAX_BACKOFF: Duration = Duration::from_secs(1);
-
-/// A number in [0, 1), different on every call; enough for backoff jitter.
-fn jitter_fraction() -> f64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64
-}
+/// The waits before retrying an interrupted journal write: from 50 ms, doubled per retry up to
+/// one second, each jittered to between half and all of its step.
+const JOURNAL_WRITE_BACKOFF: Backoff =
+    Backoff::new(Duration::from_millis(50), Duration::from_secs(1)).with_jitter();
 
 fn new_event_id() -> EventId {
     // A UUID's text always satisfies the id rule.
@@ -551,7 +541,7 @@ impl Actor {
     /// these entries under this lease's epoch, the append happened. Anything else is definite.
     async fn write_journal(&self, entries: &[JournalEntry]) -> Result<u64, StoreError> {
         let deadline = tokio::time::Instant::now() + self.agent.lease_ttl / 3;
-        let mut backoff = RETRY_INITIAL_BACKOFF;
+        let mut retries = JOURNAL_WRITE_BACKOFF.retries();
         let mut interrupted = false;
         loop {
             let error = match self
@@ -575,13 +565,12 @@ impl Actor {
                 Err(e) => return Err(e),
             };
             interrupted = true;
-            let wait = backoff.mul_f64(0.5 + 0.5 * jitter_fraction());
+            let wait = retries.next_wait();
             if tokio::time::Instant::now() + wait > deadline {
                 return Err(error);
             }
             tracing::warn!(error = %error, retry_in_ms = wait.as_millis() as u64, "a journal write was interrupted; retrying");
             tokio::time::sleep(wait).await;
-            backoff = (backoff * 2).min(RETRY_MAX_BACKOFF);
         }
     }
 

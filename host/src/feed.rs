@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::value::RawValue;
+use timing::Backoff;
 use tokio::sync::broadcast;
 
 use crate::failpoints::{self, steps};
@@ -34,11 +35,9 @@ use hostlink_server::{FeedItem, StreamPublication};
 pub const MAPPING_RETRY_FIRST: Duration = Duration::from_millis(50);
 /// The longest pause between two reads of the command mapping.
 pub const MAPPING_RETRY_MAX: Duration = Duration::from_secs(2);
-
-/// The pause after `pause`: doubled, capped.
-fn next_pause(pause: Duration) -> Duration {
-    (pause * 2).min(MAPPING_RETRY_MAX)
-}
+/// The pauses between reads of the command mapping (no jitter: one session's relay retries
+/// alone).
+const MAPPING_RETRY: Backoff = Backoff::new(MAPPING_RETRY_FIRST, MAPPING_RETRY_MAX);
 
 /// Projects and relays committed events and previews until the residency ends.
 pub(crate) async fn relay(ctx: SessionCtx) {
@@ -96,8 +95,7 @@ pub(crate) async fn relay(ctx: SessionCtx) {
                 // per attempt, bounded backoff) rather than skipping the event; the tail goes
                 // on. Committed events queue meanwhile; a tail that falls too far behind is
                 // dropped as lagged above.
-                let mut pause = MAPPING_RETRY_FIRST;
-                let mut attempt = 1u32;
+                let mut retries = MAPPING_RETRY.retries();
                 loop {
                     let read = if failpoints::fails(ctx.config().host_id.as_str(), steps::MAPPING_READ) {
                         Err("failpoint: the mapping read fails".to_owned())
@@ -105,13 +103,13 @@ pub(crate) async fn relay(ctx: SessionCtx) {
                         Box::pin(journal.learn_to(event.seq)).await.map_err(|e| e.to_string())
                     };
                     let Err(e) = read else { break };
+                    let pause = retries.next_wait();
+                    let attempt = retries.taken();
                     tracing::warn!(error = %e, seq = event.seq, attempt, retry_in_ms = pause.as_millis() as u64, "reading command identities failed; retrying the publication");
                     tokio::select! {
                         _ = r.cancel.cancelled() => return,
                         _ = tokio::time::sleep(pause) => {}
                     }
-                    pause = next_pause(pause);
-                    attempt = attempt.saturating_add(1);
                 }
                 let publication = journal
                     .project(&event.body)
@@ -209,12 +207,9 @@ mod tests {
 
     #[test]
     fn the_mapping_retry_pause_doubles_up_to_its_bound() {
-        let mut p = MAPPING_RETRY_FIRST;
-        let mut seen = vec![p];
-        for _ in 0..8 {
-            p = next_pause(p);
-            seen.push(p);
-        }
+        let mut retries = MAPPING_RETRY.retries();
+        let seen: Vec<Duration> = (0..9).map(|_| retries.next_wait()).collect();
+        assert_eq!(seen[0], MAPPING_RETRY_FIRST);
         assert_eq!(seen[1], MAPPING_RETRY_FIRST * 2);
         assert!(seen.windows(2).all(|w| w[1] >= w[0]));
         assert_eq!(*seen.last().unwrap(), MAPPING_RETRY_MAX);

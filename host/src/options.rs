@@ -4,108 +4,52 @@
 //! it concerns. Flags and environment variables are layered over these defaults by the
 //! binary (`hostd serve`); this module never reads either, and never performs I/O.
 
-use std::fmt;
-use std::str::FromStr;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use sessionstore::{HostId, Placement, SessionId};
 use timing::duration_text;
+use wire_enum::{UnknownValue, wire_enum};
 
-/// How the Host admits tenants next to each other.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum IsolationClass {
-    /// Any tenants may be resident together.
-    #[default]
-    Shared,
-    /// Tenants may be resident together; the runtime isolates them.
-    CrossTenantIsolated,
-    /// One tenant at a time: a second tenant is not admitted while the first is resident.
-    TenantExclusive,
-}
-
-impl IsolationClass {
-    /// The wire spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            IsolationClass::Shared => "shared",
-            IsolationClass::CrossTenantIsolated => "cross_tenant_isolated",
-            IsolationClass::TenantExclusive => "tenant_exclusive",
-        }
+wire_enum! {
+    /// How the Host admits tenants next to each other.
+    #[derive(Default)]
+    pub enum IsolationClass {
+        /// Any tenants may be resident together.
+        #[default]
+        Shared = "shared",
+        /// Tenants may be resident together; the runtime isolates them.
+        CrossTenantIsolated = "cross_tenant_isolated",
+        /// One tenant at a time: a second tenant is not admitted while the first is resident.
+        TenantExclusive = "tenant_exclusive",
     }
-}
-
-impl fmt::Display for IsolationClass {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for IsolationClass {
-    type Err = OptionsError;
-    fn from_str(s: &str) -> Result<Self, OptionsError> {
-        match s {
-            "shared" => Ok(IsolationClass::Shared),
-            "cross_tenant_isolated" => Ok(IsolationClass::CrossTenantIsolated),
-            "tenant_exclusive" => Ok(IsolationClass::TenantExclusive),
-            other => Err(OptionsError::new(
-                OptionsCode::UnknownEnum,
-                "isolation_class",
-                format!("{other:?} is not one of shared, cross_tenant_isolated, tenant_exclusive"),
-            )),
-        }
-    }
+    kind = "isolation_class";
+    from_str(OptionsError);
+    serde;
 }
 
 /// Parses a placement, refusing unknown spellings with `unknown_enum`.
 pub fn parse_placement(s: &str) -> Result<Placement, OptionsError> {
-    match s {
-        "pooled" => Ok(Placement::Pooled),
-        "dedicated" => Ok(Placement::Dedicated),
-        other => Err(OptionsError::new(
-            OptionsCode::UnknownEnum,
-            "placement",
-            format!("{other:?} is not one of pooled, dedicated"),
-        )),
-    }
+    Placement::from_wire(s).map_err(OptionsError::from)
 }
 
-/// A stable option-refusal code.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum OptionsCode {
-    Missing,
-    Invalid,
-    UnknownEnum,
-    NotPositive,
-    AboveBound,
-    BelowBound,
-    HeartbeatMargin,
-    ClaimMargin,
-    DedicatedWithoutFixedSession,
-    DedicatedCapacityNotOne,
-    PooledWithFixedSession,
-    UndialableEndpoint,
-}
-
-impl OptionsCode {
-    /// The wire spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OptionsCode::Missing => "missing",
-            OptionsCode::Invalid => "invalid",
-            OptionsCode::UnknownEnum => "unknown_enum",
-            OptionsCode::NotPositive => "not_positive",
-            OptionsCode::AboveBound => "above_bound",
-            OptionsCode::BelowBound => "below_bound",
-            OptionsCode::HeartbeatMargin => "heartbeat_margin",
-            OptionsCode::ClaimMargin => "claim_margin",
-            OptionsCode::DedicatedWithoutFixedSession => "dedicated_without_fixed_session",
-            OptionsCode::DedicatedCapacityNotOne => "dedicated_capacity_not_one",
-            OptionsCode::PooledWithFixedSession => "pooled_with_fixed_session",
-            OptionsCode::UndialableEndpoint => "undialable_endpoint",
-        }
+wire_enum! {
+    /// A stable option-refusal code.
+    pub enum OptionsCode {
+        Missing = "missing",
+        Invalid = "invalid",
+        UnknownEnum = "unknown_enum",
+        NotPositive = "not_positive",
+        AboveBound = "above_bound",
+        BelowBound = "below_bound",
+        HeartbeatMargin = "heartbeat_margin",
+        ClaimMargin = "claim_margin",
+        DedicatedWithoutFixedSession = "dedicated_without_fixed_session",
+        DedicatedCapacityNotOne = "dedicated_capacity_not_one",
+        PooledWithFixedSession = "pooled_with_fixed_session",
+        UndialableEndpoint = "undialable_endpoint",
     }
+    kind = "options_code";
 }
 
 /// An option refused at validation.
@@ -133,6 +77,18 @@ impl OptionsError {
     fn because(mut self, cause: &'static str) -> Self {
         self.cause = Some(cause);
         self
+    }
+}
+
+/// A flag or config value that names no value of its enum: `unknown_enum`, the field being the
+/// enum's kind.
+impl From<UnknownValue> for OptionsError {
+    fn from(e: UnknownValue) -> Self {
+        OptionsError::new(
+            OptionsCode::UnknownEnum,
+            e.kind,
+            format!("{:?} is not one of {}", e.value, e.expected_list()),
+        )
     }
 }
 

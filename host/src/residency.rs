@@ -19,6 +19,7 @@ use sessionstore::{
     ErrorCode, HostAdvertisement, RegistrationUpdate, ResidencyEpoch, ResidencyGrant,
     ResidencyState, SessionId, Store, StoreError, TenantId,
 };
+use timing::Backoff;
 use tokio::sync::{OwnedMutexGuard, broadcast};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -521,17 +522,18 @@ impl Residency {
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<(), sessionstore::StoreError>>,
     {
-        let mut wait = Duration::from_millis(100);
+        let mut retries =
+            Backoff::new(Duration::from_millis(100), self.config.registry_heartbeat).retries();
         loop {
             match write().await {
                 Err(e) if e.code() == ErrorCode::Unavailable => {
+                    let wait = retries.next_wait();
                     tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "{what} failed; retrying");
                     on_retry();
                     tokio::select! {
                         _ = self.shutdown.cancelled() => return Err(e),
                         _ = tokio::time::sleep(wait) => {}
                     }
-                    wait = (wait * 2).min(self.config.registry_heartbeat);
                 }
                 done => return done,
             }

@@ -626,13 +626,9 @@ impl Inner {
         match &result {
             Err(_) => host.credit(&key, generation),
             Ok(a) => {
-                let mode = match a.launched {
-                    LaunchMode::Create => "create",
-                    LaunchMode::Restore => "restore",
-                };
                 host.metrics()
                     .attach_seconds
-                    .with_label_values(&[mode])
+                    .with_label_values(&[a.launched.as_str()])
                     .observe(started.elapsed().as_secs_f64());
             }
         }

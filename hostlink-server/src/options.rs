@@ -10,6 +10,7 @@ use hostlink::frame::MAX_FRAME_BYTES_CEILING;
 use serde::{Deserialize, Serialize};
 
 use timing::duration_text;
+use wire_enum::wire_enum;
 
 /// The default largest inbound message a link accepts (1 MiB: above Centrifuge's 64 KiB read
 /// limit, so a command body near the inline limit still fits in one frame).
@@ -29,24 +30,15 @@ pub mod bounds {
     pub const MAX_HISTORY_LIMIT: usize = 10_000;
 }
 
-/// A stable option-refusal code.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum LinkOptionsCode {
-    NotPositive,
-    AboveBound,
-    /// The pong timeout is not shorter than the ping interval.
-    HeartbeatMargin,
-}
-
-impl LinkOptionsCode {
-    /// The wire spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LinkOptionsCode::NotPositive => "not_positive",
-            LinkOptionsCode::AboveBound => "above_bound",
-            LinkOptionsCode::HeartbeatMargin => "heartbeat_margin",
-        }
+wire_enum! {
+    /// A stable option-refusal code.
+    pub enum LinkOptionsCode {
+        NotPositive = "not_positive",
+        AboveBound = "above_bound",
+        /// The pong timeout is not shorter than the ping interval.
+        HeartbeatMargin = "heartbeat_margin",
     }
+    kind = "link_options_code";
 }
 
 /// An option refused at validation.

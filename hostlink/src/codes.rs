@@ -7,48 +7,31 @@
 //! reconnect, 3500–3999 and 4500–4999 are terminal (the official SDKs stop reconnecting).
 
 use std::fmt;
-use std::str::FromStr;
 
-/// A HostLink error code: the `code` member of an error record.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-pub enum HostLinkErrorCode {
-    /// Place elsewhere (the Host is draining) or re-place the session.
-    NotAdmitting,
-    /// Wait and re-place; the session is durable.
-    Releasing,
-    /// Place elsewhere.
-    NoCapacity,
-    /// Refresh from the registry; on attach the epoch is the other holder's.
-    EpochMismatch,
-    /// Place on a Host with the named build.
-    RuntimeMismatch,
-    /// Deliberately uninformative: never reveals whether another tenant's session exists.
-    RuntimeUnavailable,
+use wire_enum::{UnknownValue, wire_enum};
+
+wire_enum! {
+    /// A HostLink error code: the `code` member of an error record. `ALL` is in the documented
+    /// order.
+    pub enum HostLinkErrorCode {
+        /// Place elsewhere (the Host is draining) or re-place the session.
+        NotAdmitting = "not_admitting",
+        /// Wait and re-place; the session is durable.
+        Releasing = "releasing",
+        /// Place elsewhere.
+        NoCapacity = "no_capacity",
+        /// Refresh from the registry; on attach the epoch is the other holder's.
+        EpochMismatch = "epoch_mismatch",
+        /// Place on a Host with the named build.
+        RuntimeMismatch = "runtime_mismatch",
+        /// Deliberately uninformative: never reveals whether another tenant's session exists.
+        RuntimeUnavailable = "runtime_unavailable",
+    }
+    kind = "hostlink_error_code";
+    from_str(UnknownCode);
 }
 
 impl HostLinkErrorCode {
-    /// Every code, in the documented order.
-    pub const ALL: [HostLinkErrorCode; 6] = [
-        HostLinkErrorCode::NotAdmitting,
-        HostLinkErrorCode::Releasing,
-        HostLinkErrorCode::NoCapacity,
-        HostLinkErrorCode::EpochMismatch,
-        HostLinkErrorCode::RuntimeMismatch,
-        HostLinkErrorCode::RuntimeUnavailable,
-    ];
-
-    /// The wire string.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            HostLinkErrorCode::NotAdmitting => "not_admitting",
-            HostLinkErrorCode::Releasing => "releasing",
-            HostLinkErrorCode::NoCapacity => "no_capacity",
-            HostLinkErrorCode::EpochMismatch => "epoch_mismatch",
-            HostLinkErrorCode::RuntimeMismatch => "runtime_mismatch",
-            HostLinkErrorCode::RuntimeUnavailable => "runtime_unavailable",
-        }
-    }
-
     /// The Centrifuge reply error code this refusal takes where a command's reply cannot carry
     /// a record (a delivery is a `publish`, whose reply has no data): the message is the wire
     /// string. The numbers sit in Centrifuge's application range (400–1999).
@@ -64,22 +47,6 @@ impl HostLinkErrorCode {
     }
 }
 
-impl fmt::Display for HostLinkErrorCode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for HostLinkErrorCode {
-    type Err = UnknownCode;
-    fn from_str(s: &str) -> Result<Self, UnknownCode> {
-        HostLinkErrorCode::ALL
-            .into_iter()
-            .find(|c| c.as_str() == s)
-            .ok_or(UnknownCode)
-    }
-}
-
 impl serde::Serialize for HostLinkErrorCode {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(self.as_str())
@@ -88,9 +55,9 @@ impl serde::Serialize for HostLinkErrorCode {
 
 impl<'de> serde::Deserialize<'de> for HostLinkErrorCode {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        // A string and nothing else (a derived enum would also take `{"releasing": null}`).
         let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
-        text.parse()
-            .map_err(|_| serde::de::Error::custom("unknown code"))
+        HostLinkErrorCode::from_wire(&text).map_err(|_| serde::de::Error::custom("unknown code"))
     }
 }
 
@@ -98,6 +65,12 @@ impl<'de> serde::Deserialize<'de> for HostLinkErrorCode {
 #[derive(Clone, Copy, PartialEq, Eq, Debug, thiserror::Error)]
 #[error("unknown HostLink error code")]
 pub struct UnknownCode;
+
+impl From<UnknownValue> for UnknownCode {
+    fn from(_: UnknownValue) -> Self {
+        UnknownCode
+    }
+}
 
 /// A Centrifuge reply error: `{"code":N,"message":"..."}` in place of a command's result.
 #[derive(Clone, PartialEq, Eq, Debug)]

@@ -329,7 +329,7 @@ struct Checked {
 
 impl Checked {
     fn new(raw: &RawValue, schema: &[(&str, Kind)]) -> Result<Checked, String> {
-        let obj = RawObject::from_raw(raw).map_err(|e| e.0)?;
+        let obj = RawObject::parse(raw.get().as_bytes()).map_err(|e| e.0)?;
         for (key, value) in obj.members() {
             let kind = schema
                 .iter()

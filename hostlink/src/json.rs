@@ -1,101 +1,15 @@
-//! JSON building blocks shared by the frame codec and the records. Owns the raw strict object
-//! reader (one object, duplicate members refused, no trailing data, every member kept as the
-//! exact bytes it arrived as) and the writer that emits objects with a fixed member order.
-//! Never interprets a member: callers do.
+//! JSON building blocks shared by the frame codec and the records. Owns the writer that emits
+//! objects with a fixed member order and the one-line rule of outbound text; names the raw
+//! strict object ([`RawObject`]), read by the store's one strict reader with every member kept
+//! as the exact bytes it arrived as. Never interprets a member: callers do.
 
-use std::fmt;
-
-use serde::Deserialize;
-use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
+use sessionstore::wire::StrictObject;
 
-/// A JSON object whose members are kept as raw JSON text, in order.
-#[derive(Debug)]
-pub struct RawObject {
-    members: Vec<(String, Box<RawValue>)>,
-}
-
-struct RawObjectVisitor;
-
-impl<'de> Visitor<'de> for RawObjectVisitor {
-    type Value = RawObject;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON object")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawObject, A::Error> {
-        let mut members: Vec<(String, Box<RawValue>)> = Vec::new();
-        while let Some(key) = map.next_key::<String>()? {
-            if members.iter().any(|(k, _)| *k == key) {
-                return Err(de::Error::custom(format!("duplicate member {key:?}")));
-            }
-            let value: Box<RawValue> = map.next_value()?;
-            members.push((key, value));
-        }
-        Ok(RawObject { members })
-    }
-}
-
-impl<'de> Deserialize<'de> for RawObject {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_map(RawObjectVisitor)
-    }
-}
-
-/// Why bytes are not one strict JSON object.
-#[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct RawObjectError(pub String);
-
-impl RawObject {
-    /// Parses exactly one JSON object (whitespace around it allowed, nothing else).
-    pub fn parse(bytes: &[u8]) -> Result<RawObject, RawObjectError> {
-        let mut de = serde_json::Deserializer::from_slice(bytes);
-        let obj = RawObject::deserialize(&mut de)
-            .map_err(|e| RawObjectError(format!("not a single JSON object: {e}")))?;
-        de.end()
-            .map_err(|_| RawObjectError("trailing data after the object".into()))?;
-        Ok(obj)
-    }
-
-    /// Parses one JSON object from raw JSON text.
-    pub fn from_raw(raw: &RawValue) -> Result<RawObject, RawObjectError> {
-        RawObject::parse(raw.get().as_bytes())
-    }
-
-    /// The members, in order.
-    pub fn members(&self) -> &[(String, Box<RawValue>)] {
-        &self.members
-    }
-
-    /// Whether the object has no members.
-    pub fn is_empty(&self) -> bool {
-        self.members.is_empty()
-    }
-
-    /// The raw value of `key`, if present.
-    pub fn get(&self, key: &str) -> Option<&RawValue> {
-        self.members
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_ref())
-    }
-
-    /// Takes the raw value of `key` out of the object.
-    pub fn take(&mut self, key: &str) -> Option<Box<RawValue>> {
-        let at = self.members.iter().position(|(k, _)| k == key)?;
-        Some(self.members.remove(at).1)
-    }
-
-    /// The first member not in `known`, if any.
-    pub fn first_unknown(&self, known: &[&str]) -> Option<&str> {
-        self.members
-            .iter()
-            .map(|(k, _)| k.as_str())
-            .find(|k| !known.contains(k))
-    }
-}
+/// A JSON object whose members are kept as raw JSON text, in order: the store's one strict
+/// object reader ([`StrictObject`]: one object, duplicate members refused, no trailing data)
+/// keeping every member's exact bytes.
+pub type RawObject = StrictObject<Box<RawValue>>;
 
 /// JSON text on one line. The SDKs split every message they receive on line feeds (Centrifuge
 /// JSON batching), so an outbound message must not contain a raw line feed, even though the
@@ -240,33 +154,6 @@ impl ObjectWriter {
 mod tests {
     use super::*;
     use proptest::prelude::*;
-
-    #[test]
-    fn members_keep_their_exact_bytes_and_order() {
-        let obj = RawObject::parse(br#" {"b": {"z":1, "a" :2}, "a":[1 ,2]} "#).unwrap();
-        let keys: Vec<&str> = obj.members().iter().map(|(k, _)| k.as_str()).collect();
-        assert_eq!(keys, ["b", "a"]);
-        assert_eq!(obj.get("b").unwrap().get(), r#"{"z":1, "a" :2}"#);
-    }
-
-    #[test]
-    fn duplicates_trailing_data_and_non_objects_are_refused() {
-        for bad in [
-            &br#"{"a":1,"a":2}"#[..],
-            br#"{"a":1} {}"#,
-            br#"{"a":1}x"#,
-            b"[]",
-            b"null",
-            b"",
-            b"{",
-        ] {
-            assert!(
-                RawObject::parse(bad).is_err(),
-                "{:?}",
-                String::from_utf8_lossy(bad)
-            );
-        }
-    }
 
     #[test]
     fn the_writer_emits_members_in_order_with_escaped_strings() {

@@ -41,6 +41,7 @@ use sessionstore::{
     AgentId, CommandId, CompatibilityId, EventId, HostId, Placement, ResidencyState, SessionId,
     TenantId,
 };
+use wire_enum::wire_enum;
 
 use super::codes::HostLinkErrorCode;
 use super::json::is_null;
@@ -72,6 +73,24 @@ fn fail(record: &'static str, reason: impl Into<String>) -> RecordError {
     }
 }
 
+/// Decodes `bytes` as the record `record` through its serde derivation, strictly: exactly one
+/// JSON object (a derived struct would also take a positional array) and no trailing data.
+/// Unknown, duplicate and missing members are the derivation's to refuse.
+pub(crate) fn decode_object<T: DeserializeOwned>(
+    record: &'static str,
+    bytes: &[u8],
+) -> Result<T, RecordError> {
+    let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
+    if first != Some(&b'{') {
+        return Err(fail(record, "not a single JSON object"));
+    }
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = T::deserialize(&mut de).map_err(|e| fail(record, e.to_string()))?;
+    de.end()
+        .map_err(|_| fail(record, "trailing data after the object"))?;
+    Ok(value)
+}
+
 /// A record's wire name, its strict decoding and its encoding, all from its serde derivation.
 trait Record: Serialize + DeserializeOwned {
     const NAME: &'static str;
@@ -82,15 +101,7 @@ trait Record: Serialize + DeserializeOwned {
     }
 
     fn decode_strict(bytes: &[u8]) -> Result<Self, RecordError> {
-        // Exactly one JSON object: derived structs would also take a positional array.
-        let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
-        if first != Some(&b'{') {
-            return Err(fail(Self::NAME, "not a single JSON object"));
-        }
-        let mut de = serde_json::Deserializer::from_slice(bytes);
-        let record = Self::deserialize(&mut de).map_err(|e| fail(Self::NAME, e.to_string()))?;
-        de.end()
-            .map_err(|_| fail(Self::NAME, "trailing data after the object"))?;
+        let record: Self = decode_object(Self::NAME, bytes)?;
         record.check().map_err(|reason| fail(Self::NAME, reason))?;
         Ok(record)
     }
@@ -233,22 +244,14 @@ impl Record for ConnectData {
     }
 }
 
-/// How an attach asks for the session (the Host decides create vs restore from the journal).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum AttachMode {
-    Create,
-    Restore,
-}
-
-impl AttachMode {
-    /// The wire string.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AttachMode::Create => "create",
-            AttachMode::Restore => "restore",
-        }
+wire_enum! {
+    /// How an attach asks for the session (the Host decides create vs restore from the
+    /// journal).
+    pub enum AttachMode {
+        Create = "create",
+        Restore = "restore",
     }
+    serde;
 }
 
 /// `hostlink.attach`: make the session resident here.
@@ -457,22 +460,13 @@ impl Record for RegistryObservation {
     }
 }
 
-/// Where a drain is.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DrainState {
-    Draining,
-    Drained,
-}
-
-impl DrainState {
-    /// The wire string.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DrainState::Draining => "draining",
-            DrainState::Drained => "drained",
-        }
+wire_enum! {
+    /// Where a drain is.
+    pub enum DrainState {
+        Draining = "draining",
+        Drained = "drained",
     }
+    serde;
 }
 
 /// What `hostlink.drain` and `hostlink.drain_status` answer.
@@ -759,37 +753,27 @@ impl Record for EnduringPublication {
     }
 }
 
-/// Which live text a preview belongs to.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum PreviewStream {
-    /// The model's visible answer text.
-    Text,
-    /// Visible model reasoning (subscribe option `reasoning`).
-    Reasoning,
-    /// A tool call's start or finish (subscribe option `tool_steps`); the publication carries
-    /// `tool`.
-    #[serde(rename = "tool_step")]
-    ToolStep,
-}
-
-impl PreviewStream {
-    /// The wire string.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PreviewStream::Text => "text",
-            PreviewStream::Reasoning => "reasoning",
-            PreviewStream::ToolStep => "tool_step",
-        }
+wire_enum! {
+    /// Which live text a preview belongs to.
+    pub enum PreviewStream {
+        /// The model's visible answer text.
+        Text = "text",
+        /// Visible model reasoning (subscribe option `reasoning`).
+        Reasoning = "reasoning",
+        /// A tool call's start or finish (subscribe option `tool_steps`); the publication
+        /// carries `tool`.
+        ToolStep = "tool_step",
     }
+    serde;
 }
 
-/// Which moment of a tool call a `tool_step` preview shows.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ToolPhase {
-    Started,
-    Finished,
+wire_enum! {
+    /// Which moment of a tool call a `tool_step` preview shows.
+    pub enum ToolPhase {
+        Started = "started",
+        Finished = "finished",
+    }
+    serde;
 }
 
 /// The tool call a `tool_step` preview belongs to. `call_id` is the key a viewer joins the

@@ -26,7 +26,7 @@ use serde_json::value::RawValue;
 use sessionstore::ids::check_opaque_id;
 use sessionstore::{RunId, TenantId};
 
-use crate::records::{RecordError, V1};
+use crate::records::{RecordError, V1, decode_object};
 
 /// The capability token a Host serving runs advertises.
 pub const RUN_CAPABILITY: &str = "hostlink.run";
@@ -70,18 +70,6 @@ fn fail(record: &'static str, reason: impl Into<String>) -> RecordError {
     }
 }
 
-fn strict<T: DeserializeOwned>(record: &'static str, bytes: &[u8]) -> Result<T, RecordError> {
-    let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
-    if first != Some(&b'{') {
-        return Err(fail(record, "not a single JSON object"));
-    }
-    let mut de = serde_json::Deserializer::from_slice(bytes);
-    let v = T::deserialize(&mut de).map_err(|e| fail(record, e.to_string()))?;
-    de.end()
-        .map_err(|_| fail(record, "trailing data after the object"))?;
-    Ok(v)
-}
-
 fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
     d: D,
 ) -> Result<Option<T>, D::Error> {
@@ -120,7 +108,7 @@ pub struct RunStartRequest {
 
 impl RunStartRequest {
     pub fn decode(bytes: &[u8]) -> Result<Self, RecordError> {
-        let r: RunStartRequest = strict("run_start", bytes)?;
+        let r: RunStartRequest = decode_object("run_start", bytes)?;
         if let Some(i) = &r.input {
             no_null("run_start", i)?;
         }
@@ -141,7 +129,7 @@ pub struct RunRequest {
 
 impl RunRequest {
     pub fn decode(bytes: &[u8]) -> Result<Self, RecordError> {
-        strict("run_request", bytes)
+        decode_object("run_request", bytes)
     }
 }
 
@@ -157,7 +145,7 @@ pub struct RunAnswerRequest {
 
 impl RunAnswerRequest {
     pub fn decode(bytes: &[u8]) -> Result<Self, RecordError> {
-        let r: RunAnswerRequest = strict("run_answer", bytes)?;
+        let r: RunAnswerRequest = decode_object("run_answer", bytes)?;
         no_null("run_answer", &r.value)?;
         if r.checkpoint.is_empty() || r.checkpoint.len() > 128 {
             return Err(fail("run_answer", "checkpoint must be 1-128 bytes"));
@@ -175,7 +163,7 @@ pub struct RunListRequest {
 
 impl RunListRequest {
     pub fn decode(bytes: &[u8]) -> Result<Self, RecordError> {
-        strict("run_list", bytes)
+        decode_object("run_list", bytes)
     }
 }
 
@@ -343,7 +331,7 @@ impl RunReply<()> {
 impl<T: DeserializeOwned> RunReply<T> {
     /// Decodes a reply: the result, or the refusal.
     pub fn decode(bytes: &[u8]) -> Result<Result<T, RunRefusal>, RecordError> {
-        let r: RunReply<T> = strict("run_reply", bytes)?;
+        let r: RunReply<T> = decode_object("run_reply", bytes)?;
         match (r.result, r.error) {
             (Some(v), None) => Ok(Ok(v)),
             (None, Some(e)) => Ok(Err(e)),

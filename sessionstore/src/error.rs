@@ -1,60 +1,33 @@
 //! Store errors. Owns the one error type every store call returns and its stable codes; callers
 //! branch on [`ErrorCode`], never on message text. Never carries bodies or secrets.
 
-use std::fmt;
+use wire_enum::{UnknownValue, wire_enum};
 
 /// The store URLs an `unsupported_store` refusal names as accepted, as an operator would type
 /// them. Which URL is which store is the rule of `location` (`StoreLocation::parse`); this is
 /// only the text the refusal shows.
 pub const STORE_SCHEMES: &str = "sqlite://PATH, postgres://… or postgresql://…, or a plain path";
 
-/// A stable, machine-readable error code.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-pub enum ErrorCode {
-    NotFound,
-    Conflict,
-    Epoch,
-    ClaimHeld,
-    ClaimLost,
-    Deadline,
-    Terminal,
-    State,
-    CommandMismatch,
-    Evidence,
-    Unroutable,
-    Invalid,
-    Integrity,
-    Unavailable,
-    UnsupportedStore,
-}
-
-impl ErrorCode {
-    /// The wire string of this code.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ErrorCode::NotFound => "not_found",
-            ErrorCode::Conflict => "conflict",
-            ErrorCode::Epoch => "epoch",
-            ErrorCode::ClaimHeld => "claim_held",
-            ErrorCode::ClaimLost => "claim_lost",
-            ErrorCode::Deadline => "deadline",
-            ErrorCode::Terminal => "terminal",
-            ErrorCode::State => "state",
-            ErrorCode::CommandMismatch => "command_mismatch",
-            ErrorCode::Evidence => "evidence",
-            ErrorCode::Unroutable => "unroutable",
-            ErrorCode::Invalid => "invalid",
-            ErrorCode::Integrity => "integrity",
-            ErrorCode::Unavailable => "unavailable",
-            ErrorCode::UnsupportedStore => "unsupported_store",
-        }
+wire_enum! {
+    /// A stable, machine-readable error code.
+    pub enum ErrorCode {
+        NotFound = "not_found",
+        Conflict = "conflict",
+        Epoch = "epoch",
+        ClaimHeld = "claim_held",
+        ClaimLost = "claim_lost",
+        Deadline = "deadline",
+        Terminal = "terminal",
+        State = "state",
+        CommandMismatch = "command_mismatch",
+        Evidence = "evidence",
+        Unroutable = "unroutable",
+        Invalid = "invalid",
+        Integrity = "integrity",
+        Unavailable = "unavailable",
+        UnsupportedStore = "unsupported_store",
     }
-}
-
-impl fmt::Display for ErrorCode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
+    kind = "error_code";
 }
 
 /// Every refusal and failure of the session store.
@@ -242,6 +215,14 @@ impl StoreError {
             StoreError::ClaimHeld { epoch, .. } => Some(*epoch),
             _ => None,
         }
+    }
+}
+
+/// A row holding a text that names no value of its enum: the store's data is not what this
+/// build wrote (`integrity`).
+impl From<UnknownValue> for StoreError {
+    fn from(e: UnknownValue) -> Self {
+        StoreError::integrity(e.kind, format!("unknown value {:?}", e.value))
     }
 }
 

@@ -2,7 +2,7 @@
 //! reader gets back. The journal is written only by the runtime that holds its journal lease;
 //! the Host reads it (for evidence and public pages) and never writes it.
 
-use serde::{Deserialize, Serialize};
+use wire_enum::wire_enum;
 
 use crate::clock::Millis;
 use crate::error::{StoreError, StoreResult};
@@ -34,14 +34,16 @@ pub struct JournalLeaseState {
     pub tip: u64,
 }
 
-/// The outcome a runtime records when it accepts a command (the disposition half of a
-/// command application).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ApplicationOutcome {
-    Applied,
-    NoOp,
-    Refused,
+wire_enum! {
+    /// The outcome a runtime records when it accepts a command (the disposition half of a
+    /// command application).
+    pub enum ApplicationOutcome {
+        Applied = "applied",
+        NoOp = "no_op",
+        Refused = "refused",
+    }
+    kind = "application_outcome";
+    serde;
 }
 
 impl ApplicationOutcome {
@@ -304,11 +306,24 @@ pub struct OffsetPage {
     pub top: u64,
 }
 
-pub(crate) fn record_kind_tag(kind: &JournalEntry) -> &'static str {
+wire_enum! {
+    /// The kind of a journal row, as its `kind` column spells it.
+    pub(crate) enum RowKind {
+        /// The mark a new journal epoch starts with.
+        Fence = "fence",
+        Event = "event",
+        Control = "control",
+        Application = "application",
+        Closure = "closure",
+    }
+    kind = "journal";
+}
+
+pub(crate) fn record_kind_tag(kind: &JournalEntry) -> RowKind {
     match kind {
-        JournalEntry::Event { .. } => "event",
-        JournalEntry::Control { .. } => "control",
-        JournalEntry::Application { .. } => "application",
-        JournalEntry::Closure { .. } => "closure",
+        JournalEntry::Event { .. } => RowKind::Event,
+        JournalEntry::Control { .. } => RowKind::Control,
+        JournalEntry::Application { .. } => RowKind::Application,
+        JournalEntry::Closure { .. } => RowKind::Closure,
     }
 }

@@ -558,7 +558,7 @@ fn append_rows(lease: &JournalLease, records: &[JournalRow]) -> Vec<Vec<Param>> 
                 int(lease.tip),
                 text(row.runtime_session.to_text()),
                 int(row.seq),
-                text(row.kind),
+                text(row.kind.as_str()),
                 int(row.epoch.0),
                 ms(row.written_at_ms),
                 opt_text(row.event.as_ref().map(|e| e.as_str().to_owned())),
@@ -621,6 +621,7 @@ pub(crate) fn samples(
     rec: &CommandRecord,
     now: Millis,
 ) -> Vec<(&'static SetStmt, Vec<Vec<Param>>)> {
+    use crate::journal::RowKind;
     use crate::ops::TransitionKind;
     let req = ClaimRequest {
         tenant: rec.tenant.clone(),
@@ -675,7 +676,7 @@ pub(crate) fn samples(
         seq: 2,
         epoch: lease.epoch,
         written_at_ms: now,
-        kind: "application",
+        kind: RowKind::Application,
         event: None,
         public_body: None,
         private_body: None,

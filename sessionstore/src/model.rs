@@ -1,72 +1,43 @@
 //! The store's records and requests: plain data, shared by both backends. Owns the wire
 //! spelling of every enum kept in a row; never performs I/O.
 
-use std::fmt;
-use std::str::FromStr;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use wire_enum::wire_enum;
 
 use crate::clock::Millis;
 use crate::error::{StoreError, StoreResult};
 use crate::ids::*;
 
-macro_rules! wire_enum {
-    ($(#[$doc:meta])* $name:ident, $entity:literal { $($variant:ident => $text:literal),+ $(,)? }) => {
-        $(#[$doc])*
-        #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
-        #[serde(rename_all = "snake_case")]
-        pub enum $name { $($variant),+ }
-
-        impl $name {
-            /// The wire (and row) spelling.
-            pub fn as_str(self) -> &'static str {
-                match self { $($name::$variant => $text),+ }
-            }
-            /// Every value, in declaration order.
-            pub const ALL: &'static [$name] = &[$($name::$variant),+];
-        }
-
-        impl fmt::Display for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(self.as_str())
-            }
-        }
-
-        impl FromStr for $name {
-            type Err = StoreError;
-            fn from_str(s: &str) -> Result<Self, StoreError> {
-                match s {
-                    $($text => Ok($name::$variant),)+
-                    other => Err(StoreError::integrity($entity, format!("unknown value {other:?}"))),
-                }
-            }
-        }
-    };
+wire_enum! {
+    /// The five command kinds a controller may admit.
+    pub enum CommandKind {
+        Create = "create",
+        Restore = "restore",
+        Input = "input",
+        Interrupt = "interrupt",
+        GateResponse = "gate_response",
+    }
+    kind = "command_kind";
+    from_str(StoreError);
+    serde;
 }
 
-wire_enum!(
-    /// The five command kinds a controller may admit.
-    CommandKind, "command_kind" {
-        Create => "create",
-        Restore => "restore",
-        Input => "input",
-        Interrupt => "interrupt",
-        GateResponse => "gate_response",
-    }
-);
-
-wire_enum!(
+wire_enum! {
     /// Where a command is in its state machine.
-    CommandState, "command_state" {
-        Pending => "pending",
-        Claimed => "claimed",
-        Applying => "applying",
-        Applied => "applied",
-        Rejected => "rejected",
+    pub enum CommandState {
+        Pending = "pending",
+        Claimed = "claimed",
+        Applying = "applying",
+        Applied = "applied",
+        Rejected = "rejected",
     }
-);
+    kind = "command_state";
+    from_str(StoreError);
+    serde;
+}
 
 impl CommandState {
     /// Applied and rejected are terminal.
@@ -75,26 +46,32 @@ impl CommandState {
     }
 }
 
-wire_enum!(
+wire_enum! {
     /// How a command ended. `applied` and `no_op` end in state `applied`; the others in `rejected`.
-    Outcome, "outcome" {
-        Applied => "applied",
-        NoOp => "no_op",
-        Refused => "refused",
-        NotApplied => "not_applied",
-        Rejected => "rejected",
+    pub enum Outcome {
+        Applied = "applied",
+        NoOp = "no_op",
+        Refused = "refused",
+        NotApplied = "not_applied",
+        Rejected = "rejected",
     }
-);
+    kind = "outcome";
+    from_str(StoreError);
+    serde;
+}
 
-wire_enum!(
+wire_enum! {
     /// What the runtime recorded for an attempt (the disposition in its journal).
-    Disposition, "disposition" {
-        Applied => "applied",
-        NoOp => "no_op",
-        Refused => "refused",
-        NotApplied => "not_applied",
+    pub enum Disposition {
+        Applied = "applied",
+        NoOp = "no_op",
+        Refused = "refused",
+        NotApplied = "not_applied",
     }
-);
+    kind = "disposition";
+    from_str(StoreError);
+    serde;
+}
 
 impl Disposition {
     /// The command outcome this disposition settles to.
@@ -116,32 +93,41 @@ impl Disposition {
     }
 }
 
-wire_enum!(
+wire_enum! {
     /// A session's residency as the Host projects it into the catalog.
-    ResidencyState, "residency_state" {
-        None => "none",
-        Attaching => "attaching",
-        Resident => "resident",
-        Releasing => "releasing",
-        Released => "released",
+    pub enum ResidencyState {
+        None = "none",
+        Attaching = "attaching",
+        Resident = "resident",
+        Releasing = "releasing",
+        Released = "released",
     }
-);
+    kind = "residency_state";
+    from_str(StoreError);
+    serde;
+}
 
-wire_enum!(
+wire_enum! {
     /// How a Host places sessions.
-    Placement, "placement" {
-        Pooled => "pooled",
-        Dedicated => "dedicated",
+    pub enum Placement {
+        Pooled = "pooled",
+        Dedicated = "dedicated",
     }
-);
+    kind = "placement";
+    from_str(StoreError);
+    serde;
+}
 
-wire_enum!(
+wire_enum! {
     /// A projected gate's state.
-    GateState, "gate_state" {
-        Open => "open",
-        Resolved => "resolved",
+    pub enum GateState {
+        Open = "open",
+        Resolved = "resolved",
     }
-);
+    kind = "gate_state";
+    from_str(StoreError);
+    serde;
+}
 
 /// The immutable binding of a session to its runtime's journal.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]

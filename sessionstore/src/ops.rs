@@ -12,6 +12,8 @@
 
 use std::sync::Arc;
 
+use wire_enum::wire_enum;
+
 use crate::clock::Millis;
 use crate::error::{StoreError, StoreResult};
 use crate::evidence::{EvidenceReader, EvidenceRouter};
@@ -35,7 +37,7 @@ pub(crate) struct JournalRow {
     pub seq: u64,
     pub epoch: JournalEpoch,
     pub written_at_ms: Millis,
-    pub kind: &'static str,
+    pub kind: RowKind,
     pub event: Option<EventId>,
     pub public_body: Option<BodySlot>,
     pub private_body: Option<BodySlot>,
@@ -47,22 +49,15 @@ pub(crate) struct JournalRow {
     pub detail: Option<Vec<u8>>,
 }
 
-/// Which transition a [`Transitioning`] presumes.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) enum TransitionKind {
-    Claim,
-    Attempt,
-    Reject,
-}
-
-impl TransitionKind {
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            TransitionKind::Claim => "claim",
-            TransitionKind::Attempt => "attempt",
-            TransitionKind::Reject => "reject",
-        }
+wire_enum! {
+    /// Which transition a [`Transitioning`] presumes, as the transition statement's `kind`
+    /// column spells it.
+    pub(crate) enum TransitionKind {
+        Claim = "claim",
+        Attempt = "attempt",
+        Reject = "reject",
     }
+    kind = "transition";
 }
 
 /// A command transition as a backend may write it in the statement that reads the row: the
@@ -1021,7 +1016,7 @@ pub(crate) async fn journal_acquire<T: Tx>(
         seq,
         epoch,
         written_at_ms: now,
-        kind: "fence",
+        kind: RowKind::Fence,
         event: None,
         public_body: None,
         private_body: None,
@@ -1436,8 +1431,8 @@ pub(crate) async fn row_to_record<T: Tx>(
 ) -> StoreResult<JournalRecord> {
     let bad = |what: &str| StoreError::integrity("journal", format!("record {}: {what}", row.seq));
     let kind = match row.kind {
-        "fence" => RecordKind::Fence,
-        "event" => {
+        RowKind::Fence => RecordKind::Fence,
+        RowKind::Event => {
             let event = row.event.clone().ok_or_else(|| bad("event without id"))?;
             let public = resolve_slot(tx, row.public_body.clone())
                 .await?
@@ -1450,13 +1445,13 @@ pub(crate) async fn row_to_record<T: Tx>(
                 cause: row.cause,
             }
         }
-        "control" => RecordKind::Control {
+        RowKind::Control => RecordKind::Control {
             body: resolve_slot(tx, row.private_body.clone())
                 .await?
                 .ok_or_else(|| bad("control without body"))?,
             cause: row.cause,
         },
-        "application" | "closure" => {
+        RowKind::Application | RowKind::Closure => {
             let identity = row
                 .identity
                 .clone()
@@ -1464,7 +1459,7 @@ pub(crate) async fn row_to_record<T: Tx>(
             let attempt = row.attempt.ok_or_else(|| bad("no attempt"))?;
             let attempt_epoch = row.attempt_epoch.ok_or_else(|| bad("no attempt epoch"))?;
             let outcome = row.outcome.ok_or_else(|| bad("no outcome"))?;
-            if row.kind == "closure" {
+            if row.kind == RowKind::Closure {
                 if outcome != Disposition::NotApplied {
                     return Err(bad("closure with an outcome other than not_applied"));
                 }
@@ -1489,7 +1484,6 @@ pub(crate) async fn row_to_record<T: Tx>(
                 }
             }
         }
-        other => return Err(bad(&format!("unknown kind {other}"))),
     };
     Ok(JournalRecord {
         seq: row.seq,

@@ -11,6 +11,8 @@
 use std::str::FromStr;
 use std::time::Duration;
 
+use wire_enum::wire_enum;
+
 use crate::clock::Millis;
 use crate::error::{StoreError, StoreResult};
 use crate::ids::{RunId, TenantId, check_opaque_id};
@@ -25,29 +27,21 @@ pub const MAX_RUN_DOCUMENT_BYTES: usize = 1024 * 1024;
 /// The longest step or checkpoint name.
 pub const MAX_STEP_NAME: usize = 128;
 
-/// Where a run stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum RunState {
-    /// Driven (or parked at a checkpoint) by its holder.
-    Running,
-    /// Stopped at a step whose effect is unknown; an operator decides (retry or skip).
-    NeedsAttention,
-    Completed,
-    Failed,
-    Cancelled,
+wire_enum! {
+    /// Where a run stands.
+    pub enum RunState {
+        /// Driven (or parked at a checkpoint) by its holder.
+        Running = "running",
+        /// Stopped at a step whose effect is unknown; an operator decides (retry or skip).
+        NeedsAttention = "needs_attention",
+        Completed = "completed",
+        Failed = "failed",
+        Cancelled = "cancelled",
+    }
+    kind = "run_status";
 }
 
 impl RunState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RunState::Running => "running",
-            RunState::NeedsAttention => "needs_attention",
-            RunState::Completed => "completed",
-            RunState::Failed => "failed",
-            RunState::Cancelled => "cancelled",
-        }
-    }
-
     /// Completed, failed and cancelled runs never change again.
     pub fn is_terminal(self) -> bool {
         matches!(
@@ -55,29 +49,13 @@ impl RunState {
             RunState::Completed | RunState::Failed | RunState::Cancelled
         )
     }
-
-    pub const ALL: [RunState; 5] = [
-        RunState::Running,
-        RunState::NeedsAttention,
-        RunState::Completed,
-        RunState::Failed,
-        RunState::Cancelled,
-    ];
 }
 
 impl FromStr for RunState {
     type Err = StoreError;
     fn from_str(s: &str) -> StoreResult<Self> {
-        RunState::ALL
-            .into_iter()
-            .find(|k| k.as_str() == s)
-            .ok_or_else(|| StoreError::integrity("run_status", format!("unknown state {s:?}")))
-    }
-}
-
-impl std::fmt::Display for RunState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+        RunState::from_wire(s)
+            .map_err(|_| StoreError::integrity("run_status", format!("unknown state {s:?}")))
     }
 }
 
@@ -165,38 +143,25 @@ pub struct RunFence {
     pub token: String,
 }
 
-/// The kinds of journal entries.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum StepEntryKind {
-    /// An invocation whose effect is not replay-safe began (written before the handler starts).
-    Began,
-    /// The step's result (one per step).
-    Result,
-    /// A failed attempt of a supervised step (one per attempt).
-    Failure,
-}
-
-impl StepEntryKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StepEntryKind::Began => "began",
-            StepEntryKind::Result => "result",
-            StepEntryKind::Failure => "failure",
-        }
+wire_enum! {
+    /// The kinds of journal entries.
+    pub enum StepEntryKind {
+        /// An invocation whose effect is not replay-safe began (written before the handler
+        /// starts).
+        Began = "began",
+        /// The step's result (one per step).
+        Result = "result",
+        /// A failed attempt of a supervised step (one per attempt).
+        Failure = "failure",
     }
+    kind = "run_journal";
 }
 
 impl FromStr for StepEntryKind {
     type Err = StoreError;
     fn from_str(s: &str) -> StoreResult<Self> {
-        [
-            StepEntryKind::Began,
-            StepEntryKind::Result,
-            StepEntryKind::Failure,
-        ]
-        .into_iter()
-        .find(|k| k.as_str() == s)
-        .ok_or_else(|| StoreError::integrity("run_journal", format!("unknown kind {s:?}")))
+        StepEntryKind::from_wire(s)
+            .map_err(|_| StoreError::integrity("run_journal", format!("unknown kind {s:?}")))
     }
 }
 
@@ -231,38 +196,24 @@ pub struct StepEntry {
     pub recorded_at_ms: Millis,
 }
 
-/// The kinds of checkpoints.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum CheckpointKind {
-    /// Parks until answered.
-    Ask,
-    /// A durable timer.
-    Sleep,
-    /// An operator's decision on a step whose effect is unknown (`retry` or `skip`).
-    Attention,
-}
-
-impl CheckpointKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CheckpointKind::Ask => "ask",
-            CheckpointKind::Sleep => "sleep",
-            CheckpointKind::Attention => "attention",
-        }
+wire_enum! {
+    /// The kinds of checkpoints.
+    pub enum CheckpointKind {
+        /// Parks until answered.
+        Ask = "ask",
+        /// A durable timer.
+        Sleep = "sleep",
+        /// An operator's decision on a step whose effect is unknown (`retry` or `skip`).
+        Attention = "attention",
     }
+    kind = "run_checkpoints";
 }
 
 impl FromStr for CheckpointKind {
     type Err = StoreError;
     fn from_str(s: &str) -> StoreResult<Self> {
-        [
-            CheckpointKind::Ask,
-            CheckpointKind::Sleep,
-            CheckpointKind::Attention,
-        ]
-        .into_iter()
-        .find(|k| k.as_str() == s)
-        .ok_or_else(|| StoreError::integrity("run_checkpoints", format!("unknown kind {s:?}")))
+        CheckpointKind::from_wire(s)
+            .map_err(|_| StoreError::integrity("run_checkpoints", format!("unknown kind {s:?}")))
     }
 }
 

@@ -614,19 +614,9 @@ fn decode_slot(r: &Row, body: usize, object: usize) -> StoreResult<Option<BodySl
 }
 
 pub(crate) fn decode_journal_row(r: &Row) -> StoreResult<JournalRow> {
-    let kind = match r.text(2)?.as_str() {
-        "fence" => "fence",
-        "event" => "event",
-        "control" => "control",
-        "application" => "application",
-        "closure" => "closure",
-        other => {
-            return Err(StoreError::integrity(
-                "journal",
-                format!("unknown record kind {other:?}"),
-            ));
-        }
-    };
+    let kind = RowKind::from_wire(&r.text(2)?).map_err(|e| {
+        StoreError::integrity("journal", format!("unknown record kind {:?}", e.value))
+    })?;
     let identity = match (
         r.opt_id(11, CommandId::new)?,
         r.opt_id(12, |t: String| RuntimeCommandId::parse(&t))?,

@@ -632,7 +632,7 @@ impl<C: Conn> Tx for SqlTx<C> {
             vec![
                 text(row.runtime_session.to_text()),
                 int(row.seq),
-                text(row.kind),
+                text(row.kind.as_str()),
                 int(row.epoch.0),
                 ms(row.written_at_ms),
                 opt_text(row.event.as_ref().map(|e| e.as_str().to_owned())),

@@ -1,5 +1,5 @@
-//! Wire vocabulary: the command bodies a controller admits, and the strict JSON object reader
-//! every decoder of untrusted records uses. Owns the rule that separates a body no Host could
+//! Wire vocabulary: the command bodies a controller admits, and the one strict JSON object
+//! reader ([`StrictObject`]) every decoder of untrusted objects uses, here and in `hostlink`. Owns the rule that separates a body no Host could
 //! ever apply (`Malformed`: reject it) from one only a newer Host could (`UnknownField`,
 //! `UnsupportedVersion`: block it). Never performs I/O.
 //!
@@ -25,8 +25,9 @@
 //! versions, is malformed. A block of another `type` is from a newer writer (blocked).
 
 use std::fmt;
+use std::marker::PhantomData;
 
-use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::de::{self, DeserializeOwned, Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
@@ -70,51 +71,99 @@ impl DecodeError {
     }
 }
 
-/// A JSON object read strictly: duplicate members refused, members kept in order.
+/// A JSON object read strictly: exactly one object (whitespace around it allowed, nothing
+/// else), duplicate members refused, members kept in the order they came. Each member is kept
+/// as a `V`: a [`Value`] (the default), or a `Box<RawValue>` where a decoder must keep the exact
+/// bytes a member arrived as. This is the one strict object reader: every decoder of untrusted
+/// JSON objects (command bodies here, HostLink frames in `hostlink`) reads through it.
 #[derive(Clone, Debug, PartialEq)]
-pub struct StrictObject {
-    members: Vec<(String, Value)>,
+pub struct StrictObject<V = Value> {
+    members: Vec<(String, V)>,
 }
 
-struct StrictVisitor;
+/// Why bytes are not one strict JSON object. The text is what a decoder reports as is.
+#[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct NotStrictObject(pub String);
 
-impl<'de> Visitor<'de> for StrictVisitor {
-    type Value = StrictObject;
+impl From<NotStrictObject> for DecodeError {
+    fn from(e: NotStrictObject) -> Self {
+        DecodeError::Malformed(e.0)
+    }
+}
+
+struct StrictVisitor<V>(PhantomData<V>);
+
+impl<'de, V: Deserialize<'de>> Visitor<'de> for StrictVisitor<V> {
+    type Value = StrictObject<V>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a JSON object")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<StrictObject, A::Error> {
-        let mut members: Vec<(String, Value)> = Vec::new();
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<StrictObject<V>, A::Error> {
+        let mut members: Vec<(String, V)> = Vec::new();
         while let Some(key) = map.next_key::<String>()? {
             if members.iter().any(|(k, _)| *k == key) {
                 return Err(de::Error::custom(format!("duplicate member {key:?}")));
             }
-            let value: Value = map.next_value()?;
+            let value: V = map.next_value()?;
             members.push((key, value));
         }
         Ok(StrictObject { members })
     }
 }
 
-impl<'de> Deserialize<'de> for StrictObject {
+impl<'de, V: Deserialize<'de>> Deserialize<'de> for StrictObject<V> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_map(StrictVisitor)
+        deserializer.deserialize_map(StrictVisitor(PhantomData))
+    }
+}
+
+impl<V: DeserializeOwned> StrictObject<V> {
+    /// Parses `bytes` as exactly one JSON object (no trailing data, no duplicate members).
+    pub fn parse(bytes: &[u8]) -> Result<StrictObject<V>, NotStrictObject> {
+        let mut de = serde_json::Deserializer::from_slice(bytes);
+        let obj = StrictObject::deserialize(&mut de)
+            .map_err(|e| NotStrictObject(format!("not a single JSON object: {e}")))?;
+        de.end()
+            .map_err(|_| NotStrictObject("trailing data after the object".into()))?;
+        Ok(obj)
+    }
+}
+
+impl<V> StrictObject<V> {
+    /// The members, in order.
+    pub fn members(&self) -> &[(String, V)] {
+        &self.members
+    }
+
+    /// Whether the object has no members.
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    /// The value of `key`, if present.
+    pub fn get(&self, key: &str) -> Option<&V> {
+        self.members.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
+
+    /// Takes the value of `key` out of the object.
+    pub fn take(&mut self, key: &str) -> Option<V> {
+        let at = self.members.iter().position(|(k, _)| k == key)?;
+        Some(self.members.remove(at).1)
+    }
+
+    /// The first member (in order) not in `known`, if any.
+    pub fn first_unknown(&self, known: &[&str]) -> Option<&str> {
+        self.members
+            .iter()
+            .map(|(k, _)| k.as_str())
+            .find(|k| !known.contains(k))
     }
 }
 
 impl StrictObject {
-    /// Parses `bytes` as exactly one JSON object (no trailing data, no duplicate members).
-    pub fn parse(bytes: &[u8]) -> Result<StrictObject, DecodeError> {
-        let mut de = serde_json::Deserializer::from_slice(bytes);
-        let obj = StrictObject::deserialize(&mut de)
-            .map_err(|e| DecodeError::Malformed(format!("not a single JSON object: {e}")))?;
-        de.end()
-            .map_err(|_| DecodeError::Malformed("trailing data after the object".into()))?;
-        Ok(obj)
-    }
-
     /// Builds from an already-parsed value (duplicates were lost by the parser; prefer
     /// [`StrictObject::parse`] for untrusted bytes).
     pub fn from_value(v: Value) -> Result<StrictObject, DecodeError> {
@@ -126,23 +175,12 @@ impl StrictObject {
         }
     }
 
-    /// The members, in order.
-    pub fn members(&self) -> &[(String, Value)] {
-        &self.members
-    }
-
     /// Refuses any member not in `known` (as `UnknownField`: a newer writer may send it).
     pub fn only(&self, known: &[&str]) -> Result<(), DecodeError> {
-        for (k, _) in &self.members {
-            if !known.contains(&k.as_str()) {
-                return Err(DecodeError::UnknownField(k.clone()));
-            }
+        match self.first_unknown(known) {
+            Some(k) => Err(DecodeError::UnknownField(k.to_owned())),
+            None => Ok(()),
         }
-        Ok(())
-    }
-
-    fn get(&self, key: &str) -> Option<&Value> {
-        self.members.iter().find(|(k, _)| k == key).map(|(_, v)| v)
     }
 
     /// The `version` member: required, a positive integer, and one this build reads.
@@ -372,7 +410,7 @@ pub fn decode_command(
     session: &SessionId,
     command: &CommandId,
 ) -> Result<DecodedCommand, DecodeError> {
-    let obj = StrictObject::parse(bytes)?;
+    let obj: StrictObject = StrictObject::parse(bytes)?;
     obj.version(BODY_VERSION)?;
     let common = [
         "version",
@@ -525,7 +563,49 @@ impl CommandBodyV1 {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::value::RawValue;
+
     use super::*;
+
+    #[test]
+    fn a_raw_strict_object_keeps_each_members_exact_bytes_in_order() {
+        let obj = StrictObject::<Box<RawValue>>::parse(br#" {"b": {"z":1, "a" :2}, "a":[1 ,2]} "#)
+            .unwrap();
+        let keys: Vec<&str> = obj.members().iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["b", "a"]);
+        assert_eq!(obj.get("b").unwrap().get(), r#"{"z":1, "a" :2}"#);
+        assert_eq!(obj.first_unknown(&["b"]), Some("a"));
+    }
+
+    #[test]
+    fn duplicates_trailing_data_and_non_objects_are_not_one_strict_object() {
+        for bad in [
+            &br#"{"a":1,"a":2}"#[..],
+            br#"{"a":1} {}"#,
+            br#"{"a":1}x"#,
+            b"[]",
+            b"null",
+            b"",
+            b"{",
+        ] {
+            let raw = StrictObject::<Box<RawValue>>::parse(bad).unwrap_err();
+            let value = StrictObject::<Value>::parse(bad).unwrap_err();
+            assert_eq!(raw, value, "{:?}", String::from_utf8_lossy(bad));
+        }
+        assert_eq!(
+            StrictObject::<Value>::parse(br#"{"a":1} {}"#)
+                .unwrap_err()
+                .0,
+            "trailing data after the object"
+        );
+        let dup = StrictObject::<Value>::parse(br#"{"a":1,"a":2}"#)
+            .unwrap_err()
+            .0;
+        assert!(
+            dup.starts_with("not a single JSON object: duplicate member \"a\""),
+            "{dup}"
+        );
+    }
 
     fn s() -> SessionId {
         SessionId::new("s1").unwrap()

@@ -1,9 +1,13 @@
 //! Time as every Host crate spends it: [`duration_text`], durations written the way people
-//! write them in flags and config files (`500ms`, `30s`, `5m`). This crate owns no clock and no
-//! task; it must never depend on another crate of the workspace, so that every crate can use
-//! it.
+//! write them in flags and config files (`500ms`, `30s`, `5m`), and [`Backoff`], the one
+//! exponential backoff between retries. This crate owns no clock and no task; it must never
+//! depend on another crate of the workspace, so that every crate can use it.
 
 #![forbid(unsafe_code)]
+
+mod backoff;
+
+pub use backoff::{Backoff, Retries, jitter_fraction};
 
 /// Durations as human text (`"500ms"`, `"10s"`) in serialized options: use as
 /// `#[serde(with = "timing::duration_text")]`.

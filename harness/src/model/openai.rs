@@ -329,18 +329,10 @@ impl OpenAiModel {
         }
     }
 
-    /// Exponential backoff for the retry after attempt `attempt` (0-based), with jitter: a
-    /// uniform pick between half and all of `min(initial * 2^attempt, max)`.
+    /// The wait before the retry after attempt `attempt` (0-based): a uniform pick between
+    /// half and all of `min(initial * 2^attempt, max)`.
     fn backoff(&self, attempt: u32) -> Duration {
-        let factor = 1u32.checked_shl(attempt.min(31)).unwrap_or(u32::MAX);
-        let full = self
-            .config
-            .options
-            .backoff_initial
-            .checked_mul(factor)
-            .unwrap_or(self.config.options.backoff_max)
-            .min(self.config.options.backoff_max);
-        full.mul_f64(0.5 + 0.5 * jitter_fraction())
+        self.config.options.backoff().wait(attempt)
     }
 }
 
@@ -971,18 +963,6 @@ fn truncate_chars(text: &str, max: usize) -> String {
 
 fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
-}
-
-/// A number in [0, 1), different on every call; enough for backoff jitter.
-fn jitter_fraction() -> f64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64
 }
 
 #[cfg(test)]

@@ -10,7 +10,8 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use timing::duration_text;
+use timing::{Backoff, duration_text};
+use wire_enum::wire_enum;
 
 /// The most retries the options may ask for.
 pub const MAX_RETRIES_LIMIT: u32 = 10;
@@ -19,29 +20,20 @@ pub const MAX_DURATION: Duration = Duration::from_secs(24 * 60 * 60);
 /// The largest `max_tokens` accepted.
 pub const MAX_TOKENS_LIMIT: u32 = 1_000_000;
 
-/// A stable code for a refused option.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OpenAiOptionsCode {
-    /// A duration or count that must be positive is zero.
-    NotPositive,
-    /// A value is above its upper bound.
-    AboveBound,
-    /// A value is outside its allowed range (for instance, a temperature that is not a number).
-    OutOfRange,
-    /// `backoff_max` is shorter than `backoff_initial`.
-    BackoffOrder,
-}
-
-impl OpenAiOptionsCode {
-    /// The wire spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OpenAiOptionsCode::NotPositive => "not_positive",
-            OpenAiOptionsCode::AboveBound => "above_bound",
-            OpenAiOptionsCode::OutOfRange => "out_of_range",
-            OpenAiOptionsCode::BackoffOrder => "backoff_order",
-        }
+wire_enum! {
+    /// A stable code for a refused option.
+    pub enum OpenAiOptionsCode {
+        /// A duration or count that must be positive is zero.
+        NotPositive = "not_positive",
+        /// A value is above its upper bound.
+        AboveBound = "above_bound",
+        /// A value is outside its allowed range (for instance, a temperature that is not a
+        /// number).
+        OutOfRange = "out_of_range",
+        /// `backoff_max` is shorter than `backoff_initial`.
+        BackoffOrder = "backoff_order",
     }
+    kind = "openai_options_code";
 }
 
 /// An option refused at validation: which field, why, and a stable code.
@@ -118,6 +110,12 @@ fn refuse(
 }
 
 impl OpenAiOptions {
+    /// The waits between retries: from `backoff_initial`, doubled per retry up to
+    /// `backoff_max`, each jittered to between half and all of its step.
+    pub fn backoff(&self) -> Backoff {
+        Backoff::new(self.backoff_initial, self.backoff_max).with_jitter()
+    }
+
     /// Checks every option; the error names the first one that is wrong.
     pub fn validate(&self) -> Result<(), OpenAiOptionsError> {
         for (field, value) in [
