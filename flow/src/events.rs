@@ -10,51 +10,35 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
+use wire_enum::wire_enum;
 
 use crate::predicate::ReadinessFailure;
 use crate::teardown::Receipt;
 
-/// Which pipe a line of output came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OutputStream {
-    Stdout,
-    Stderr,
-}
-
-impl OutputStream {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OutputStream::Stdout => "out",
-            OutputStream::Stderr => "err",
-        }
+wire_enum! {
+    /// Which pipe a line of output came from.
+    pub enum OutputStream {
+        Stdout = "out",
+        Stderr = "err",
     }
+    kind = "output_stream";
 }
 
-/// The action steps a service goes through on its way up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Step {
-    /// Validated and given its ports.
-    Load,
-    /// Its environment resolved (its producers' addresses and its own).
-    Init,
-    /// Its process spawned in its own process group.
-    Start,
-    /// Passed every readiness predicate.
-    Running,
-    /// A one-shot job that exited with status 0.
-    Completed,
-}
-
-impl Step {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Step::Load => "load",
-            Step::Init => "init",
-            Step::Start => "start",
-            Step::Running => "running",
-            Step::Completed => "completed",
-        }
+wire_enum! {
+    /// The action steps a service goes through on its way up.
+    pub enum Step {
+        /// Validated and given its ports.
+        Load = "load",
+        /// Its environment resolved (its producers' addresses and its own).
+        Init = "init",
+        /// Its process spawned in its own process group.
+        Start = "start",
+        /// Passed every readiness predicate.
+        Running = "running",
+        /// A one-shot job that exited with status 0.
+        Completed = "completed",
     }
+    kind = "step";
 }
 
 #[derive(Debug, Clone)]

@@ -7,8 +7,9 @@
 //! legitimate cycle). An unknown stage, phase or service is an error, never an empty answer.
 
 use std::collections::{BTreeSet, HashMap};
-use std::fmt;
 use std::str::FromStr;
+
+use wire_enum::wire_enum;
 
 use crate::error::GraphError;
 use crate::manifest::{DependencyKind, Workspace};
@@ -65,46 +66,32 @@ impl DependencyKind {
     }
 }
 
-/// An elementary graph that can be sorted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Stage {
-    Build,
-    Run,
-}
-
-impl Stage {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Stage::Build => "build",
-            Stage::Run => "run",
-        }
+wire_enum! {
+    /// An elementary graph that can be sorted.
+    #[derive(PartialOrd, Ord)]
+    pub enum Stage {
+        Build = "build",
+        Run = "run",
     }
+    kind = "stage";
 }
 
 impl FromStr for Stage {
     type Err = GraphError;
     fn from_str(s: &str) -> Result<Self, GraphError> {
-        match s {
-            "build" => Ok(Stage::Build),
-            "run" => Ok(Stage::Run),
-            other => Err(GraphError::UnknownStage(other.to_owned())),
-        }
+        Stage::from_wire(s).map_err(|e| GraphError::UnknownStage(e.value))
     }
 }
 
-impl fmt::Display for Stage {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+wire_enum! {
+    /// An operation a caller asks for; it decomposes into ordered stages.
+    pub enum Phase {
+        Build = "build",
+        Run = "run",
+        Test = "test",
+        Deploy = "deploy",
     }
-}
-
-/// An operation a caller asks for; it decomposes into ordered stages.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
-    Build,
-    Run,
-    Test,
-    Deploy,
+    kind = "phase";
 }
 
 impl Phase {
@@ -120,13 +107,7 @@ impl Phase {
 impl FromStr for Phase {
     type Err = GraphError;
     fn from_str(s: &str) -> Result<Self, GraphError> {
-        match s {
-            "build" => Ok(Phase::Build),
-            "run" => Ok(Phase::Run),
-            "test" => Ok(Phase::Test),
-            "deploy" => Ok(Phase::Deploy),
-            other => Err(GraphError::UnknownPhase(other.to_owned())),
-        }
+        Phase::from_wire(s).map_err(|e| GraphError::UnknownPhase(e.value))
     }
 }
 

@@ -7,13 +7,13 @@
 //! rather than ignored.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
 use strict_yaml::read::{self, Map, Problem, ProblemKind};
 use strict_yaml::{Node, Resolved};
+use wire_enum::wire_enum;
 
 use crate::error::{ManifestError, ManifestProblem};
 use crate::restart::{RestartPolicy, RestartSpec};
@@ -40,54 +40,35 @@ const ENDPOINT_KEYS: &[&str] = &["name", "api", "port", "health", "tls"];
 const DEPENDENCY_KEYS: &[&str] = &["name", "kind", "endpoints"];
 const RESTART_KEYS: &[&str] = &["policy", "max_restarts", "window", "backoff", "max_backoff"];
 
-/// Why a consumer depends on a producer, as declared. What each kind means for the stages
-/// and the waits is the dependency graph's business (`graph.rs`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum DependencyKind {
-    /// No kind declared: constrains build and run, waits for the producer to be healthy.
-    Legacy,
-    /// A build or code-generation input: constrains build only, waits for nothing.
-    Build,
-    /// The producer's API contract is read at build time: build only, waits for nothing.
-    Schema,
-    /// A consumed endpoint: run only, waits for the producer to be healthy.
-    Runtime,
-    /// One-shot work that must finish first: run only, waits for an exit status 0.
-    Completion,
-    /// Provided outside the workspace: no stage, never started or waited for.
-    External,
-}
-
-impl DependencyKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DependencyKind::Legacy => "legacy",
-            DependencyKind::Build => "build",
-            DependencyKind::Schema => "schema",
-            DependencyKind::Runtime => "runtime",
-            DependencyKind::Completion => "completion",
-            DependencyKind::External => "external",
-        }
+wire_enum! {
+    /// Why a consumer depends on a producer, as declared. What each kind means for the stages
+    /// and the waits is the dependency graph's business (`graph.rs`).
+    pub enum DependencyKind {
+        /// No kind declared: constrains build and run, waits for the producer to be healthy.
+        Legacy = "legacy",
+        /// A build or code-generation input: constrains build only, waits for nothing.
+        Build = "build",
+        /// The producer's API contract is read at build time: build only, waits for nothing.
+        Schema = "schema",
+        /// A consumed endpoint: run only, waits for the producer to be healthy.
+        Runtime = "runtime",
+        /// One-shot work that must finish first: run only, waits for an exit status 0.
+        Completion = "completion",
+        /// Provided outside the workspace: no stage, never started or waited for.
+        External = "external",
     }
+    kind = "dependency_kind";
 }
 
+/// A declared kind, as a manifest's `kind:` spells it. `legacy` is written (it is what an
+/// edge without `kind:` is) but never read: a manifest asks for it by leaving `kind:` out.
 impl FromStr for DependencyKind {
     type Err = ();
     fn from_str(s: &str) -> Result<Self, ()> {
-        Ok(match s {
-            "build" => DependencyKind::Build,
-            "schema" => DependencyKind::Schema,
-            "runtime" => DependencyKind::Runtime,
-            "completion" => DependencyKind::Completion,
-            "external" => DependencyKind::External,
-            _ => return Err(()),
-        })
-    }
-}
-
-impl fmt::Display for DependencyKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        match DependencyKind::from_wire(s) {
+            Ok(DependencyKind::Legacy) | Err(_) => Err(()),
+            Ok(kind) => Ok(kind),
+        }
     }
 }
 
@@ -99,22 +80,14 @@ pub struct Workspace {
     pub services: Vec<ServiceManifest>,
 }
 
-/// What a service endpoint speaks, which decides its readiness predicate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Api {
-    Tcp,
-    Http,
-    Grpc,
-}
-
-impl Api {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Api::Tcp => "tcp",
-            Api::Http => "http",
-            Api::Grpc => "grpc",
-        }
+wire_enum! {
+    /// What a service endpoint speaks, which decides its readiness predicate.
+    pub enum Api {
+        Tcp = "tcp",
+        Http = "http",
+        Grpc = "grpc",
     }
+    kind = "api";
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -666,17 +639,16 @@ fn parse_endpoint(ctx: &Ctx, m: &Map, context: &str) -> Result<Endpoint, Manifes
     validate_name(ctx, "endpoints.name", &name)?;
     let api = match m.get("api") {
         None => return Err(ctx.missing("api", context)),
-        Some(v) => match ctx.string(v, "endpoints.api")?.as_str() {
-            "tcp" => Api::Tcp,
-            "http" => Api::Http,
-            "grpc" => Api::Grpc,
-            other => {
-                return Err(ctx.invalid(
-                    "endpoints.api",
-                    &format!("`{other}` on endpoint `{name}` is not one of tcp, http, grpc"),
-                ));
-            }
-        },
+        Some(v) => Api::from_wire(&ctx.string(v, "endpoints.api")?).map_err(|e| {
+            ctx.invalid(
+                "endpoints.api",
+                &format!(
+                    "`{}` on endpoint `{name}` is not one of {}",
+                    e.value,
+                    e.expected_list()
+                ),
+            )
+        })?,
     };
     let port = match m.given("port") {
         None => None,
@@ -804,18 +776,18 @@ fn parse_restart(ctx: &Ctx, m: &Map) -> Result<RestartSpec, ManifestError> {
     if let Some(v) = m.get("policy") {
         spec.policy = match (v.scalar().map(|s| s.resolved), v.as_str()) {
             (Some(Resolved::Bool(false)), _) => RestartPolicy::No,
-            (_, Some(s)) => match s {
-                "no" => RestartPolicy::No,
-                "on-failure" => RestartPolicy::OnFailure,
-                "always" => RestartPolicy::Always,
-                other => {
-                    return Err(ctx.invalid(
-                        "restart.policy",
-                        &format!("`{other}` is not one of no, on-failure, always"),
-                    ));
-                }
-            },
-            _ => return Err(ctx.invalid("restart.policy", "must be one of no, on-failure, always")),
+            (_, Some(s)) => RestartPolicy::from_wire(s).map_err(|e| {
+                ctx.invalid(
+                    "restart.policy",
+                    &format!("`{}` is not one of {}", e.value, e.expected_list()),
+                )
+            })?,
+            _ => {
+                return Err(ctx.invalid(
+                    "restart.policy",
+                    &format!("must be one of {}", RestartPolicy::TEXTS.join(", ")),
+                ));
+            }
         };
     }
     if let Some(v) = m.get("max_restarts") {

@@ -5,46 +5,28 @@
 //!
 //! This module owns those two types only. It must never probe, wait or decide anything.
 
-use std::fmt;
+use wire_enum::wire_enum;
 
-/// A named readiness requirement.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Predicate {
-    /// The service's Start action returned successfully.
-    Lifecycle,
-    /// The started process is still alive (or, for a service with no endpoints, exited 0).
-    Runner,
-    /// The endpoint accepts a TCP connection.
-    TcpConnect,
-    /// The endpoint's declared health path answers without a server error (5xx).
-    HttpStatus,
-    /// The endpoint's `grpc.health.v1` service reports SERVING (or is unimplemented).
-    GrpcHealth,
-    /// Whatever answers on the endpoint's port is a process of the service's own process
-    /// group, not a squatter that took the port.
-    Listener,
-    /// A one-shot job exited with status 0.
-    Completion,
-}
-
-impl Predicate {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Predicate::Lifecycle => "lifecycle",
-            Predicate::Runner => "runner",
-            Predicate::TcpConnect => "tcp-connect",
-            Predicate::HttpStatus => "http-status",
-            Predicate::GrpcHealth => "grpc-health",
-            Predicate::Listener => "listener",
-            Predicate::Completion => "completion",
-        }
+wire_enum! {
+    /// A named readiness requirement.
+    pub enum Predicate {
+        /// The service's Start action returned successfully.
+        Lifecycle = "lifecycle",
+        /// The started process is still alive (or, for a service with no endpoints, exited 0).
+        Runner = "runner",
+        /// The endpoint accepts a TCP connection.
+        TcpConnect = "tcp-connect",
+        /// The endpoint's declared health path answers without a server error (5xx).
+        HttpStatus = "http-status",
+        /// The endpoint's `grpc.health.v1` service reports SERVING (or is unimplemented).
+        GrpcHealth = "grpc-health",
+        /// Whatever answers on the endpoint's port is a process of the service's own process
+        /// group, not a squatter that took the port.
+        Listener = "listener",
+        /// A one-shot job exited with status 0.
+        Completion = "completion",
     }
-}
-
-impl fmt::Display for Predicate {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
+    kind = "predicate";
 }
 
 /// The first requirement that did not hold, with the last error it gave.

@@ -1,6 +1,6 @@
 //! Readiness: the named predicates a started service must pass before it counts as running
 //! (lifecycle, runner, tcp-connect, http-status, grpc-health, listener), and the wait that
-//! retries them with exponential backoff under a deadline.
+//! retries them under a deadline, each pause paced by the time already waited.
 //!
 //! This module owns probing and the verdict. It must never signal or restart a process, and
 //! it must never invent a health contract: an http endpoint without a declared health path is
@@ -219,9 +219,11 @@ pub struct ReadinessGate {
     pub owner_group: Option<i32>,
 }
 
-/// The pauses between readiness rounds (see [`ReadinessGate::wait`]).
+/// The pauses between readiness rounds (see [`ReadinessGate::wait`]): a quarter of the time
+/// waited so far, within `initial..=max`. Not a doubling backoff between retries (that is
+/// `timing::Backoff`): the pause grows with the wait, not with the number of rounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Backoff {
+pub struct ProbePacing {
     pub initial: Duration,
     pub max: Duration,
 }
@@ -320,14 +322,14 @@ impl ReadinessGate {
 
     /// Retries rounds until all hold or `deadline` passes; at the deadline the first
     /// requirement that still fails is reported. The first round runs at once; each pause
-    /// is a quarter of the time waited so far, at least `backoff.initial` and at most
-    /// `backoff.max` (so a service ready after t is noticed by about 1.25 t, and a slow one
+    /// is a quarter of the time waited so far, at least `pacing.initial` and at most
+    /// `pacing.max` (so a service ready after t is noticed by about 1.25 t, and a slow one
     /// is not polled more than a few dozen times). A dead process ends the wait at once with
     /// the `runner` predicate. `on_wait` sees every failed round.
     pub async fn wait(
         &self,
         deadline: Instant,
-        backoff: Backoff,
+        pacing: ProbePacing,
         probe_timeout: Duration,
         mut on_wait: impl FnMut(&ReadinessFailure),
     ) -> Result<(), ReadinessFailure> {
@@ -346,7 +348,7 @@ impl ReadinessGate {
             if now >= deadline {
                 return Err(failure);
             }
-            let pause = backoff.pause_after(now - began).min(deadline - now);
+            let pause = pacing.pause_after(now - began).min(deadline - now);
             // Wake early if the process exits: there is no point probing a dead service.
             tokio::select! {
                 _ = tokio::time::sleep(pause) => {}
@@ -356,7 +358,7 @@ impl ReadinessGate {
     }
 }
 
-impl Backoff {
+impl ProbePacing {
     /// The pause after having waited `waited`: a quarter of it, within `initial..=max`.
     pub fn pause_after(&self, waited: Duration) -> Duration {
         (waited / 4).clamp(self.initial, self.max)
@@ -402,7 +404,7 @@ mod tests {
 
     #[test]
     fn each_pause_is_a_quarter_of_the_wait_so_far_within_its_bounds() {
-        let b = Backoff {
+        let b = ProbePacing {
             initial: Duration::from_millis(1),
             max: Duration::from_secs(5),
         };
@@ -432,7 +434,7 @@ mod tests {
         let failure = gate
             .wait(
                 start + Duration::from_secs(6),
-                Backoff {
+                ProbePacing {
                     initial: Duration::from_millis(150),
                     max: Duration::from_secs(1),
                 },

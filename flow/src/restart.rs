@@ -7,30 +7,24 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use timing::Backoff;
 use tokio::time::Instant;
+use wire_enum::wire_enum;
 
 use crate::process::ExitInfo;
 
-/// When a service that exited is started again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum RestartPolicy {
-    /// Never: an exit is final (a failing exit fails the flow).
-    No,
-    /// Only after an exit that was not a success (non-zero status or a signal).
-    OnFailure,
-    /// After any exit.
-    Always,
-}
-
-impl RestartPolicy {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RestartPolicy::No => "no",
-            RestartPolicy::OnFailure => "on-failure",
-            RestartPolicy::Always => "always",
-        }
+wire_enum! {
+    /// When a service that exited is started again.
+    pub enum RestartPolicy {
+        /// Never: an exit is final (a failing exit fails the flow).
+        No = "no",
+        /// Only after an exit that was not a success (non-zero status or a signal).
+        OnFailure = "on-failure",
+        /// After any exit.
+        Always = "always",
     }
+    kind = "restart_policy";
+    serde;
 }
 
 /// A service's `restart:` block. Every bound has a default.
@@ -45,6 +39,14 @@ pub struct RestartSpec {
     pub backoff: Duration,
     /// The longest delay the doubling may reach.
     pub max_backoff: Duration,
+}
+
+impl RestartSpec {
+    /// The delays before the restarts of one window: `backoff` before the first, doubled
+    /// before each further one, never more than `max_backoff`, never jittered.
+    pub fn delays(&self) -> Backoff {
+        Backoff::new(self.backoff, self.max_backoff)
+    }
 }
 
 /// The default policy is `on-failure` for a service; the workspace settles `no` for a
@@ -138,12 +140,7 @@ impl RestartTracker {
                 window: self.spec.window,
             };
         }
-        let doublings = in_window.min(20);
-        let delay = self
-            .spec
-            .backoff
-            .saturating_mul(1u32 << doublings)
-            .min(self.spec.max_backoff);
+        let delay = self.spec.delays().step(in_window);
         self.recent.push_back(now);
         self.total += 1;
         RestartDecision::Restart {
@@ -243,6 +240,24 @@ mod tests {
             }
         );
         assert_eq!(t.total(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_default_delays_double_from_half_a_second_to_thirty_seconds_and_stay_there() {
+        let mut t = RestartTracker::new(RestartSpec {
+            max_restarts: 10,
+            ..RestartSpec::default()
+        });
+        let mut delays = Vec::new();
+        while let RestartDecision::Restart { delay, .. } = t.decide(&failure(), Instant::now()) {
+            delays.push(delay.as_millis());
+        }
+        assert_eq!(
+            delays,
+            [
+                500, 1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000, 30000
+            ]
+        );
     }
 
     #[tokio::test(start_paused = true)]

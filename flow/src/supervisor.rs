@@ -34,7 +34,7 @@ use crate::ports::{self, PortMap};
 use crate::predicate::{Predicate, ReadinessFailure};
 use crate::process::{ExitInfo, ServiceProcess, SpawnSpec};
 use crate::procfs::StartIdentity;
-use crate::readiness::{Backoff, ReadinessGate};
+use crate::readiness::{ProbePacing, ReadinessGate};
 use crate::restart::{RestartDecision, RestartTracker};
 use crate::sockets;
 use crate::state::{
@@ -534,7 +534,7 @@ impl Supervisor {
             Some(process.pgid()),
         );
         let deadline = Instant::now() + self.options.readiness_timeout;
-        let backoff = Backoff {
+        let pacing = ProbePacing {
             initial: self.options.readiness_backoff_initial,
             max: self.options.readiness_backoff_max,
         };
@@ -545,7 +545,7 @@ impl Supervisor {
         tokio::spawn(async move {
             let began = Instant::now();
             let result = gate
-                .wait(deadline, backoff, probe_timeout, |failure| {
+                .wait(deadline, pacing, probe_timeout, |failure| {
                     events.emit(FlowEvent::Waiting {
                         service: failure.service.clone(),
                         failure: failure.clone(),

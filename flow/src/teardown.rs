@@ -5,40 +5,26 @@
 //! target may signal: a [`StopTarget`] proves its own ownership before every signal and
 //! refuses when it cannot.
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::{BoxFuture, join_all};
 use nix::sys::signal::Signal;
 use tokio::time::Instant;
+use wire_enum::wire_enum;
 
-/// How one service's stop ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum StopOutcome {
-    /// Exited within the layer's budget (or had already exited).
-    Stopped,
-    /// Could not be signalled (including: ownership could not be proven).
-    Failed,
-    /// Still running when the budget ran out; it was sent SIGKILL.
-    TimedOut,
-}
-
-impl StopOutcome {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StopOutcome::Stopped => "stopped",
-            StopOutcome::Failed => "failed",
-            StopOutcome::TimedOut => "timed-out",
-        }
+wire_enum! {
+    /// How one service's stop ended.
+    pub enum StopOutcome {
+        /// Exited within the layer's budget (or had already exited).
+        Stopped = "stopped",
+        /// Could not be signalled (including: ownership could not be proven).
+        Failed = "failed",
+        /// Still running when the budget ran out; it was sent SIGKILL.
+        TimedOut = "timed-out",
     }
-}
-
-impl fmt::Display for StopOutcome {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
+    kind = "stop_outcome";
+    serde;
 }
 
 /// One service's line of a teardown.
@@ -55,38 +41,22 @@ pub struct Receipt {
     pub lingering: bool,
 }
 
-/// What asked for a teardown.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum TeardownOperation {
-    /// The running flow's handle asked it to stop (or `hostd flow down` asked its `up`).
-    Shutdown,
-    /// The flow was interrupted (Ctrl-C, SIGTERM, SIGHUP) before or after it was up.
-    Interrupt,
-    /// A service failed in a way no policy absorbs, so the flow stopped everything.
-    Failure,
-    /// `hostd flow down` stopped the recorded groups itself (the `up` was gone).
-    Down,
-    /// `hostd flow recover` stopped the processes of one retained group.
-    Recover,
-}
-
-impl TeardownOperation {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TeardownOperation::Shutdown => "shutdown",
-            TeardownOperation::Interrupt => "interrupt",
-            TeardownOperation::Failure => "failure",
-            TeardownOperation::Down => "down",
-            TeardownOperation::Recover => "recover",
-        }
+wire_enum! {
+    /// What asked for a teardown.
+    pub enum TeardownOperation {
+        /// The running flow's handle asked it to stop (or `hostd flow down` asked its `up`).
+        Shutdown = "shutdown",
+        /// The flow was interrupted (Ctrl-C, SIGTERM, SIGHUP) before or after it was up.
+        Interrupt = "interrupt",
+        /// A service failed in a way no policy absorbs, so the flow stopped everything.
+        Failure = "failure",
+        /// `hostd flow down` stopped the recorded groups itself (the `up` was gone).
+        Down = "down",
+        /// `hostd flow recover` stopped the processes of one retained group.
+        Recover = "recover",
     }
-}
-
-impl fmt::Display for TeardownOperation {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
+    kind = "teardown_operation";
+    serde;
 }
 
 /// Every receipt of a teardown, ordered by layer then by the order services were given in.

@@ -54,6 +54,44 @@ fn an_unknown_key_in_flow_yaml_is_refused() {
 }
 
 #[test]
+fn an_unknown_api_restart_policy_or_dependency_kind_is_refused_listing_every_accepted_text() {
+    let cases = [
+        (
+            "    endpoints:\n      - {name: web, api: udp}\n",
+            "`udp` on endpoint `web` is not one of tcp, http, grpc",
+        ),
+        (
+            "    restart: {policy: sometimes}\n",
+            "`sometimes` is not one of no, on-failure, always",
+        ),
+        (
+            "    restart: {policy: 3}\n",
+            "`restart.policy`: must be one of no, on-failure, always",
+        ),
+        (
+            "    dependencies:\n      - {name: b, kind: legacy}\n",
+            "`legacy` on the dependency on `b` is not one of build, schema, runtime, completion, external (or absent for legacy)",
+        ),
+    ];
+    for (block, says) in cases {
+        let (ws, err) = refusal(&[(
+            "flow.yaml",
+            &format!(
+                "services:\n  - name: a\n    command: true\n{block}  - name: b\n    command: true\n"
+            ),
+        )]);
+        assert_refused(
+            &err,
+            &ws,
+            "flow.yaml",
+            Some("a"),
+            "flow.manifest.invalid_value",
+            says,
+        );
+    }
+}
+
+#[test]
 fn an_unknown_key_in_a_service_manifest_file_is_refused_naming_that_file() {
     let (ws, err) = refusal(&[
         ("flow.yaml", "services:\n  - name: api\n"),

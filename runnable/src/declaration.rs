@@ -17,6 +17,7 @@ use crate::schema::Schema;
 use flow::engine::env_key;
 use strict_yaml::Node;
 use strict_yaml::read::{self, Map, Problem, Report};
+use wire_enum::wire_enum;
 
 /// The file name of a declaration inside a runnable's folder.
 pub const DECLARATION_FILE: &str = "runnable.yaml";
@@ -45,36 +46,22 @@ const SCALAR: &str = "must be a string, number or boolean, not {found}";
 /// Environment prefixes hostd injects; a declaration may not set them itself.
 const RESERVED_ENV_PREFIXES: &[&str] = &["HOSTD_", "FLOW_DEP_"];
 
-/// What running a runnable may do to the world.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Effect {
-    /// Changes nothing: safe to run again.
-    ReadOnly,
-    /// Changes the world, but running it again with the same `effect_id` changes nothing more.
-    Idempotent,
-    /// Changes the world each time it runs.
-    Effectful,
+wire_enum! {
+    /// What running a runnable may do to the world.
+    pub enum Effect {
+        /// Changes nothing: safe to run again.
+        ReadOnly = "read_only",
+        /// Changes the world, but running it again with the same `effect_id` changes nothing
+        /// more.
+        Idempotent = "idempotent",
+        /// Changes the world each time it runs.
+        Effectful = "effectful",
+    }
+    kind = "effect";
+    serde;
 }
 
 impl Effect {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Effect::ReadOnly => "read_only",
-            Effect::Idempotent => "idempotent",
-            Effect::Effectful => "effectful",
-        }
-    }
-
-    fn parse(s: &str) -> Option<Effect> {
-        match s {
-            "read_only" => Some(Effect::ReadOnly),
-            "idempotent" => Some(Effect::Idempotent),
-            "effectful" => Some(Effect::Effectful),
-            _ => None,
-        }
-    }
-
     /// Whether running it again (with the same effect id) is harmless.
     pub fn replay_safe(self) -> bool {
         !matches!(self, Effect::Effectful)
@@ -237,12 +224,12 @@ fn parse_document(
     let args = parse_args(&top, problems);
     let env = parse_env(&top, problems);
     let timeout = top.get("timeout").and_then(|t| parse_timeout(t, problems));
-    let effect = top
-        .get("effect")
-        .and_then(|e| match e.as_str().and_then(Effect::parse) {
-            Some(effect) => Some(effect),
-            None => {
-                problems.report(Problem::format(
+    let effect =
+        top.get("effect").and_then(
+            |e| match e.as_str().and_then(|s| Effect::from_wire(s).ok()) {
+                Some(effect) => Some(effect),
+                None => {
+                    problems.report(Problem::format(
                     e,
                     "effect",
                     codes::INVALID_VALUE,
@@ -251,9 +238,10 @@ fn parse_document(
                         e.describe()
                     ),
                 ));
-                None
-            }
-        });
+                    None
+                }
+            },
+        );
     let dependencies = parse_dependencies(&top, problems);
 
     Some(Declaration {

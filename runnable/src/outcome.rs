@@ -28,53 +28,30 @@
 //! This module is pure: it must never run, read or wait for anything.
 
 use serde_json::Value;
+use wire_enum::wire_enum;
 
 use crate::error::HandlerError;
 use crate::error::Violation;
 use crate::schema::Schema;
 
-/// The class of an outcome.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OutcomeClass {
-    Succeeded,
-    Failed,
-    InvalidOutput,
-    Crashed,
-    TimedOut,
-    Cancelled,
+wire_enum! {
+    /// The class of an outcome. `ALL` is in the documented order.
+    pub enum OutcomeClass {
+        Succeeded = "succeeded",
+        Failed = "failed",
+        InvalidOutput = "invalid_output",
+        Crashed = "crashed",
+        TimedOut = "timed_out",
+        Cancelled = "cancelled",
+    }
+    kind = "outcome_class";
+    serde;
 }
 
 impl OutcomeClass {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OutcomeClass::Succeeded => "succeeded",
-            OutcomeClass::Failed => "failed",
-            OutcomeClass::InvalidOutput => "invalid_output",
-            OutcomeClass::Crashed => "crashed",
-            OutcomeClass::TimedOut => "timed_out",
-            OutcomeClass::Cancelled => "cancelled",
-        }
-    }
-
     /// Whether the outcome proves what happened (`succeeded` and `failed` only).
     pub fn is_certain(self) -> bool {
         matches!(self, OutcomeClass::Succeeded | OutcomeClass::Failed)
-    }
-
-    pub const ALL: [OutcomeClass; 6] = [
-        OutcomeClass::Succeeded,
-        OutcomeClass::Failed,
-        OutcomeClass::InvalidOutput,
-        OutcomeClass::Crashed,
-        OutcomeClass::TimedOut,
-        OutcomeClass::Cancelled,
-    ];
-}
-
-impl std::fmt::Display for OutcomeClass {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 

@@ -16,45 +16,25 @@ use serde_json::{Map, Value, json};
 use crate::error::{Violation, codes};
 use strict_yaml::read::{self, Problem, Report, join};
 use strict_yaml::{Node, NodeKind, Resolved};
+use wire_enum::wire_enum;
 
 /// The most violations one check reports (the rest are counted).
 pub const MAX_VIOLATIONS: usize = 100;
 
-/// A schema's type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SchemaType {
-    Object,
-    Array,
-    String,
-    Integer,
-    Number,
-    Boolean,
+wire_enum! {
+    /// A schema's type.
+    pub enum SchemaType {
+        Object = "object",
+        Array = "array",
+        String = "string",
+        Integer = "integer",
+        Number = "number",
+        Boolean = "boolean",
+    }
+    kind = "schema_type";
 }
 
 impl SchemaType {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SchemaType::Object => "object",
-            SchemaType::Array => "array",
-            SchemaType::String => "string",
-            SchemaType::Integer => "integer",
-            SchemaType::Number => "number",
-            SchemaType::Boolean => "boolean",
-        }
-    }
-
-    fn parse(s: &str) -> Option<SchemaType> {
-        Some(match s {
-            "object" => SchemaType::Object,
-            "array" => SchemaType::Array,
-            "string" => SchemaType::String,
-            "integer" => SchemaType::Integer,
-            "number" => SchemaType::Number,
-            "boolean" => SchemaType::Boolean,
-            _ => return None,
-        })
-    }
-
     /// The keywords this type takes beyond the common ones.
     fn own_keywords(self) -> &'static [&'static str] {
         match self {
@@ -151,7 +131,7 @@ impl Schema {
                 ));
                 None
             }
-            Some(t) => match t.as_str().and_then(SchemaType::parse) {
+            Some(t) => match t.as_str().and_then(|s| SchemaType::from_wire(s).ok()) {
                 Some(ty) => Some(ty),
                 None => {
                     problems.report(Problem::format(
