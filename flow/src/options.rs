@@ -12,23 +12,23 @@ use crate::error::FlowError;
 #[serde(default, deny_unknown_fields)]
 pub struct FlowOptions {
     /// How long one start of a service may take to pass its readiness predicates.
-    #[serde(with = "humantime_serde_compat")]
+    #[serde(with = "timing::duration_text")]
     pub readiness_timeout: Duration,
     /// The shortest pause between two readiness rounds; each pause is a quarter of the time
     /// waited so far, at least this.
-    #[serde(with = "humantime_serde_compat")]
+    #[serde(with = "timing::duration_text")]
     pub readiness_backoff_initial: Duration,
     /// The longest pause between two readiness rounds.
-    #[serde(with = "humantime_serde_compat")]
+    #[serde(with = "timing::duration_text")]
     pub readiness_backoff_max: Duration,
     /// How long a single probe (a connect, an HTTP request, a gRPC health check) may take.
-    #[serde(with = "humantime_serde_compat")]
+    #[serde(with = "timing::duration_text")]
     pub probe_timeout: Duration,
     /// How long one teardown layer may take from SIGTERM before its survivors get SIGKILL.
-    #[serde(with = "humantime_serde_compat")]
+    #[serde(with = "timing::duration_text")]
     pub teardown_layer_budget: Duration,
     /// How long to wait for a process group to vanish after SIGKILL.
-    #[serde(with = "humantime_serde_compat")]
+    #[serde(with = "timing::duration_text")]
     pub kill_grace: Duration,
     /// How many of a crashed service's last output lines a failure carries.
     pub crash_tail_lines: usize,
@@ -82,22 +82,6 @@ impl FlowOptions {
             });
         }
         Ok(())
-    }
-}
-
-/// Durations as human text ("150ms", "15s") in serialized options.
-mod humantime_serde_compat {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&humantime::format_duration(*d).to_string())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let text = String::deserialize(d)?;
-        humantime::parse_duration(&text).map_err(serde::de::Error::custom)
     }
 }
 
