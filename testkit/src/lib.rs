@@ -3,7 +3,8 @@
 //! tests in `system-tests`). One module per kind of scaffolding: waiting ([`poll`]), a Host
 //! composed in-process with a controller's-eye checker ([`fixture`]), that Host behind its real
 //! listener ([`served`]), `hostd` as a child process ([`process`]), a PostgreSQL database of a
-//! test's own ([`pg`]), injected faults ([`faults`]), and what the benches share ([`bench`]).
+//! test's own ([`pg`]), injected faults ([`faults`]), a TCP proxy that injects network faults
+//! ([`faultproxy`]), and what the benches share ([`bench`]).
 //!
 //! Nothing here is shipped: only test and bench targets depend on this crate. It must never
 //! depend on `cmd`, `console` or the run crates (`run-hosting`, `flow`, `runnable`,
@@ -12,6 +13,7 @@
 //! test binary.
 
 pub mod bench;
+pub mod faultproxy;
 pub mod faults;
 pub mod fixture;
 pub mod pg;
