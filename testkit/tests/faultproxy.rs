@@ -87,6 +87,15 @@ async fn ending(s: &mut TcpStream) -> Result<usize, ErrorKind> {
         .map_err(|e| e.kind())
 }
 
+/// Dials `addr` and reads until the connection ends: a reset may already fail the connect
+/// itself (the proxy can reset the socket before the client's connect call returns).
+async fn dial_and_end(addr: SocketAddr) -> Result<usize, ErrorKind> {
+    match TcpStream::connect(addr).await {
+        Ok(mut s) => ending(&mut s).await,
+        Err(e) => Err(e.kind()),
+    }
+}
+
 async fn round_trip(s: &mut TcpStream, bytes: &[u8]) -> Duration {
     let started = Instant::now();
     s.write_all(bytes).await.unwrap();
@@ -203,11 +212,12 @@ async fn dropping_new_connections_resets_or_closes_them_at_accept_and_spares_ope
     round_trip(&mut open, b"before").await;
 
     link.drop_new(Cut::Reset);
-    let mut reset = TcpStream::connect(proxy.addr()).await.unwrap();
-    assert_eq!(ending(&mut reset).await, Err(ErrorKind::ConnectionReset));
+    assert_eq!(
+        dial_and_end(proxy.addr()).await,
+        Err(ErrorKind::ConnectionReset)
+    );
     link.drop_new(Cut::Close);
-    let mut closed = TcpStream::connect(proxy.addr()).await.unwrap();
-    assert_eq!(ending(&mut closed).await, Ok(0));
+    assert_eq!(dial_and_end(proxy.addr()).await, Ok(0));
     round_trip(&mut open, b"still open").await;
     assert_eq!(
         accepted.load(std::sync::atomic::Ordering::SeqCst),
@@ -319,17 +329,22 @@ async fn a_half_open_link_stops_one_direction_while_the_other_flows() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_upstream_resets_the_client_and_the_proxy_keeps_serving() {
+    let (echo, _) = echo_server().await;
+    let proxy = FaultProxy::start(echo).await.unwrap();
+    let link = proxy.handle();
+    // A port nothing listens on: released at once, on an address of its own (so neither the
+    // proxy itself nor another test's server can be given it on 127.0.0.1).
     let nothing = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let l = std::net::TcpListener::bind("127.0.0.2:0").unwrap();
         l.local_addr().unwrap()
     };
-    let proxy = FaultProxy::start(nothing).await.unwrap();
-    let link = proxy.handle();
-    let mut c = TcpStream::connect(proxy.addr()).await.unwrap();
-    assert_eq!(ending(&mut c).await, Err(ErrorKind::ConnectionReset));
+    link.set_upstream(nothing);
+    assert_eq!(
+        dial_and_end(proxy.addr()).await,
+        Err(ErrorKind::ConnectionReset)
+    );
     assert_eq!(link.stats().upstream_failed, 1);
 
-    let (echo, _) = echo_server().await;
     link.set_upstream(echo);
     let mut c = TcpStream::connect(proxy.addr()).await.unwrap();
     round_trip(&mut c, b"served").await;
@@ -416,9 +431,8 @@ async fn a_postgres_connection_through_the_proxy_answers_and_feels_every_fault()
             _ => link.half_open(Direction::Down),
         }
         let pending = tokio::spawn(async move {
-            let r: Result<i32, sqlx::Error> = sqlx::query_scalar("select 2")
-                .fetch_one(&mut conn)
-                .await;
+            let r: Result<i32, sqlx::Error> =
+                sqlx::query_scalar("select 2").fetch_one(&mut conn).await;
             (r, conn)
         });
         tokio::time::sleep(Duration::from_secs(1)).await;

@@ -98,7 +98,15 @@ pub(super) async fn serve(client: TcpStream, shared: Arc<Shared>, born: u64) {
         };
     let _ = upstream.set_nodelay(true);
     let (mut client, mut upstream) = (client, upstream);
-    let ending = pump_both(&mut client, &mut upstream, &shared, faults, &mut control, born).await;
+    let ending = pump_both(
+        &mut client,
+        &mut upstream,
+        &shared,
+        faults,
+        &mut control,
+        born,
+    )
+    .await;
     match ending {
         Ending::Done => {}
         Ending::Failed => {

@@ -117,7 +117,11 @@ async fn flowing(faults: &mut watch::Receiver<Faults>, dir: Direction) -> io::Re
 
 /// Waits until `chunk` may be delivered: the direction flows and the chunk's delay (under the
 /// settings in force now) has passed since it was read.
-async fn due(faults: &mut watch::Receiver<Faults>, dir: Direction, chunk: &Chunk) -> io::Result<()> {
+async fn due(
+    faults: &mut watch::Receiver<Faults>,
+    dir: Direction,
+    chunk: &Chunk,
+) -> io::Result<()> {
     loop {
         let link: LinkFault = *faults.borrow_and_update().link(dir);
         if link.stalled {
