@@ -279,47 +279,28 @@ pub async fn wait_until(what: &str, mut pred: impl FnMut() -> bool) {
     eventually(what, async || check(pred(), || "not yet".into())).await
 }
 
-/// Checks that every admitted command of the session reached exactly one terminal state,
-/// honestly: the journal holds at most one disposition per command, and every settled
-/// command's outcome is the one its evidence proves.
+/// Waits until every admitted command of the session has ended, then checks with the
+/// exactly-once checker ([`crate::checker`], on the store's state alone) that each ended once
+/// and honestly: at most one disposition per command, every outcome the one its evidence
+/// proves, no effect of a command that did not apply, dispositions in acceptance order.
+/// Panics with the checker's report otherwise.
 pub async fn check_exactly_once(store: &Store, s: &SessionRecord) {
-    let commands = store
-        .list_commands(&s.tenant, &s.session, 0, 1000)
-        .await
-        .unwrap();
-    let journal = store
-        .journal_runtime_page(&s.tenant, s.binding.runtime_session_id, 0, 1000)
-        .await
-        .unwrap();
-    let mut dispositions: std::collections::HashMap<RuntimeCommandId, Vec<DispositionFrame>> =
-        Default::default();
-    for r in &journal {
-        if let Some(f) = r.disposition_frame() {
-            dispositions
-                .entry(f.identity.runtime_command)
-                .or_default()
-                .push(f);
+    let mut after = 0;
+    loop {
+        let page = store
+            .list_commands(&s.tenant, &s.session, after, 1000)
+            .await
+            .expect("the session's commands");
+        for c in &page {
+            terminal(store, s, &c.command).await;
+        }
+        match page.last() {
+            Some(last) if page.len() == 1000 => after = last.accepted_order,
+            _ => break,
         }
     }
-    for c in &commands {
-        let c = terminal(store, s, &c.command).await;
-        let frames = dispositions
-            .get(&c.runtime_command)
-            .cloned()
-            .unwrap_or_default();
-        assert!(
-            frames.len() <= 1,
-            "command {} has {} dispositions",
-            c.command,
-            frames.len()
-        );
-        match &c.attempt {
-            Some(_) => {
-                let f = frames.first().expect("a settled attempt has its evidence");
-                assert_eq!(Some(f.seq), c.evidence_seq);
-                assert_eq!(Some(f.disposition.outcome()), c.outcome);
-            }
-            None => assert_eq!(c.outcome, Some(Outcome::Rejected), "{c:?}"),
-        }
-    }
+    let view = crate::checker::StoreView::read(store, std::slice::from_ref(s))
+        .await
+        .expect("the store reads");
+    crate::checker::check(&crate::history::History::empty(), &view).assert_clean();
 }

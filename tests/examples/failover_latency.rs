@@ -9,13 +9,16 @@
 //! recorded (nobody places, attaches or delivers). The killed Host is restarted under a new id
 //! before the next round. Prints p50, p99 and max against the bound: registry expiry + 1 s.
 //! With `FAILOVER_SIGNAL=stop` the victim is frozen (SIGSTOP) instead, and killed only once
-//! its sessions have moved.
+//! its sessions have moved. Every admission and kill is recorded, and the exactly-once checker
+//! (`testkit::checker`) judges the run at the end: it exits non-zero on any violation.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use sessionstore::wire::{CommandBodyV1, encode_command_body};
 use sessionstore::*;
+use testkit::checker::{StoreView, check};
+use testkit::history::Recorder;
 use testkit::pg::FreshDatabase;
 use testkit::process::Serve;
 
@@ -58,8 +61,16 @@ fn host(dir: &std::path::Path, name: &str, url: &str) -> Serve {
     )
 }
 
-async fn admit(store: &Store, s: &SessionRecord, id: &str, body: CommandBodyV1) -> CommandRecord {
-    store
+async fn admit(
+    store: &Store,
+    history: &Recorder,
+    s: &SessionRecord,
+    id: &str,
+    body: CommandBodyV1,
+) -> CommandRecord {
+    let command = CommandId::new(id).unwrap();
+    history.invoke(&s.session, &command, body.kind(), None);
+    let rec = store
         .admit(NewCommand {
             tenant: s.tenant.clone(),
             session: s.session.clone(),
@@ -71,7 +82,9 @@ async fn admit(store: &Store, s: &SessionRecord, id: &str, body: CommandBodyV1) 
             apply_within: Duration::from_secs(600),
         })
         .await
-        .unwrap()
+        .unwrap();
+    history.admitted(&s.session, &rec.command, rec.accepted_order);
+    rec
 }
 
 async fn holders(store: &Store, ss: &[SessionRecord]) -> HashMap<SessionId, Option<HostId>> {
@@ -133,6 +146,7 @@ async fn main() {
     let store = Store::open(StoreOptions::new(db.url.clone()))
         .await
         .unwrap();
+    let history = Recorder::new(None);
     let mut ss = Vec::new();
     for i in 0..SESSIONS {
         let s = store
@@ -149,7 +163,14 @@ async fn main() {
             })
             .await
             .unwrap();
-        admit(&store, &s, "create", CommandBodyV1::Create { text: None }).await;
+        admit(
+            &store,
+            &history,
+            &s,
+            "create",
+            CommandBodyV1::Create { text: None },
+        )
+        .await;
         ss.push(s);
     }
     // `FAILOVER_SIGNAL=stop` freezes the victim (SIGSTOP) instead of killing it.
@@ -164,6 +185,7 @@ async fn main() {
         for s in &ss {
             let c = admit(
                 &store,
+                &history,
                 s,
                 &format!("w{round}"),
                 CommandBodyV1::Input {
@@ -199,6 +221,10 @@ async fn main() {
             break;
         };
         let killed_at = Instant::now();
+        history.fault(
+            if frozen { "freeze" } else { "kill" },
+            format!("{victim} (pid {})", serve.pid()),
+        );
         let frozen_victim = if frozen {
             serve.freeze();
             Some(serve)
@@ -215,6 +241,7 @@ async fn main() {
         {
             let c = admit(
                 &store,
+                &history,
                 s,
                 &format!("r{round}"),
                 CommandBodyV1::Input {
@@ -284,9 +311,17 @@ async fn main() {
     phase("claimed", |p| p.claimed);
     phase("attempted", |p| p.attempted);
     phase("settled", |p| p.settled);
+    // Exactly once, from outside: every admitted command ended once, honestly, in order.
+    let view = StoreView::read(&store, &ss).await.expect("the store reads");
+    let report = check(&history.history(), &view);
+    println!("{}", report.summary);
     for (_, h) in hosts.drain() {
         let _ = h.terminate();
     }
     store.close().await;
     db.drop_now().await;
+    if !report.is_clean() {
+        eprintln!("{report}");
+        std::process::exit(1);
+    }
 }

@@ -1,20 +1,24 @@
 //! A fleet of two `hostd serve` processes on one PostgreSQL database. The Host holding a
 //! session is killed with SIGKILL while commands are in flight; the session is taken over by
-//! the other Host once the dead one's residency lease lapses, and a checker confirms that
-//! every admitted command ended exactly once from the runtime's own evidence, that no input
-//! was applied twice, and that nothing was lost (a command closed `not_applied` is resent, as
-//! a controller must, and applies on the survivor).
+//! the other Host once the dead one's residency lease lapses, and the exactly-once checker
+//! (`testkit::checker`) judges the client's recorded history against the store: every
+//! admitted command ended exactly once from the runtime's own evidence, no input was applied
+//! twice, and nothing was lost (a command closed `not_applied` is resent, as a controller
+//! must, and applies on the survivor).
 
 use std::path::Path;
 
 use controller::Controller;
 use sessionstore::wire::CommandBodyV1;
 use sessionstore::{
-    AgentId, CommandId, CompatibilityId, Outcome, SessionId, Store, StoreOptions, TenantId,
+    AgentId, CommandId, CommandKind, CommandRecord, CompatibilityId, Outcome, SessionId, Store,
+    StoreOptions, TenantId,
 };
+use testkit::checker::{StoreView, check};
+use testkit::history::Recorder;
 use testkit::pg::FreshDatabase;
 use testkit::process::{Serve, tenant_credentials};
-use testkit::{check_exactly_once, eventually, terminal};
+use testkit::{eventually, terminal};
 
 /// The scripted agent `hostd serve` registers by default (its id and build).
 const AGENT: &str = "assistant";
@@ -40,17 +44,43 @@ fn fleet_host(dir: &Path, name: &str, store: &str, credentials: &Path) -> Serve 
     )
 }
 
-async fn inputs_applied(c: &Controller, session: &SessionId) -> Vec<String> {
-    let page = c
-        .journal(session, 0, None, 1000)
+/// Admits an input whose text is its marker, recording the invocation and the
+/// acknowledgement in `history`.
+async fn admit_input(
+    c: &Controller,
+    history: &Recorder,
+    session: &SessionId,
+    id: &str,
+    text: &str,
+) -> CommandRecord {
+    let id = CommandId::new(id).unwrap();
+    history.invoke(session, &id, CommandKind::Input, Some(text));
+    let rec = c
+        .admit(
+            session,
+            id,
+            CommandBodyV1::Input {
+                text: text.to_owned(),
+            },
+        )
         .await
-        .expect("the journal");
-    page.events
-        .iter()
-        .filter_map(|e| serde_json::from_slice::<serde_json::Value>(&e.body).ok())
-        .filter(|b| b["type"] == "user_message")
-        .filter_map(|b| b["text"].as_str().map(str::to_owned))
-        .collect()
+        .unwrap();
+    history.admitted(session, &rec.command, rec.accepted_order);
+    rec
+}
+
+/// Waits for the command to end and records the outcome the client saw.
+async fn observe(
+    store: &Store,
+    history: &Recorder,
+    record: &sessionstore::SessionRecord,
+    command: &CommandId,
+) -> CommandRecord {
+    let done = terminal(store, record, command).await;
+    if let Some(o) = done.outcome {
+        history.observed(&record.session, command, o);
+    }
+    done
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -90,37 +120,26 @@ async fn a_session_on_a_killed_host_is_taken_over_by_the_other_with_nothing_lost
         terminal(&store, &record, &create.command).await.outcome,
         Some(Outcome::Applied)
     );
-    let mut texts = Vec::new();
+    let history = Recorder::new(None);
     for i in 0..3 {
-        let text = format!("before {i}");
-        let cmd = c
-            .admit(
-                &session,
-                CommandId::new(format!("before-{i}")).unwrap(),
-                CommandBodyV1::Input { text: text.clone() },
-            )
-            .await
-            .unwrap();
+        let cmd = admit_input(
+            &c,
+            &history,
+            &session,
+            &format!("before-{i}"),
+            &format!("before {i}"),
+        )
+        .await;
         c.deliver(&placed, &cmd.command).await.unwrap();
-        assert_eq!(
-            terminal(&store, &record, &cmd.command).await.outcome,
-            Some(Outcome::Applied)
-        );
-        texts.push(text);
+        let done = observe(&store, &history, &record, &cmd.command).await;
+        assert_eq!(done.outcome, Some(Outcome::Applied));
     }
 
     // Commands in flight, then the resident Host dies at whatever instruction it is on.
     let mut in_flight = Vec::new();
     for i in 0..4 {
         let text = format!("in flight {i}");
-        let cmd = c
-            .admit(
-                &session,
-                CommandId::new(format!("flight-{i}")).unwrap(),
-                CommandBodyV1::Input { text: text.clone() },
-            )
-            .await
-            .unwrap();
+        let cmd = admit_input(&c, &history, &session, &format!("flight-{i}"), &text).await;
         let _ = c.deliver(&placed, &cmd.command).await;
         in_flight.push((cmd, text));
     }
@@ -130,6 +149,7 @@ async fn a_session_on_a_killed_host_is_taken_over_by_the_other_with_nothing_lost
     } else {
         (b, a)
     };
+    history.fault("kill", format!("SIGKILL {resident} (pid {})", victim.pid()));
     let (_, _) = victim.kill_dead();
     drop(placed);
 
@@ -145,53 +165,34 @@ async fn a_session_on_a_killed_host_is_taken_over_by_the_other_with_nothing_lost
     let _feed = c.bind_and_stream(&taken, false).await.expect("bound");
     assert!(taken.observation.lease_epoch.get() >= 2);
 
-    // Every in-flight command ends; one never accepted is closed not_applied and resent.
+    // Every in-flight command ends; one never accepted is closed not_applied and resent (the
+    // same text, so the checker holds the pair to one application).
     for (cmd, text) in in_flight {
-        let done = terminal(&store, &record, &cmd.command).await;
+        let done = observe(&store, &history, &record, &cmd.command).await;
         match done.outcome {
-            Some(Outcome::Applied) => texts.push(text),
+            Some(Outcome::Applied) => {}
             Some(Outcome::NotApplied) => {
-                let again = c
-                    .admit(
-                        &session,
-                        CommandId::new(format!("{}-resent", cmd.command)).unwrap(),
-                        CommandBodyV1::Input { text: text.clone() },
-                    )
-                    .await
-                    .unwrap();
+                let resent = format!("{}-resent", cmd.command);
+                let again = admit_input(&c, &history, &session, &resent, &text).await;
                 c.deliver(&taken, &again.command).await.unwrap();
-                assert_eq!(
-                    terminal(&store, &record, &again.command).await.outcome,
-                    Some(Outcome::Applied)
-                );
-                texts.push(text);
+                let done = observe(&store, &history, &record, &again.command).await;
+                assert_eq!(done.outcome, Some(Outcome::Applied));
             }
             other => panic!("command {} ended {other:?}: {done:?}", cmd.command),
         }
     }
     // Not wedged: a new command applies on the survivor.
-    let after = c
-        .admit(
-            &session,
-            CommandId::new("after").unwrap(),
-            CommandBodyV1::Input {
-                text: "after the kill".into(),
-            },
-        )
-        .await
-        .unwrap();
+    let after = admit_input(&c, &history, &session, "after", "after the kill").await;
     c.deliver(&taken, &after.command).await.unwrap();
-    assert_eq!(
-        terminal(&store, &record, &after.command).await.outcome,
-        Some(Outcome::Applied)
-    );
-    texts.push("after the kill".into());
+    let done = observe(&store, &history, &record, &after.command).await;
+    assert_eq!(done.outcome, Some(Outcome::Applied));
 
-    check_exactly_once(&store, &record).await;
-    let mut applied = inputs_applied(&c, &session).await;
-    applied.sort();
-    texts.sort();
-    assert_eq!(applied, texts, "each input applied exactly once, none lost");
+    // Each input applied exactly once (its text once in the journal), none lost, every
+    // command ended honestly.
+    let view = StoreView::read(&store, std::slice::from_ref(&record))
+        .await
+        .expect("the store reads");
+    check(&history.history(), &view).assert_clean();
 
     drop(taken);
     let (status, log) = survivor.terminate();
