@@ -43,10 +43,11 @@ pub enum Event {
         kind: CommandKind,
         marker: Option<String>,
     },
-    /// The admission was acknowledged: the command is durable, at `accepted_order`.
+    /// The admission was acknowledged: the command is durable, at `accepted_order` when the
+    /// client was told it (a command-line client is told only that it was admitted).
     Admitted {
         command: CommandId,
-        accepted_order: u64,
+        accepted_order: Option<u64>,
     },
     /// The admission was refused: nothing was admitted.
     Refused { command: CommandId, code: String },
@@ -97,8 +98,12 @@ impl fmt::Display for Event {
             }
             Event::Admitted {
                 command,
-                accepted_order,
-            } => write!(f, "admitted {command} at order {accepted_order}"),
+                accepted_order: Some(order),
+            } => write!(f, "admitted {command} at order {order}"),
+            Event::Admitted {
+                command,
+                accepted_order: None,
+            } => write!(f, "admitted {command}"),
             Event::Refused { command, code } => write!(f, "refused {command}: {code}"),
             Event::Uncertain { command, why } => write!(f, "uncertain {command}: {why}"),
             Event::Observed { command, outcome } => write!(f, "observed {command}: {outcome}"),
@@ -237,7 +242,18 @@ impl Recorder {
             Some(session),
             Event::Admitted {
                 command: command.clone(),
-                accepted_order,
+                accepted_order: Some(accepted_order),
+            },
+        );
+    }
+
+    /// The admission was acknowledged, without its order (a command-line client's view).
+    pub fn admitted_unordered(&self, session: &SessionId, command: &CommandId) {
+        self.push(
+            Some(session),
+            Event::Admitted {
+                command: command.clone(),
+                accepted_order: None,
             },
         );
     }

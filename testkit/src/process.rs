@@ -1,7 +1,8 @@
 //! `hostd` as a real child process: finding the binary, starting
-//! `hostd serve` on a free port and waiting for `/readyz`, stopping it with SIGTERM or
-//! SIGKILL, and running `hostd session` commands. A started server is killed when its handle
-//! is dropped, so a failing test leaves no process behind.
+//! `hostd serve` on a free port and waiting for `/readyz` (or launching it without waiting,
+//! for a tool that must not stop when a Host cannot come up), stopping it with SIGTERM or
+//! SIGKILL, signalling it, and running `hostd session` commands. A started server is killed
+//! when its handle is dropped, so a failing test leaves no process behind.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
@@ -12,10 +13,31 @@ use nix::unistd::Pid;
 
 use crate::poll::eventually_blocking;
 
+/// Set in the environment of every `hostd` started from a program that is `hostd` itself
+/// (see [`run_self_as_hostd`]): such a program calls `cmd::main` when it finds it set.
+pub const AS_HOSTD: &str = "TESTKIT_RUN_AS_HOSTD";
+
+static SELF_AS_HOSTD: OnceLock<PathBuf> = OnceLock::new();
+
+/// Makes every `hostd` this process starts its own executable, with [`AS_HOSTD`] set: for a
+/// tool (a `[[bin]]` of `system-tests`, like the nemesis) that `cargo run` builds alone, so
+/// no `hostd-under-test` need be built beside it. The tool's `main` must begin with
+/// `if std::env::var_os(AS_HOSTD).is_some() { return cmd::main(); }`. Call it before anything
+/// is started.
+pub fn run_self_as_hostd() -> std::io::Result<()> {
+    let exe = std::env::current_exe()?;
+    let _ = SELF_AS_HOSTD.set(exe);
+    Ok(())
+}
+
 /// The `hostd` the whole-system tests run: `cmd::main` built into `system-tests`' own binary
 /// `hostd-under-test`, which cargo builds next to that package's test binaries before it runs
-/// them (its integration tests, benches and examples are the only callers).
+/// them (its integration tests, benches and examples are the only callers), or the calling
+/// program itself after [`run_self_as_hostd`].
 pub fn hostd() -> &'static Path {
+    if let Some(own) = SELF_AS_HOSTD.get() {
+        return own;
+    }
     static HOSTD: OnceLock<PathBuf> = OnceLock::new();
     HOSTD.get_or_init(|| {
         let exe = std::env::current_exe().expect("the test binary's path");
@@ -43,10 +65,14 @@ pub fn free_port() -> u16 {
 }
 
 /// The status line and body of a plain HTTP/1.1 GET on loopback, or `None` when nothing
-/// answers.
+/// answers (within 5 s: a frozen process's socket accepts and never answers).
 pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     use std::io::{Read, Write};
-    let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    let bound = std::time::Duration::from_secs(5);
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut c = std::net::TcpStream::connect_timeout(&addr, bound).ok()?;
+    c.set_read_timeout(Some(bound)).ok()?;
+    c.set_write_timeout(Some(bound)).ok()?;
     c.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
         .ok()?;
     let mut buf = String::new();
@@ -82,6 +108,9 @@ pub fn hostd_command(dir: &Path) -> Command {
     for v in SCRUBBED {
         c.env_remove(v);
     }
+    if SELF_AS_HOSTD.get().is_some() {
+        c.env(AS_HOSTD, "1");
+    }
     c
 }
 
@@ -89,19 +118,9 @@ impl Serve {
     /// Starts `hostd serve --listen 127.0.0.1:<free port> <args>` in `dir`, logging to
     /// `<dir>/<name>.log`, and waits until `/readyz` answers 200.
     pub fn start(dir: &Path, name: &str, args: &[&str]) -> Serve {
-        let port = free_port();
-        let log = dir.join(format!("{name}.log"));
-        let child = hostd_command(dir)
-            .arg("serve")
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("a log file"))
-            .spawn()
-            .expect("hostd serve starts");
-        let s = Serve { child, log, port };
+        let s = Serve::launch(dir, name, free_port(), args).expect("hostd serve starts");
         eventually_blocking("hostd serve to become ready", || {
-            match http_get(port, "/readyz") {
+            match http_get(s.port, "/readyz") {
                 Some((200, _)) => Ok(()),
                 other => Err(format!("{other:?}\n{}", s.log_text())),
             }
@@ -132,6 +151,35 @@ impl Serve {
         ];
         args.extend_from_slice(extra);
         Serve::start(dir, name, &args)
+    }
+
+    /// Starts `hostd serve --listen 127.0.0.1:<port> <args>` in `dir`, logging to
+    /// `<dir>/<log>.log`, and returns at once, ready or not (see [`Serve::readyz`]).
+    pub fn launch(dir: &Path, log: &str, port: u16, args: &[&str]) -> std::io::Result<Serve> {
+        let log = dir.join(format!("{log}.log"));
+        let child = hostd_command(dir)
+            .arg("serve")
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()?;
+        Ok(Serve { child, log, port })
+    }
+
+    /// `/readyz`'s answer now, or `None` when nothing answers.
+    pub fn readyz(&self) -> Option<(u16, String)> {
+        http_get(self.port, "/readyz")
+    }
+
+    /// The exit status, once the process has exited (it is reaped); `None` while it runs.
+    pub fn try_exit(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// Sends `signal`; an error when the process is gone.
+    pub fn signal(&self, signal: Signal) -> nix::Result<()> {
+        kill(Pid::from_raw(self.pid() as i32), signal)
     }
 
     /// The process id.

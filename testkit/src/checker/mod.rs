@@ -86,8 +86,9 @@ struct ClientSession {
 struct ClientCommand {
     kind: Option<CommandKind>,
     marker: Option<String>,
-    /// Acknowledged accepted orders (one per acknowledgement; resends repeat it).
-    acked: Vec<u64>,
+    /// Acknowledgements, with the accepted order when the client was told it (one per
+    /// acknowledgement; resends repeat it).
+    acked: Vec<Option<u64>>,
     uncertain: bool,
     refused: bool,
     observed: Vec<Outcome>,
@@ -128,11 +129,13 @@ impl ClientView {
                 }
                 Event::Admitted { accepted_order, .. } => {
                     c.acked.push(*accepted_order);
-                    let newer = latest
-                        .get(session)
-                        .is_none_or(|(_, order)| order < accepted_order);
-                    if newer {
-                        latest.insert(session.clone(), (command.clone(), *accepted_order));
+                    if let Some(accepted) = accepted_order {
+                        let newer = latest
+                            .get(session)
+                            .is_none_or(|(_, order)| order < accepted);
+                        if newer {
+                            latest.insert(session.clone(), (command.clone(), *accepted));
+                        }
                     }
                 }
                 Event::Refused { .. } => c.refused = true,
@@ -334,14 +337,15 @@ fn client_rules(s: &SessionView, client: &ClientSession, found: &mut Vec<Violati
                     s,
                     Some(id),
                     format!(
-                        "acknowledged at order {:?}; the store has no such command",
-                        c.acked
+                        "acknowledged {} times (orders {:?}); the store has no such command",
+                        c.acked.len(),
+                        c.acked.iter().flatten().collect::<Vec<_>>()
                     ),
                 ));
             }
             continue;
         };
-        if let Some(order) = c.acked.iter().find(|o| **o != rec.accepted_order) {
+        if let Some(order) = c.acked.iter().flatten().find(|o| **o != rec.accepted_order) {
             found.push(violation(
                 ViolationKind::ObservationContradicted,
                 s,
