@@ -959,6 +959,34 @@ pub(crate) async fn renew<C: Conn>(
     }
 }
 
+/// Ends the holder's lease now, under the fence: a driver that stopped cleanly hands its run to
+/// the next taker at once instead of letting the lease lapse. Writes nothing else.
+pub(crate) async fn release<C: Conn>(
+    tx: &mut SqlTx<C>,
+    fence: RunFence,
+    now: Millis,
+) -> StoreResult<()> {
+    let moved = exec(
+        tx,
+        "UPDATE run_status SET lease_expires_at = $1 \
+         WHERE run_id = $2 AND fencing_token = $3 AND epoch = $4 AND state = 'running'",
+        vec![
+            ms(now),
+            text(fence.run_id.as_str()),
+            text(&fence.token),
+            int(fence.epoch),
+        ],
+    )
+    .await?;
+    if moved == 1 {
+        Ok(())
+    } else {
+        Err(fenced(
+            "the run is no longer running under this fencing token",
+        ))
+    }
+}
+
 /// Appends a journal entry under the fence (and consumes the named answer with it).
 pub(crate) async fn append<C: Conn>(
     tx: &mut SqlTx<C>,

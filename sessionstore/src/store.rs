@@ -1278,6 +1278,16 @@ impl Store {
         })
     }
 
+    /// Ends the driver's lease now (`claim_lost` once its fence is stale): a driver that
+    /// stopped cleanly hands its run to the next taker without waiting for the lease.
+    pub async fn release_run(&self, fence: &crate::runs::RunFence) -> StoreResult<()> {
+        crate::runs::check_fence(fence)?;
+        let f = fence.clone();
+        write_op!(self, WriteKey::run(f.run_id.as_str()), [f], |tx, now| {
+            crate::runs::release(tx, f, now)
+        })
+    }
+
     /// Appends a journal entry under the fence: `claim_lost` when the fence is stale,
     /// `conflict` when the step already has that entry (a step has one result).
     pub async fn append_run_step(

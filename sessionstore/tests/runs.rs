@@ -623,6 +623,31 @@ mod cases {
         assert_eq!(done.code(), ErrorCode::ClaimLost, "a finished run is not pinned: {done}");
     }
 
+    pub async fn a_released_run_is_free_to_take_at_once_and_only_its_holder_releases_it(
+        ts: &TestStore,
+    ) {
+        let s = start(ts, "run-1").await;
+        let take = |epoch| Takeover {
+            run_id: s.run_id.clone(),
+            expected_epoch: epoch,
+            holder: "host-b/attempt-1".into(),
+            fencing_token: format!("token-b-{epoch}"),
+            lease: Duration::from_secs(60),
+            rule: TakeoverRule::LeaseExpired,
+        };
+        let held = ts.store.take_run(take(1)).await.unwrap_err();
+        assert_eq!(held.code(), ErrorCode::ClaimHeld, "{held}");
+        let mut stale = s.fence();
+        stale.token = "not-the-token".into();
+        let err = ts.store.release_run(&stale).await.unwrap_err();
+        assert_eq!(err.code(), ErrorCode::ClaimLost, "{err}");
+        ts.store.release_run(&s.fence()).await.unwrap();
+        let taken = ts.store.take_run(take(1)).await.unwrap();
+        assert_eq!((taken.epoch, taken.state), (2, RunState::Running));
+        let err = ts.store.release_run(&s.fence()).await.unwrap_err();
+        assert_eq!(err.code(), ErrorCode::ClaimLost, "the old holder releases nothing: {err}");
+    }
+
     pub async fn bad_pins_are_refused_with_a_typed_error(ts: &TestStore) {
         let bad = [
             vec![RunPin {
@@ -686,4 +711,5 @@ sessionstore::both_backends!(cases =>
     a_run_is_recorded_with_the_releases_it_is_pinned_to,
     a_run_recorded_without_pins_is_pinned_once_under_its_fence,
     bad_pins_are_refused_with_a_typed_error,
+    a_released_run_is_free_to_take_at_once_and_only_its_holder_releases_it,
 );
