@@ -444,7 +444,24 @@ pub async fn run(args: RunArgs, out: Output) -> Result<ExitCode> {
         return exec::run(a, &args.client, out).await;
     }
     let local = local(&args.command)?;
-    let dialer = Dialer::new(&args.client, "hostd-run", RUNS).await?;
+    let dialer = match Dialer::new(&args.client, "hostd-run", RUNS).await {
+        // No Host at all: a program can still be driven here, without a server.
+        Err(e) if no_host(&e) => {
+            return Err(match &args.command {
+                RunCommand::Start { program, .. } => CliError::refused(
+                    "no_host",
+                    format!(
+                        "{e}; or drive the program in this process without a server: hostd run \
+                         exec {}",
+                        program.display()
+                    ),
+                )
+                .into(),
+                _ => e,
+            });
+        }
+        other => other?,
+    };
     let result = dispatch(&dialer, &args.command, local, out).await;
     dialer.close().await;
     result
