@@ -255,16 +255,14 @@ async fn a_host_started_without_runnables_drives_a_pinned_run_from_the_store() {
 
 /// One Host on SQLite, killed with SIGKILL mid-invoke and started again on its data folder: its
 /// boot reconcile takes the run back and the step runs again with the same ids, although the
-/// workspace was never built before the run started.
+/// runnable was never built before the run started (it joined the workspace after the Host
+/// started, so not even the Host's own start built it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_step_keeps_its_intent_and_effect_ids_across_a_takeover() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path();
-    let ws = workspace(dir, "v1");
-    assert!(
-        !ws.join(".hostd").exists(),
-        "the workspace was never built"
-    );
+    let ws = dir.join("shop");
+    std::fs::create_dir_all(ws.join("runnables")).unwrap();
     std::fs::write(dir.join("program.yaml"), PROGRAM).unwrap();
     let args = [
         "--runnables",
@@ -275,6 +273,11 @@ async fn a_step_keeps_its_intent_and_effect_ids_across_a_takeover() {
         "200ms",
     ];
     let first = Serve::start(dir, "ids-1", &args);
+    workspace(dir, "v1");
+    assert!(
+        !ws.join(".hostd/runnables/releases").exists(),
+        "the runnable was never built"
+    );
     let client = |host: &Serve, args: &[&str]| {
         let endpoint = format!("ws://127.0.0.1:{}", host.port);
         let mut all = vec!["--json", "run"];
