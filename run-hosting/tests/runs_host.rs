@@ -332,7 +332,10 @@ mod cases {
             .await
             .unwrap();
         assert_eq!(
-            list.runs.iter().map(|r| r.run_id.as_str()).collect::<Vec<_>>(),
+            list.runs
+                .iter()
+                .map(|r| r.run_id.as_str())
+                .collect::<Vec<_>>(),
             ["run-x"],
             "reads are served during the reconcile"
         );

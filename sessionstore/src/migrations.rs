@@ -160,12 +160,18 @@ mod tests {
 
     #[test]
     fn a_fresh_database_gets_every_migration_in_order() {
-        assert_eq!(versions(&missing(SQLITE, &[]).unwrap()), [1, 2, 3, 4, 5, 6, 7]);
+        assert_eq!(
+            versions(&missing(SQLITE, &[]).unwrap()),
+            [1, 2, 3, 4, 5, 6, 7]
+        );
     }
 
     #[test]
     fn only_the_versions_not_yet_applied_are_applied_even_below_an_applied_one() {
-        assert_eq!(versions(&missing(SQLITE, &[1, 2, 4]).unwrap()), [3, 5, 6, 7]);
+        assert_eq!(
+            versions(&missing(SQLITE, &[1, 2, 4]).unwrap()),
+            [3, 5, 6, 7]
+        );
         assert!(missing(SQLITE, &[1, 2, 3, 4, 5, 6, 7]).unwrap().is_empty());
     }
 

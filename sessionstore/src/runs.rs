@@ -371,7 +371,9 @@ pub(crate) fn check_pins(pins: &[RunPin]) -> StoreResult<()> {
         {
             return Err(StoreError::invalid(
                 "pin.identity",
-                format!("must be 1-{MAX_PIN_IDENTITY} bytes without whitespace or control characters"),
+                format!(
+                    "must be 1-{MAX_PIN_IDENTITY} bytes without whitespace or control characters"
+                ),
             ));
         }
         let hex = p.digest.strip_prefix("sha256:").unwrap_or_default();

@@ -609,7 +609,11 @@ mod cases {
             )
             .await
             .unwrap();
-        assert_eq!(again, [pin("shop/a@1.0.0", 'a')], "the first pinning stands");
+        assert_eq!(
+            again,
+            [pin("shop/a@1.0.0", 'a')],
+            "the first pinning stands"
+        );
         assert_eq!(ts.store.run_pins(&s.run_id).await.unwrap(), again);
         ts.store
             .end_run(&taken.fence(), RunEnd::Completed)
@@ -620,7 +624,11 @@ mod cases {
             .pin_run(&taken.fence(), vec![pin("shop/d@1.0.0", 'd')])
             .await
             .unwrap_err();
-        assert_eq!(done.code(), ErrorCode::ClaimLost, "a finished run is not pinned: {done}");
+        assert_eq!(
+            done.code(),
+            ErrorCode::ClaimLost,
+            "a finished run is not pinned: {done}"
+        );
     }
 
     pub async fn a_released_run_is_free_to_take_at_once_and_only_its_holder_releases_it(
@@ -645,7 +653,11 @@ mod cases {
         let taken = ts.store.take_run(take(1)).await.unwrap();
         assert_eq!((taken.epoch, taken.state), (2, RunState::Running));
         let err = ts.store.release_run(&s.fence()).await.unwrap_err();
-        assert_eq!(err.code(), ErrorCode::ClaimLost, "the old holder releases nothing: {err}");
+        assert_eq!(
+            err.code(),
+            ErrorCode::ClaimLost,
+            "the old holder releases nothing: {err}"
+        );
     }
 
     pub async fn bad_pins_are_refused_with_a_typed_error(ts: &TestStore) {

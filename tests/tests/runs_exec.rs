@@ -130,7 +130,15 @@ fn run_exec_drives_a_program_in_process_and_exits_with_the_runs_outcome() {
     std::fs::write(dir.join("p.yaml"), program("0s")).unwrap();
     let done = hostd_run(
         dir,
-        &["run", "exec", "p.yaml", "--input", r#"{"text":"one two"}"#, "--runnables", ws],
+        &[
+            "run",
+            "exec",
+            "p.yaml",
+            "--input",
+            r#"{"text":"one two"}"#,
+            "--runnables",
+            ws,
+        ],
         &[],
     );
     assert_eq!(done.status.code(), Some(0), "{done:?}");
@@ -153,16 +161,30 @@ fn run_exec_drives_a_program_in_process_and_exits_with_the_runs_outcome() {
     // A run that fails ends with status 3; its step and code are on stderr.
     let failed = hostd_run(
         dir,
-        &["run", "exec", "p.yaml", "--input", r#"{"text":5}"#, "--runnables", ws],
+        &[
+            "run",
+            "exec",
+            "p.yaml",
+            "--input",
+            r#"{"text":5}"#,
+            "--runnables",
+            ws,
+        ],
         &[],
     );
     assert_eq!(failed.status.code(), Some(3), "{failed:?}");
     let err = String::from_utf8_lossy(&failed.stderr);
-    assert!(err.contains("count") && err.contains("input_invalid"), "{err}");
+    assert!(
+        err.contains("count") && err.contains("input_invalid"),
+        "{err}"
+    );
 
     // A program that does not validate is refused with status 1 and records nothing.
-    std::fs::write(dir.join("bad.yaml"), "steps:\n  - name: x\n    invoke: nosuch@1.0.0\n")
-        .unwrap();
+    std::fs::write(
+        dir.join("bad.yaml"),
+        "steps:\n  - name: x\n    invoke: nosuch@1.0.0\n",
+    )
+    .unwrap();
     let refused = hostd_run(
         dir,
         &["--json", "run", "exec", "bad.yaml", "--runnables", ws],
@@ -192,8 +214,11 @@ async fn an_exec_killed_mid_run_is_resumed_by_a_later_serve_on_the_same_data_fol
             "1s",
         ],
     );
-    let run = exec.wait_for_line("the run id", |l| l.starts_with("run-")).await;
-    exec.wait_for_line("the first step", |l| l.starts_with("count")).await;
+    let run = exec
+        .wait_for_line("the run id", |l| l.starts_with("run-"))
+        .await;
+    exec.wait_for_line("the first step", |l| l.starts_with("count"))
+        .await;
     exec.signal(Signal::SIGKILL);
     drop(exec);
 
@@ -207,12 +232,18 @@ async fn an_exec_killed_mid_run_is_resumed_by_a_later_serve_on_the_same_data_fol
     .await;
     assert_eq!(done["epoch"], 2, "{done}");
     assert!(
-        !done["holder"].as_str().unwrap_or_default().starts_with("run-exec-"),
+        !done["holder"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("run-exec-"),
         "{done}"
     );
     let journal = done["journal"].as_array().unwrap();
     let count = journal.iter().find(|e| e["step"] == "count").unwrap();
-    assert_eq!(count["epoch"], 1, "the exec's step was taken from the journal");
+    assert_eq!(
+        count["epoch"], 1,
+        "the exec's step was taken from the journal"
+    );
     let again = journal.iter().find(|e| e["step"] == "again").unwrap();
     assert_eq!(again["body"]["output"]["words"], 4, "{done}");
     drop(host);
@@ -235,8 +266,11 @@ async fn an_exec_beside_a_serve_keeps_its_run_until_stopped_then_the_serve_resum
             ws.to_str().unwrap(),
         ],
     );
-    let run = exec.wait_for_line("the run id", |l| l.starts_with("run-")).await;
-    exec.wait_for_line("the first step", |l| l.starts_with("count")).await;
+    let run = exec
+        .wait_for_line("the run id", |l| l.starts_with("run-"))
+        .await;
+    exec.wait_for_line("the first step", |l| l.starts_with("count"))
+        .await;
     // The Host leaves a run the exec holds.
     let held = hostd_run(dir, &["--json", "run", "resume", &run], &[]);
     assert_eq!(held.status.code(), Some(1), "{held:?}");
@@ -246,7 +280,10 @@ async fn an_exec_beside_a_serve_keeps_its_run_until_stopped_then_the_serve_resum
     );
     let v = status(dir, &run);
     assert!(
-        v["holder"].as_str().unwrap_or_default().starts_with("run-exec-"),
+        v["holder"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("run-exec-"),
         "{v}"
     );
 
@@ -256,13 +293,13 @@ async fn an_exec_beside_a_serve_keeps_its_run_until_stopped_then_the_serve_resum
     assert_eq!(exec.exit_code(), Some(4));
     let last = exec.lines().last().cloned().unwrap_or_default();
     assert_eq!(last, format!("{run} running"), "{:?}", exec.lines());
-    let resumed: Value = serde_json::from_str(&ok(hostd_run(
-        dir,
-        &["--json", "run", "resume", &run],
-        &[],
-    )))
-    .expect("resume JSON");
-    assert_eq!(resumed["epoch"], 2, "taken at once, not after the lease: {resumed}");
+    let resumed: Value =
+        serde_json::from_str(&ok(hostd_run(dir, &["--json", "run", "resume", &run], &[])))
+            .expect("resume JSON");
+    assert_eq!(
+        resumed["epoch"], 2,
+        "taken at once, not after the lease: {resumed}"
+    );
     let done = eventually("the Host to complete the run", async || {
         let v = status(dir, &run);
         testkit::check(v["state"] == "completed", || v.to_string()).map(|_| v)

@@ -82,7 +82,13 @@ fn break_workspace(ws: &Path) {
     std::fs::write(other.join("runnable.yaml"), "name: [not, a, name]\n").unwrap();
 }
 
-fn host(dir: &Path, name: &str, store: &str, credentials: &Path, runnables: Option<&Path>) -> Serve {
+fn host(
+    dir: &Path,
+    name: &str,
+    store: &str,
+    credentials: &Path,
+    runnables: Option<&Path>,
+) -> Serve {
     let mut args = vec![
         "--run-lease",
         "900ms",
@@ -179,7 +185,10 @@ async fn a_run_completes_on_the_survivor_with_its_pinned_handler_after_the_works
     let done = completed(dir, &b, &token, &run).await;
     assert_eq!(done["epoch"], 2, "{done}");
     assert!(
-        done["holder"].as_str().unwrap_or_default().starts_with("pin-b/"),
+        done["holder"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("pin-b/"),
         "{done}"
     );
     let result = done["journal"]
@@ -213,7 +222,8 @@ async fn a_run_completes_on_the_survivor_with_its_pinned_handler_after_the_works
     let stderr = String::from_utf8_lossy(&refused.stderr);
     let stdout = String::from_utf8_lossy(&refused.stdout);
     assert!(
-        stdout.contains("zz-unrelated/runnable.yaml") || stderr.contains("zz-unrelated/runnable.yaml"),
+        stdout.contains("zz-unrelated/runnable.yaml")
+            || stderr.contains("zz-unrelated/runnable.yaml"),
         "the refusal names the broken file:\n{stdout}\n{stderr}"
     );
     drop(b);
@@ -242,12 +252,19 @@ async fn a_host_started_without_runnables_drives_a_pinned_run_from_the_store() {
     std::fs::write(&go, "").unwrap();
     let done = completed(dir, &b, &token, &run).await;
     assert!(
-        done["holder"].as_str().unwrap_or_default().starts_with("bare-b/"),
+        done["holder"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("bare-b/"),
         "{done}"
     );
     let lines = stamps(&log);
     end_orphans(&lines);
-    assert_eq!(lines.len(), 2, "the Host without a workspace ran the step: {lines:?}");
+    assert_eq!(
+        lines.len(),
+        2,
+        "the Host without a workspace ran the step: {lines:?}"
+    );
     assert_eq!(lines[0]["digest"], lines[1]["digest"], "{lines:?}");
     drop(b);
     db.drop_now().await;

@@ -468,9 +468,7 @@ impl Drive<'_> {
                     // The first step that invokes it is the step that cannot run.
                     let step = program::invoke_references(source)
                         .into_iter()
-                        .find(|(_, r)| {
-                            pinning::resolve_pinned(&pins, r).is_some_and(|p| p == pin)
-                        })
+                        .find(|(_, r)| pinning::resolve_pinned(&pins, r).is_some_and(|p| p == pin))
                         .map(|(s, _)| s)
                         .unwrap_or_else(|| "program".into());
                     return self

@@ -26,8 +26,8 @@ pub use driver::{
     DriveEnd, DriveError, Driver, DriverOptions, Resolution, attention_point, failure_codes,
     parse_resolution, step_ids,
 };
-pub use program::{Environment, Problem, Program, RunnableInfo, Step, StepKind, Unresolved, parse};
 pub use pinning::{PinnedEnvironment, StartRefusal, pin_new_run};
+pub use program::{Environment, Problem, Program, RunnableInfo, Step, StepKind, Unresolved, parse};
 pub use releases::StoreReleases;
 pub use seam::{
     AgentTurn, AgentTurns, AsResolved, InvokeCall, InvokeDone, Invoker, NoEvents, ReleaseError,

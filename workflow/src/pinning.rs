@@ -60,15 +60,9 @@ pub async fn pin_new_run(
         .map_err(StartRefusal::Release)?;
     let mut pinned = Vec::with_capacity(pins.len());
     for pin in &pins {
-        pinned.push(
-            releases
-                .pinned(pin)
-                .await
-                .map_err(StartRefusal::Release)?,
-        );
+        pinned.push(releases.pinned(pin).await.map_err(StartRefusal::Release)?);
     }
-    program::parse(source, &PinnedEnvironment::new(pinned, env))
-        .map_err(StartRefusal::Problems)?;
+    program::parse(source, &PinnedEnvironment::new(pinned, env)).map_err(StartRefusal::Problems)?;
     Ok(pins)
 }
 
@@ -107,7 +101,9 @@ impl Environment for PinnedEnvironment<'_> {
     fn runnable(&self, reference: &str) -> Result<RunnableInfo, Unresolved> {
         match runnable::resolve(&self.releases, |(id, _)| id, reference) {
             Ok((_, info)) => Ok(info.clone()),
-            Err(RunnableError::NotFound { available, .. }) => Err(Unresolved::NotFound { available }),
+            Err(RunnableError::NotFound { available, .. }) => {
+                Err(Unresolved::NotFound { available })
+            }
             Err(RunnableError::Ambiguous { candidates, .. }) => {
                 Err(Unresolved::Ambiguous { candidates })
             }

@@ -100,9 +100,7 @@ impl StoreReleases {
     }
 
     fn flow_root(&self) -> Option<PathBuf> {
-        self.workspace
-            .as_ref()
-            .map(|r| r.workspace().root.clone())
+        self.workspace.as_ref().map(|r| r.workspace().root.clone())
     }
 
     fn shelved(&self, pin: &RunPin) -> Option<Release> {

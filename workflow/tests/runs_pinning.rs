@@ -19,8 +19,8 @@ mod cases {
     use tokio_util::sync::CancellationToken;
     use workflow::driver::failure_codes;
     use workflow::{
-        DriveEnd, Driver, DriverOptions, NoEvents, StartRefusal, StoreReleases,
-        WorkspaceRunnables, pin_new_run,
+        DriveEnd, Driver, DriverOptions, NoEvents, StartRefusal, StoreReleases, WorkspaceRunnables,
+        pin_new_run,
     };
 
     /// An idempotent handler that appends the ids it was handed (and its own version) to the
@@ -248,7 +248,12 @@ steps:
         let tmp = tempfile::tempdir().unwrap();
         let ws = workspace(tmp.path(), "v1");
         break_workspace(&ws);
-        let d = host(&ts.store, Some(&ws), &tmp.path().join("state"), Duration::from_secs(60));
+        let d = host(
+            &ts.store,
+            Some(&ws),
+            &tmp.path().join("state"),
+            Duration::from_secs(60),
+        );
         let refused = pin_new_run(PROGRAM, d.env.as_ref(), d.releases.as_ref()).await;
         let Err(StartRefusal::Problems(problems)) = refused else {
             panic!("refused with problems, not {refused:?}");
@@ -301,7 +306,10 @@ steps:
             }
         );
         let f = s.failure.unwrap();
-        assert_eq!((f.code.as_str(), f.step.as_str()), ("release_missing", "stamp"));
+        assert_eq!(
+            (f.code.as_str(), f.step.as_str()),
+            ("release_missing", "stamp")
+        );
     }
 
     pub async fn a_pinned_release_whose_stored_bytes_changed_fails_its_step_with_a_stable_code(
@@ -322,13 +330,17 @@ steps:
         assert_eq!(s.failure.unwrap().code, "release_changed");
     }
 
-    pub async fn a_run_recorded_before_pinning_is_pinned_once_at_its_first_drive(
-        ts: &TestStore,
-    ) {
+    pub async fn a_run_recorded_before_pinning_is_pinned_once_at_its_first_drive(ts: &TestStore) {
         let tmp = tempfile::tempdir().unwrap();
         let ws = workspace(tmp.path(), "v1");
         let log = tmp.path().join("stamps");
-        let s = record(&ts.store, "run-old", json!({"log": log, "go": ""}), Vec::new()).await;
+        let s = record(
+            &ts.store,
+            "run-old",
+            json!({"log": log, "go": ""}),
+            Vec::new(),
+        )
+        .await;
         let d = host(
             &ts.store,
             Some(&ws),

@@ -54,8 +54,9 @@ const EXIT_UNFINISHED: u8 = 4;
 #[derive(Debug, Args)]
 #[command(after_help = "\
 Drives the program in this process against the data folder's SQLite store (--data-dir, \
-default ./.hostd): the run is validated, pinned to its releases (built from --runnables and \
-published to that store) and recorded exactly as `hostd run start` does on a Host. It prints the \
+default ./.hostd): the run is validated, pinned to its releases (built from the workspace — \
+--runnables, else this folder when it holds runnables/ — and published to that store) and \
+recorded exactly as `hostd run start` does on a Host. It prints the \
 run id first, then one line per step as it ends. A `hostd serve` may run on the same folder at \
 the same time; agent steps need one (start such a program there instead).\n\n\
 Exit status: 0 the run completed; 1 refused, nothing recorded (the program does not validate, a \
@@ -164,12 +165,17 @@ pub async fn run(args: ExecArgs, client: &ClientFlags, out: Output) -> Result<Ex
         .map_err(|e| CliError::usage(format!("--run-lease: {e}")))?;
     let tenant = client.tenant.tenant(None)?;
     authenticate(client, &tenant)?;
-    let runner = match &args.drive.runnables {
-        Some(dir) => Some(
-            ::runnable::Runner::open(dir).map_err(|e| {
-                CliError::refused("workspace", format!("--runnables {}: {e}", dir.display()))
-            })?,
-        ),
+    // The workspace: --runnables, else this folder when it holds runnables/ (as for
+    // `hostd runnable`), else none (a program that invokes is refused).
+    let workspace = args.drive.runnables.clone().or_else(|| {
+        std::path::Path::new(::runnable::workspace::RUNNABLES_DIR)
+            .is_dir()
+            .then(|| PathBuf::from("."))
+    });
+    let runner = match &workspace {
+        Some(dir) => Some(::runnable::Runner::open(dir).map_err(|e| {
+            CliError::refused("workspace", format!("--runnables {}: {e}", dir.display()))
+        })?),
         None => None,
     };
     let data = location.data();
@@ -177,7 +183,18 @@ pub async fn run(args: ExecArgs, client: &ClientFlags, out: Output) -> Result<Ex
     let store = Store::open(StoreOptions::new(data.store_url()?))
         .await
         .context("opening the data folder's store")?;
-    let result = exec(&args.program, &source, input, runner, &data.root, &store, tenant, options, out).await;
+    let result = exec(
+        &args.program,
+        &source,
+        input,
+        runner,
+        &data.root,
+        &store,
+        tenant,
+        options,
+        out,
+    )
+    .await;
     store.close().await;
     result
 }
@@ -344,7 +361,9 @@ async fn exec(
         DriveEnd::Completed => ExitCode::SUCCESS,
         DriveEnd::Failed { code, step } => {
             let message = failure.map(|f| f.message).unwrap_or_default();
-            out.error(format_args!("run {id} failed at step {step}: [{code}] {message}"));
+            out.error(format_args!(
+                "run {id} failed at step {step}: [{code}] {message}"
+            ));
             exit::code(EXIT_ENDED)
         }
         DriveEnd::Cancelled => {

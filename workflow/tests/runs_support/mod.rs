@@ -336,7 +336,13 @@ pub async fn start_unpinned(store: &Store, id: &str, source: &str, input: Value)
     record(store, id, source, input, Vec::new()).await
 }
 
-async fn record(store: &Store, id: &str, source: &str, input: Value, pins: Vec<RunPin>) -> RunStatus {
+async fn record(
+    store: &Store,
+    id: &str,
+    source: &str,
+    input: Value,
+    pins: Vec<RunPin>,
+) -> RunStatus {
     store
         .create_run(NewRun {
             run_id: RunId::new(id).unwrap(),
