@@ -193,7 +193,15 @@ fn run_exec_drives_a_program_in_process_and_exits_with_the_runs_outcome() {
     assert_eq!(refused.status.code(), Some(1), "{refused:?}");
     let err = String::from_utf8_lossy(&refused.stderr);
     assert!(err.contains("\"code\":\"invalid\""), "{err}");
-    assert!(refused.stdout.is_empty(), "no run id: nothing was recorded");
+    let problems: Value = serde_json::from_slice(&refused.stdout).expect("the problems as JSON");
+    assert_eq!(
+        problems["problems"][0]["code"], "program.unknown_runnable",
+        "{problems}"
+    );
+    assert!(
+        problems.get("run_id").is_none(),
+        "nothing was recorded: {problems}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

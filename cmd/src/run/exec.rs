@@ -233,20 +233,23 @@ async fn exec(
                     column: p.column,
                 })
                 .collect();
-            if !out.is_json() {
+            let message = format!(
+                "the program has {} problem(s); nothing was recorded",
+                views.len()
+            );
+            if out.is_json() {
+                // As `hostd run start` prints a Host's refusal: the problems as data.
+                out.record(
+                    "",
+                    || json!({"code": "invalid", "message": message, "problems": views}),
+                )?;
+            } else {
                 eprint!(
                     "{}",
                     render_problems(&program.display().to_string(), source, &views)
                 );
             }
-            return Err(CliError::refused(
-                "invalid",
-                format!(
-                    "the program has {} problem(s); nothing was recorded",
-                    views.len()
-                ),
-            )
-            .into());
+            return Err(CliError::refused("invalid", message).into());
         }
         Err(StartRefusal::Release(e)) => {
             return Err(CliError::refused(
