@@ -36,6 +36,8 @@ impl Environment for WorkspaceRunnables {
             }
             Err(e) => return Err(Unresolved::Other(e.to_string())),
         };
+        // What validation reports; a start pins the digest of the release it builds, and only
+        // a pinned digest ever reaches a step's ids.
         let digest = catalog
             .recorded_digest(decl)
             .map(|d| d.to_string())

@@ -183,170 +183,182 @@ pub async fn run(args: ExecArgs, client: &ClientFlags, out: Output) -> Result<Ex
     let store = Store::open(StoreOptions::new(data.store_url()?))
         .await
         .context("opening the data folder's store")?;
-    let result = exec(
-        &args.program,
-        &source,
+    let result = Exec {
+        program: &args.program,
+        source: &source,
         input,
-        runner,
-        &data.root,
-        &store,
         tenant,
         options,
         out,
-    )
+    }
+    .drive(runner, &data.root, &store)
     .await;
     store.close().await;
     result
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn exec(
-    program: &std::path::Path,
-    source: &str,
+/// One program to drive, read and checked.
+struct Exec<'a> {
+    program: &'a std::path::Path,
+    source: &'a str,
     input: serde_json::Value,
-    runner: Option<::runnable::Runner>,
-    data_root: &std::path::Path,
-    store: &Store,
     tenant: sessionstore::TenantId,
     options: RunOptions,
     out: Output,
-) -> Result<ExitCode> {
-    let releases = Arc::new(StoreReleases::new(
-        store.clone(),
-        runner.clone(),
-        &data_root.join("runnables"),
-    ));
-    let env = Arc::new(WorkspaceRunnables {
-        runner,
-        agents: BTreeSet::new(),
-    });
-    let pins = match pin_new_run(source, env.as_ref(), releases.as_ref()).await {
-        Ok(p) => p,
-        Err(StartRefusal::Problems(problems)) => {
-            let views: Vec<ProblemView> = problems
-                .into_iter()
-                .map(|p| ProblemView {
-                    code: p.code,
-                    message: p.message,
-                    step: p.step,
-                    line: p.line,
-                    column: p.column,
-                })
-                .collect();
-            let message = format!(
-                "the program has {} problem(s); nothing was recorded",
-                views.len()
-            );
-            if out.is_json() {
-                // As `hostd run start` prints a Host's refusal: the problems as data.
-                out.record(
-                    "",
-                    || json!({"code": "invalid", "message": message, "problems": views}),
-                )?;
-            } else {
-                eprint!(
-                    "{}",
-                    render_problems(&program.display().to_string(), source, &views)
-                );
-            }
-            return Err(CliError::refused("invalid", message).into());
-        }
-        Err(StartRefusal::Release(e)) => {
-            return Err(CliError::refused(
-                e.code(),
-                format!("the program's releases cannot be pinned: {e}; nothing was recorded"),
-            )
-            .into());
-        }
-    };
-    let mut signals = StopSignals::listen()?;
-    let run_id = RunId::new(format!("run-{}", uuid::Uuid::now_v7().simple()))?;
-    let created = store
-        .create_run(NewRun {
-            run_id: run_id.clone(),
+}
+
+impl Exec<'_> {
+    /// Pins, records and drives the run; its exit status.
+    async fn drive(
+        self,
+        runner: Option<::runnable::Runner>,
+        data_root: &std::path::Path,
+        store: &Store,
+    ) -> Result<ExitCode> {
+        let Exec {
+            program,
+            source,
+            input,
             tenant,
-            source: source.to_owned(),
-            input: input.to_string(),
-            holder: holder(),
-            fencing_token: uuid::Uuid::now_v7().simple().to_string(),
-            lease: options.lease,
-            idempotency_key: None,
-            pins,
-        })
-        .await
-        .context("recording the run")?;
-    let status = created.status;
-    let fence = status.fence();
-    let id = run_id.to_string();
-    out.record(&id, || json!({"run_id": id, "epoch": status.epoch}))?;
-    let driver = Driver {
-        journal: Arc::new(store.clone()),
-        env,
-        releases: releases.clone(),
-        invoker: releases,
-        agents: None,
-        events: Arc::new(StepLines {
+            options,
             out,
-            run: id.clone(),
-        }),
-        options: DriverOptions {
-            lease: options.lease,
-            poll: options.poll,
-        },
-    };
-    let stop = CancellationToken::new();
-    let mut drive = tokio::spawn({
-        let stop = stop.clone();
-        async move { driver.drive(status, Arc::new(Notify::new()), stop).await }
-    });
-    let ended = tokio::select! {
-        r = &mut drive => r,
-        name = signals.next() => {
-            out.note(format_args!(
-                "{name}: stopping run {id} at its next step boundary (again to leave at once)"
-            ));
-            stop.cancel();
-            tokio::select! {
-                r = &mut drive => r,
-                name = signals.next() => {
-                    out.warn(format_args!(
-                        "{name}: leaving run {id} where it is; a Host of this data folder takes \
-                         it over once its lease lapses ({}), or `hostd run resume {id}` then",
-                        humantime::format_duration(options.lease)
-                    ));
-                    return Ok(exit::code(EXIT_UNFINISHED));
+        } = self;
+        let releases = Arc::new(StoreReleases::new(
+            store.clone(),
+            runner.clone(),
+            &data_root.join("runnables"),
+        ));
+        let env = Arc::new(WorkspaceRunnables {
+            runner,
+            agents: BTreeSet::new(),
+        });
+        let pins = match pin_new_run(source, env.as_ref(), releases.as_ref()).await {
+            Ok(p) => p,
+            Err(StartRefusal::Problems(problems)) => {
+                let views: Vec<ProblemView> = problems
+                    .into_iter()
+                    .map(|p| ProblemView {
+                        code: p.code,
+                        message: p.message,
+                        step: p.step,
+                        line: p.line,
+                        column: p.column,
+                    })
+                    .collect();
+                let message = format!(
+                    "the program has {} problem(s); nothing was recorded",
+                    views.len()
+                );
+                if out.is_json() {
+                    // As `hostd run start` prints a Host's refusal: the problems as data.
+                    out.record(
+                        "",
+                        || json!({"code": "invalid", "message": message, "problems": views}),
+                    )?;
+                } else {
+                    eprint!(
+                        "{}",
+                        render_problems(&program.display().to_string(), source, &views)
+                    );
+                }
+                return Err(CliError::refused("invalid", message).into());
+            }
+            Err(StartRefusal::Release(e)) => {
+                return Err(CliError::refused(
+                    e.code(),
+                    format!("the program's releases cannot be pinned: {e}; nothing was recorded"),
+                )
+                .into());
+            }
+        };
+        let mut signals = StopSignals::listen()?;
+        let run_id = RunId::new(format!("run-{}", uuid::Uuid::now_v7().simple()))?;
+        let created = store
+            .create_run(NewRun {
+                run_id: run_id.clone(),
+                tenant,
+                source: source.to_owned(),
+                input: input.to_string(),
+                holder: holder(),
+                fencing_token: uuid::Uuid::now_v7().simple().to_string(),
+                lease: options.lease,
+                idempotency_key: None,
+                pins,
+            })
+            .await
+            .context("recording the run")?;
+        let status = created.status;
+        let fence = status.fence();
+        let id = run_id.to_string();
+        out.record(&id, || json!({"run_id": id, "epoch": status.epoch}))?;
+        let driver = Driver {
+            journal: Arc::new(store.clone()),
+            env,
+            releases: releases.clone(),
+            invoker: releases,
+            agents: None,
+            events: Arc::new(StepLines {
+                out,
+                run: id.clone(),
+            }),
+            options: DriverOptions {
+                lease: options.lease,
+                poll: options.poll,
+            },
+        };
+        let stop = CancellationToken::new();
+        let mut drive = tokio::spawn({
+            let stop = stop.clone();
+            async move { driver.drive(status, Arc::new(Notify::new()), stop).await }
+        });
+        let ended = tokio::select! {
+            r = &mut drive => r,
+            name = signals.next() => {
+                out.note(format_args!(
+                    "{name}: stopping run {id} at its next step boundary (again to leave at once)"
+                ));
+                stop.cancel();
+                tokio::select! {
+                    r = &mut drive => r,
+                    name = signals.next() => {
+                        out.warn(format_args!(
+                            "{name}: leaving run {id} where it is; a Host of this data folder takes \
+                             it over once its lease lapses ({}), or `hostd run resume {id}` then",
+                            humantime::format_duration(options.lease)
+                        ));
+                        return Ok(exit::code(EXIT_UNFINISHED));
+                    }
                 }
             }
-        }
-    };
-    let end = match ended {
-        Ok(end) => end,
-        Err(e) => {
-            out.error(format_args!("run {id}: the driver stopped: {e}"));
-            return Ok(exit::code(EXIT_UNFINISHED));
-        }
-    };
-    let end = match end {
-        Ok(end) => end,
-        Err(e) => {
-            out.error(format_args!(
-                "run {id} stopped without a decision ([{}] {e}); it stays running: resume it \
+        };
+        let end = match ended {
+            Ok(end) => end,
+            Err(e) => {
+                out.error(format_args!("run {id}: the driver stopped: {e}"));
+                return Ok(exit::code(EXIT_UNFINISHED));
+            }
+        };
+        let end = match end {
+            Ok(end) => end,
+            Err(e) => {
+                out.error(format_args!(
+                    "run {id} stopped without a decision ([{}] {e}); it stays running: resume it \
                  with `hostd run resume {id}` on a Host of this data folder",
-                e.code()
-            ));
-            return Ok(exit::code(EXIT_UNFINISHED));
+                    e.code()
+                ));
+                return Ok(exit::code(EXIT_UNFINISHED));
+            }
+        };
+        if end == DriveEnd::Stopped {
+            // Nothing was written for the step; hand the run back so a Host may take it at once.
+            if let Err(e) = store.release_run(&fence).await {
+                tracing::warn!(error = %e, "could not hand the run's lease back");
+            }
         }
-    };
-    if end == DriveEnd::Stopped {
-        // Nothing was written for the step; hand the run back so a Host may take it at once.
-        if let Err(e) = store.release_run(&fence).await {
-            tracing::warn!(error = %e, "could not hand the run's lease back");
-        }
-    }
-    let now = store.run_status(None, &run_id).await?;
-    let state = now.as_ref().map(|s| s.state);
-    let failure = now.as_ref().and_then(|s| s.failure.clone());
-    out.record(
+        let now = store.run_status(None, &run_id).await?;
+        let state = now.as_ref().map(|s| s.state);
+        let failure = now.as_ref().and_then(|s| s.failure.clone());
+        out.record(
         format_args!(
             "{id} {}",
             state.map(|s| s.as_str()).unwrap_or("unknown")
@@ -360,40 +372,41 @@ async fn exec(
             })
         },
     )?;
-    Ok(match end {
-        DriveEnd::Completed => ExitCode::SUCCESS,
-        DriveEnd::Failed { code, step } => {
-            let message = failure.map(|f| f.message).unwrap_or_default();
-            out.error(format_args!(
-                "run {id} failed at step {step}: [{code}] {message}"
-            ));
-            exit::code(EXIT_ENDED)
-        }
-        DriveEnd::Cancelled => {
-            out.error(format_args!("run {id} was cancelled"));
-            exit::code(EXIT_ENDED)
-        }
-        DriveEnd::NeedsAttention { step, checkpoint } => {
-            out.error(format_args!(
-                "run {id} needs an operator at step {step}: whether its effect happened is \
+        Ok(match end {
+            DriveEnd::Completed => ExitCode::SUCCESS,
+            DriveEnd::Failed { code, step } => {
+                let message = failure.map(|f| f.message).unwrap_or_default();
+                out.error(format_args!(
+                    "run {id} failed at step {step}: [{code}] {message}"
+                ));
+                exit::code(EXIT_ENDED)
+            }
+            DriveEnd::Cancelled => {
+                out.error(format_args!("run {id} was cancelled"));
+                exit::code(EXIT_ENDED)
+            }
+            DriveEnd::NeedsAttention { step, checkpoint } => {
+                out.error(format_args!(
+                    "run {id} needs an operator at step {step}: whether its effect happened is \
                  unknown. Answer `hostd run answer {id} {checkpoint} '{{\"action\":\"retry\"}}'` \
                  (or skip) through a `hostd serve` on this data folder"
-            ));
-            exit::code(EXIT_UNFINISHED)
-        }
-        DriveEnd::Fenced => {
-            out.error(format_args!(
+                ));
+                exit::code(EXIT_UNFINISHED)
+            }
+            DriveEnd::Fenced => {
+                out.error(format_args!(
                 "run {id} was taken over by a Host ({}); follow it with `hostd run logs -f {id}`",
                 now.map(|s| s.holder).unwrap_or_default()
             ));
-            exit::code(EXIT_UNFINISHED)
-        }
-        DriveEnd::Stopped => {
-            out.note(format_args!(
+                exit::code(EXIT_UNFINISHED)
+            }
+            DriveEnd::Stopped => {
+                out.note(format_args!(
                 "run {id} stopped; resume it with `hostd run resume {id}` on a Host of this data \
                  folder (a `hostd serve` there also takes it over by itself)"
             ));
-            exit::code(EXIT_UNFINISHED)
-        }
-    })
+                exit::code(EXIT_UNFINISHED)
+            }
+        })
+    }
 }
