@@ -530,15 +530,6 @@ pub struct ServeFlags {
         env = "HOST_OPENAI_MODEL"
     )]
     openai_model: Option<String>,
-    /// A runnables workspace: its runnables are offered to the agents as tools (all of them,
-    /// unless --runnable-tool picks some). Effectful ones ask permission first.
-    #[arg(
-        id = "agents.runnables",
-        long = "runnables",
-        env = "HOST_RUNNABLES",
-        value_name = "DIR"
-    )]
-    runnables: Option<PathBuf>,
     /// Offer one runnable as a tool: name[@version] from --runnables, or a release published
     /// in the store as workspace/name@version (verified against its digest before use).
     /// Repeatable, or comma-separated.
@@ -612,10 +603,6 @@ pub struct ServeFlags {
         env = "HOST_RUN_MAX_ACTIVE"
     )]
     run_max_active: Option<u32>,
-    /// A run driver's hold on its run; a run whose Host stopped renewing it is taken over by a
-    /// live Host once it expires (or once that Host's registration expires, if sooner).
-    #[arg(id = "runs.lease", long = "run-lease", env = "HOST_RUN_LEASE", value_parser = duration)]
-    run_lease: Option<Duration>,
     /// How often this Host looks for runs whose holder is gone (lease or Host registration
     /// expired).
     #[arg(id = "runs.scan_interval", long = "run-scan-interval", env = "HOST_RUN_SCAN_INTERVAL", value_parser = duration)]
@@ -645,12 +632,41 @@ pub struct ServeFlags {
     console_credentials_file: Option<PathBuf>,
     #[command(flatten)]
     fleet: FleetFlags,
+    #[command(flatten)]
+    pub drive: DriveFlags,
+}
+
+/// The options of a run driver that `hostd run exec` shares with `hostd serve`, declared once:
+/// the workspace new runs are pinned from and the run lease. Each is `None` unless given.
+#[derive(Clone, Debug, Default, Args)]
+pub struct DriveFlags {
+    /// A runnables workspace: a new run is pinned to its runnables (resolved strictly, built
+    /// and published to the store); `hostd serve` also offers them to the agents as tools (all
+    /// of them, unless --runnable-tool picks some; effectful ones ask permission first).
+    #[arg(
+        id = "agents.runnables",
+        long = "runnables",
+        env = "HOST_RUNNABLES",
+        value_name = "DIR"
+    )]
+    pub runnables: Option<PathBuf>,
+    /// A run driver's hold on its run; a run whose driver stopped renewing it is taken over by
+    /// a live Host once it expires (or once that Host's registration expires, if sooner).
+    #[arg(id = "runs.lease", long = "run-lease", env = "HOST_RUN_LEASE", value_parser = duration)]
+    pub run_lease: Option<Duration>,
 }
 
 impl ServeFlags {
     /// Replaces every option this carries a value for.
     fn overlay(mut self, o: &mut ServeOptions) {
         std::mem::take(&mut self.fleet).overlay(&mut o.fleet);
+        let drive = std::mem::take(&mut self.drive);
+        if let Some(v) = drive.runnables {
+            o.agents.runnables = Some(v);
+        }
+        if let Some(v) = drive.run_lease {
+            o.runs.lease = v;
+        }
         macro_rules! set {
             ($($flag:ident => $($path:ident).+;)*) => {
                 $(if let Some(v) = self.$flag { o.$($path).+ = v; })*
@@ -716,7 +732,6 @@ impl ServeFlags {
             runs_enabled => runs.enabled;
             console_enabled => console.enabled;
             run_max_active => runs.max_active;
-            run_lease => runs.lease;
             run_scan_interval => runs.scan_interval;
             run_poll => runs.poll;
         }
@@ -728,7 +743,6 @@ impl ServeFlags {
             internal_endpoint => host.internal_endpoint;
             fixed_session => host.fixed_session;
             openai_endpoint => agents.openai_endpoint;
-            runnables => agents.runnables;
             model_max_tokens => model.max_tokens;
             model_temperature => model.temperature;
         }

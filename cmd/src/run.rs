@@ -1,11 +1,11 @@
 //! `hostd run`: workflow runs from the command line, as a HostLink client of a Host that
-//! serves `run.*` (it never drives a run in-process and never reads a run from the store, so
-//! tenant scoping always applies). Owns argument parsing, rendering (problems with source
-//! frames from the local file, the `ps` table, step journals), the retry of `unavailable`
-//! starts and resumes within a deadline, and `logs -f`. Which Host it dials is
-//! [`crate::reach`]'s: with `--store`, a live Host of the fleet's registry (the Host holding the
-//! run first, when a command concerns one), and `logs -f` follows the run from Host to Host.
-//! Also builds a serving Host's run hosting from its options ([`hosting`]).
+//! serves `run.*` (these commands never read a run from the store, so tenant scoping always
+//! applies), and `hostd run exec` ([`exec`]), which drives a program in this process against
+//! the data folder's store. Owns argument parsing, rendering (problems with source frames from
+//! the local file, the `ps` table, step journals), the retry of `unavailable` starts and
+//! resumes within a deadline, and `logs -f`. Which Host it dials is [`crate::reach`]'s: with
+//! `--store`, a live Host of the fleet's registry (the Host holding the run first, when a
+//! command concerns one), and `logs -f` follows the run from Host to Host.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -26,6 +26,8 @@ use tokio::sync::mpsc;
 use crate::exit::CliError;
 use crate::output::{Output, Table};
 use crate::reach::{Capability, ClientFlags, Dialer, Link, Pick};
+
+mod exec;
 
 /// How long `start` and `resume` keep retrying a Host that answers `unavailable` (booting), and
 /// how long `logs -f` keeps looking for another live Host of the registry when its own goes
@@ -50,6 +52,8 @@ const RUNS: Capability = Capability {
     after_help = "With `hostd serve` running with its defaults, no flags are needed:\n  \
 R=$(hostd run start examples/runs/order.yaml --input '{\"order\":\"o-1\"}')\n  \
 hostd run status $R\n  hostd run answer $R approve true\n  hostd run logs -f $R\n\
+Without a server: hostd run exec program.yaml --input '{...}' drives it in this process against \
+the data folder's store (a later hostd serve there resumes it if exec is stopped).\n\
 Against a fleet: --store postgres://... --tenant T --token ... (or HOST_STORE_URL, HOST_TENANT, \
 HOST_TENANT_TOKEN): a live Host of the registry serving runs is dialled, the one holding the run \
 first, and `logs -f` follows the run when it moves to another Host. One Host: --endpoint \
@@ -112,6 +116,9 @@ enum RunCommand {
         /// The run id.
         run: String,
     },
+    /// Drive a program in this process, without a server, against the data folder's store:
+    /// print the run id, then each step as it ends; exit with the run's outcome.
+    Exec(exec::ExecArgs),
 }
 
 /// A `run.*` call the link did not carry (the Host went away, or did not answer in time):
@@ -379,28 +386,41 @@ fn id_arg(what: &str, text: &str) -> Result<()> {
 
 /// Reads the program file and parses the arguments: a mistake here is the caller's, and must
 /// say so (with its own code) whether or not a Host is reachable.
+/// The program file's text, or the caller's mistake with its code.
+fn read_program(program: &std::path::Path) -> Result<String> {
+    std::fs::read_to_string(program).map_err(|e| {
+        let code = if e.kind() == std::io::ErrorKind::NotFound {
+            local_codes::FILE_NOT_FOUND
+        } else {
+            local_codes::FILE_UNREADABLE
+        };
+        CliError::refused(
+            code,
+            format!("cannot read the program {}: {e}", program.display()),
+        )
+        .into()
+    })
+}
+
+/// `--input` as JSON, or the caller's mistake with its code.
+fn read_input(input: &str) -> Result<Value> {
+    serde_json::from_str(input).map_err(|e| {
+        CliError::refused(
+            local_codes::INVALID_INPUT,
+            format!("--input is not JSON: {e}"),
+        )
+        .into()
+    })
+}
+
 fn local(command: &RunCommand) -> Result<Local> {
     match command {
         RunCommand::Start { program, input, .. } => {
-            let source = std::fs::read_to_string(program).map_err(|e| {
-                let code = if e.kind() == std::io::ErrorKind::NotFound {
-                    local_codes::FILE_NOT_FOUND
-                } else {
-                    local_codes::FILE_UNREADABLE
-                };
-                CliError::refused(
-                    code,
-                    format!("cannot read the program {}: {e}", program.display()),
-                )
-            })?;
-            let input: Value = serde_json::from_str(input).map_err(|e| {
-                CliError::refused(
-                    local_codes::INVALID_INPUT,
-                    format!("--input is not JSON: {e}"),
-                )
-            })?;
+            let source = read_program(program)?;
+            let input = read_input(input)?;
             Ok(Local::Start { source, input })
         }
+        RunCommand::Exec(_) => Ok(Local::Other),
         RunCommand::Answer {
             run, checkpoint, ..
         } => {
@@ -420,8 +440,28 @@ fn local(command: &RunCommand) -> Result<Local> {
 }
 
 pub async fn run(args: RunArgs, out: Output) -> Result<ExitCode> {
+    if let RunCommand::Exec(a) = args.command {
+        return exec::run(a, &args.client, out).await;
+    }
     let local = local(&args.command)?;
-    let dialer = Dialer::new(&args.client, "hostd-run", RUNS).await?;
+    let dialer = match Dialer::new(&args.client, "hostd-run", RUNS).await {
+        // No Host at all: a program can still be driven here, without a server.
+        Err(e) if no_host(&e) => {
+            return Err(match &args.command {
+                RunCommand::Start { program, .. } => CliError::refused(
+                    "no_host",
+                    format!(
+                        "{e}; or drive the program in this process without a server: hostd run \
+                         exec {}",
+                        program.display()
+                    ),
+                )
+                .into(),
+                _ => e,
+            });
+        }
+        other => other?,
+    };
     let result = dispatch(&dialer, &args.command, local, out).await;
     dialer.close().await;
     result
@@ -527,6 +567,7 @@ async fn dispatch(
             Ok(ExitCode::SUCCESS)
         }
         RunCommand::Logs { run, follow } => logs(dialer, run, *follow, out).await,
+        RunCommand::Exec(_) => bail!("internal: exec is not a HostLink command"),
         RunCommand::Cancel { run } => {
             let link = link_for_run(dialer, run, false).await?;
             let v: RunView = call(&link.client, "run.cancel", run_request(run))

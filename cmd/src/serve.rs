@@ -199,8 +199,13 @@ pub async fn run(args: ServeArgs, matches: Option<&ArgMatches>, out: Output) -> 
             None => None,
         };
         Some(
-            run_hosting::RunHost::for_service(&service, options.runs.clone(), runner)
-                .map_err(|e| anyhow::anyhow!("{e}"))?,
+            run_hosting::RunHost::for_service(
+                &service,
+                options.runs.clone(),
+                runner,
+                &data.root.join("runnables"),
+            )
+            .map_err(|e| anyhow::anyhow!("{e}"))?,
         )
     } else {
         None

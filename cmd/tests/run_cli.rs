@@ -106,7 +106,12 @@ fn with_good_arguments_and_no_host_the_error_says_no_host_with_its_own_code() {
     .unwrap();
     let out = run(tmp.path(), &["start", "p.yaml"]);
     assert_eq!(out.status.code(), Some(1), "{out:?}");
-    assert_eq!(error(&out).0, "no_host");
+    let (code, message) = error(&out);
+    assert_eq!(code, "no_host");
+    assert!(
+        message.contains("hostd run exec p.yaml"),
+        "with no Host at all, a start names the way to run without one: {message}"
+    );
     let out = run(
         tmp.path(),
         &[

@@ -11,7 +11,11 @@
 //! driver crash-equivalently: nothing is written, the run stays `running` under the old
 //! holder, and the next Host takes it back under epoch + 1.
 //!
-//! The program format, validation and replay live in `workflow`; this module never
+//! A run is pinned when it starts: every release its program invokes is resolved in this
+//! Host's workspace, published to the store when it is not there yet, and recorded with the
+//! run; every driver of the run, on any Host, runs those releases from the store.
+//!
+//! The program format, validation, pinning and replay live in `workflow`; this module never
 //! interprets a step.
 
 use std::collections::HashMap;
@@ -29,8 +33,8 @@ use tokio::sync::{Notify, broadcast};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use workflow::{
-    AgentTurns, DriveEnd, Driver, DriverOptions, Environment, Invoker, StepEvent, StepEvents,
-    check_answer, parse as parse_program,
+    AgentTurns, DriveEnd, Driver, DriverOptions, Environment, Invoker, Releases, StartRefusal,
+    StepEvent, StepEvents, check_answer, pin_new_run,
 };
 
 use crate::metrics::RunMetrics;
@@ -101,7 +105,10 @@ impl RunOptions {
 pub struct RunHosting {
     pub store: Store,
     pub host_id: HostId,
+    /// Where a new run's program is resolved (the workspace) and which agents it may name.
     pub env: Arc<dyn Environment>,
+    /// Where the releases runs are pinned to come from.
+    pub releases: Arc<dyn Releases>,
     pub invoker: Arc<dyn Invoker>,
     pub agents: Option<Arc<dyn AgentTurns>>,
     pub options: RunOptions,
@@ -117,6 +124,7 @@ struct Inner {
     store: Store,
     host_id: HostId,
     env: Arc<dyn Environment>,
+    releases: Arc<dyn Releases>,
     invoker: Arc<dyn Invoker>,
     agents: Option<Arc<dyn AgentTurns>>,
     options: RunOptions,
@@ -250,8 +258,14 @@ impl Inner {
     }
 
     /// Claims the run's slot, synchronously: `conflict` if this Host drives it already,
-    /// `resource_exhausted` at the cap.
-    fn claim(self: &Arc<Self>, run: &RunId) -> Result<(Slot, Arc<Notify>), RunRefusal> {
+    /// `resource_exhausted` at the cap. `recorded` says whether the run exists in the store
+    /// (a resume, a takeover) or not yet (a start): only a recorded run is named in the
+    /// refusal's hint, since only it can be resumed.
+    fn claim(
+        self: &Arc<Self>,
+        run: &RunId,
+        recorded: bool,
+    ) -> Result<(Slot, Arc<Notify>), RunRefusal> {
         let mut active = lock(&self.active);
         if active.contains_key(run) {
             return Err(refused(
@@ -260,12 +274,14 @@ impl Inner {
             ));
         }
         if active.len() >= self.options.max_active as usize {
+            let hint = if recorded {
+                format!("retry later (hostd run resume {run})")
+            } else {
+                "nothing was recorded; start it again later, or on another Host".to_owned()
+            };
             return Err(refused(
                 refusal_codes::RESOURCE_EXHAUSTED,
-                format!(
-                    "this Host drives {} runs, its cap; retry later (hostd run resume {run})",
-                    active.len()
-                ),
+                format!("this Host drives {} runs, its cap; {hint}", active.len()),
             ));
         }
         let wake = Arc::new(Notify::new());
@@ -291,6 +307,7 @@ impl Inner {
         Driver {
             journal: Arc::new(self.store.clone()),
             env: self.env.clone(),
+            releases: self.releases.clone(),
             invoker: self.invoker.clone(),
             agents: self.agents.clone(),
             events: Arc::new(Events {
@@ -365,7 +382,7 @@ impl Inner {
         status: &RunStatus,
         rule: TakeoverRule,
     ) -> Result<RunStatus, RunRefusal> {
-        let (slot, wake) = self.claim(&status.run_id)?;
+        let (slot, wake) = self.claim(&status.run_id, true)?;
         let taken = self
             .store
             .take_run(Takeover {
@@ -444,6 +461,7 @@ impl RunHost {
                 store: h.store,
                 host_id: h.host_id,
                 env: h.env,
+                releases: h.releases,
                 invoker: h.invoker,
                 agents: h.agents,
                 options: h.options,
@@ -612,29 +630,49 @@ impl RunHost {
         req: RunStartRequest,
     ) -> Result<RunStarted, RunRefusal> {
         self.gate("the start")?;
-        if let Err(problems) = parse_program(&req.program, self.inner.env.as_ref()) {
-            return Err(RunRefusal {
-                code: refusal_codes::INVALID.into(),
-                message: format!("the program has {} problem(s)", problems.len()),
-                problems: problems
-                    .into_iter()
-                    .map(|p| ProblemView {
-                        code: p.code,
-                        message: p.message,
-                        step: p.step,
-                        line: p.line,
-                        column: p.column,
-                    })
-                    .collect(),
-            });
-        }
+        let pins = match pin_new_run(
+            &req.program,
+            self.inner.env.as_ref(),
+            self.inner.releases.as_ref(),
+        )
+        .await
+        {
+            Ok(pins) => pins,
+            Err(StartRefusal::Problems(problems)) => {
+                return Err(RunRefusal {
+                    code: refusal_codes::INVALID.into(),
+                    message: format!("the program has {} problem(s)", problems.len()),
+                    problems: problems
+                        .into_iter()
+                        .map(|p| ProblemView {
+                            code: p.code,
+                            message: p.message,
+                            step: p.step,
+                            line: p.line,
+                            column: p.column,
+                        })
+                        .collect(),
+                });
+            }
+            Err(StartRefusal::Release(e)) => {
+                let code = match e.code() {
+                    "conflict" => refusal_codes::CONFLICT,
+                    "unavailable" => refusal_codes::UNAVAILABLE,
+                    _ => refusal_codes::INVALID,
+                };
+                return Err(refused(
+                    code,
+                    format!("the program's releases cannot be pinned: {e}; nothing was recorded"),
+                ));
+            }
+        };
         let input = req
             .input
             .map(|r| r.get().to_owned())
             .unwrap_or_else(|| "{}".into());
         let run = RunId::new(format!("run-{}", uuid::Uuid::now_v7().simple()))
             .map_err(|e| refused(refusal_codes::INVALID, e.to_string()))?;
-        let (slot, wake) = self.inner.claim(&run)?;
+        let (slot, wake) = self.inner.claim(&run, false)?;
         let created = self
             .inner
             .store
@@ -647,6 +685,7 @@ impl RunHost {
                 fencing_token: uuid::Uuid::now_v7().simple().to_string(),
                 lease: self.inner.options.lease,
                 idempotency_key: req.idempotency_key,
+                pins,
             })
             .await
             .map_err(|e| store_refusal(&e))?;
@@ -674,8 +713,9 @@ impl RunHost {
 
     /// `run.resume`: the recorded program is the source of truth.
     pub async fn resume(&self, tenant: &TenantId, run: &RunId) -> Result<RunStarted, RunRefusal> {
-        self.gate(&format!("`hostd run resume {run}`"))?;
+        // Read first: the hint of a refusal below names only a run that exists.
         let status = self.scoped(tenant, run).await?;
+        self.gate(&format!("`hostd run resume {run}`"))?;
         match status.state {
             RunState::Running => {}
             RunState::NeedsAttention => {

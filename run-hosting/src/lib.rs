@@ -15,6 +15,7 @@ pub mod hosting;
 pub mod metrics;
 
 use std::collections::BTreeSet;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,7 +24,7 @@ use hostlink_server::backend::{ExtensionReply, RunEvents};
 use runnable::Runner;
 use serde_json::value::RawValue;
 use sessionstore::{RunId, TenantId};
-use workflow::WorkspaceRunnables;
+use workflow::{StoreReleases, WorkspaceRunnables};
 
 pub use agents::{ServiceAgents, TurnIds};
 pub use hosting::{RunHost, RunHosting, RunOptions};
@@ -37,17 +38,25 @@ pub enum SetupError {
 }
 
 impl RunHost {
-    /// Run hosting for a serving Host: programs invoke the runnables of `runner` (none: a
-    /// program that invokes is refused), and `agent:` steps run as one turn in a fresh session
-    /// of `service`, for every agent its department registered. Its series are registered in
-    /// the Host's registry.
+    /// Run hosting for a serving Host: new runs are pinned to the runnables of `runner` (none:
+    /// a program that invokes is refused at start), published to the store; every run runs its
+    /// pinned releases from the store, unpacked under `state` (so a Host without a workspace
+    /// still drives pinned runs). `agent:` steps run as one turn in a fresh session of
+    /// `service`, for every agent its department registered. Its series are registered in the
+    /// Host's registry.
     pub fn for_service(
         service: &host::Service,
         options: RunOptions,
         runner: Option<Runner>,
+        state: &Path,
     ) -> Result<RunHost, SetupError> {
         let agents = ServiceAgents::new(service.clone());
-        let runnables = Arc::new(WorkspaceRunnables {
+        let releases = Arc::new(StoreReleases::new(
+            service.store().clone(),
+            runner.clone(),
+            state,
+        ));
+        let env = Arc::new(WorkspaceRunnables {
             runner,
             agents: agents.agents().into_iter().collect::<BTreeSet<_>>(),
         });
@@ -55,8 +64,9 @@ impl RunHost {
         Ok(RunHost::new(RunHosting {
             store: service.store().clone(),
             host_id: service.config().host_id.clone(),
-            env: runnables.clone(),
-            invoker: runnables,
+            env,
+            releases: releases.clone(),
+            invoker: releases,
             agents: Some(Arc::new(agents)),
             options,
             metrics: Some(metrics),

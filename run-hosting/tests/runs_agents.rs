@@ -19,7 +19,7 @@ mod cases {
     use serde_json::{Value, json};
     use sessionstore::testing::TestStore;
     use sessionstore::*;
-    use workflow::{AgentTurn, AgentTurns, WorkspaceRunnables};
+    use workflow::{AgentTurn, AgentTurns, StoreReleases, WorkspaceRunnables};
 
     use testkit::*;
 
@@ -91,11 +91,18 @@ mod cases {
             crash,
             calls: AtomicUsize::new(0),
         });
+        // Programs here invoke no runnable: nothing is pinned, and no release is ever run.
+        let releases = Arc::new(StoreReleases::new(
+            svc.store().clone(),
+            None,
+            &std::env::temp_dir().join("runs-agents-unused"),
+        ));
         let h = RunHost::new(RunHosting {
             store: svc.store().clone(),
             host_id: svc.config().host_id.clone(),
-            env: env.clone(),
-            invoker: env,
+            env,
+            releases: releases.clone(),
+            invoker: releases,
             agents: Some(turns.clone()),
             options: RunOptions {
                 enabled: true,

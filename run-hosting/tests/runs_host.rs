@@ -15,20 +15,20 @@ mod cases {
     use sessionstore::testing::TestStore;
     use sessionstore::*;
     use workflow::program::{RunnableInfo, Unresolved, schema_from_yaml};
-    use workflow::{Environment, InvokeCall, InvokeDone, Invoker};
+    use workflow::{AsResolved, Environment, InvokeCall, InvokeDone, Invoker};
 
     struct Echo;
 
     impl Environment for Echo {
         fn runnable(&self, reference: &str) -> Result<RunnableInfo, Unresolved> {
-            if reference != "echo@1.0.0" {
+            if reference != "echo@1.0.0" && reference != "t/echo@1.0.0" {
                 return Err(Unresolved::NotFound {
                     available: Vec::new(),
                 });
             }
             Ok(RunnableInfo {
                 identity: "t/echo@1.0.0".into(),
-                digest: "sha256:0".into(),
+                digest: format!("sha256:{}", "0".repeat(64)),
                 effect: Effect::ReadOnly,
                 input: schema_from_yaml("type: object\nadditionalProperties: true\n").unwrap(),
             })
@@ -68,6 +68,7 @@ mod cases {
             store: store.clone(),
             host_id: HostId::new(id).unwrap(),
             env: Arc::new(Echo),
+            releases: Arc::new(AsResolved(Arc::new(Echo))),
             invoker: Arc::new(Echo),
             agents: None,
             options: o,
@@ -298,6 +299,21 @@ mod cases {
         h.boot();
         let early = start(&h, QUICK).await.unwrap_err();
         assert_eq!(early.code, "unavailable");
+        // A run recorded elsewhere, held by a live holder: resuming it waits for the gate.
+        ts.store
+            .create_run(NewRun {
+                run_id: RunId::new("run-x").unwrap(),
+                tenant: t("acme"),
+                source: PARKS.into(),
+                input: "{}".into(),
+                holder: "host-b/1".into(),
+                fencing_token: "b1".into(),
+                lease: Duration::from_secs(60),
+                idempotency_key: None,
+                pins: Vec::new(),
+            })
+            .await
+            .unwrap();
         let resume = call::<RunStarted>(
             &h,
             "acme",
@@ -315,14 +331,61 @@ mod cases {
         let list: RunList = call(&h, "acme", "run.list", json!({"version": 1}))
             .await
             .unwrap();
-        assert!(
-            list.runs.is_empty(),
+        assert_eq!(
+            list.runs
+                .iter()
+                .map(|r| r.run_id.as_str())
+                .collect::<Vec<_>>(),
+            ["run-x"],
             "reads are served during the reconcile"
         );
         while !h.ready() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         start(&h, QUICK).await.unwrap();
+    }
+
+    /// A refusal may tell the user to resume a run only when that run was recorded: a start
+    /// refused at the cap, or a resume of an unknown id while the Host boots, names no id.
+    pub async fn a_refusal_hints_at_resuming_only_a_run_that_was_recorded(ts: &TestStore) {
+        let booting = host_on(&ts.store, "host-b", options(8, 5000));
+        booting.delay_reconcile(Duration::from_secs(30));
+        booting.boot();
+        let unknown = call::<RunStarted>(
+            &booting,
+            "acme",
+            "run.resume",
+            json!({"version": 1, "run_id": "run-never-recorded"}),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(unknown.code, "not_found", "{}", unknown.message);
+        assert!(
+            !unknown.message.contains("hostd run resume"),
+            "{}",
+            unknown.message
+        );
+        booting.shutdown(Duration::from_secs(1)).await;
+
+        let h = booted(&ts.store, "host-a", options(1, 5000)).await;
+        let a = start(&h, PARKS).await.unwrap();
+        until(&h, &a.run_id, parked).await;
+        let refused = start(&h, QUICK).await.unwrap_err();
+        assert_eq!(refused.code, "resource_exhausted");
+        assert!(
+            !refused.message.contains("resume"),
+            "a start refused before anything was recorded names no run to resume: {}",
+            refused.message
+        );
+        let runs = ts.store.runs(&t("acme")).await.unwrap();
+        assert_eq!(runs.len(), 1, "the refused start recorded nothing");
+        for r in &runs {
+            assert!(
+                !refused.message.contains(r.run_id.as_str()),
+                "{}",
+                refused.message
+            );
+        }
     }
 
     pub async fn past_the_admission_cap_a_launch_is_refused_and_claims_nothing(ts: &TestStore) {
@@ -426,6 +489,7 @@ mod cases {
                 fencing_token: "old".into(),
                 lease: Duration::from_millis(300),
                 idempotency_key: None,
+                pins: Vec::new(),
             })
             .await
             .unwrap();
@@ -521,6 +585,7 @@ sessionstore::both_backends!(cases =>
     a_parked_run_takes_one_valid_answer_from_any_link_of_its_tenant,
     start_and_resume_answer_unavailable_until_the_boot_reconcile_returns,
     past_the_admission_cap_a_launch_is_refused_and_claims_nothing,
+    a_refusal_hints_at_resuming_only_a_run_that_was_recorded,
     a_restarted_host_takes_back_its_parked_run_under_the_next_epoch,
     a_live_host_takes_over_a_run_whose_holder_stopped_renewing,
     parallel_resumes_of_an_unheld_run_let_exactly_one_proceed,

@@ -51,7 +51,7 @@ pub use options::{LOCAL_STORAGE_BINDING, StoreOptions, Synchronous, local_bindin
 pub use packages::{NewPackage, PackageSummary, Publication, StoredPackage};
 pub use runs::{
     AnswerRecorded, Checkpoint, CheckpointKind, NewCheckpoint, NewRun, NewStepEntry, RunAnswer,
-    RunCreated, RunEnd, RunFailure, RunFence, RunProgram, RunState, RunStatus, StepEntry,
+    RunCreated, RunEnd, RunFailure, RunFence, RunPin, RunProgram, RunState, RunStatus, StepEntry,
     StepEntryKind, Takeover, TakeoverRule, holder_host,
 };
 pub use stats::StoreStats;

@@ -37,6 +37,7 @@ pub(crate) const SQLITE: &[Migration] = migration_files!("sqlite":
     4 => "0004_runs.sql",
     5 => "0005_fleet.sql",
     6 => "0006_public_offsets.sql",
+    7 => "0007_run_pins.sql",
 );
 
 /// The PostgreSQL migrations this binary knows, in version order.
@@ -47,6 +48,7 @@ pub(crate) const POSTGRES: &[Migration] = migration_files!("postgres":
     4 => "0004_runs.sql",
     5 => "0005_fleet.sql",
     6 => "0006_public_offsets.sql",
+    7 => "0007_run_pins.sql",
 );
 
 /// What a backend does for the runner: each step in its own dialect, all of them inside the
@@ -158,13 +160,19 @@ mod tests {
 
     #[test]
     fn a_fresh_database_gets_every_migration_in_order() {
-        assert_eq!(versions(&missing(SQLITE, &[]).unwrap()), [1, 2, 3, 4, 5, 6]);
+        assert_eq!(
+            versions(&missing(SQLITE, &[]).unwrap()),
+            [1, 2, 3, 4, 5, 6, 7]
+        );
     }
 
     #[test]
     fn only_the_versions_not_yet_applied_are_applied_even_below_an_applied_one() {
-        assert_eq!(versions(&missing(SQLITE, &[1, 2, 4]).unwrap()), [3, 5, 6]);
-        assert!(missing(SQLITE, &[1, 2, 3, 4, 5, 6]).unwrap().is_empty());
+        assert_eq!(
+            versions(&missing(SQLITE, &[1, 2, 4]).unwrap()),
+            [3, 5, 6, 7]
+        );
+        assert!(missing(SQLITE, &[1, 2, 3, 4, 5, 6, 7]).unwrap().is_empty());
     }
 
     #[test]
@@ -174,7 +182,7 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "state: schema is version 999: the database was written by a newer build (schema \
-             version 999); this binary knows up to 6. Upgrade hostd or use another database."
+             version 999); this binary knows up to 7. Upgrade hostd or use another database."
         );
     }
 }

@@ -131,7 +131,8 @@ async fn rows<C: Conn>(
     tx.conn.query(&sql, params, "runnable_package").await
 }
 
-async fn summary<C: Conn>(
+/// One release's summary, without its bytes.
+pub(crate) async fn summary<C: Conn>(
     tx: &mut SqlTx<C>,
     workspace: &str,
     name: &str,

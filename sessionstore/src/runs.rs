@@ -1,6 +1,7 @@
-//! Workflow run records: the program a run started from (create-only), its status (changed
-//! only by compare-and-set over state, holder, epoch and fencing token), the step journal, the
-//! checkpoints a run armed and the answers given to them. Owns the `run_*` tables' statements
+//! Workflow run records: the program a run started from (create-only), the releases it is
+//! pinned to (create-only), its status (changed only by compare-and-set over state, holder,
+//! epoch and fencing token), the step journal, the checkpoints a run armed and the answers
+//! given to them. Owns the `run_*` tables' statements
 //! (one set for both backends) and the fencing rule: every write a driver makes carries the
 //! fencing token it was handed, and is refused `claim_lost` once a takeover minted another or
 //! the run left `running`.
@@ -26,6 +27,10 @@ pub const MAX_PROGRAM_BYTES: usize = 1024 * 1024;
 pub const MAX_RUN_DOCUMENT_BYTES: usize = 1024 * 1024;
 /// The longest step or checkpoint name.
 pub const MAX_STEP_NAME: usize = 128;
+/// The most releases one run may be pinned to (a program has at most 256 steps).
+pub const MAX_RUN_PINS: usize = 256;
+/// The longest pinned identity (`workspace/name@version`, each part at most 128 bytes).
+pub const MAX_PIN_IDENTITY: usize = 400;
 
 wire_enum! {
     /// Where a run stands.
@@ -116,6 +121,18 @@ pub struct NewRun {
     pub lease: Duration,
     /// A retried start with the same key (and tenant) returns the recorded run.
     pub idempotency_key: Option<String>,
+    /// The releases the run is pinned to, one per runnable its program invokes (recorded in
+    /// the same transaction as the run).
+    pub pins: Vec<RunPin>,
+}
+
+/// The release a run invokes for one runnable: its identity (`workspace/name@version`) and
+/// its package digest (`sha256:<64 hex>`). Recorded once for the run's whole life; the store
+/// never interprets either.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RunPin {
+    pub identity: String,
+    pub digest: String,
 }
 
 /// What recording a run did.
@@ -335,6 +352,47 @@ fn lease_ms(lease: Duration) -> StoreResult<i64> {
     crate::limits::ttl_ms("lease", lease, MAX_LEASE_TTL)
 }
 
+/// Checks a set of pins: at most [`MAX_RUN_PINS`], identities 1-[`MAX_PIN_IDENTITY`] bytes of
+/// printable text without whitespace, each named once, digests `sha256:<64 lowercase hex>`.
+pub(crate) fn check_pins(pins: &[RunPin]) -> StoreResult<()> {
+    if pins.len() > MAX_RUN_PINS {
+        return Err(StoreError::invalid(
+            "pins",
+            format!("at most {MAX_RUN_PINS} releases per run"),
+        ));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for p in pins {
+        if p.identity.is_empty()
+            || p.identity.len() > MAX_PIN_IDENTITY
+            || p.identity
+                .chars()
+                .any(|c| c.is_whitespace() || c.is_control())
+        {
+            return Err(StoreError::invalid(
+                "pin.identity",
+                format!(
+                    "must be 1-{MAX_PIN_IDENTITY} bytes without whitespace or control characters"
+                ),
+            ));
+        }
+        let hex = p.digest.strip_prefix("sha256:").unwrap_or_default();
+        if hex.len() != 64 || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+            return Err(StoreError::invalid(
+                "pin.digest",
+                "must be sha256:<64 lowercase hex>",
+            ));
+        }
+        if !seen.insert(p.identity.as_str()) {
+            return Err(StoreError::invalid(
+                "pins",
+                format!("{} is pinned twice", p.identity),
+            ));
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn check_new_run(r: &NewRun) -> StoreResult<()> {
     if r.source.is_empty() || r.source.len() > MAX_PROGRAM_BYTES {
         return Err(StoreError::invalid(
@@ -343,6 +401,7 @@ pub(crate) fn check_new_run(r: &NewRun) -> StoreResult<()> {
         ));
     }
     check_document("input", &r.input)?;
+    check_pins(&r.pins)?;
     check_opaque_id("holder", &r.holder)?;
     check_opaque_id("fencing_token", &r.fencing_token)?;
     if let Some(k) = &r.idempotency_key {
@@ -639,6 +698,7 @@ pub(crate) async fn create<C: Conn>(
             current: 1,
         });
     }
+    insert_pins(tx, &r.run_id, &r.pins, 1, now).await?;
     let status = load_status(tx, None, &r.run_id)
         .await?
         .ok_or_else(|| StoreError::integrity("run_status", "a create left no row"))?;
@@ -717,6 +777,75 @@ pub(crate) async fn program<C: Conn>(
         sha256,
         created_at_ms: row.i64(2)?,
     }))
+}
+
+async fn insert_pins<C: Conn>(
+    tx: &mut SqlTx<C>,
+    run_id: &RunId,
+    pins: &[RunPin],
+    epoch: u64,
+    now: Millis,
+) -> StoreResult<()> {
+    for p in pins {
+        let inserted = exec(
+            tx,
+            "INSERT INTO run_pins (run_id, identity, digest, epoch, pinned_at) \
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+            vec![
+                text(run_id.as_str()),
+                text(&p.identity),
+                text(&p.digest),
+                int(epoch),
+                ms(now),
+            ],
+        )
+        .await?;
+        if inserted != 1 {
+            return Err(StoreError::Conflict {
+                entity: "run_pin",
+                expected: 0,
+                current: 1,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The releases a run is pinned to, by identity (none: a run recorded before pinning, or a
+/// program that invokes nothing).
+pub(crate) async fn pins<C: Conn>(tx: &mut SqlTx<C>, run_id: &RunId) -> StoreResult<Vec<RunPin>> {
+    rows(
+        tx,
+        "SELECT identity, digest FROM run_pins WHERE run_id = $1 ORDER BY identity",
+        vec![text(run_id.as_str())],
+        "run_pin",
+    )
+    .await?
+    .iter()
+    .map(|r| {
+        Ok(RunPin {
+            identity: r.text(0)?,
+            digest: r.text(1)?,
+        })
+    })
+    .collect()
+}
+
+/// Pins a run recorded before pinning existed, under the driver's fence: the first pinning
+/// stands (a run that has pins keeps them, and they are returned unchanged).
+pub(crate) async fn pin<C: Conn>(
+    tx: &mut SqlTx<C>,
+    fence: RunFence,
+    offered: Vec<RunPin>,
+    now: Millis,
+) -> StoreResult<Vec<RunPin>> {
+    hold(tx, &fence, None, now).await?;
+    let recorded = pins(tx, &fence.run_id).await?;
+    if !recorded.is_empty() {
+        return Ok(recorded);
+    }
+    insert_pins(tx, &fence.run_id, &offered, fence.epoch, now).await?;
+    pins(tx, &fence.run_id).await
 }
 
 /// Moves a running run to a new holder under epoch + 1 and a new fencing token.
@@ -825,6 +954,34 @@ pub(crate) async fn renew<C: Conn>(
     .await?;
     if moved == 1 {
         Ok(until)
+    } else {
+        Err(fenced(
+            "the run is no longer running under this fencing token",
+        ))
+    }
+}
+
+/// Ends the holder's lease now, under the fence: a driver that stopped cleanly hands its run to
+/// the next taker at once instead of letting the lease lapse. Writes nothing else.
+pub(crate) async fn release<C: Conn>(
+    tx: &mut SqlTx<C>,
+    fence: RunFence,
+    now: Millis,
+) -> StoreResult<()> {
+    let moved = exec(
+        tx,
+        "UPDATE run_status SET lease_expires_at = $1 \
+         WHERE run_id = $2 AND fencing_token = $3 AND epoch = $4 AND state = 'running'",
+        vec![
+            ms(now),
+            text(fence.run_id.as_str()),
+            text(&fence.token),
+            int(fence.epoch),
+        ],
+    )
+    .await?;
+    if moved == 1 {
+        Ok(())
     } else {
         Err(fenced(
             "the run is no longer running under this fencing token",

@@ -1160,6 +1160,18 @@ impl Store {
         read_op!(self, |tx| crate::packages::get(tx, &w, &n, &v))
     }
 
+    /// One published release's summary (without its bytes).
+    pub async fn package_summary(
+        &self,
+        workspace: &str,
+        name: &str,
+        version: &str,
+    ) -> StoreResult<Option<crate::packages::PackageSummary>> {
+        crate::packages::check_identity(workspace, name, version)?;
+        let (w, n, v) = (workspace.to_owned(), name.to_owned(), version.to_owned());
+        read_op!(self, |tx| crate::packages::summary(tx, &w, &n, &v))
+    }
+
     /// Every published release (without bytes).
     pub async fn packages(&self) -> StoreResult<Vec<crate::packages::PackageSummary>> {
         read_op!(self, |tx| crate::packages::list(tx))
@@ -1217,6 +1229,31 @@ impl Store {
         read_op!(self, |tx| crate::runs::program(tx, &r))
     }
 
+    /// The releases a run is pinned to, by identity. None for a run recorded before pinning
+    /// (or whose program invokes nothing).
+    pub async fn run_pins(&self, run_id: &RunId) -> StoreResult<Vec<crate::runs::RunPin>> {
+        let r = run_id.clone();
+        read_op!(self, |tx| crate::runs::pins(tx, &r))
+    }
+
+    /// Pins a run recorded before pinning existed, under the driver's fence (`claim_lost`
+    /// when it is stale). Create-only: a run that has pins keeps them, and they are returned.
+    pub async fn pin_run(
+        &self,
+        fence: &crate::runs::RunFence,
+        pins: Vec<crate::runs::RunPin>,
+    ) -> StoreResult<Vec<crate::runs::RunPin>> {
+        crate::runs::check_fence(fence)?;
+        crate::runs::check_pins(&pins)?;
+        let f = fence.clone();
+        write_op!(
+            self,
+            WriteKey::run(f.run_id.as_str()),
+            [f, pins],
+            |tx, now| { crate::runs::pin(tx, f, pins, now) }
+        )
+    }
+
     /// Takes a running run over under epoch + 1 and a new fencing token: `conflict` when its
     /// epoch is not the expected one, `claim_held` when the rule does not allow it yet,
     /// `state` when it is not running.
@@ -1238,6 +1275,16 @@ impl Store {
         let f = fence.clone();
         write_op!(self, WriteKey::run(f.run_id.as_str()), [f], |tx, now| {
             crate::runs::renew(tx, f, lease, now)
+        })
+    }
+
+    /// Ends the driver's lease now (`claim_lost` once its fence is stale): a driver that
+    /// stopped cleanly hands its run to the next taker without waiting for the lease.
+    pub async fn release_run(&self, fence: &crate::runs::RunFence) -> StoreResult<()> {
+        crate::runs::check_fence(fence)?;
+        let f = fence.clone();
+        write_op!(self, WriteKey::run(f.run_id.as_str()), [f], |tx, now| {
+            crate::runs::release(tx, f, now)
         })
     }
 

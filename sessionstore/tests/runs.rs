@@ -22,6 +22,14 @@ mod cases {
             fencing_token: format!("token-{id}-1"),
             lease: Duration::from_secs(60),
             idempotency_key: key.map(str::to_owned),
+            pins: Vec::new(),
+        }
+    }
+
+    fn pin(identity: &str, digit: char) -> RunPin {
+        RunPin {
+            identity: identity.into(),
+            digest: format!("sha256:{}", digit.to_string().repeat(64)),
         }
     }
 
@@ -533,6 +541,156 @@ mod cases {
         assert_eq!(ids, ["run-b"]);
     }
 
+    pub async fn a_run_is_recorded_with_the_releases_it_is_pinned_to(ts: &TestStore) {
+        let mut r = new_run("run-1", None);
+        r.pins = vec![pin("shop/b@1.0.0", 'b'), pin("shop/a@2.0.0", 'a')];
+        let s = ts.store.create_run(r).await.unwrap().status;
+        assert_eq!(
+            ts.store.run_pins(&s.run_id).await.unwrap(),
+            [pin("shop/a@2.0.0", 'a'), pin("shop/b@1.0.0", 'b')],
+            "every pin, by identity"
+        );
+        let other = start(ts, "run-2").await;
+        assert!(ts.store.run_pins(&other.run_id).await.unwrap().is_empty());
+        // A retried start (same key) writes nothing, pins included.
+        let mut keyed = new_run("run-3", Some("k"));
+        keyed.pins = vec![pin("shop/a@2.0.0", 'a')];
+        let first = ts.store.create_run(keyed.clone()).await.unwrap().status;
+        keyed.run_id = RunId::new("run-4").unwrap();
+        keyed.pins = vec![pin("shop/a@2.0.0", 'c')];
+        let again = ts.store.create_run(keyed).await.unwrap();
+        assert!(!again.created);
+        assert_eq!(again.status.run_id, first.run_id);
+        assert_eq!(
+            ts.store.run_pins(&first.run_id).await.unwrap(),
+            [pin("shop/a@2.0.0", 'a')]
+        );
+        assert!(
+            ts.store
+                .run_pins(&RunId::new("run-4").unwrap())
+                .await
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    pub async fn a_run_recorded_without_pins_is_pinned_once_under_its_fence(ts: &TestStore) {
+        let s = start(ts, "run-1").await;
+        let taken = ts
+            .store
+            .take_run(Takeover {
+                run_id: s.run_id.clone(),
+                expected_epoch: 1,
+                holder: "host-a/attempt-2".into(),
+                fencing_token: "token-2".into(),
+                lease: Duration::from_secs(60),
+                rule: TakeoverRule::HeldByOrExpired("host-a/".into()),
+            })
+            .await
+            .unwrap();
+        let stale = ts
+            .store
+            .pin_run(&s.fence(), vec![pin("shop/a@1.0.0", 'a')])
+            .await
+            .unwrap_err();
+        assert_eq!(stale.code(), ErrorCode::ClaimLost, "{stale}");
+        assert!(ts.store.run_pins(&s.run_id).await.unwrap().is_empty());
+        let pinned = ts
+            .store
+            .pin_run(&taken.fence(), vec![pin("shop/a@1.0.0", 'a')])
+            .await
+            .unwrap();
+        assert_eq!(pinned, [pin("shop/a@1.0.0", 'a')]);
+        let again = ts
+            .store
+            .pin_run(
+                &taken.fence(),
+                vec![pin("shop/a@1.0.0", 'b'), pin("shop/c@1.0.0", 'c')],
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            again,
+            [pin("shop/a@1.0.0", 'a')],
+            "the first pinning stands"
+        );
+        assert_eq!(ts.store.run_pins(&s.run_id).await.unwrap(), again);
+        ts.store
+            .end_run(&taken.fence(), RunEnd::Completed)
+            .await
+            .unwrap();
+        let done = ts
+            .store
+            .pin_run(&taken.fence(), vec![pin("shop/d@1.0.0", 'd')])
+            .await
+            .unwrap_err();
+        assert_eq!(
+            done.code(),
+            ErrorCode::ClaimLost,
+            "a finished run is not pinned: {done}"
+        );
+    }
+
+    pub async fn a_released_run_is_free_to_take_at_once_and_only_its_holder_releases_it(
+        ts: &TestStore,
+    ) {
+        let s = start(ts, "run-1").await;
+        let take = |epoch| Takeover {
+            run_id: s.run_id.clone(),
+            expected_epoch: epoch,
+            holder: "host-b/attempt-1".into(),
+            fencing_token: format!("token-b-{epoch}"),
+            lease: Duration::from_secs(60),
+            rule: TakeoverRule::LeaseExpired,
+        };
+        let held = ts.store.take_run(take(1)).await.unwrap_err();
+        assert_eq!(held.code(), ErrorCode::ClaimHeld, "{held}");
+        let mut stale = s.fence();
+        stale.token = "not-the-token".into();
+        let err = ts.store.release_run(&stale).await.unwrap_err();
+        assert_eq!(err.code(), ErrorCode::ClaimLost, "{err}");
+        ts.store.release_run(&s.fence()).await.unwrap();
+        let taken = ts.store.take_run(take(1)).await.unwrap();
+        assert_eq!((taken.epoch, taken.state), (2, RunState::Running));
+        let err = ts.store.release_run(&s.fence()).await.unwrap_err();
+        assert_eq!(
+            err.code(),
+            ErrorCode::ClaimLost,
+            "the old holder releases nothing: {err}"
+        );
+    }
+
+    pub async fn bad_pins_are_refused_with_a_typed_error(ts: &TestStore) {
+        let bad = [
+            vec![RunPin {
+                identity: "shop/a@1.0.0".into(),
+                digest: "sha256:ABC".into(),
+            }],
+            vec![RunPin {
+                identity: "shop/a @1.0.0".into(),
+                digest: pin("x", 'a').digest,
+            }],
+            vec![pin("shop/a@1.0.0", 'a'), pin("shop/a@1.0.0", 'b')],
+            (0..=sessionstore::runs::MAX_RUN_PINS)
+                .map(|i| pin(&format!("shop/n{i}@1.0.0"), 'a'))
+                .collect(),
+        ];
+        for pins in bad {
+            let mut r = new_run("run-1", None);
+            r.pins = pins;
+            let err = ts.store.create_run(r).await.unwrap_err();
+            assert_eq!(err.code(), ErrorCode::Invalid, "{err}");
+        }
+        assert!(ts.store.runs(&tenant("acme")).await.unwrap().is_empty());
+        let s = start(ts, "run-1").await;
+        let err = ts
+            .store
+            .pin_run(&s.fence(), vec![pin("", 'a')])
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::Invalid, "{err}");
+    }
+
     pub async fn bad_run_input_is_refused_with_a_typed_error(ts: &TestStore) {
         let mut no_json = new_run("run-1", None);
         no_json.input = "{not json".into();
@@ -562,4 +720,8 @@ sessionstore::both_backends!(cases =>
     status_and_list_reads_change_no_revision,
     running_runs_are_listed_across_tenants_for_reconcile,
     bad_run_input_is_refused_with_a_typed_error,
+    a_run_is_recorded_with_the_releases_it_is_pinned_to,
+    a_run_recorded_without_pins_is_pinned_once_under_its_fence,
+    bad_pins_are_refused_with_a_typed_error,
+    a_released_run_is_free_to_take_at_once_and_only_its_holder_releases_it,
 );

@@ -17,7 +17,7 @@ mod cases {
     use sessionstore::testing::TestStore;
     use testkit::*;
     use tokio::net::TcpListener;
-    use workflow::WorkspaceRunnables;
+    use workflow::{StoreReleases, WorkspaceRunnables};
 
     const PROGRAM: &str = "\
 steps:
@@ -54,11 +54,18 @@ steps:
             runner: None,
             agents: agents.agents().into_iter().collect::<BTreeSet<_>>(),
         });
+        let state = tempfile::tempdir().unwrap();
+        let releases = Arc::new(StoreReleases::new(
+            service.store().clone(),
+            None,
+            state.path(),
+        ));
         let runs = RunHost::new(RunHosting {
             store: service.store().clone(),
             host_id: service.config().host_id.clone(),
-            env: env.clone(),
-            invoker: env,
+            env,
+            releases: releases.clone(),
+            invoker: releases,
             agents: Some(Arc::new(agents)),
             options: RunOptions {
                 poll: Duration::from_millis(20),

@@ -48,7 +48,7 @@ impl Environment for Echo {
     fn runnable(&self, _: &str) -> Result<RunnableInfo, Unresolved> {
         Ok(RunnableInfo {
             identity: "bench/echo@1.0.0".into(),
-            digest: "sha256:0".into(),
+            digest: format!("sha256:{}", "0".repeat(64)),
             effect: Effect::ReadOnly,
             input: schema_from_yaml("type: object\nadditionalProperties: true\n")
                 .expect("a schema"),
@@ -84,6 +84,7 @@ fn driver(store: &Store) -> Driver {
     Driver {
         journal: Arc::new(store.clone()),
         env: Arc::new(Echo),
+        releases: Arc::new(workflow::AsResolved(Arc::new(Echo))),
         invoker: Arc::new(Echo),
         agents: None,
         events: Arc::new(NoEvents),
@@ -105,6 +106,10 @@ async fn one_run(store: &Store, d: &Driver, id: String) {
             fencing_token: uuid::Uuid::now_v7().simple().to_string(),
             lease: Duration::from_secs(60),
             idempotency_key: None,
+            pins: vec![sessionstore::RunPin {
+                identity: "bench/echo@1.0.0".into(),
+                digest: format!("sha256:{}", "0".repeat(64)),
+            }],
         })
         .await
         .expect("a run")

@@ -1,6 +1,7 @@
 //! The run driver: durability by replay. A driver holds one run under its fence (epoch and
-//! fencing token), reads the recorded program (never a file), walks the steps from the top
-//! taking recorded results, and executes the first step without one. Every result is
+//! fencing token), reads the recorded program (never a file) against the releases the run is
+//! pinned to (never whatever a workspace holds now), walks the steps from the top taking
+//! recorded results, and executes the first step without one. Every result is
 //! journaled under the fence before the next step begins; a write refused for the fence stops
 //! the driver at once (no further handler, timer or turn, no terminal write).
 //!
@@ -14,6 +15,14 @@
 //! Supervision: a failed attempt (certain `failed`; for replay-safe runnables also an
 //! uncertain one) is journaled as a `failure` entry, so the budget survives restarts; within
 //! `restarts` (counted over the trailing `window`, if any) the step runs again in place.
+//!
+//! Pinning: a run's releases were pinned when it started, so its ids (`intent_id`,
+//! `effect_id`) and the bytes it runs are the same on every attempt and every Host. A run
+//! recorded before pinning existed is pinned once, at its first drive by a build that pins:
+//! resolved from this driver's environment (the workspace, strictly), and recorded under the
+//! fence. A pinned release that is gone from the store, or whose bytes changed, fails the run
+//! at the step that invokes it (`release_missing`, `release_changed`); a store or disk that
+//! fails for now stops the driver without a decision (the run stays running for a successor).
 //!
 //! This module must never create an answer: it only consumes those the store recorded.
 
@@ -29,8 +38,12 @@ use sessionstore::{
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::pinning::{self, PinnedEnvironment};
 use crate::program::{self, Environment, Program, Step, StepKind, Supervise};
-use crate::seam::{AgentTurn, AgentTurns, InvokeCall, Invoker, RunJournal, StepEvent, StepEvents};
+use crate::seam::{
+    AgentTurn, AgentTurns, InvokeCall, Invoker, ReleaseError, Releases, RunJournal, StepEvent,
+    StepEvents,
+};
 use runnable::OutcomeClass;
 
 /// Stable codes a failed run carries.
@@ -55,6 +68,10 @@ pub mod failure_codes {
     pub const AGENT_UNAVAILABLE: &str = "agent_unavailable";
     /// A recorded answer does not fit its schema (it was recorded around the validation).
     pub const ANSWER_INVALID: &str = "answer_invalid";
+    /// A release the run is pinned to is not in the store any more.
+    pub const RELEASE_MISSING: &str = "release_missing";
+    /// A release the run is pinned to is in the store with other bytes.
+    pub const RELEASE_CHANGED: &str = "release_changed";
 }
 
 /// How a drive ended.
@@ -85,6 +102,9 @@ pub enum DriveError {
     Store(#[from] StoreError),
     #[error("integrity: {0}")]
     Integrity(String),
+    /// A pinned release cannot be had for now (the store or the disk failed).
+    #[error("release: {0}")]
+    Release(ReleaseError),
 }
 
 impl DriveError {
@@ -92,6 +112,7 @@ impl DriveError {
         match self {
             DriveError::Store(e) => e.code().as_str(),
             DriveError::Integrity(_) => "integrity",
+            DriveError::Release(e) => e.code(),
         }
     }
 }
@@ -114,11 +135,14 @@ impl Default for DriverOptions {
     }
 }
 
-/// Drives runs against one store, one environment, one invoker.
+/// Drives runs against one store, one environment, one source of pinned releases, one
+/// invoker.
 #[derive(Clone)]
 pub struct Driver {
     pub journal: Arc<dyn RunJournal>,
+    /// The agents a program may name, and where a run recorded before pinning is resolved.
     pub env: Arc<dyn Environment>,
+    pub releases: Arc<dyn Releases>,
     pub invoker: Arc<dyn Invoker>,
     pub agents: Option<Arc<dyn AgentTurns>>,
     pub events: Arc<dyn StepEvents>,
@@ -318,22 +342,9 @@ impl Drive<'_> {
                 "run {run_id} has no recorded program"
             )));
         };
-        let program: Program = match program::parse(&recorded.source, self.d.env.as_ref()) {
+        let program: Program = match self.pinned_program(&recorded.source).await? {
             Ok(p) => p,
-            Err(problems) => {
-                let first = problems.first().map(|p| p.to_string()).unwrap_or_default();
-                let step = problems
-                    .first()
-                    .and_then(|p| p.step.clone())
-                    .unwrap_or_else(|| "program".into());
-                return self
-                    .fail(
-                        &step,
-                        failure_codes::PROGRAM_INVALID,
-                        format!("the recorded program does not validate here: {first}"),
-                    )
-                    .await;
-            }
+            Err(end) => return Ok(end),
         };
         self.entries = self.d.journal.journal(&run_id).await?;
         for step in &program.steps {
@@ -382,6 +393,106 @@ impl Drive<'_> {
         }
         self.d.journal.end(&self.fence, RunEnd::Completed).await?;
         Ok(DriveEnd::Completed)
+    }
+
+    /// Fails the run for a program that does not validate: at the first problem's step.
+    async fn invalid(
+        &self,
+        problems: &[program::Problem],
+        against: &str,
+    ) -> Result<DriveEnd, DriveError> {
+        let first = problems.first().map(|p| p.to_string()).unwrap_or_default();
+        let step = problems
+            .first()
+            .and_then(|p| p.step.clone())
+            .unwrap_or_else(|| "program".into());
+        self.fail(
+            &step,
+            failure_codes::PROGRAM_INVALID,
+            format!("the recorded program does not validate {against}: {first}"),
+        )
+        .await
+    }
+
+    /// The recorded program read against the releases the run is pinned to; a run recorded
+    /// before pinning is pinned first. `Err(end)` when the run ended here.
+    async fn pinned_program(
+        &mut self,
+        source: &str,
+    ) -> Result<Result<Program, DriveEnd>, DriveError> {
+        let run_id = self.status.run_id.clone();
+        let mut pins = self.d.journal.pins(&run_id).await?;
+        if pins.is_empty() {
+            // Recorded before pinning (or invokes nothing): resolved here, once, and pinned.
+            let program = match program::parse(source, self.d.env.as_ref()) {
+                Ok(p) => p,
+                Err(problems) => return self.invalid(&problems, "here").await.map(Err),
+            };
+            let resolved = pinning::invoked(&program);
+            if resolved.is_empty() {
+                return Ok(Ok(program));
+            }
+            let offered = match self.d.releases.pin(&resolved).await {
+                Ok(p) => p,
+                Err(e) if e.is_transient() => return Err(DriveError::Release(e)),
+                Err(e) => {
+                    let step = program
+                        .steps
+                        .iter()
+                        .find(|s| matches!(s.kind, StepKind::Invoke { .. }))
+                        .map(|s| s.name.clone())
+                        .unwrap_or_else(|| "program".into());
+                    return self
+                        .fail(
+                            &step,
+                            failure_codes::PROGRAM_INVALID,
+                            format!("the run was recorded before pinning and its releases cannot be pinned here: [{}] {e}", e.code()),
+                        )
+                        .await
+                        .map(Err);
+                }
+            };
+            pins = self.d.journal.pin(&self.fence, offered).await?;
+            tracing::info!(pins = pins.len(), "pinned a run recorded before pinning");
+        }
+        let mut pinned = Vec::with_capacity(pins.len());
+        for pin in &pins {
+            match self.d.releases.pinned(pin).await {
+                Ok(info) => pinned.push(info),
+                Err(e) if e.is_transient() => return Err(DriveError::Release(e)),
+                Err(e) => {
+                    let code = match e {
+                        ReleaseError::Missing(_) => failure_codes::RELEASE_MISSING,
+                        _ => failure_codes::RELEASE_CHANGED,
+                    };
+                    // The first step that invokes it is the step that cannot run.
+                    let step = program::invoke_references(source)
+                        .into_iter()
+                        .find(|(_, r)| pinning::resolve_pinned(&pins, r).is_some_and(|p| p == pin))
+                        .map(|(s, _)| s)
+                        .unwrap_or_else(|| "program".into());
+                    return self
+                        .fail(
+                            &step,
+                            code,
+                            format!(
+                                "the run is pinned to {} at {}, which cannot be run: {e}",
+                                pin.identity, pin.digest
+                            ),
+                        )
+                        .await
+                        .map(Err);
+                }
+            }
+        }
+        let env = PinnedEnvironment::new(pinned, self.d.env.as_ref());
+        match program::parse(source, &env) {
+            Ok(p) => Ok(Ok(p)),
+            Err(problems) => self
+                .invalid(&problems, "against its pinned releases here")
+                .await
+                .map(Err),
+        }
     }
 
     async fn record(
@@ -560,6 +671,7 @@ impl Drive<'_> {
             let call = InvokeCall {
                 reference: reference.clone(),
                 identity: runnable.identity.clone(),
+                digest: runnable.digest.clone(),
                 input: rendered.clone(),
                 intent_id: intent_id.clone(),
                 effect_id: effect_id.clone(),

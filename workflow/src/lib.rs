@@ -4,9 +4,11 @@
 //!
 //! Submodules, each owning one concern: [`program`] (the YAML form, validation with every
 //! problem reported, templates), [`seam`] (what a driver works through: the store's driver
-//! writes, runnables, agents, step events), [`driver`] (replay, fencing, supervision,
-//! uncertainty) and [`workspace`] (the runnables of a local workspace as an environment and an
-//! invoker).
+//! writes, pinned releases, runnables, agents, step events), [`pinning`] (a run tied to the
+//! releases it started with: validated and pinned at start, read against its pins at replay),
+//! [`driver`] (replay, fencing, supervision, uncertainty), [`workspace`] (the runnables of a
+//! local workspace as the environment a new run is resolved in) and [`releases`] (pinned
+//! releases kept in the session store: pinned, fetched, verified and invoked).
 //!
 //! Hosting — which Host drives which run, admission, boot reconcile, HostLink — belongs to the
 //! `run-hosting` crate; this crate must never depend on it, nor on `host`.
@@ -14,7 +16,9 @@
 #![forbid(unsafe_code)]
 
 pub mod driver;
+pub mod pinning;
 pub mod program;
+pub mod releases;
 pub mod seam;
 pub mod workspace;
 
@@ -22,10 +26,12 @@ pub use driver::{
     DriveEnd, DriveError, Driver, DriverOptions, Resolution, attention_point, failure_codes,
     parse_resolution, step_ids,
 };
+pub use pinning::{PinnedEnvironment, StartRefusal, pin_new_run};
 pub use program::{Environment, Problem, Program, RunnableInfo, Step, StepKind, Unresolved, parse};
+pub use releases::StoreReleases;
 pub use seam::{
-    AgentTurn, AgentTurns, InvokeCall, InvokeDone, Invoker, NoEvents, RunJournal, StepEvent,
-    StepEvents,
+    AgentTurn, AgentTurns, AsResolved, InvokeCall, InvokeDone, Invoker, NoEvents, ReleaseError,
+    Releases, RunJournal, StepEvent, StepEvents,
 };
 pub use workspace::WorkspaceRunnables;
 

@@ -837,6 +837,25 @@ pub fn render(
     })
 }
 
+/// Every `invoke` step of `source` in order, as (step name, reference), read syntactically
+/// (for naming the step a pinned release belongs to; the program validated when recorded).
+pub fn invoke_references(source: &str) -> Vec<(String, String)> {
+    let Ok(root) = strict_yaml::load(source) else {
+        return Vec::new();
+    };
+    let Some(items) = root.get("steps").and_then(Node::items) else {
+        return Vec::new();
+    };
+    items
+        .iter()
+        .filter_map(|i| {
+            let name = i.get("name").and_then(Node::as_str)?;
+            let reference = i.get("invoke").and_then(Node::as_str)?;
+            Some((name.to_owned(), reference.to_owned()))
+        })
+        .collect()
+}
+
 /// The answer schema of ask step `step` in `source` (which validated when it was recorded).
 pub fn answer_schema(source: &str, step: &str) -> Option<Schema> {
     let root = strict_yaml::load(source).ok()?;

@@ -1,24 +1,33 @@
 //! The seams a run driver works through: the store (only the writes a driver may make — it
-//! can never create an answer), the runnables it invokes, the agents it asks and where its
-//! step events go. Hosts and tests plug their own in; [`sessionstore::Store`] is the store.
+//! can never create an answer), where the releases a run is pinned to come from, the
+//! runnables it invokes, the agents it asks and where its step events go. Hosts and tests plug
+//! their own in; [`sessionstore::Store`] is the store, [`crate::releases::StoreReleases`] the
+//! releases and invoker of a Host.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::Value;
 use sessionstore::{
-    Checkpoint, Millis, NewCheckpoint, NewStepEntry, RunAnswer, RunEnd, RunFence, RunId,
+    Checkpoint, Millis, NewCheckpoint, NewStepEntry, RunAnswer, RunEnd, RunFence, RunId, RunPin,
     RunProgram, RunStatus, StepEntry, StoreResult,
 };
 use tokio_util::sync::CancellationToken;
 
 use runnable::OutcomeClass;
 
+use crate::program::{Environment, RunnableInfo};
+
 /// The run records a driver reads and the writes it makes, each under its fence.
 #[async_trait]
 pub trait RunJournal: Send + Sync {
     async fn status(&self, run: &RunId) -> StoreResult<Option<RunStatus>>;
     async fn program(&self, run: &RunId) -> StoreResult<Option<RunProgram>>;
+    /// The releases the run is pinned to (none: recorded before pinning, or invokes nothing).
+    async fn pins(&self, run: &RunId) -> StoreResult<Vec<RunPin>>;
+    /// Pins a run recorded before pinning, under the fence; the first pinning stands.
+    async fn pin(&self, fence: &RunFence, pins: Vec<RunPin>) -> StoreResult<Vec<RunPin>>;
     async fn journal(&self, run: &RunId) -> StoreResult<Vec<StepEntry>>;
     async fn checkpoints(&self, run: &RunId) -> StoreResult<Vec<Checkpoint>>;
     async fn answers(&self, run: &RunId) -> StoreResult<Vec<RunAnswer>>;
@@ -37,6 +46,12 @@ impl RunJournal for sessionstore::Store {
     }
     async fn program(&self, run: &RunId) -> StoreResult<Option<RunProgram>> {
         self.run_program(run).await
+    }
+    async fn pins(&self, run: &RunId) -> StoreResult<Vec<RunPin>> {
+        self.run_pins(run).await
+    }
+    async fn pin(&self, fence: &RunFence, pins: Vec<RunPin>) -> StoreResult<Vec<RunPin>> {
+        self.pin_run(fence, pins).await
     }
     async fn journal(&self, run: &RunId) -> StoreResult<Vec<StepEntry>> {
         self.run_journal(run).await
@@ -64,12 +79,92 @@ impl RunJournal for sessionstore::Store {
     }
 }
 
-/// One invocation a step asks for. `intent_id` and `effect_id` derive from the run and the
-/// step, so every re-execution of the step hands the handler the same ids.
+/// Why a release could not be pinned, or a pinned one not be had. Each kind has a stable
+/// [`ReleaseError::code`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReleaseError {
+    /// The pinned release is not in the store (never published there, or removed).
+    #[error("{0}")]
+    Missing(String),
+    /// The stored release is not the pinned one: another digest, or bytes that do not match.
+    #[error("{0}")]
+    Changed(String),
+    /// The store holds another release under the same identity (a version is immutable).
+    #[error("{0}")]
+    Conflict(String),
+    /// It cannot be pinned from here: no workspace, a declaration that does not load, a build
+    /// that is refused.
+    #[error("{0}")]
+    Refused(String),
+    /// The store or the disk failed; a later attempt may succeed.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl ReleaseError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            ReleaseError::Missing(_) => "release_missing",
+            ReleaseError::Changed(_) => "release_changed",
+            ReleaseError::Conflict(_) => "conflict",
+            ReleaseError::Refused(_) => "invalid",
+            ReleaseError::Unavailable(_) => "unavailable",
+        }
+    }
+
+    /// Whether a later attempt may succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, ReleaseError::Unavailable(_))
+    }
+}
+
+/// Where the releases runs are pinned to come from.
+#[async_trait]
+pub trait Releases: Send + Sync {
+    /// Pins each resolved runnable (one pin per identity) to a release every driver of the run
+    /// can reach, building and publishing it when that is needed.
+    async fn pin(&self, resolved: &[RunnableInfo]) -> Result<Vec<RunPin>, ReleaseError>;
+    /// A pinned release's contract (identity, digest, effect, input schema), read from that
+    /// release itself, never from whatever a workspace holds now.
+    async fn pinned(&self, pin: &RunPin) -> Result<RunnableInfo, ReleaseError>;
+}
+
+/// Releases exactly as an environment resolves them, for environments whose runnables never
+/// change (tests, benchmarks): a pin is the identity and digest the environment gave, and a
+/// pinned release is what the environment says of that identity.
+pub struct AsResolved(pub Arc<dyn Environment>);
+
+#[async_trait]
+impl Releases for AsResolved {
+    async fn pin(&self, resolved: &[RunnableInfo]) -> Result<Vec<RunPin>, ReleaseError> {
+        let mut pins: Vec<RunPin> = resolved
+            .iter()
+            .map(|r| RunPin {
+                identity: r.identity.clone(),
+                digest: r.digest.clone(),
+            })
+            .collect();
+        pins.sort();
+        pins.dedup_by(|a, b| a.identity == b.identity);
+        Ok(pins)
+    }
+
+    async fn pinned(&self, pin: &RunPin) -> Result<RunnableInfo, ReleaseError> {
+        self.0
+            .runnable(&pin.identity)
+            .map_err(|e| ReleaseError::Missing(format!("{}: {e:?}", pin.identity)))
+    }
+}
+
+/// One invocation a step asks for: the pinned release (identity and digest) with the step's
+/// ids. `intent_id` and `effect_id` derive from the run, the step and the pinned release, so
+/// every re-execution of the step, on any Host, hands the handler the same ids.
 #[derive(Debug, Clone)]
 pub struct InvokeCall {
     pub reference: String,
     pub identity: String,
+    /// The pinned digest: the invoker runs exactly these bytes.
+    pub digest: String,
     pub input: Value,
     pub intent_id: String,
     pub effect_id: String,
@@ -85,7 +180,7 @@ pub struct InvokeDone {
     pub detail: String,
 }
 
-/// Runs runnables for a driver. `Err` is a refusal before any handler started.
+/// Runs pinned releases for a driver. `Err` is a refusal before any handler started.
 #[async_trait]
 pub trait Invoker: Send + Sync {
     async fn invoke(&self, call: InvokeCall) -> Result<InvokeDone, String>;

@@ -1,17 +1,16 @@
-//! The runnables of a local workspace as a run's [`Environment`] and [`Invoker`]: validation
-//! resolves `invoke:` by the runnables' one rule, invocation runs the recorded release with
-//! the step's intent and effect ids. Agents come from a list the caller names.
+//! The runnables of a local workspace as the [`Environment`] a new run is validated in:
+//! `invoke:` resolves by the runnables' one rule against the workspace loaded strictly (one
+//! broken declaration refuses every reference, naming its file). Agents come from a list the
+//! caller names. A run never invokes from here: it is pinned at start and runs its pinned
+//! releases ([`crate::releases`]); this module must never run a handler.
 
 use std::collections::BTreeSet;
 
-use async_trait::async_trait;
-use tokio_util::sync::CancellationToken;
-
 use crate::program::{Environment, RunnableInfo, Unresolved};
-use crate::seam::{InvokeCall, InvokeDone, Invoker};
-use runnable::{InvokeRequest, RunnableError, Runner};
+use runnable::{RunnableError, Runner};
 
-/// A workspace's runnables, and the agents a Host can launch.
+/// A workspace's runnables (none: a program that invokes is refused), and the agents a Host
+/// can launch.
 pub struct WorkspaceRunnables {
     pub runner: Option<Runner>,
     pub agents: BTreeSet<String>,
@@ -37,6 +36,8 @@ impl Environment for WorkspaceRunnables {
             }
             Err(e) => return Err(Unresolved::Other(e.to_string())),
         };
+        // What validation reports; a start pins the digest of the release it builds, and only
+        // a pinned digest ever reaches a step's ids.
         let digest = catalog
             .recorded_digest(decl)
             .map(|d| d.to_string())
@@ -51,33 +52,5 @@ impl Environment for WorkspaceRunnables {
 
     fn agent_known(&self, agent: &str) -> bool {
         self.agents.contains(agent)
-    }
-}
-
-#[async_trait]
-impl Invoker for WorkspaceRunnables {
-    async fn invoke(&self, call: InvokeCall) -> Result<InvokeDone, String> {
-        let runner = self
-            .runner
-            .as_ref()
-            .ok_or_else(|| "no runnable workspace is configured".to_owned())?;
-        let cancel: &CancellationToken = &call.cancel;
-        let done = runner
-            .invoke(
-                &call.identity,
-                InvokeRequest {
-                    input: call.input,
-                    intent_id: Some(call.intent_id),
-                    effect_id: Some(call.effect_id),
-                },
-                cancel,
-            )
-            .await
-            .map_err(|e| format!("{}: {e}", e.code()))?;
-        Ok(InvokeDone {
-            outcome: done.outcome,
-            output: done.output,
-            detail: done.detail,
-        })
     }
 }

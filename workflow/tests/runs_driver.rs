@@ -40,6 +40,7 @@ steps:
         Driver {
             journal,
             env: world.clone(),
+            releases: Arc::new(workflow::AsResolved(world.clone())),
             invoker: world.clone(),
             agents: Some(world.clone()),
             events: Arc::new(NoEvents),
@@ -159,7 +160,7 @@ steps:
 
     pub async fn a_run_completes_with_every_step_journaled_once(ts: &TestStore) {
         let world = World::new();
-        let s = start(&ts.store, "run-1", CHECKED, json!({"order": "o-7"})).await;
+        let s = start(&ts.store, &world, "run-1", CHECKED, json!({"order": "o-7"})).await;
         let run = s.run_id.clone();
         let task = tokio::spawn({
             let (world, store) = (world.clone(), ts.store.clone());
@@ -178,7 +179,7 @@ steps:
     pub async fn a_crash_at_every_write_boundary_keeps_every_effect_exactly_once(ts: &TestStore) {
         // Count the writes of an undisturbed run first.
         let world = World::new();
-        let s = start(&ts.store, "count", CHECKED, json!({"order": "o-7"})).await;
+        let s = start(&ts.store, &world, "count", CHECKED, json!({"order": "o-7"})).await;
         let counter = CrashingJournal::new(ts.store.clone(), None);
         let task = tokio::spawn({
             let (world, counter, s) = (world.clone(), counter.clone(), s.clone());
@@ -200,7 +201,7 @@ steps:
                 let what = format!("crash {crash:?} write {at}");
                 let world = World::new();
                 let id = format!("run-{at}-{crash:?}").to_lowercase();
-                let s = start(&ts.store, &id, CHECKED, json!({"order": "o-7"})).await;
+                let s = start(&ts.store, &world, &id, CHECKED, json!({"order": "o-7"})).await;
                 let run = s.run_id.clone();
                 let journal = CrashingJournal::new(ts.store.clone(), Some((at, crash)));
                 let task = tokio::spawn({
@@ -236,7 +237,7 @@ steps:
             let world = World::new();
             *world.hang_at.lock().unwrap() = Some(hang);
             let id = format!("mid-{name}");
-            let s = start(&ts.store, &id, CHECKED, json!({"order": "o-7"})).await;
+            let s = start(&ts.store, &world, &id, CHECKED, json!({"order": "o-7"})).await;
             let run = s.run_id.clone();
             let task = tokio::spawn({
                 let (world, store) = (world.clone(), ts.store.clone());
@@ -281,7 +282,7 @@ steps:
             Behaviour::Uncertain(OutcomeClass::TimedOut),
         );
         let source = "steps:\n  - name: charge\n    invoke: charge@1.0.0\n";
-        let s = start(&ts.store, "run-1", source, json!({})).await;
+        let s = start(&ts.store, &world, "run-1", source, json!({})).await;
         let run = s.run_id.clone();
         let end = drive(&world, &ts.store, s).await;
         assert!(matches!(end, DriveEnd::NeedsAttention { .. }), "{end:?}");
@@ -351,7 +352,7 @@ steps:
             );
             let source = "steps:\n  - name: read\n    invoke: read@1.0.0\n";
             let id = format!("run-{}", class.as_str().replace('_', "-"));
-            let s = start(&ts.store, &id, source, json!({})).await;
+            let s = start(&ts.store, &world, &id, source, json!({})).await;
             let end = drive(&world, &ts.store, s.clone()).await;
             assert_eq!(
                 end,
@@ -371,7 +372,7 @@ steps:
         let world = World::new().with("shop/read@1.0.0", Effect::ReadOnly, Behaviour::FailFirst(2));
         let source =
             "steps:\n  - name: read\n    invoke: read@1.0.0\n    supervise: {restarts: 2}\n";
-        let s = start(&ts.store, "run-ok", source, json!({})).await;
+        let s = start(&ts.store, &world, "run-ok", source, json!({})).await;
         assert_eq!(
             drive(&world, &ts.store, s.clone()).await,
             DriveEnd::Completed
@@ -392,7 +393,7 @@ steps:
     ) {
         let world = World::new().with("shop/read@1.0.0", Effect::ReadOnly, Behaviour::AlwaysFail);
         let source = "steps:\n  - name: read\n    invoke: read@1.0.0\n    supervise: {restarts: 2}\n  - name: later\n    sleep: 0s\n";
-        let s = start(&ts.store, "run-bad", source, json!({})).await;
+        let s = start(&ts.store, &world, "run-bad", source, json!({})).await;
         let end = drive(&world, &ts.store, s.clone()).await;
         assert_eq!(
             end,
@@ -415,7 +416,7 @@ steps:
         let world = World::new().with("shop/read@1.0.0", Effect::ReadOnly, Behaviour::AlwaysFail);
         let source =
             "steps:\n  - name: read\n    invoke: read@1.0.0\n    supervise: {restarts: 2}\n";
-        let s = start(&ts.store, "run-1", source, json!({})).await;
+        let s = start(&ts.store, &world, "run-1", source, json!({})).await;
         // One failed attempt is journaled by an earlier driver.
         ts.store
             .append_run_step(
@@ -444,7 +445,7 @@ steps:
 
     pub async fn a_driver_whose_fence_went_stale_stops_without_writing(ts: &TestStore) {
         let world = World::new();
-        let s = start(&ts.store, "run-1", CHECKED, json!({"order": "o-7"})).await;
+        let s = start(&ts.store, &world, "run-1", CHECKED, json!({"order": "o-7"})).await;
         let run = s.run_id.clone();
         let task = tokio::spawn({
             let (world, store) = (world.clone(), ts.store.clone());
@@ -474,7 +475,7 @@ steps:
     pub async fn a_sleep_after_a_restart_waits_only_what_is_left(ts: &TestStore) {
         let world = World::new();
         let source = "steps:\n  - name: nap\n    sleep: 1500ms\n";
-        let s = start(&ts.store, "run-1", source, json!({})).await;
+        let s = start(&ts.store, &world, "run-1", source, json!({})).await;
         let run = s.run_id.clone();
         let task = tokio::spawn({
             let (world, store) = (world.clone(), ts.store.clone());
@@ -500,7 +501,7 @@ steps:
     pub async fn an_agent_step_takes_the_turns_reply_as_its_result(ts: &TestStore) {
         let world = World::new();
         let source = "steps:\n  - name: hello\n    agent: echo\n    prompt: hi ${input.who}\n";
-        let s = start(&ts.store, "run-1", source, json!({"who": "bob"})).await;
+        let s = start(&ts.store, &world, "run-1", source, json!({"who": "bob"})).await;
         assert_eq!(
             drive(&world, &ts.store, s.clone()).await,
             DriveEnd::Completed
@@ -515,7 +516,7 @@ steps:
     pub async fn a_rendered_input_that_breaks_the_schema_never_starts_the_handler(ts: &TestStore) {
         let world = World::new();
         let source = "steps:\n  - name: read\n    invoke: read@1.0.0\n    input: \"${input.n}\"\n";
-        let s = start(&ts.store, "run-1", source, json!({"n": 3})).await;
+        let s = start(&ts.store, &world, "run-1", source, json!({"n": 3})).await;
         let end = drive(&world, &ts.store, s).await;
         assert_eq!(
             end,
@@ -530,7 +531,7 @@ steps:
     pub async fn a_cancelled_parked_run_stops_its_driver(ts: &TestStore) {
         let world = World::new();
         let source = "steps:\n  - name: q\n    ask: why?\n    answer: {type: string}\n";
-        let s = start(&ts.store, "run-1", source, Value::Null).await;
+        let s = start(&ts.store, &world, "run-1", source, Value::Null).await;
         let run = s.run_id.clone();
         let task = tokio::spawn({
             let (world, store) = (world.clone(), ts.store.clone());

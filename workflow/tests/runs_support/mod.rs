@@ -14,7 +14,10 @@ use serde_json::{Value, json};
 use sessionstore::*;
 use tokio::sync::Notify;
 use workflow::program::{RunnableInfo, Unresolved, schema_from_yaml};
-use workflow::{AgentTurn, AgentTurns, Environment, InvokeCall, InvokeDone, Invoker, RunJournal};
+use workflow::{
+    AgentTurn, AgentTurns, AsResolved, Environment, InvokeCall, InvokeDone, Invoker, RunJournal,
+    StartRefusal,
+};
 
 /// One handler call, as the handler saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,7 +124,9 @@ impl Environment for World {
             .runnables
             .keys()
             .filter(|id| {
-                if reference.contains('@') {
+                if *id == reference {
+                    true
+                } else if reference.contains('@') {
                     id.ends_with(&format!("/{reference}"))
                 } else {
                     id.split('/').nth(1).and_then(|r| r.split('@').next()) == Some(name)
@@ -271,6 +276,12 @@ impl RunJournal for CrashingJournal {
     async fn program(&self, run: &RunId) -> StoreResult<Option<RunProgram>> {
         self.store.run_program(run).await
     }
+    async fn pins(&self, run: &RunId) -> StoreResult<Vec<RunPin>> {
+        self.store.run_pins(run).await
+    }
+    async fn pin(&self, fence: &RunFence, pins: Vec<RunPin>) -> StoreResult<Vec<RunPin>> {
+        self.write(self.store.pin_run(fence, pins)).await
+    }
     async fn journal(&self, run: &RunId) -> StoreResult<Vec<StepEntry>> {
         self.store.run_journal(run).await
     }
@@ -302,8 +313,36 @@ pub fn tenant() -> TenantId {
     TenantId::new("acme").unwrap()
 }
 
-/// Records a run held by `host-a`, the way a Host's `run.start` does.
-pub async fn start(store: &Store, id: &str, source: &str, input: Value) -> RunStatus {
+/// Records a run held by `host-a`, the way a Host's `run.start` does: validated and pinned to
+/// the world's releases.
+pub async fn start(
+    store: &Store,
+    world: &Arc<World>,
+    id: &str,
+    source: &str,
+    input: Value,
+) -> RunStatus {
+    let env: Arc<dyn Environment> = world.clone();
+    let pins = match workflow::pin_new_run(source, env.as_ref(), &AsResolved(env.clone())).await {
+        Ok(p) => p,
+        Err(StartRefusal::Problems(p)) => panic!("the program does not validate: {p:?}"),
+        Err(StartRefusal::Release(e)) => panic!("the program cannot be pinned: {e}"),
+    };
+    record(store, id, source, input, pins).await
+}
+
+/// Records a run the way a Host recorded it before pinning existed: no pins.
+pub async fn start_unpinned(store: &Store, id: &str, source: &str, input: Value) -> RunStatus {
+    record(store, id, source, input, Vec::new()).await
+}
+
+async fn record(
+    store: &Store,
+    id: &str,
+    source: &str,
+    input: Value,
+    pins: Vec<RunPin>,
+) -> RunStatus {
     store
         .create_run(NewRun {
             run_id: RunId::new(id).unwrap(),
@@ -314,6 +353,7 @@ pub async fn start(store: &Store, id: &str, source: &str, input: Value) -> RunSt
             fencing_token: format!("{id}-token-1"),
             lease: Duration::from_secs(30),
             idempotency_key: None,
+            pins,
         })
         .await
         .unwrap()
