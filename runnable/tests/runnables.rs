@@ -1384,6 +1384,72 @@ fn show_reports_each_dependency_resolved_or_not_matching_endpoints_by_name() {
     assert_eq!(report[0].env, "FLOW_DEP_DB_PG_ADDR");
 }
 
+#[test]
+fn show_never_probes_a_dependency_it_reports() {
+    // A live listener at the declared port: any probe of the dependency would be seen here.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listener");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let port = listener.local_addr().expect("addr").port();
+    let ws = Ws::new();
+    std::fs::write(
+        ws.root.join("flow.yaml"),
+        format!(
+            "name: shopflow\nservices:\n  - name: db\n    command: sleep\n    args: [1000]\n    endpoints:\n      - {{name: pg, api: tcp, port: {port}}}\n"
+        ),
+    )
+    .expect("flow.yaml");
+    ws.add(
+        "x",
+        &(decl("x", "1", "read_only", "5s", "command: sh\n")
+            + "dependencies:\n  - {service: db, endpoints: [pg]}\n"),
+        &[],
+    );
+    let before = hash_tree(&ws.root);
+    let catalog = ws.runner().catalog().expect("catalog");
+    let report = runnable::deps::report(&catalog.runnables[0], Some(&catalog.workspace.root));
+    assert_eq!(report.len(), 1);
+    assert!(report[0].resolved, "{report:?}");
+    match listener.accept() {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+        Ok((_, peer)) => panic!("show connected to the dependency from {peer}"),
+        Err(e) => panic!("accept: {e}"),
+    }
+    // Nothing written, no flow state recorded (`.hostd/flow/` would show in the tree).
+    assert_eq!(hash_tree(&ws.root), before, "show wrote into the workspace");
+}
+
+#[tokio::test]
+async fn a_broken_release_beside_a_good_one_fails_the_lookup_instead_of_resolving_around_it() {
+    let ws = Ws::new();
+    let marker = ws.marker();
+    ws.shell(
+        "wc",
+        "1.0.0",
+        "read_only",
+        "5s",
+        &format!(
+            "cat >/dev/null; echo ran >> {}; {OK_DOC}\n",
+            marker.display()
+        ),
+    );
+    ws.add("wc-2.0.0", "name: wc\nversion: 2.0.0\ninput: [\n", &[]);
+    let p = load_problems(&ws);
+    assert!(
+        p.iter()
+            .any(|p| p.file.ends_with("runnables/wc-2.0.0/runnable.yaml")),
+        "{p:?}"
+    );
+    let err = run(&ws, "wc", json!({"n": 1}))
+        .await
+        .expect_err("the lookup must not pick the one good release");
+    assert_eq!(err.code(), "invalid", "{err}");
+    let err = run(&ws, "wc@1.0.0", json!({"n": 1}))
+        .await
+        .expect_err("not even by its exact version");
+    assert_eq!(err.code(), "invalid", "{err}");
+    assert!(ws.marker_lines().is_empty(), "a handler ran");
+}
+
 #[tokio::test]
 async fn invoke_injects_a_fixed_port_and_refuses_a_dynamic_one_while_the_flow_is_down() {
     let ws = flow_ws();
