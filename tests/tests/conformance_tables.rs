@@ -1,5 +1,6 @@
 //! The conformance tables in `docs/conformance/` keep to their own rules: every row's verdict
-//! is one of the five words, the counts section says how many rows have each verdict, and every
+//! is one of the five words, the counts section (at the top, before the rows) says how many rows
+//! have each verdict, and every
 //! test a note names exists in the workspace (a renamed or deleted test would otherwise leave a
 //! row claiming evidence that is gone). On a mismatch the test prints every problem at once,
 //! with the counts section as it should read, ready to paste.
@@ -219,6 +220,13 @@ fn every_conformance_table_uses_the_five_verdicts_and_counts_them_truly() {
             *actual.entry(verdict.clone()).or_default() += 1;
         }
         let expected = counts_section(&actual, rows.len());
+        if let (Some(counts), Some(table)) = (text.find("\n## Counts"), text.find("\n| # |"))
+            && counts > table
+        {
+            problems.push(format!(
+                "{name}: the counts section belongs at the top, before the table"
+            ));
+        }
         match written_counts(&text) {
             None => problems.push(format!(
                 "{name}: no counts section; add at the end:\n\n{expected}"
