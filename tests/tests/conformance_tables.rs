@@ -1,8 +1,7 @@
 //! The conformance tables in `docs/conformance/` keep to their own rules: every row's verdict
 //! is one of the five words, the counts section (at the top, before the rows) says how many rows
-//! have each verdict, and every
-//! test a note names exists in the workspace (a renamed or deleted test would otherwise leave a
-//! row claiming evidence that is gone). On a mismatch the test prints every problem at once,
+//! have each verdict, and every test a note names exists in the workspace (a renamed or deleted
+//! test would otherwise leave a row claiming evidence that is gone). On a mismatch the test prints every problem at once,
 //! with the counts section as it should read, ready to paste.
 
 use std::collections::{BTreeMap, BTreeSet};
