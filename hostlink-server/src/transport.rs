@@ -85,15 +85,22 @@ pub(crate) fn transport_ceiling(max_frame_bytes: usize) -> usize {
         .min(hostlink::frame::MAX_FRAME_BYTES_CEILING.saturating_mul(2))
 }
 
-/// How a failed read ends the link, decided from types the standard library owns (never from
-/// the WebSocket library's error type, whose version is axum's to choose): an I/O error is the
-/// connection going away; anything else is the peer breaking the transport's rules (a protocol
-/// violation, or a message beyond [`transport_ceiling`]).
+/// How a failed read ends the link: an I/O error is the connection going away; a message
+/// beyond [`transport_ceiling`] is `message too big` (1009), the same close a message between
+/// the limit and the ceiling gets from the decoder, so a client sees one code for "too large"
+/// however large it was; anything else is the peer breaking the transport's rules.
+///
+/// The WebSocket library's error is recognised by its type, at the version axum itself uses
+/// (the workspace pins one `tungstenite`); should the two ever part, the capacity case would
+/// read as a bad request, and `hostlink_surface`'s oversized-message test fails.
 pub(crate) fn read_failure(error: &axum::Error) -> Disconnect {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
     while let Some(e) = source {
         if e.is::<std::io::Error>() {
             return Disconnect::CONNECTION_CLOSED;
+        }
+        if let Some(tungstenite::Error::Capacity(_)) = e.downcast_ref::<tungstenite::Error>() {
+            return Disconnect::MESSAGE_TOO_BIG;
         }
         source = e.source();
     }
