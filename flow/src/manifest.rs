@@ -96,7 +96,9 @@ pub struct Endpoint {
     pub api: Api,
     /// A fixed port; `None` means the flow allocates a free loopback port.
     pub port: Option<u16>,
-    /// For `http` only: the path probed by the `http-status` predicate.
+    /// `http`: the path probed by the `http-status` predicate. `grpc`: the fully qualified
+    /// gRPC service (`shop.Orders`) whose `grpc.health.v1` status decides readiness; without
+    /// it the server-wide status (`""`) is asked.
     pub health: Option<String>,
     /// The endpoint serves TLS (gRPC or HTTP): readiness probes speak TLS to it.
     pub tls: bool,
@@ -658,16 +660,23 @@ fn parse_endpoint(ctx: &Ctx, m: &Map, context: &str) -> Result<Endpoint, Manifes
         None => None,
         Some(v) => {
             let path = ctx.string(v, "endpoints.health")?;
-            if api != Api::Http {
+            if api == Api::Tcp {
                 return Err(ctx.invalid(
                     "endpoints.health",
                     &format!(
-                        "endpoint `{name}` speaks {}; a health path is only for http",
-                        api.as_str()
+                        "endpoint `{name}` speaks tcp, whose readiness is a plain connect; `health` is a path for http and a service name for grpc"
                     ),
                 ));
             }
-            if !path.starts_with('/') {
+            if api == Api::Grpc && !is_grpc_service_name(&path) {
+                return Err(ctx.invalid(
+                    "endpoints.health",
+                    &format!(
+                        "`{path}` on endpoint `{name}` is not a gRPC service name: dot-separated words of letters, digits and `_`, such as `shop.Orders`"
+                    ),
+                ));
+            }
+            if api == Api::Http && !path.starts_with('/') {
                 return Err(ctx.invalid(
                     "endpoints.health",
                     &format!(
@@ -699,6 +708,18 @@ fn parse_endpoint(ctx: &Ctx, m: &Map, context: &str) -> Result<Endpoint, Manifes
         health,
         tls,
     })
+}
+
+/// A fully qualified gRPC service name as `grpc.health.v1` takes it: dot-separated, non-empty
+/// words of ASCII letters, digits and `_`, the first character of each word not a digit.
+fn is_grpc_service_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.split('.').all(|word| {
+            word.chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && word.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        })
 }
 
 /// A fixed port: a number, and a whole one from 1 to 65535.

@@ -36,9 +36,12 @@ pub enum Probe {
         path: String,
         tls: bool,
     },
+    /// `service`: the declared gRPC service whose status is asked; `None` asks the server as
+    /// a whole (`""`).
     Grpc {
         addr: SocketAddr,
         tls: bool,
+        service: Option<String>,
     },
 }
 
@@ -75,7 +78,9 @@ impl Probe {
                 .map(drop)
                 .map_err(|e| format!("connect {addr}: {e}")),
             Probe::Http { addr, path, tls } => probe_http(*addr, path, *tls).await,
-            Probe::Grpc { addr, tls } => probe_grpc(*addr, *tls, timeout).await,
+            Probe::Grpc { addr, tls, service } => {
+                probe_grpc(*addr, *tls, service.as_deref(), timeout).await
+            }
         }
     }
 }
@@ -141,10 +146,17 @@ async fn probe_http(addr: SocketAddr, path: &str, tls: bool) -> Result<(), Strin
     Ok(())
 }
 
-/// Asks the standard `grpc.health.v1.Health/Check` for the server as a whole. A server
-/// without the health service (`Unimplemented`) is ready once its transport answers. With
-/// `tls`, the connection is TLS (HTTP/2 by ALPN) and the URI's scheme is left alone.
-async fn probe_grpc(addr: SocketAddr, tls: bool, timeout: Duration) -> Result<(), String> {
+/// Asks the standard `grpc.health.v1.Health/Check` for the declared `service`, or for the
+/// server as a whole (`""`) when none is declared. A declared service the server does not know
+/// (`NotFound`) is not ready. A server without the health service (`Unimplemented`) is ready
+/// once its transport answers: there is nothing else to ask. With `tls`, the connection is
+/// TLS (HTTP/2 by ALPN) and the URI's scheme is left alone.
+async fn probe_grpc(
+    addr: SocketAddr,
+    tls: bool,
+    service: Option<&str>,
+    timeout: Duration,
+) -> Result<(), String> {
     let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .map_err(|e| format!("bad address {addr}: {e}"))?
         .connect_timeout(timeout)
@@ -160,7 +172,7 @@ async fn probe_grpc(addr: SocketAddr, tls: bool, timeout: Duration) -> Result<()
     let mut client = HealthClient::new(channel);
     match client
         .check(HealthCheckRequest {
-            service: String::new(),
+            service: service.unwrap_or_default().to_owned(),
         })
         .await
     {
@@ -172,16 +184,27 @@ async fn probe_grpc(addr: SocketAddr, tls: bool, timeout: Duration) -> Result<()
                 let name = ServingStatus::try_from(status)
                     .map(|s| s.as_str_name().to_owned())
                     .unwrap_or_else(|_| format!("status {status}"));
-                Err(format!("grpc.health.v1 on {addr} reports {name}"))
+                Err(format!(
+                    "grpc.health.v1 on {addr} reports {name}{}",
+                    asked(service)
+                ))
             }
         }
         Err(status) if status.code() == tonic::Code::Unimplemented => Ok(()),
         Err(status) => Err(format!(
-            "grpc.health.v1 on {addr}: {:?}: {}",
+            "grpc.health.v1 on {addr}{}: {:?}: {}",
+            asked(service),
             status.code(),
             status.message()
         )),
     }
+}
+
+/// Which service a gRPC health answer is about, for the failure text.
+fn asked(service: Option<&str>) -> String {
+    service
+        .map(|s| format!(" for service `{s}`"))
+        .unwrap_or_default()
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {
@@ -242,7 +265,11 @@ impl ReadinessGate {
             .filter_map(|e| {
                 let addr = ports.addr(&service.name, &e.name)?;
                 let probe = match (e.api, &e.health) {
-                    (Api::Grpc, _) => Probe::Grpc { addr, tls: e.tls },
+                    (Api::Grpc, service) => Probe::Grpc {
+                        addr,
+                        tls: e.tls,
+                        service: service.clone(),
+                    },
                     (Api::Http, Some(path)) => Probe::Http {
                         addr,
                         path: path.clone(),

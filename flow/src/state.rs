@@ -108,7 +108,8 @@ pub struct EndpointRecord {
     pub name: String,
     pub api: String,
     pub address: String,
-    /// The declared health path (http), so `status` can probe like readiness does.
+    /// The declared health path (http) or gRPC service (grpc), so `status` can probe like
+    /// readiness does.
     #[serde(default)]
     pub health: Option<String>,
     #[serde(default)]

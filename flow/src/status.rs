@@ -157,7 +157,11 @@ async fn probe_once(s: &ServiceRecord, pgid: i32, probe_timeout: Duration) -> Re
 fn probe_for(e: &EndpointRecord) -> Option<Probe> {
     let addr: SocketAddr = e.address.parse().ok()?;
     Some(match (e.api.as_str(), &e.health) {
-        ("grpc", _) => Probe::Grpc { addr, tls: e.tls },
+        ("grpc", service) => Probe::Grpc {
+            addr,
+            tls: e.tls,
+            service: service.clone(),
+        },
         ("http", Some(path)) => Probe::Http {
             addr,
             path: path.clone(),

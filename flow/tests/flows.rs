@@ -143,6 +143,49 @@ async fn a_grpc_health_server_becomes_ready_only_when_it_turns_from_not_serving_
     assert_no_orphans(&rec.spawned());
 }
 
+/// The server as a whole reports SERVING from the start, but the service the endpoint
+/// declares (`health: shop.Greeter`) is NOT_SERVING until the file appears: the flow waits for
+/// the declared service, not the server-wide answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_endpoint_waits_for_the_service_it_declares_not_the_server_wide_status() {
+    let ws = TempWorkspace::new(&[(
+        "flow.yaml",
+        "services:
+  - name: greeter
+    command: {fixture}
+    args: [grpc, --service, shop.Greeter, --serve-when-file, '{dir}/serve']
+    endpoints: [{name: grpc, api: grpc, health: shop.Greeter}]
+",
+    )]);
+    let flow = Flow::load(ws.root(), fast_options()).unwrap();
+    let (rec, sink) = Recorder::start();
+    let flow2 = flow.clone();
+    let up = tokio::spawn(async move {
+        flow2
+            .up(Selection::default(), sink, CancellationToken::new())
+            .await
+    });
+    rec.wait_for("greeter's declared service reported NOT_SERVING", |e| {
+        matches!(e, FlowEvent::Waiting { failure, .. }
+            if failure.predicate == Predicate::GrpcHealth
+                && failure.last_error.contains("NOT_SERVING")
+                && failure.last_error.contains("shop.Greeter"))
+    })
+    .await;
+    assert!(
+        rec.position(|e| is_step(e, "greeter", Step::Running))
+            .is_none(),
+        "ready on the server-wide status while the declared service was NOT_SERVING"
+    );
+    std::fs::write(ws.path("serve"), b"").unwrap();
+    let up = up
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("up failed: {e}"));
+    up.shutdown().await;
+    assert_no_orphans(&rec.spawned());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grpc_server_without_the_health_service_is_ready_on_its_transport() {
     let ws = TempWorkspace::new(&[(

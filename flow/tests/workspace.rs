@@ -342,7 +342,11 @@ fn an_unknown_kind_api_or_policy_is_refused_with_the_allowed_values() {
         ),
         (
             "endpoints: [{name: e, api: tcp, health: /h}]",
-            "only for http",
+            "a path for http and a service name for grpc",
+        ),
+        (
+            "endpoints: [{name: e, api: grpc, health: /shop.Orders}]",
+            "not a gRPC service name",
         ),
         (
             "endpoints: [{name: e, api: http, health: h}]",

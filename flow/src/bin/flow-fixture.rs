@@ -11,6 +11,8 @@
 //!   --health-status N      http: the status of the health path (default 200)
 //!   --health-status-file F http: read the health status from F on every request
 //!   --serve-when-file F    grpc: NOT_SERVING until F exists, then SERVING
+//!   --service NAME         grpc: the server as a whole SERVING at once; NAME follows
+//!                          --serve-when-file (NAME unknown to the server if never set)
 //!   --exit N               job / after --exit-after: the exit status
 //!   --exit-after DUR       exit with --exit after this long (e.g. 50ms)
 //!   --ignore-sigterm       install a SIGTERM handler that ignores it
@@ -349,16 +351,23 @@ async fn serve_grpc(args: &Args, with_health: bool) -> Result<(), String> {
     let mut routes = tonic::service::Routes::default();
     if with_health {
         let (reporter, health) = tonic_health::server::health_reporter();
+        // `--service NAME`: the server as a whole serves at once; only NAME waits for the file.
+        let service = args.get("service").unwrap_or_default().to_owned();
+        if !service.is_empty() {
+            reporter
+                .set_service_status("", tonic_health::ServingStatus::Serving)
+                .await;
+        }
         if let Some(file) = args.get("serve-when-file").map(PathBuf::from) {
             reporter
-                .set_service_status("", tonic_health::ServingStatus::NotServing)
+                .set_service_status(&service, tonic_health::ServingStatus::NotServing)
                 .await;
             tokio::spawn(async move {
                 while !file.exists() {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
                 reporter
-                    .set_service_status("", tonic_health::ServingStatus::Serving)
+                    .set_service_status(&service, tonic_health::ServingStatus::Serving)
                     .await;
                 println!("health: SERVING");
             });
