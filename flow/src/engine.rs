@@ -137,6 +137,10 @@ struct Loaded {
     plan: StageGraph,
     ports: PortMap,
     excluded: Option<String>,
+    /// The chosen ports to keep for the next run (written by `up`, never by a dry run).
+    record: ports::PortRecord,
+    /// Endpoints that had to leave the port earlier runs gave them.
+    moves: Vec<ports::PortMove>,
 }
 
 impl Flow {
@@ -229,7 +233,12 @@ impl Flow {
         };
         let mut allocated: Vec<String> = plan.nodes().to_vec();
         allocated.extend(excluded.iter().cloned());
-        let mut ports = ports::allocate(&self.workspace, &allocated)?;
+        let recorded = ports::PortRecord::read(&self.paths.ports_file);
+        let ports::Allocation {
+            mut ports,
+            record,
+            moves,
+        } = ports::allocate(&self.workspace, &allocated, &recorded)?;
         if selection.stand_alone
             && let Some(target) = selection.origin()
         {
@@ -256,6 +265,8 @@ impl Flow {
             plan,
             ports,
             excluded,
+            record,
+            moves,
         })
     }
 
@@ -315,10 +326,17 @@ impl Flow {
                     .collect(),
             });
         }
+        let mut notices = self.graph.notices_for(loaded.plan.nodes());
+        notices.extend(
+            loaded
+                .moves
+                .iter()
+                .map(|m| (m.service.clone(), m.describe())),
+        );
         Ok(DryRun {
             layers: loaded.plan.layers()?,
             services,
-            notices: self.graph.notices_for(loaded.plan.nodes()),
+            notices,
         })
     }
 
@@ -352,6 +370,21 @@ impl Flow {
             tracing::info!(%service, "{text}");
             events.emit(FlowEvent::Notice { service, text });
         }
+        for moved in &loaded.moves {
+            let text = moved.describe();
+            tracing::warn!(service = %moved.service, "{text}");
+            events.emit(FlowEvent::Warning {
+                service: moved.service.clone(),
+                text,
+            });
+        }
+        loaded
+            .record
+            .write(&self.paths.ports_file)
+            .map_err(|e| FlowError::State {
+                path: self.paths.ports_file.clone(),
+                reason: format!("cannot record the chosen ports: {e}"),
+            })?;
         let context = self.env_context(&loaded.ports);
         let mut environments = HashMap::new();
         let mut slots = Vec::new();

@@ -27,6 +27,8 @@ pub struct StatePaths {
     pub lock_file: PathBuf,
     pub logs_dir: PathBuf,
     pub receipts_file: PathBuf,
+    /// The ports chosen for endpoints without a fixed one, kept from one `up` to the next.
+    pub ports_file: PathBuf,
 }
 
 impl StatePaths {
@@ -37,6 +39,7 @@ impl StatePaths {
             lock_file: dir.join("lock"),
             logs_dir: dir.join("logs"),
             receipts_file: dir.join("last-teardown.json"),
+            ports_file: dir.join("ports.json"),
             dir,
         }
     }
