@@ -14,7 +14,8 @@ pub struct AttachRequest {
     /// The runtime build the caller expects, if it says: it must then equal the agent's and
     /// a resident session's.
     pub compatibility: Option<CompatibilityId>,
-    /// Informational: create versus restore is decided from the journal, never from this.
+    /// A create starts a conversation or, when the journal holds one, restores it; a restore
+    /// requires one and is refused `runtime_unavailable` (`restore_without_state`) otherwise.
     pub mode: LaunchMode,
     pub actor: Option<String>,
     pub trace: Option<String>,

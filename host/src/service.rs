@@ -737,11 +737,20 @@ impl Inner {
                     session.binding.storage_binding_id
                 )));
             }
-            let mode = if self
+            let has_conversation = self
                 .has_conversation(&key.tenant, session.binding.runtime_session_id)
                 .await
-                .map_err(|e| e.at("hydrate"))?
-            {
+                .map_err(|e| e.at("hydrate"))?;
+            // Only a create may start a conversation: an explicit restore of a session whose
+            // journal holds none is how a wrong storage binding or a lost journal shows, so it
+            // is refused rather than quietly begun anew.
+            if req.mode == LaunchMode::Restore && !has_conversation {
+                return Err(HostError::RuntimeUnavailable(format!(
+                    "restore_without_state: the journal of runtime session {} holds no conversation to restore; attach with mode create to start one",
+                    session.binding.runtime_session_id
+                )));
+            }
+            let mode = if has_conversation {
                 LaunchMode::Restore
             } else {
                 LaunchMode::Create

@@ -462,6 +462,51 @@ mod cases {
         svc.stop().await;
     }
 
+    /// An explicit restore of a session whose journal holds no conversation is refused
+    /// `runtime_unavailable` and leaves nothing behind (no resident, the lease given back), so a
+    /// wrong storage binding or a lost journal is seen, not papered over; a create then starts
+    /// the conversation, and once there is one a restore restores it.
+    pub async fn an_explicit_restore_with_no_conversation_is_refused_and_only_a_create_creates(
+        ts: &TestStore,
+    ) {
+        let (svc, _) = started(ts, options("h-restore-empty")).await;
+        let c = Controller::new(ts);
+        let s = c.session().await;
+        let mut restore = c.attach_request(&s);
+        restore.mode = department::LaunchMode::Restore;
+        match svc.attach(restore.clone()).await {
+            Err(e @ HostError::RuntimeUnavailable(_)) => {
+                assert_eq!(e.code(), Some("runtime_unavailable"));
+                assert!(e.to_string().contains("restore_without_state"), "{e}");
+            }
+            Err(other) => panic!("refused otherwise: {other}"),
+            Ok(a) => panic!("an empty journal was restored as {:?}", a.launched),
+        }
+        assert!(
+            svc.residents().is_empty(),
+            "the refused restore left a resident"
+        );
+        let lease = c
+            .store
+            .residency(&s.tenant, &s.session)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(lease.holder, None, "the refused restore kept the lease");
+        let created = c.attach(&svc, &s).await;
+        assert_eq!(created.launched, department::LaunchMode::Create);
+        let first = c.send(&svc, &s, input("one")).await;
+        c.terminal(&s, &first).await;
+        svc.stop().await;
+        let (svc, _) = started(ts, options("h-restore-full")).await;
+        let restored = svc
+            .attach(restore)
+            .await
+            .expect("a restore of a conversation");
+        assert_eq!(restored.launched, department::LaunchMode::Restore);
+        svc.stop().await;
+    }
+
     pub async fn a_released_session_leaves_nothing_keyed_by_it_behind(ts: &TestStore) {
         let mut o = options("h-footprint");
         o.warm_ttl = Duration::from_millis(1500);
@@ -792,6 +837,7 @@ sessionstore::both_backends!(cases =>
     an_attach_its_caller_stops_waiting_for_still_ends_and_the_session_serves,
     a_warm_release_whose_lease_release_failed_gives_the_lease_back_on_a_retry,
     a_released_session_leaves_nothing_keyed_by_it_behind,
+    an_explicit_restore_with_no_conversation_is_refused_and_only_a_create_creates,
     drain_releases_idle_sessions_and_abandons_busy_and_gated_ones_as_failed_steps,
     a_lost_lease_abandons_the_session_and_credits_capacity,
     a_journal_write_failure_abandons_the_session_and_a_successor_restores_it,
