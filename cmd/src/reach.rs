@@ -92,6 +92,26 @@ impl HostLocation {
         }
     }
 
+    /// The store `command` would read, only when there is one: `--store`, else the store the
+    /// data folder's Host records, else the data folder's SQLite file if it exists. `None`
+    /// when the data folder has no store yet (opening one would create it).
+    pub fn existing_store_url(&self, command: &str) -> Result<Option<String>> {
+        self.refuse_endpoint_alone(command)?;
+        if let Some(url) = &self.store {
+            return Ok(Some(url.clone()));
+        }
+        let data = self.data();
+        if let Some(r) = data.read_runtime()?
+            && !r.store.is_empty()
+        {
+            return Ok(Some(r.store));
+        }
+        if data.store_path().exists() {
+            return data.store_url().map(Some);
+        }
+        Ok(None)
+    }
+
     /// Opens the store `command` reads (see [`HostLocation::store_url`]).
     pub async fn open_store(&self, command: &str) -> Result<Store> {
         let url = self.store_url(command)?;

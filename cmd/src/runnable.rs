@@ -1,5 +1,5 @@
 //! `hostd runnable`: the command-line face of `::runnable` — list, show, build,
-//! invoke and publish. This module owns argument parsing, rendering (text and `--json`), exit
+//! invoke, publish, and the recorded releases (`releases`, `prune`, in [`releases`]). This module owns argument parsing, rendering (text and `--json`), exit
 //! statuses and signal handling for an invocation; every decision is the library's (and the
 //! session store's, for publish).
 
@@ -20,8 +20,11 @@ use tokio_util::sync::CancellationToken;
 use crate::output::Table;
 use crate::reach::{HostLocation, TenantFlags};
 
-/// Exit status of a refusal (nothing ran).
-const EXIT_REFUSED: u8 = 1;
+mod releases;
+mod report;
+
+use report::{print_json, refuse};
+
 /// Exit status of a certain failure (the handler said it failed).
 const EXIT_FAILED: u8 = 3;
 /// Exit status of an uncertain outcome (the effect is unknown).
@@ -65,6 +68,11 @@ enum RunnableCommand {
     Invoke(InvokeArgs),
     /// Build a release and store its package in the session store, for every Host.
     Publish(PublishArgs),
+    /// List the workspace's recorded releases and whether each still matches its folder.
+    Releases(JsonFlag),
+    /// Remove recorded releases (the stale ones, named ones, or --all), never one a live run
+    /// is pinned to.
+    Prune(releases::PruneArgs),
 }
 
 #[derive(Debug, Args)]
@@ -165,20 +173,6 @@ fn with_version(reference: &str, version: &Option<String>) -> String {
 }
 
 /// Prints a refusal on stderr (and as JSON on stdout) and gives the refusal exit status.
-fn refuse(err: &RunnableError, json: bool) -> ExitCode {
-    eprintln!("hostd: [{}] {err}", err.code());
-    if json {
-        println!("{}", json!({ "error": err.to_json() }));
-    }
-    ExitCode::from(EXIT_REFUSED)
-}
-
-fn print_json(v: &Value) {
-    let mut out = std::io::stdout().lock();
-    // A closed pipe is a quiet end, not a panic.
-    let _ = serde_json::to_writer_pretty(&mut out, v);
-    let _ = writeln!(out);
-}
 
 pub async fn run(mut args: RunnableArgs, json: bool) -> Result<ExitCode> {
     match &mut args.command {
@@ -187,6 +181,8 @@ pub async fn run(mut args: RunnableArgs, json: bool) -> Result<ExitCode> {
         RunnableCommand::Build(a) => a.json = json,
         RunnableCommand::Invoke(a) => a.json = json,
         RunnableCommand::Publish(a) => a.json = json,
+        RunnableCommand::Releases(f) => f.json = json,
+        RunnableCommand::Prune(a) => a.json = json,
     }
     let runner = match Runner::open(&args.workspace) {
         Ok(r) => r,
@@ -197,6 +193,8 @@ pub async fn run(mut args: RunnableArgs, json: bool) -> Result<ExitCode> {
                 RunnableCommand::Build(a) => a.json,
                 RunnableCommand::Invoke(a) => a.json,
                 RunnableCommand::Publish(a) => a.json,
+                RunnableCommand::Releases(f) => f.json,
+                RunnableCommand::Prune(a) => a.json,
             };
             return Ok(refuse(&e, json));
         }
@@ -211,6 +209,8 @@ pub async fn run(mut args: RunnableArgs, json: bool) -> Result<ExitCode> {
         RunnableCommand::Build(a) => Ok(build(&runner, a)),
         RunnableCommand::Invoke(a) => invoke(&runner, a).await,
         RunnableCommand::Publish(a) => publish(&runner, a).await,
+        RunnableCommand::Releases(f) => Ok(releases::list(&runner, f.json)),
+        RunnableCommand::Prune(a) => releases::prune(&runner, a).await,
     }
 }
 

@@ -95,10 +95,14 @@ fn the_command_offers_exactly_list_show_build_invoke_and_publish_each_with_help(
         .collect();
     assert_eq!(
         commands,
-        ["list", "show", "build", "invoke", "publish", "help"],
+        [
+            "list", "show", "build", "invoke", "publish", "releases", "prune", "help"
+        ],
         "{text}"
     );
-    for sub in ["list", "show", "build", "invoke", "publish"] {
+    for sub in [
+        "list", "show", "build", "invoke", "publish", "releases", "prune",
+    ] {
         let out = hostd(tmp.path(), &["runnable", sub, "--help"]);
         assert!(out.status.success(), "{sub} --help");
         let t = stdout(&out);
@@ -450,4 +454,150 @@ fn a_published_package_runs_on_a_host_without_the_workspace_and_a_tampered_one_i
         "a tampered package must stop the Host:\n{log}"
     );
     assert!(log.contains("integrity"), "{log}");
+}
+
+fn releases_json(ws: &Ws) -> Vec<(String, String)> {
+    let out = ws.run(&["releases", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    json(&out)
+        .as_array()
+        .expect("an array")
+        .iter()
+        .map(|r| {
+            (
+                r["identity"].as_str().unwrap_or_default().to_owned(),
+                r["state"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn releases_says_how_each_recorded_release_stands_and_prune_clears_the_way_to_rebuild() {
+    let ws = Ws::new();
+    ws.shell("wc", "wc", "1.0.0", "5s", OK);
+    ws.shell("old", "old", "1.0.0", "5s", OK);
+    for name in ["wc", "old"] {
+        let out = ws.run(&["build", name]);
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    assert_eq!(
+        releases_json(&ws),
+        [
+            ("shop/old@1.0.0".into(), "current".into()),
+            ("shop/wc@1.0.0".into(), "current".into())
+        ]
+    );
+    // Edit wc's handler under the same version, and remove old's folder.
+    ws.shell("wc", "wc", "1.0.0", "5s", &format!("# edited\n{OK}"));
+    std::fs::remove_dir_all(ws.root.join("runnables/old")).unwrap();
+    assert_eq!(
+        releases_json(&ws),
+        [
+            ("shop/old@1.0.0".into(), "orphan".into()),
+            ("shop/wc@1.0.0".into(), "changed".into())
+        ]
+    );
+    let conflict = ws.run(&["build", "wc"]);
+    assert_eq!(conflict.status.code(), Some(1));
+    assert!(
+        stderr(&conflict).contains("[conflict]"),
+        "{}",
+        stderr(&conflict)
+    );
+
+    // A dry run removes nothing; a plain prune removes both stale releases, and says so.
+    let dry = ws.run(&["prune", "--dry-run", "--data-dir", "no-such-data"]);
+    assert!(dry.status.success(), "{}", stderr(&dry));
+    assert!(
+        stdout(&dry).contains("would remove wc@1.0.0"),
+        "{}",
+        stdout(&dry)
+    );
+    assert_eq!(releases_json(&ws).len(), 2);
+    let pruned = ws.run(&["prune", "--data-dir", "no-such-data"]);
+    assert!(pruned.status.success(), "{}", stderr(&pruned));
+    assert!(
+        stdout(&pruned).contains("removed old@1.0.0"),
+        "{}",
+        stdout(&pruned)
+    );
+    assert!(
+        stdout(&pruned).contains("removed wc@1.0.0"),
+        "{}",
+        stdout(&pruned)
+    );
+    assert!(
+        !ws._tmp.path().join("no-such-data").exists(),
+        "prune must not create a data folder or a store"
+    );
+    let rebuilt = ws.run(&["build", "wc"]);
+    assert!(rebuilt.status.success(), "{}", stderr(&rebuilt));
+    assert_eq!(
+        releases_json(&ws),
+        [("shop/wc@1.0.0".into(), "current".into())]
+    );
+    // A name that matches nothing is refused, and nothing is removed.
+    let unknown = ws.run(&["prune", "nope", "--data-dir", "no-such-data"]);
+    assert_eq!(unknown.status.code(), Some(1));
+    assert!(
+        stderr(&unknown).contains("[not_found]"),
+        "{}",
+        stderr(&unknown)
+    );
+    assert_eq!(releases_json(&ws).len(), 1);
+}
+
+#[test]
+fn prune_keeps_a_release_a_live_run_is_pinned_to_and_names_the_run() {
+    let ws = Ws::new();
+    ws.shell("wc", "wc", "1.0.0", "5s", OK);
+    ws.shell("other", "other", "1.0.0", "5s", OK);
+    let built = json(&ws.run(&["build", "wc", "--json"]));
+    let digest = built["digest"].as_str().expect("a digest").to_owned();
+    assert!(ws.run(&["build", "other"]).status.success());
+    let data = ws._tmp.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let url = format!("sqlite://{}", data.join("host.db").display());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let store = sessionstore::Store::open(sessionstore::StoreOptions::new(url))
+            .await
+            .expect("store");
+        store
+            .create_run(sessionstore::runs::NewRun {
+                run_id: sessionstore::RunId::new("run-pinned-1").unwrap(),
+                tenant: sessionstore::TenantId::new("local").unwrap(),
+                source: "steps: []\n".into(),
+                input: "{}".into(),
+                holder: "host-a/attempt-1".into(),
+                fencing_token: "token-1".into(),
+                lease: Duration::from_secs(600),
+                idempotency_key: None,
+                pins: vec![sessionstore::runs::RunPin {
+                    identity: "shop/wc@1.0.0".into(),
+                    digest: digest.clone(),
+                }],
+            })
+            .await
+            .expect("a live run pinned to wc");
+        store.close().await;
+    });
+    let data_arg = data.to_string_lossy().into_owned();
+    let out = ws.run(&["prune", "--all", "--data-dir", &data_arg]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("removed other@1.0.0"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(
+        stderr(&out).contains("[pinned] kept wc@1.0.0") && stderr(&out).contains("run-pinned-1"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(
+        releases_json(&ws),
+        [("shop/wc@1.0.0".into(), "current".into())]
+    );
 }

@@ -27,6 +27,7 @@ pub mod invoke;
 pub mod outcome;
 pub mod package;
 pub mod projection;
+pub mod recorded;
 pub mod release;
 pub mod runner;
 pub mod schema;

@@ -831,6 +831,37 @@ pub(crate) async fn pins<C: Conn>(tx: &mut SqlTx<C>, run_id: &RunId) -> StoreRes
     .collect()
 }
 
+/// The runs still alive (`running` or `needs_attention`) pinned to a release of `identity`,
+/// with the digest each is pinned to, by run id, at most `limit`.
+pub(crate) async fn live_pins_of<C: Conn>(
+    tx: &mut SqlTx<C>,
+    identity: &str,
+    limit: u64,
+) -> StoreResult<Vec<(RunId, RunPin)>> {
+    rows(
+        tx,
+        "SELECT p.run_id, p.identity, p.digest FROM run_pins p \
+         JOIN run_status s ON s.run_id = p.run_id \
+         WHERE p.identity = $1 AND s.state IN ('running', 'needs_attention') \
+         ORDER BY p.run_id LIMIT $2",
+        vec![text(identity), int(limit)],
+        "run_pin",
+    )
+    .await?
+    .iter()
+    .map(|r| {
+        let run = RunId::new(r.text(0)?).map_err(|e| bad("run_pin", e))?;
+        Ok((
+            run,
+            RunPin {
+                identity: r.text(1)?,
+                digest: r.text(2)?,
+            },
+        ))
+    })
+    .collect()
+}
+
 /// Pins a run recorded before pinning existed, under the driver's fence: the first pinning
 /// stands (a run that has pins keeps them, and they are returned unchanged).
 pub(crate) async fn pin<C: Conn>(

@@ -1236,6 +1236,19 @@ impl Store {
         read_op!(self, |tx| crate::runs::pins(tx, &r))
     }
 
+    /// The live runs (`running` or `needs_attention`, every tenant) pinned to a release of
+    /// `identity` (`workspace/name@version`), with each one's digest; at most `limit`. What a
+    /// prune of recorded releases must leave alone.
+    pub async fn live_runs_pinned_to(
+        &self,
+        identity: &str,
+        limit: usize,
+    ) -> StoreResult<Vec<(RunId, crate::runs::RunPin)>> {
+        let limit = limit.min(crate::limits::MAX_PAGE) as u64;
+        let identity = identity.to_owned();
+        read_op!(self, |tx| crate::runs::live_pins_of(tx, &identity, limit))
+    }
+
     /// Pins a run recorded before pinning existed, under the driver's fence (`claim_lost`
     /// when it is stale). Create-only: a run that has pins keeps them, and they are returned.
     pub async fn pin_run(

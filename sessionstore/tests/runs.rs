@@ -541,6 +541,54 @@ mod cases {
         assert_eq!(ids, ["run-b"]);
     }
 
+    /// What a prune of recorded releases asks: the live runs (running or needing attention)
+    /// pinned to an identity, with their digests; a finished run pins nothing any more.
+    pub async fn only_live_runs_count_as_pinned_to_a_release(ts: &TestStore) {
+        for (id, digit) in [("run-1", 'a'), ("run-2", 'b'), ("run-3", 'a')] {
+            let mut r = new_run(id, None);
+            r.pins = vec![pin("shop/wc@1.0.0", digit), pin("shop/other@1.0.0", 'c')];
+            ts.store.create_run(r).await.unwrap();
+        }
+        let finished = ts
+            .store
+            .run_status(Some(&tenant("acme")), &RunId::new("run-3").unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+        ts.store
+            .end_run(&finished.fence(), RunEnd::Completed)
+            .await
+            .unwrap();
+        let live = ts
+            .store
+            .live_runs_pinned_to("shop/wc@1.0.0", 10)
+            .await
+            .unwrap();
+        let got: Vec<(&str, &str)> = live
+            .iter()
+            .map(|(run, p)| (run.as_str(), p.digest.as_str()))
+            .collect();
+        let a = format!("sha256:{}", "a".repeat(64));
+        let b = format!("sha256:{}", "b".repeat(64));
+        assert_eq!(got, [("run-1", a.as_str()), ("run-2", b.as_str())]);
+        assert!(
+            ts.store
+                .live_runs_pinned_to("shop/nothing@1.0.0", 10)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(
+            ts.store
+                .live_runs_pinned_to("shop/wc@1.0.0", 1)
+                .await
+                .unwrap()
+                .len(),
+            1,
+            "the limit holds"
+        );
+    }
+
     pub async fn a_run_is_recorded_with_the_releases_it_is_pinned_to(ts: &TestStore) {
         let mut r = new_run("run-1", None);
         r.pins = vec![pin("shop/b@1.0.0", 'b'), pin("shop/a@2.0.0", 'a')];
@@ -705,6 +753,7 @@ mod cases {
 }
 
 sessionstore::both_backends!(cases =>
+    only_live_runs_count_as_pinned_to_a_release,
     a_run_is_recorded_with_its_exact_program_and_a_first_status_at_epoch_one,
     a_start_retried_with_its_idempotency_key_returns_the_first_run,
     another_tenants_run_reads_exactly_like_an_unknown_one,
