@@ -3,7 +3,9 @@
 //! sign of work, and a refused runtime release is taken back (the session is an ordinary
 //! resident again). A drain stops admitting at once, then releases every resident session
 //! within the grace: gracefully when idle, otherwise crash-equivalently (abandoned: nothing
-//! written, the journal lease released, an open gate left answerable for a successor).
+//! written, the journal lease released, an open gate left answerable for a successor). A
+//! session parked at an open gate is abandoned at once, without waiting for idle, and is not
+//! a failure: only a turn still running past the idle bound is.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -35,8 +37,9 @@ pub struct DrainReport {
     /// a parked session or a lease it could not release stays `Draining` (withheld).
     pub state: DrainState,
     pub released: Vec<SessionKey>,
-    /// Sessions stopped crash-equivalently (not idle: parked at a gate or mid-turn). Each is
-    /// also a failed `release_runtime` step: the graceful release was refused.
+    /// Sessions stopped crash-equivalently: parked at an open gate (at once, and not a
+    /// failure), or mid-turn past the idle bound (also a failed `release_runtime` step: the
+    /// graceful release was refused).
     pub abandoned: Vec<SessionKey>,
     /// Sessions whose runtime could be neither released nor abandoned: the process must exit.
     pub parked: Vec<SessionKey>,
@@ -357,13 +360,24 @@ async fn drain_session(ctx: SessionCtx, deadline: Instant, report: &std::sync::M
     if let Err(e) = mark(&ctx, ResidencyState::Releasing).await {
         fail(steps::MARK_RELEASING, e);
     }
-    let bound = config.idle_boundary.min(remaining(deadline));
-    let idle = department::wait_idle(r.runtime.idle.as_ref(), bound).await;
+    // Parked at an open gate: it cannot become idle until a human answers, and a draining Host
+    // applies no answer, so waiting would only spend the grace. It is given up at once,
+    // crash-equivalently (the gate stays open and answerable on the successor), and that is
+    // the expected end of a gated session, not a failure.
+    let gated = r.gates_open.load(Ordering::SeqCst) > 0;
+    let idle = if gated {
+        false
+    } else {
+        let bound = config.idle_boundary.min(remaining(deadline));
+        department::wait_idle(r.runtime.idle.as_ref(), bound).await
+    };
     if let Err(e) = checkpoint(&ctx, ResidencyState::Releasing).await {
         fail(steps::CHECKPOINT, e);
     }
     let mut outcome = None;
-    if idle {
+    if gated {
+        tracing::info!(tenant = %key.tenant, session = %key.session, epoch = r.epoch.0, host_generation = generation, "parked at an open gate: abandoned at once, the gate stays answerable on the next Host");
+    } else if idle {
         match tokio::time::timeout(remaining(deadline), r.runtime.release.release()).await {
             Ok(Ok(())) => outcome = Some(Outcome::Released),
             Ok(Err(e)) => fail(steps::RELEASE_RUNTIME, e.to_string()),

@@ -290,6 +290,36 @@ mod cases {
         assert!(!s.service.live(), "healthz is false once stop completed");
     }
 
+    /// A first message whose reply streams for minutes (the scripted model's `/slow`).
+    fn slow_turn() -> String {
+        format!("/slow 50 {}", vec!["w"; 4000].join(" "))
+    }
+
+    /// Waits until the session's turn has begun (its public journal holds the user message
+    /// the turn answers).
+    async fn turn_running(f: &Factory, session: &SessionId) {
+        eventually("the turn to begin", async || {
+            let page = f.journal(session, 0, None, 100).await.unwrap();
+            let started = page
+                .events
+                .iter()
+                .any(|e| String::from_utf8_lossy(&e.body).contains("\"user_message\""));
+            check(started, || {
+                format!(
+                    "{:?}",
+                    page.events
+                        .iter()
+                        .map(|e| String::from_utf8_lossy(&e.body)
+                            .chars()
+                            .take(120)
+                            .collect::<String>())
+                        .collect::<Vec<_>>()
+                )
+            })
+        })
+        .await;
+    }
+
     /// From the instant a drain begins the Host admits nothing: a new link is refused 503
     /// before its upgrade, an attach on an open link answers `not_admitting` (never
     /// `accepting: true`, not even for a session still resident), and a bind is refused.
@@ -299,15 +329,12 @@ mod cases {
         })
         .await;
         let f = factory(ts, &s, "acme");
-        // A session parked at a gate keeps the drain busy for the idle boundary.
-        let session = sid("gated");
-        create(&f, &session, Some("/tool launch_rocket {}".into()), "c").await;
+        // A turn still running keeps the drain busy for the idle boundary (a session parked
+        // at a gate would be given up at once).
+        let session = sid("busy");
+        create(&f, &session, Some(slow_turn()), "c").await;
         let placed = f.place(&session).await.unwrap();
-        eventually("a gate to open", async || {
-            let gates = f.gates(&session).await.unwrap();
-            check(!gates.is_empty(), || "none".into())
-        })
-        .await;
+        turn_running(&f, &session).await;
         let o = &placed.observation;
         let attach = AttachRequest {
             version: V1,
@@ -381,16 +408,12 @@ mod cases {
         assert_eq!(code, 200);
         let v: Value = serde_json::from_str(&body).unwrap();
         assert_eq!(v, serde_json::json!({"ready": true, "reasons": []}));
-        // A session parked at a gate keeps the drain busy.
+        // A turn still running keeps the drain busy.
         let f = factory(ts, &s, "acme");
-        let session = sid("gated");
-        create(&f, &session, Some("/tool launch_rocket {}".into()), "c").await;
+        let session = sid("busy");
+        create(&f, &session, Some(slow_turn()), "c").await;
         f.place(&session).await.unwrap();
-        eventually("a gate to open", async || {
-            let gates = f.gates(&session).await.unwrap();
-            check(!gates.is_empty(), || "none".into())
-        })
-        .await;
+        turn_running(&f, &session).await;
         s.server.shutdown();
         let body = eventually("readyz to give the drain as its reason", async || {
             let (code, body) = get_with(&s.http("/readyz"), &json).await;
