@@ -7,10 +7,10 @@
 //! This module owns the stop order, all of it. At the stop's first instant (SIGTERM) nothing
 //! new is taken: new links get 503, `/readyz` answers 503 `draining`, attaches and binds are
 //! refused `not_admitting`, and every extension refuses new work (`run.start`/`run.resume`
-//! answer `not_admitting`). Then the reconciler stops placing (and gives its leadership back);
-//! the session drain and the extensions' stops (run drivers: a step in flight may finish
-//! within the grace, is stopped crash-equivalently then, nothing written) run together under
-//! the same deadlines while the listener still serves (so `drain_status` stays readable);
+//! answer `not_admitting`). Then the session drain, the extensions' stops (run drivers: a
+//! step in flight may finish within the grace, is stopped crash-equivalently then, nothing
+//! written) and the reconciler's (it stops placing and gives its leadership back) run together
+//! under the same deadlines while the listener still serves (so `drain_status` stays readable);
 //! then the listener stops accepting, every WebSocket task is closed and waited for
 //! (transports close last), and the Service stops and closes the store. The whole stop ends
 //! within `drain_grace + 2 × idle_boundary`. `/healthz` stays 200 until that stop completes.
@@ -173,7 +173,7 @@ impl HostBuilder {
     }
 
     /// Runs the fleet reconciler with `options` beside this Host, holding its leadership
-    /// as this Host; it stops placing before anything else stops.
+    /// as this Host; it stops placing when the Host stops, beside the drain.
     pub fn reconciler(mut self, options: fleet::ReconcilerOptions) -> HostBuilder {
         self.reconciler = Some(options);
         self
@@ -292,21 +292,33 @@ async fn stop_in_order(mut p: StopParts) -> DrainReport {
     stop_taking_new_work(&p.service, &p.extensions);
     let idle_boundary = p.service.config().idle_boundary;
     let drain_grace = p.service.config().drain_grace;
-    // Stop placing (and give the leadership back) before the sessions are given back.
-    if let Some((stop, task)) = p.placing.take() {
-        stop.cancel();
-        let _ = task.await;
-    }
-    tracing::info!("stopping: draining sessions and stopping extensions while the listener still serves");
-    // The extensions share the drain's deadlines (see `release::drain`): graceful until the
-    // grace, everything ended by grace + 1.5 idle boundaries.
+    tracing::info!(
+        "stopping: draining sessions, stopping extensions and placement while the listener still serves"
+    );
+    // Everything below starts now and shares the drain's deadlines (see `release::drain`):
+    // graceful until the grace, ended by grace + 1.5 idle boundaries. Nothing waits for
+    // another part to stop first, so no part's slowness moves the others' deadlines.
     let begun = tokio::time::Instant::now();
     let bounds = StopBounds {
         graceful: begun + drain_grace,
         cut: begun + drain_grace + idle_boundary + idle_boundary / 2,
     };
+    // Placement stops (and gives the leadership back, so another Host's reconciler places
+    // the sessions given back here); a pass in flight finishes, within the cut.
+    let placing = async {
+        if let Some((stop, mut task)) = p.placing.take() {
+            stop.cancel();
+            if tokio::time::timeout_at(bounds.cut, &mut task)
+                .await
+                .is_err()
+            {
+                task.abort();
+                tracing::warn!("the fleet reconciler did not stop within the stop bound; aborted");
+            }
+        }
+    };
     let extensions = futures::future::join_all(p.extensions.iter().map(|e| e.shutdown(bounds)));
-    let (drained, _) = tokio::join!(p.service.drain(), extensions);
+    let (drained, _, _) = tokio::join!(p.service.drain(), extensions, placing);
     // The tail after the drain is bounded as a whole: links and listener get half of it, the
     // Service's stop (tasks, then the store) the rest.
     let tail = crate::release::stop_tail(idle_boundary);

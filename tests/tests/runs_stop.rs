@@ -61,6 +61,20 @@ fn nap_workspace(dir: &Path) -> (PathBuf, PathBuf) {
     (ws, pid)
 }
 
+/// Kills the napping handler if a failed check left it running (a passing stop has already).
+struct Reap(i32);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        if alive(self.0) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.0),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
 fn alive(pid: i32) -> bool {
     // A zombie is not alive: it has stopped, only its reaping is pending.
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
@@ -123,6 +137,7 @@ async fn stop_mid_invoke(mut host: Serve, token: &str, pid_file: &Path) -> Stopp
             .ok_or_else(|| format!("no pid yet\n{}", host.log_text()))
     })
     .await;
+    let _reap = Reap(pid);
     assert!(alive(pid));
 
     let signalled = Instant::now();
@@ -225,7 +240,11 @@ fn check_taken_over(dir: &Path, c: &Client, run: &str) {
         .iter()
         .filter(|e| e["step"] == "nap")
         .collect();
-    assert_eq!(nap.len(), 1, "nothing was recorded by the stopped Host: {done}");
+    assert_eq!(
+        nap.len(),
+        1,
+        "nothing was recorded by the stopped Host: {done}"
+    );
     assert_eq!(nap[0]["entry"], "result", "{done}");
     assert_eq!(nap[0]["epoch"], 2, "{done}");
     assert_eq!(nap[0]["body"]["output"]["napped"], false, "{done}");
