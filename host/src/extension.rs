@@ -1,15 +1,24 @@
 //! What a Host hosts beside its sessions (workflow runs, for one): an [`Extension`] answers
 //! HostLink methods of its own family under a capability token it advertises, may serve the
-//! live events of its runs, is booted when the Host begins serving and is stopped first in the
-//! Host's stop order ([`crate::HostBuilder`] owns that order). This module only declares the
-//! seam; it must never know what an extension does.
-
-use std::time::Duration;
+//! live events of its runs, is booted when the Host begins serving, told at the stop's first
+//! instant to take nothing new, and stopped beside the session drain under the drain's own
+//! deadlines ([`crate::HostBuilder`] owns that order). This module only declares the seam; it
+//! must never know what an extension does.
 
 use async_trait::async_trait;
 use hostlink_server::backend::{ExtensionReply, RunEvents};
 use serde_json::value::RawValue;
 use sessionstore::{RunId, TenantId};
+use tokio::time::Instant;
+
+/// The deadlines an extension's stop shares with the session drain: work in flight may finish
+/// until `graceful` (the drain grace), is stopped crash-equivalently then, and everything has
+/// ended by `cut` (the grace and one and a half idle boundaries, as a session's drain).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StopBounds {
+    pub graceful: Instant,
+    pub cut: Instant,
+}
 
 /// A family of HostLink methods served by something the Host hosts.
 ///
@@ -38,7 +47,11 @@ pub trait Extension: Send + Sync + 'static {
     /// Starts the extension's own work; called once, when the Host begins serving.
     fn boot(&self) {}
 
-    /// Stops the extension's work, within `bound`; called first when the Host stops, while
-    /// the listener still serves.
-    async fn shutdown(&self, bound: Duration);
+    /// Takes nothing new from this instant (new work is refused with a stable code); called
+    /// at the stop's first instant, before anything waits. Must not block.
+    fn begin_stop(&self) {}
+
+    /// Stops the extension's work within `bounds`; called when the Host stops, concurrently
+    /// with the session drain, while the listener still serves.
+    async fn shutdown(&self, bounds: StopBounds);
 }

@@ -31,7 +31,7 @@ mod upkeep;
 
 pub use attach::AttachRequest;
 pub use error::HostError;
-pub use extension::Extension;
+pub use extension::{Extension, StopBounds};
 pub use link_backend::{CAPABILITIES, HostBackend};
 pub use options::{Config, IsolationClass, Options, OptionsCode, OptionsError};
 pub use publisher::default_timeout;

@@ -486,7 +486,8 @@ fn whole_host_failure(report: &std::sync::Mutex<DrainReport>, step: &'static str
 /// withdrawn, every resident session released within the grace. Calling it again returns the
 /// first drain's report once it finishes.
 pub(crate) async fn drain(host: &Arc<Residency>, once: &DrainOnce) -> DrainReport {
-    if !host.begin_drain() {
+    host.begin_drain();
+    if !host.claim_drain() {
         return once.wait().await;
     }
     let config = host.config();

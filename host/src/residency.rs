@@ -151,6 +151,8 @@ pub(crate) struct Residency {
     started: AtomicBool,
     disposed: AtomicBool,
     draining: AtomicBool,
+    /// Set by the one caller that runs the drain (others wait for its report).
+    drain_claimed: AtomicBool,
     live: AtomicBool,
     residents: Mutex<HashMap<SessionKey, Arc<Resident>>>,
     admission: Mutex<Admission>,
@@ -176,6 +178,7 @@ impl Residency {
             started: AtomicBool::new(false),
             disposed: AtomicBool::new(false),
             draining: AtomicBool::new(false),
+            drain_claimed: AtomicBool::new(false),
             live: AtomicBool::new(true),
             residents: Mutex::new(HashMap::new()),
             admission: Mutex::new(admission),
@@ -238,13 +241,20 @@ impl Residency {
         self.started.store(true, Ordering::SeqCst);
     }
 
-    /// Begins the drain: admission off at once. False when a drain had already begun.
+    /// Begins the drain: admission off (and `/readyz` draining) at once. False when a drain
+    /// had already begun. Running the drain is claimed apart ([`Residency::claim_drain`]), so
+    /// a stop can stop admitting at its first instant and drain a little later.
     pub fn begin_drain(&self) -> bool {
         if self.draining.swap(true, Ordering::SeqCst) {
             return false;
         }
         lock(&self.admission).set_accepting(false);
         true
+    }
+
+    /// Claims running the drain: true for the first caller only.
+    pub fn claim_drain(&self) -> bool {
+        !self.drain_claimed.swap(true, Ordering::SeqCst)
     }
 
     /// Stops every task, closes the store last and turns `/healthz` false, all within

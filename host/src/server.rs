@@ -4,13 +4,17 @@
 //! fleet reconciler), and [`HostBuilder::serve`] puts HostLink (`/hostlink/{tenant}`),
 //! `/readyz`, `/healthz` and `/metrics` on a single axum server with `TCP_NODELAY`.
 //!
-//! This module owns the stop order, all of it: the reconciler stops placing (and gives its
-//! leadership back) first; the extensions stop (run drivers crash-equivalently, nothing
-//! written); the drain runs while the listener still serves (so `drain_status` stays readable
-//! and `/readyz` answers 503 from its first instant); then the listener stops accepting, every
-//! WebSocket task is closed and waited for (transports close last), and the Service stops and
-//! closes the store. `/healthz` stays 200 until that stop completes. Nobody else stops any of
-//! these parts.
+//! This module owns the stop order, all of it. At the stop's first instant (SIGTERM) nothing
+//! new is taken: new links get 503, `/readyz` answers 503 `draining`, attaches and binds are
+//! refused `not_admitting`, and every extension refuses new work (`run.start`/`run.resume`
+//! answer `not_admitting`). Then the session drain, the extensions' stops (run drivers: a
+//! step in flight may finish within the grace, is stopped crash-equivalently then, nothing
+//! written) and the reconciler's (it stops placing and gives its leadership back) run together
+//! under the same deadlines while the listener still serves (so `drain_status` stays readable);
+//! then the listener stops accepting, every WebSocket task is closed and waited for
+//! (transports close last), and the Service stops and closes the store. The whole stop ends
+//! within `drain_grace + 2 × idle_boundary`. `/healthz` stays 200 until that stop completes.
+//! Nobody else stops any of these parts.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -28,7 +32,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::extension::Extension;
+use crate::extension::{Extension, StopBounds};
 use crate::link_backend::HostBackend;
 use crate::listener::ListenerOptions;
 use crate::release::{DrainFailure, DrainReport, steps};
@@ -103,6 +107,7 @@ pub struct Host {
     trigger: watch::Sender<bool>,
     task: JoinHandle<DrainReport>,
     links: HostLinkHandle,
+    extensions: Vec<Arc<dyn Extension>>,
 }
 
 impl std::fmt::Debug for Host {
@@ -153,7 +158,8 @@ impl HostBuilder {
     }
 
     /// Hosts `extension`: its methods are served over HostLink, its capability advertised, it
-    /// is booted when the Host serves and stopped first when the Host stops.
+    /// is booted when the Host serves, refuses new work from the stop's first instant and is
+    /// stopped beside the session drain.
     pub fn extension(mut self, extension: Arc<dyn Extension>) -> HostBuilder {
         self.extensions.push(extension);
         self
@@ -167,7 +173,7 @@ impl HostBuilder {
     }
 
     /// Runs the fleet reconciler with `options` beside this Host, holding its leadership
-    /// as this Host; it stops placing before anything else stops.
+    /// as this Host; it stops placing when the Host stops, beside the drain.
     pub fn reconciler(mut self, options: fleet::ReconcilerOptions) -> HostBuilder {
         self.reconciler = Some(options);
         self
@@ -251,7 +257,7 @@ impl HostBuilder {
             triggered,
             service: service.clone(),
             placing,
-            extensions,
+            extensions: extensions.clone(),
             listener_stop,
             server,
             links: links.clone(),
@@ -262,6 +268,7 @@ impl HostBuilder {
             trigger,
             task,
             links,
+            extensions,
         })
     }
 }
@@ -280,18 +287,38 @@ struct StopParts {
 /// The Host's whole stop, once triggered. The one place that orders it.
 async fn stop_in_order(mut p: StopParts) -> DrainReport {
     let _ = p.triggered.wait_for(|t| *t).await;
+    // `Host::shutdown` already did this at the trigger; repeated (idempotent) so the order
+    // holds whoever triggered.
+    stop_taking_new_work(&p.service, &p.extensions);
     let idle_boundary = p.service.config().idle_boundary;
-    // Stop placing (and give the leadership back) before this Host stops admitting.
-    if let Some((stop, task)) = p.placing.take() {
-        stop.cancel();
-        let _ = task.await;
-    }
-    tracing::info!("stopping: draining while the listener still serves");
-    for e in &p.extensions {
-        // Run drivers stop crash-equivalently (nothing written) before the store closes.
-        e.shutdown(idle_boundary).await;
-    }
-    let drained = p.service.drain().await;
+    let drain_grace = p.service.config().drain_grace;
+    tracing::info!(
+        "stopping: draining sessions, stopping extensions and placement while the listener still serves"
+    );
+    // Everything below starts now and shares the drain's deadlines (see `release::drain`):
+    // graceful until the grace, ended by grace + 1.5 idle boundaries. Nothing waits for
+    // another part to stop first, so no part's slowness moves the others' deadlines.
+    let begun = tokio::time::Instant::now();
+    let bounds = StopBounds {
+        graceful: begun + drain_grace,
+        cut: begun + drain_grace + idle_boundary + idle_boundary / 2,
+    };
+    // Placement stops (and gives the leadership back, so another Host's reconciler places
+    // the sessions given back here); a pass in flight finishes, within the cut.
+    let placing = async {
+        if let Some((stop, mut task)) = p.placing.take() {
+            stop.cancel();
+            if tokio::time::timeout_at(bounds.cut, &mut task)
+                .await
+                .is_err()
+            {
+                task.abort();
+                tracing::warn!("the fleet reconciler did not stop within the stop bound; aborted");
+            }
+        }
+    };
+    let extensions = futures::future::join_all(p.extensions.iter().map(|e| e.shutdown(bounds)));
+    let (drained, _, _) = tokio::join!(p.service.drain(), extensions, placing);
     // The tail after the drain is bounded as a whole: links and listener get half of it, the
     // Service's stop (tasks, then the store) the rest.
     let tail = crate::release::stop_tail(idle_boundary);
@@ -319,6 +346,15 @@ async fn stop_in_order(mut p: StopParts) -> DrainReport {
     report
 }
 
+/// The stop's first instant: the Service admits nothing and every extension refuses new
+/// work. Neither waits.
+fn stop_taking_new_work(service: &Service, extensions: &[Arc<dyn Extension>]) {
+    service.stop_admitting();
+    for e in extensions {
+        e.begin_stop();
+    }
+}
+
 impl Host {
     /// The address the listener is bound to.
     pub fn local_addr(&self) -> SocketAddr {
@@ -335,10 +371,12 @@ impl Host {
         &self.links
     }
 
-    /// Begins the stop (what SIGTERM does): new links are refused from this instant, then
-    /// the stop runs in its order. Idempotent.
+    /// Begins the stop (what SIGTERM does): from this instant new links are refused, `/readyz`
+    /// answers 503 `draining`, and nothing new is admitted (sessions nor extension work);
+    /// then the stop runs in its order. Idempotent.
     pub fn shutdown(&self) {
         self.links.refuse_new_links();
+        stop_taking_new_work(&self.service, &self.extensions);
         let _ = self.trigger.send(true);
     }
 

@@ -365,6 +365,18 @@ impl Service {
         self.live_feed(tenant, session).map(|(_, rx)| rx)
     }
 
+    /// Stops admitting from this instant, without draining yet: `/readyz` answers 503
+    /// `draining`, attaches and binds are refused `not_admitting`. [`Service::drain`] (which
+    /// does this too) gives the sessions back. Idempotent.
+    pub fn stop_admitting(&self) {
+        if self.host().begin_drain() {
+            tracing::info!(
+                host_generation = self.generation(),
+                "draining: admitting nothing from now on"
+            );
+        }
+    }
+
     /// Drains the whole Host (what SIGTERM does): admission off at once, advertisement
     /// withdrawn, every resident session released within the grace. Calling it again returns
     /// the first drain's report once it finishes.

@@ -9,7 +9,10 @@
 //! A holder is `<host id>/<attempt id>`: each attempt has its own, so a late write of an old
 //! attempt cannot pass for a new one (the store fences by token anyway). A drain stops every
 //! driver crash-equivalently: nothing is written, the run stays `running` under the old
-//! holder, and the next Host takes it back under epoch + 1.
+//! holder, and the next Host takes it back under epoch + 1. A Host's stop comes in two
+//! halves: from its first instant no run is started, resumed or taken, and no driver begins a
+//! new step ([`RunHost::begin_stop`]); a step in flight may finish until the drain grace, and
+//! is stopped then (its handler stopped, nothing written for it) ([`RunHost::stop_by`]).
 //!
 //! A run is pinned when it starts: every release its program invokes is resolved in this
 //! Host's workspace, published to the store when it is not there yet, and recorded with the
@@ -118,6 +121,7 @@ pub struct RunHosting {
 struct Active {
     wake: Arc<Notify>,
     stop: CancellationToken,
+    halt: CancellationToken,
 }
 
 struct Inner {
@@ -134,7 +138,10 @@ struct Inner {
     active: Mutex<HashMap<RunId, Active>>,
     /// Every step event of the runs this Host drives; a subscription keeps its run's.
     events: broadcast::Sender<RunEvent>,
+    /// Cancelled at the stop's first instant: no new run, takeover or step.
     stop: CancellationToken,
+    /// Cancelled at the stop's graceful deadline: steps in flight are stopped too.
+    halt: CancellationToken,
     tracker: TaskTracker,
     /// A test seam: the boot reconcile waits this long first.
     reconcile_delay: Mutex<Duration>,
@@ -267,6 +274,14 @@ impl Inner {
         recorded: bool,
     ) -> Result<(Slot, Arc<Notify>), RunRefusal> {
         let mut active = lock(&self.active);
+        // Checked under the lock the stop's wait reads the drivers from: a run claimed after
+        // the stop began would escape it.
+        if self.draining.load(Ordering::SeqCst) {
+            return Err(refused(
+                refusal_codes::NOT_ADMITTING,
+                format!("this Host is draining; drive run {run} on another Host"),
+            ));
+        }
         if active.contains_key(run) {
             return Err(refused(
                 refusal_codes::CONFLICT,
@@ -290,6 +305,7 @@ impl Inner {
             Active {
                 wake: wake.clone(),
                 stop: self.stop.child_token(),
+                halt: self.halt.child_token(),
             },
         );
         drop(active);
@@ -322,10 +338,10 @@ impl Inner {
 
     /// Drives a run this Host now holds, on a task that owns the slot.
     fn launch(self: &Arc<Self>, status: RunStatus, slot: Slot, wake: Arc<Notify>) {
-        let stop = lock(&self.active)
+        let (stop, halt) = lock(&self.active)
             .get(&status.run_id)
-            .map(|a| a.stop.clone())
-            .unwrap_or_else(|| self.stop.child_token());
+            .map(|a| (a.stop.clone(), a.halt.clone()))
+            .unwrap_or_else(|| (self.stop.child_token(), self.halt.child_token()));
         let driver = self.driver();
         let inner = self.clone();
         self.tracker.spawn(async move {
@@ -333,7 +349,7 @@ impl Inner {
             let run = status.run_id.clone();
             let tenant = status.tenant.clone();
             let epoch = status.epoch;
-            let end = driver.drive(status, wake, stop).await;
+            let end = driver.drive_until(status, wake, stop, halt).await;
             let label = match &end {
                 Ok(DriveEnd::Completed) => "completed",
                 Ok(DriveEnd::Failed { .. }) => "failed",
@@ -471,6 +487,7 @@ impl RunHost {
                 active: Mutex::new(HashMap::new()),
                 events: broadcast::channel(1024).0,
                 stop: CancellationToken::new(),
+                halt: CancellationToken::new(),
                 tracker: TaskTracker::new(),
                 reconcile_delay: Mutex::new(Duration::ZERO),
             }),
@@ -531,18 +548,58 @@ impl RunHost {
         });
     }
 
-    /// Stops every driver crash-equivalently (nothing written) and waits for them, at most
-    /// `within`.
-    pub async fn shutdown(&self, within: Duration) {
-        self.inner.draining.store(true, Ordering::SeqCst);
+    /// The stop's first instant: `run.start` and `run.resume` are refused `not_admitting`
+    /// from now on, no run is taken over, and no driver begins a new step (a sleeping or
+    /// parked driver ends at once; the run stays running for a successor). A step in flight
+    /// goes on. Idempotent; never waits.
+    pub fn begin_stop(&self) {
+        if !self.inner.draining.swap(true, Ordering::SeqCst) {
+            tracing::info!(
+                driving = self.driving(),
+                "run hosting stops: nothing new is started"
+            );
+        }
         self.inner.stop.cancel();
+    }
+
+    /// Stops run hosting beside a drain: [`RunHost::begin_stop`], then steps in flight may
+    /// finish (and record their results) until `graceful`; at `graceful` every driver still
+    /// running is halted crash-equivalently (an invoke's handler is stopped, nothing is
+    /// written for its step, the run stays running under this holder for the next Host), and
+    /// the drivers are waited for until `cut`. A driver still running at `cut` is named and
+    /// left (it writes nothing more for its step).
+    pub async fn stop_by(&self, graceful: tokio::time::Instant, cut: tokio::time::Instant) {
+        self.begin_stop();
         self.inner.tracker.close();
-        if tokio::time::timeout(within, self.inner.tracker.wait())
+        if tokio::time::timeout_at(graceful, self.inner.tracker.wait())
+            .await
+            .is_ok()
+        {
+            return;
+        }
+        let halted: Vec<String> = lock(&self.inner.active)
+            .keys()
+            .map(ToString::to_string)
+            .collect();
+        tracing::info!(runs = ?halted, "drain grace over: halting the run drivers still in a step");
+        self.inner.halt.cancel();
+        if tokio::time::timeout_at(cut, self.inner.tracker.wait())
             .await
             .is_err()
         {
-            tracing::warn!("some run drivers did not stop within the bound");
+            let held: Vec<String> = lock(&self.inner.active)
+                .keys()
+                .map(ToString::to_string)
+                .collect();
+            tracing::warn!(runs = ?held, "some run drivers did not stop within the stop bound");
         }
+    }
+
+    /// Stops every driver crash-equivalently at once (nothing written for a step in flight)
+    /// and waits for them, at most `within`.
+    pub async fn shutdown(&self, within: Duration) {
+        let now = tokio::time::Instant::now();
+        self.stop_by(now, now + within).await;
     }
 
     /// The live step events of every run this Host drives, for a link of `tenant` that

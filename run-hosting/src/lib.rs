@@ -17,7 +17,6 @@ pub mod metrics;
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use hostlink_server::backend::{ExtensionReply, RunEvents};
@@ -104,7 +103,11 @@ impl host::Extension for RunHost {
         RunHost::boot(self);
     }
 
-    async fn shutdown(&self, bound: Duration) {
-        RunHost::shutdown(self, bound).await;
+    fn begin_stop(&self) {
+        RunHost::begin_stop(self);
+    }
+
+    async fn shutdown(&self, bounds: host::StopBounds) {
+        RunHost::stop_by(self, bounds.graceful, bounds.cut).await;
     }
 }

@@ -49,6 +49,53 @@ mod cases {
         }
     }
 
+    /// An invoker whose call ends when the test lets it (succeeded), or when its `cancel`
+    /// fires (cancelled, as `runnable::invoke` ends a handler it stopped), counting both.
+    #[derive(Default)]
+    struct Held {
+        begun: std::sync::atomic::AtomicUsize,
+        cancelled: std::sync::atomic::AtomicUsize,
+        finish: tokio::sync::Notify,
+    }
+
+    #[async_trait]
+    impl Invoker for Held {
+        async fn invoke(&self, call: InvokeCall) -> Result<InvokeDone, String> {
+            use std::sync::atomic::Ordering::SeqCst;
+            self.begun.fetch_add(1, SeqCst);
+            tokio::select! {
+                _ = self.finish.notified() => Ok(InvokeDone {
+                    outcome: OutcomeClass::Succeeded,
+                    output: Some(call.input),
+                    detail: String::new(),
+                }),
+                _ = call.cancel.cancelled() => {
+                    self.cancelled.fetch_add(1, SeqCst);
+                    Ok(InvokeDone {
+                        outcome: OutcomeClass::Cancelled,
+                        output: None,
+                        detail: "stopped".into(),
+                    })
+                }
+            }
+        }
+    }
+
+    fn held_host(store: &Store, id: &str, held: &Arc<Held>) -> RunHost {
+        RunHost::new(RunHosting {
+            store: store.clone(),
+            host_id: HostId::new(id).unwrap(),
+            env: Arc::new(Echo),
+            releases: Arc::new(AsResolved(Arc::new(Echo))),
+            invoker: held.clone(),
+            agents: None,
+            options: options(8, 5000),
+            metrics: None,
+        })
+    }
+
+    const TWO_STEPS: &str = "steps:\n  - name: first\n    invoke: echo@1.0.0\n    input: {n: 1}\n  - name: second\n    invoke: echo@1.0.0\n    input: {n: 2}\n";
+
     const PARKS: &str = "steps:\n  - name: first\n    invoke: echo@1.0.0\n    input: {n: 1}\n  - name: approve\n    ask: ok?\n    answer: {type: boolean}\n  - name: last\n    invoke: echo@1.0.0\n    input: {ok: \"${steps.approve}\"}\n";
     const QUICK: &str =
         "steps:\n  - name: first\n    invoke: echo@1.0.0\n  - name: nap\n    sleep: 0s\n";
@@ -156,6 +203,84 @@ mod cases {
             json!({"version": 1, "run_id": run, "checkpoint": "approve", "value": value}),
         )
         .await
+    }
+
+    pub async fn a_step_in_flight_at_the_stop_finishes_within_the_grace_and_no_new_step_begins(
+        ts: &TestStore,
+    ) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let held = Arc::new(Held::default());
+        let h = held_host(&ts.store, "host-a", &held);
+        h.boot();
+        while !h.ready() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let started = start(&h, TWO_STEPS).await.unwrap();
+        while held.begun.load(SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        h.begin_stop();
+        let refused = call::<RunStarted>(
+            &h,
+            "acme",
+            "run.start",
+            json!({"version": 1, "program": TWO_STEPS}),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(refused.code, "not_admitting");
+        let now = tokio::time::Instant::now();
+        let stopping = h.stop_by(now + Duration::from_secs(30), now + Duration::from_secs(31));
+        let finishing = async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            held.finish.notify_one();
+        };
+        tokio::join!(stopping, finishing);
+        assert!(
+            now.elapsed() < Duration::from_secs(10),
+            "the stop ended when the step did"
+        );
+        assert_eq!(held.begun.load(SeqCst), 1, "the second step never began");
+        assert_eq!(held.cancelled.load(SeqCst), 0);
+        let v = status(&h, "acme", &started.run_id).await.unwrap();
+        assert_eq!(v.state, "running", "{v:?}");
+        let steps: Vec<(&str, &str)> = v
+            .journal
+            .iter()
+            .map(|e| (e.step.as_str(), e.entry.as_str()))
+            .collect();
+        assert_eq!(steps, [("first", "result")], "{v:?}");
+    }
+
+    pub async fn a_step_still_in_flight_at_the_grace_is_halted_and_nothing_is_recorded_for_it(
+        ts: &TestStore,
+    ) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let held = Arc::new(Held::default());
+        let h = held_host(&ts.store, "host-a", &held);
+        h.boot();
+        while !h.ready() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let started = start(&h, TWO_STEPS).await.unwrap();
+        while held.begun.load(SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let now = tokio::time::Instant::now();
+        h.stop_by(
+            now + Duration::from_millis(300),
+            now + Duration::from_secs(30),
+        )
+        .await;
+        assert!(
+            now.elapsed() >= Duration::from_millis(300),
+            "halted at the grace, not before"
+        );
+        assert_eq!(held.cancelled.load(SeqCst), 1, "the call was cancelled");
+        assert_eq!(h.driving(), 0);
+        let v = status(&h, "acme", &started.run_id).await.unwrap();
+        assert_eq!(v.state, "running", "left for a successor: {v:?}");
+        assert!(v.journal.is_empty(), "nothing recorded: {v:?}");
     }
 
     pub async fn a_refused_program_reports_every_problem_and_records_nothing(ts: &TestStore) {
@@ -578,6 +703,8 @@ mod cases {
 }
 
 sessionstore::both_backends!(cases =>
+    a_step_in_flight_at_the_stop_finishes_within_the_grace_and_no_new_step_begins,
+    a_step_still_in_flight_at_the_grace_is_halted_and_nothing_is_recorded_for_it,
     a_refused_program_reports_every_problem_and_records_nothing,
     a_pause_free_run_completes_and_is_listed,
     a_retried_start_with_its_key_returns_the_same_run,

@@ -199,7 +199,11 @@ struct Drive<'a> {
     wake: Arc<Notify>,
     /// Cancelled when the lease renewal is refused (another attempt took the run).
     fenced: CancellationToken,
+    /// Cancelled: begin no new step (a sleep or a parked wait ends the drive too).
     stop: CancellationToken,
+    /// Cancelled: stop the step in flight too (an invoke's handler is stopped, an agent turn
+    /// left), writing nothing for it.
+    halt: CancellationToken,
 }
 
 fn is_fenced(e: &StoreError) -> bool {
@@ -216,6 +220,21 @@ impl Driver {
         wake: Arc<Notify>,
         stop: CancellationToken,
     ) -> Result<DriveEnd, DriveError> {
+        self.drive_until(status, wake, stop, CancellationToken::new())
+            .await
+    }
+
+    /// As [`Driver::drive`], and when `halt` is cancelled the step in flight is stopped too:
+    /// an invoke is cancelled (the invoker stops its handler) and waited for, an agent turn
+    /// is left, and the drive ends [`DriveEnd::Stopped`] with nothing written for that step.
+    /// `stop` alone lets a step in flight finish and record its result.
+    pub async fn drive_until(
+        &self,
+        status: RunStatus,
+        wake: Arc<Notify>,
+        stop: CancellationToken,
+        halt: CancellationToken,
+    ) -> Result<DriveEnd, DriveError> {
         use tracing::Instrument as _;
         let span = tracing::info_span!(
             "run.drive",
@@ -223,7 +242,9 @@ impl Driver {
             run = %status.run_id,
             epoch = status.epoch,
         );
-        self.drive_inner(status, wake, stop).instrument(span).await
+        self.drive_inner(status, wake, stop, halt)
+            .instrument(span)
+            .await
     }
 
     async fn drive_inner(
@@ -231,6 +252,7 @@ impl Driver {
         status: RunStatus,
         wake: Arc<Notify>,
         stop: CancellationToken,
+        halt: CancellationToken,
     ) -> Result<DriveEnd, DriveError> {
         let fence = status.fence();
         let fenced = CancellationToken::new();
@@ -266,6 +288,7 @@ impl Driver {
             wake,
             fenced,
             stop,
+            halt,
             status,
         };
         match drive.run().await {
@@ -677,11 +700,21 @@ impl Drive<'_> {
                 effect_id: effect_id.clone(),
                 cancel: cancel.clone(),
             };
+            let invoking = self.d.invoker.invoke(call);
+            tokio::pin!(invoking);
             let done = tokio::select! {
-                done = self.d.invoker.invoke(call) => done,
+                done = &mut invoking => done,
                 _ = self.fenced.cancelled() => {
                     cancel.cancel();
                     return Ok(Flow::End(DriveEnd::Fenced));
+                }
+                _ = self.halt.cancelled() => {
+                    // The invoker stops the handler's process group on cancel; wait for that
+                    // and record nothing: the step is open for whoever drives the run next.
+                    cancel.cancel();
+                    let _ = invoking.await;
+                    tracing::info!(step = %step.name, "halted mid-invoke; nothing recorded for the step");
+                    return Ok(Flow::End(DriveEnd::Stopped));
                 }
             };
             let done = match done {
@@ -923,7 +956,7 @@ impl Drive<'_> {
             let outcome = tokio::select! {
                 r = agents.turn(turn) => r,
                 _ = self.fenced.cancelled() => return Ok(Flow::End(DriveEnd::Fenced)),
-                _ = self.stop.cancelled() => return Ok(Flow::End(DriveEnd::Stopped)),
+                _ = self.halt.cancelled() => return Ok(Flow::End(DriveEnd::Stopped)),
             };
             match outcome {
                 Ok(reply) => {
