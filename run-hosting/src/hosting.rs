@@ -8,8 +8,10 @@
 //!
 //! A holder is `<host id>/<attempt id>`: each attempt has its own, so a late write of an old
 //! attempt cannot pass for a new one (the store fences by token anyway). A drain stops every
-//! driver crash-equivalently: nothing is written, the run stays `running` under the old
-//! holder, and the next Host takes it back under epoch + 1.
+//! driver crash-equivalently: a step in flight may finish (and be journaled) within the
+//! drain's bound; at the bound every in-flight invoke is halted (its handler's group killed)
+//! and nothing is written for it; the run stays `running` under the old holder, and the next
+//! Host takes it back under epoch + 1.
 //!
 //! A run is pinned when it starts: every release its program invokes is resolved in this
 //! Host's workspace, published to the store when it is not there yet, and recorded with the
@@ -46,6 +48,11 @@ use hostlink::runs::{
 use hostlink_server::backend::{ExtensionReply, Refusal};
 use timing::duration_text;
 
+/// How long halted drivers get to end after a drain ran out of time: enough for a handler's
+/// group to be stopped (SIGTERM, the kill grace, SIGKILL). A handler still running when the
+/// process exits is stopped by its guard.
+pub const HALT_BOUND: Duration = Duration::from_secs(5);
+
 /// Run hosting options (`[runs]`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -55,7 +62,8 @@ pub struct RunOptions {
     /// The most runs this Host drives at once (parked ones included); past it `run.start`
     /// and `run.resume` are refused `resource_exhausted`.
     pub max_active: u32,
-    /// A driver's hold on its run; renewed every third of it. A run whose holder stopped
+    /// A driver's hold on its run; renewed every quarter of it. A driver that cannot confirm
+    /// it for five sixths of it stops its handler and itself. A run whose holder stopped
     /// renewing is taken over by a live Host once it expires.
     #[serde(with = "duration_text")]
     pub lease: Duration,
@@ -135,6 +143,8 @@ struct Inner {
     /// Every step event of the runs this Host drives; a subscription keeps its run's.
     events: broadcast::Sender<RunEvent>,
     stop: CancellationToken,
+    /// Cancelled when a drain runs out of time: in-flight invokes end now.
+    halt: CancellationToken,
     tracker: TaskTracker,
     /// A test seam: the boot reconcile waits this long first.
     reconcile_delay: Mutex<Duration>,
@@ -328,12 +338,13 @@ impl Inner {
             .unwrap_or_else(|| self.stop.child_token());
         let driver = self.driver();
         let inner = self.clone();
+        let halt = self.halt.clone();
         self.tracker.spawn(async move {
             let _slot = slot;
             let run = status.run_id.clone();
             let tenant = status.tenant.clone();
             let epoch = status.epoch;
-            let end = driver.drive(status, wake, stop).await;
+            let end = driver.drive_until(status, wake, stop, halt).await;
             let label = match &end {
                 Ok(DriveEnd::Completed) => "completed",
                 Ok(DriveEnd::Failed { .. }) => "failed",
@@ -471,6 +482,7 @@ impl RunHost {
                 active: Mutex::new(HashMap::new()),
                 events: broadcast::channel(1024).0,
                 stop: CancellationToken::new(),
+                halt: CancellationToken::new(),
                 tracker: TaskTracker::new(),
                 reconcile_delay: Mutex::new(Duration::ZERO),
             }),
@@ -531,17 +543,30 @@ impl RunHost {
         });
     }
 
-    /// Stops every driver crash-equivalently (nothing written) and waits for them, at most
-    /// `within`.
+    /// Stops every driver crash-equivalently and waits for them, at most `within`: a step in
+    /// flight may still finish and be journaled. At `within`, in-flight invokes are halted
+    /// (their handlers' groups killed, nothing journaled) and the drivers get at most
+    /// [`HALT_BOUND`] more to end.
     pub async fn shutdown(&self, within: Duration) {
         self.inner.draining.store(true, Ordering::SeqCst);
         self.inner.stop.cancel();
         self.inner.tracker.close();
         if tokio::time::timeout(within, self.inner.tracker.wait())
             .await
+            .is_ok()
+        {
+            return;
+        }
+        tracing::warn!(
+            driving = self.driving(),
+            "the drain ran out of time; halting in-flight invokes without recording them"
+        );
+        self.inner.halt.cancel();
+        if tokio::time::timeout(HALT_BOUND, self.inner.tracker.wait())
+            .await
             .is_err()
         {
-            tracing::warn!("some run drivers did not stop within the bound");
+            tracing::warn!("some run drivers did not stop after the halt");
         }
     }
 

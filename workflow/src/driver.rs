@@ -24,6 +24,12 @@
 //! at the step that invokes it (`release_missing`, `release_changed`); a store or disk that
 //! fails for now stops the driver without a decision (the run stays running for a successor).
 //!
+//! Holding: the lease is renewed every quarter of it. A driver that cannot confirm its lease
+//! for five sixths of it (renewals failing or hanging: the store unreachable) stops its
+//! handler and itself without writing, a sixth of the lease before a successor may take the
+//! run over; a drain that runs out of time halts in-flight invokes the same way. Either way
+//! the step stays open and a successor's attempt is the next attempt.
+//!
 //! This module must never create an answer: it only consumes those the store recorded.
 
 use std::collections::{HashMap, HashSet};
@@ -105,6 +111,10 @@ pub enum DriveError {
     /// A pinned release cannot be had for now (the store or the disk failed).
     #[error("release: {0}")]
     Release(ReleaseError),
+    /// No renewal of the run's lease was confirmed for `unconfirmed_ms`: the driver stopped
+    /// its handler and itself before a successor could take the run over.
+    #[error("the run's lease was not confirmed for {unconfirmed_ms} ms; stopped before it could lapse")]
+    LeaseUnconfirmed { unconfirmed_ms: u64 },
 }
 
 impl DriveError {
@@ -113,6 +123,7 @@ impl DriveError {
             DriveError::Store(e) => e.code().as_str(),
             DriveError::Integrity(_) => "integrity",
             DriveError::Release(e) => e.code(),
+            DriveError::LeaseUnconfirmed { .. } => "lease_unconfirmed",
         }
     }
 }
@@ -120,10 +131,24 @@ impl DriveError {
 /// The bounds of a driver.
 #[derive(Debug, Clone)]
 pub struct DriverOptions {
-    /// The holder's lease; renewed every third of it while the driver lives.
+    /// The holder's lease; renewed every quarter of it while the driver lives.
     pub lease: Duration,
     /// How often a parked driver re-reads its answers and status without a wake-up.
     pub poll: Duration,
+}
+
+impl DriverOptions {
+    /// How often the lease is renewed: a quarter of it.
+    pub fn renew_every(&self) -> Duration {
+        self.lease / 4
+    }
+
+    /// How long the lease may go unconfirmed before the driver stops its handler: five sixths
+    /// of it, so the stop (SIGTERM, a grace, SIGKILL) has the last sixth before the lease can
+    /// lapse.
+    pub fn confirm_within(&self) -> Duration {
+        self.lease * 5 / 6
+    }
 }
 
 impl Default for DriverOptions {
@@ -199,7 +224,11 @@ struct Drive<'a> {
     wake: Arc<Notify>,
     /// Cancelled when the lease renewal is refused (another attempt took the run).
     fenced: CancellationToken,
+    /// Cancelled when the lease went unconfirmed for [`DriverOptions::confirm_within`].
+    unconfirmed: CancellationToken,
     stop: CancellationToken,
+    /// Cancelled when in-flight work must end now (a drain out of time).
+    halt: CancellationToken,
 }
 
 fn is_fenced(e: &StoreError) -> bool {
@@ -216,6 +245,20 @@ impl Driver {
         wake: Arc<Notify>,
         stop: CancellationToken,
     ) -> Result<DriveEnd, DriveError> {
+        self.drive_until(status, wake, stop, CancellationToken::new())
+            .await
+    }
+
+    /// [`Driver::drive`], and when `halt` is cancelled an in-flight invocation is stopped
+    /// (its handler's group killed) and the drive ends [`DriveEnd::Stopped`] without writing:
+    /// `stop` lets the step in flight finish, `halt` does not.
+    pub async fn drive_until(
+        &self,
+        status: RunStatus,
+        wake: Arc<Notify>,
+        stop: CancellationToken,
+        halt: CancellationToken,
+    ) -> Result<DriveEnd, DriveError> {
         use tracing::Instrument as _;
         let span = tracing::info_span!(
             "run.drive",
@@ -223,7 +266,9 @@ impl Driver {
             run = %status.run_id,
             epoch = status.epoch,
         );
-        self.drive_inner(status, wake, stop).instrument(span).await
+        self.drive_inner(status, wake, stop, halt)
+            .instrument(span)
+            .await
     }
 
     async fn drive_inner(
@@ -231,29 +276,21 @@ impl Driver {
         status: RunStatus,
         wake: Arc<Notify>,
         stop: CancellationToken,
+        halt: CancellationToken,
     ) -> Result<DriveEnd, DriveError> {
         let fence = status.fence();
         let fenced = CancellationToken::new();
-        let renewal = {
-            let journal = self.journal.clone();
-            let fence = fence.clone();
-            let fenced = fenced.clone();
-            let lease = self.options.lease;
-            tokio::spawn(async move {
-                loop {
-                    tokio::time::sleep(lease / 3).await;
-                    match journal.renew(&fence, lease).await {
-                        Ok(_) => {}
-                        Err(e) if is_fenced(&e) => {
-                            tracing::warn!(error = %e, "run lease renewal refused: fenced out");
-                            fenced.cancel();
-                            return;
-                        }
-                        Err(e) => tracing::warn!(error = %e, "run lease renewal failed"),
-                    }
-                }
-            })
-        };
+        let unconfirmed = CancellationToken::new();
+        let renewal = tokio::spawn(
+            Renewal {
+                journal: self.journal.clone(),
+                fence: fence.clone(),
+                options: self.options.clone(),
+                fenced: fenced.clone(),
+                unconfirmed: unconfirmed.clone(),
+            }
+            .run(),
+        );
         let _abort = AbortOnDrop(renewal);
         let input = serde_json::from_str(&status.input)
             .map_err(|e| DriveError::Integrity(format!("the run's input is not JSON: {e}")))?;
@@ -265,7 +302,9 @@ impl Driver {
             entries: Vec::new(),
             wake,
             fenced,
+            unconfirmed,
             stop,
+            halt,
             status,
         };
         match drive.run().await {
@@ -277,6 +316,53 @@ impl Driver {
             }
             Err(DriveError::Store(e)) if is_fenced(&e) => drive.explain_fence().await,
             Err(e) => Err(e),
+        }
+    }
+}
+
+/// Keeps a driver's lease: renews it every [`DriverOptions::renew_every`]; cancels `fenced`
+/// when a renewal is refused for the fence, and `unconfirmed` when no renewal was confirmed
+/// for [`DriverOptions::confirm_within`] (a renewal that hangs counts as unconfirmed).
+struct Renewal {
+    journal: Arc<dyn RunJournal>,
+    fence: RunFence,
+    options: DriverOptions,
+    fenced: CancellationToken,
+    unconfirmed: CancellationToken,
+}
+
+impl Renewal {
+    async fn run(self) {
+        // The lease was granted (taken or created) just before the drive began.
+        let mut confirmed = tokio::time::Instant::now();
+        loop {
+            let lapse = confirmed + self.options.confirm_within();
+            let renewing = async {
+                tokio::time::sleep(self.options.renew_every()).await;
+                // A confirmation holds from when it was asked for: the store's new expiry is
+                // at least this instant plus the lease.
+                let asked = tokio::time::Instant::now();
+                (asked, self.journal.renew(&self.fence, self.options.lease).await)
+            };
+            tokio::select! {
+                _ = tokio::time::sleep_until(lapse) => {
+                    tracing::warn!(
+                        unconfirmed_ms = confirmed.elapsed().as_millis() as u64,
+                        "the run's lease could not be confirmed; stopping before it can lapse"
+                    );
+                    self.unconfirmed.cancel();
+                    return;
+                }
+                (asked, renewed) = renewing => match renewed {
+                    Ok(_) => confirmed = asked,
+                    Err(e) if is_fenced(&e) => {
+                        tracing::warn!(error = %e, "run lease renewal refused: fenced out");
+                        self.fenced.cancel();
+                        return;
+                    }
+                    Err(e) => tracing::warn!(error = %e, "run lease renewal failed"),
+                },
+            }
         }
     }
 }
@@ -300,6 +386,16 @@ impl Drive<'_> {
             outcome: outcome.map(str::to_owned),
             duration_ms: started.map(|s| s.elapsed().as_millis() as u64),
         });
+    }
+
+    /// `Err` once the lease went unconfirmed: nothing more may start under it.
+    fn confirmed(&self) -> Result<(), DriveError> {
+        if self.unconfirmed.is_cancelled() {
+            return Err(DriveError::LeaseUnconfirmed {
+                unconfirmed_ms: self.d.options.confirm_within().as_millis() as u64,
+            });
+        }
+        Ok(())
     }
 
     /// A refused write: cancelled runs say so, anything else is a takeover.
@@ -354,6 +450,7 @@ impl Drive<'_> {
             if self.fenced.is_cancelled() {
                 return Ok(DriveEnd::Fenced);
             }
+            self.confirmed()?;
             let recorded = self
                 .entries
                 .iter()
@@ -677,11 +774,28 @@ impl Drive<'_> {
                 effect_id: effect_id.clone(),
                 cancel: cancel.clone(),
             };
-            let done = tokio::select! {
-                done = self.d.invoker.invoke(call) => done,
-                _ = self.fenced.cancelled() => {
+            // Whatever stops the invocation, it is awaited to its end: the handler's group is
+            // gone before the driver returns, and nothing is recorded for it.
+            let invoking = self.d.invoker.invoke(call);
+            tokio::pin!(invoking);
+            let stopped = tokio::select! {
+                done = &mut invoking => Ok(done),
+                _ = self.fenced.cancelled() => Err(None),
+                _ = self.unconfirmed.cancelled() => Err(Some("the lease went unconfirmed")),
+                _ = self.halt.cancelled() => Err(Some("the drain ran out of time")),
+            };
+            let done = match stopped {
+                Ok(done) => done,
+                Err(why) => {
                     cancel.cancel();
-                    return Ok(Flow::End(DriveEnd::Fenced));
+                    let _ = invoking.await;
+                    tracing::warn!(step = %step.name, attempt, why = why.unwrap_or("fenced out"),
+                        "stopped the handler mid-invoke; nothing recorded, the step stays open");
+                    if self.fenced.is_cancelled() {
+                        return Ok(Flow::End(DriveEnd::Fenced));
+                    }
+                    self.confirmed()?;
+                    return Ok(Flow::End(DriveEnd::Stopped));
                 }
             };
             let done = match done {
