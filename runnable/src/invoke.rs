@@ -245,8 +245,12 @@ async fn invoke_once(
     let running = release.running_dir();
     std::fs::create_dir_all(&running).map_err(|e| RunnableError::io(&running, e))?;
 
+    // A path is made absolute before the handler starts in the release folder: a relative
+    // one (a data folder given relative to the working directory) would be looked up from
+    // inside that folder.
     let program = if decl.command.contains('/') {
-        release.dir().join(&decl.command)
+        let path = release.dir().join(&decl.command);
+        std::path::absolute(&path).unwrap_or(path)
     } else {
         PathBuf::from(&decl.command)
     };
