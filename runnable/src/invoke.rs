@@ -48,9 +48,9 @@ use tokio_util::sync::CancellationToken;
 use flow::procfs::{self, Ownership, StartIdentity};
 
 use crate::deps;
-use crate::guard::{self, Guard};
 use crate::error::Violation;
 use crate::error::{HandlerError, RunnableError};
+use crate::guard::{self, Guard};
 use crate::outcome::{self, ExitStatus, Observation, OutcomeClass};
 use crate::release::Release;
 

@@ -1120,7 +1120,10 @@ async fn a_handler_and_its_grandchild_end_when_their_invoker_drops_the_invocatio
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let pgid: i32 = ws.marker_lines()[0].parse().unwrap();
-    assert!(group_members(pgid).len() >= 2, "the handler and its grandchild run");
+    assert!(
+        group_members(pgid).len() >= 2,
+        "the handler and its grandchild run"
+    );
     // Dropped mid-invoke: nobody supervises the handler any more.
     task.abort();
     let _ = task.await;
@@ -1140,7 +1143,10 @@ async fn a_finished_invocation_leaves_no_guard_behind() {
         "1",
         "read_only",
         "5s",
-        &format!("cat >/dev/null; echo $$ >> {}\n{OK_DOC}\n", marker.display()),
+        &format!(
+            "cat >/dev/null; echo $$ >> {}\n{OK_DOC}\n",
+            marker.display()
+        ),
     );
     let inv = run(&ws, "quick", json!({"n": 1})).await.unwrap();
     assert_eq!(inv.outcome, OutcomeClass::Succeeded);
@@ -1396,8 +1402,11 @@ async fn handlers_left_running_by_a_dead_invoker_are_stopped_from_their_records(
     let pgid: i32 = ws.marker_lines()[0].parse().unwrap();
     // As if this process had died before its guard started: the guard is gone first.
     let guard = guard_of(pgid).expect("the handler has a guard");
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(guard), nix::sys::signal::Signal::SIGKILL)
-        .unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(guard),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
     task.abort();
     assert!(!group_members(pgid).is_empty());
     // Its invoker (this process) still lives: not an orphan, left alone.

@@ -150,7 +150,12 @@ fn a_drain_out_of_time_halts_the_handler(
     // Halted at the drain's bound: stopped before the Host exited (a little slack for the
     // kernel to finish the signalled processes).
     assert!(
-        both_gone((handler, grandchild), Instant::now(), Duration::from_millis(500)).is_some(),
+        both_gone(
+            (handler, grandchild),
+            Instant::now(),
+            Duration::from_millis(500)
+        )
+        .is_some(),
         "the handler outlived the drain\n{log}"
     );
     assert!(
@@ -220,9 +225,7 @@ fn a_drain_that_runs_out_of_time_halts_the_handler_records_nothing_and_a_later_h
 /// share it (and one host id), clients of tenant `acme` reach them by endpoint.
 async fn on_postgres(
     label: &str,
-    case: impl FnOnce(&Path, &dyn Fn(&str) -> Serve, &dyn Fn(&Serve) -> Client, &Path)
-    + Send
-    + 'static,
+    case: impl FnOnce(&Path, &dyn Fn(&str) -> Serve, &dyn Fn(&Serve) -> Client, &Path) + Send + 'static,
 ) {
     let Some(db) = FreshDatabase::create(label).await else {
         return;
@@ -271,7 +274,7 @@ async fn on_postgres(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_and_its_grandchild_end_within_two_seconds_of_a_kill_9_of_their_host_on_postgres()
- {
+{
     on_postgres("guard_kill", |dir, serve, client, folder| {
         let host = serve("first");
         let c = client(&host);

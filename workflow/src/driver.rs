@@ -113,7 +113,9 @@ pub enum DriveError {
     Release(ReleaseError),
     /// No renewal of the run's lease was confirmed for `unconfirmed_ms`: the driver stopped
     /// its handler and itself before a successor could take the run over.
-    #[error("the run's lease was not confirmed for {unconfirmed_ms} ms; stopped before it could lapse")]
+    #[error(
+        "the run's lease was not confirmed for {unconfirmed_ms} ms; stopped before it could lapse"
+    )]
     LeaseUnconfirmed { unconfirmed_ms: u64 },
 }
 
@@ -342,7 +344,10 @@ impl Renewal {
                 // A confirmation holds from when it was asked for: the store's new expiry is
                 // at least this instant plus the lease.
                 let asked = tokio::time::Instant::now();
-                (asked, self.journal.renew(&self.fence, self.options.lease).await)
+                (
+                    asked,
+                    self.journal.renew(&self.fence, self.options.lease).await,
+                )
             };
             tokio::select! {
                 _ = tokio::time::sleep_until(lapse) => {

@@ -196,7 +196,10 @@ steps:
             if let Some(v) = f() {
                 return v;
             }
-            assert!(std::time::Instant::now() < until, "waited too long for {what}");
+            assert!(
+                std::time::Instant::now() < until,
+                "waited too long for {what}"
+            );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
