@@ -47,8 +47,8 @@ pub struct RunnableOffer {
 
 impl RunnableOffer {
     /// Builds the offered tools: workspace releases are recorded and unpacked; published ones
-    /// are fetched from the store, verified against their digest and unpacked. Handlers a
-    /// crashed predecessor left running are stopped first.
+    /// are fetched from the store, verified against their digest and unpacked. (Handlers a
+    /// crashed predecessor left running were stopped at boot, before any invocation.)
     async fn build(&self, store: &Store) -> Result<Vec<Arc<dyn Tool>>, String> {
         use ::runnable::{InvokeOptions, Reference, Release, RunnableTool, Runner};
         if self.workspace.is_none() && self.tools.is_empty() {
@@ -58,10 +58,6 @@ impl RunnableOffer {
             Some(dir) => Some(Runner::open(dir).map_err(|e| format!("--runnables: {e}"))?),
             None => None,
         };
-        if let Some(r) = &runner {
-            ::runnable::stop_orphans(&r.workspace().state_dir().join("running"));
-        }
-        ::runnable::stop_orphans(&self.state_dir.join("running"));
         let options = Arc::new(InvokeOptions::default());
         let mut releases = Vec::new();
         match (&runner, self.tools.is_empty()) {

@@ -168,6 +168,9 @@ pub async fn run(args: ServeArgs, matches: Option<&ArgMatches>, out: Output) -> 
         (Some(_), _) => bail!("--openai-endpoint needs its key in HOST_OPENAI_API_KEY"),
         _ => None,
     };
+    // Before anything here can invoke a handler (a tool or a run's step): stop what a crashed
+    // predecessor on this data folder left running that its guard did not get to.
+    stop_orphaned_handlers(&data.root, options.agents.runnables.as_deref());
     let service = Composition {
         options: host,
         store,
@@ -322,4 +325,21 @@ pub async fn run(args: ServeArgs, matches: Option<&ArgMatches>, out: Output) -> 
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// Stops handlers recorded running under this data folder (and the runnables workspace, if
+/// any) whose invoker is dead: both the agents' tools and the runs' steps invoke there.
+fn stop_orphaned_handlers(data_root: &std::path::Path, workspace: Option<&std::path::Path>) {
+    let mut folders = vec![data_root.join("runnables").join("running")];
+    if let Some(dir) = workspace
+        && let Ok(runner) = ::runnable::Runner::open(dir)
+    {
+        folders.push(runner.workspace().state_dir().join("running"));
+    }
+    for folder in folders {
+        let stopped = ::runnable::stop_orphans(&folder);
+        if stopped > 0 {
+            tracing::warn!(stopped, folder = %folder.display(), "stopped handlers a previous process left running");
+        }
+    }
 }

@@ -58,7 +58,8 @@ pub struct RunOptions {
     /// The most runs this Host drives at once (parked ones included); past it `run.start`
     /// and `run.resume` are refused `resource_exhausted`.
     pub max_active: u32,
-    /// A driver's hold on its run; renewed every third of it. A run whose holder stopped
+    /// A driver's hold on its run; renewed every quarter of it. A driver that cannot confirm
+    /// it for five sixths of it stops its handler and itself. A run whose holder stopped
     /// renewing is taken over by a live Host once it expires.
     #[serde(with = "duration_text")]
     pub lease: Duration,

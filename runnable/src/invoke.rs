@@ -19,6 +19,13 @@
 //!
 //! **Never twice.** An invocation starts the handler at most once and never retries.
 //!
+//! **Never an orphan.** Beside the handler, in its process group, runs a guard ([`guard`]):
+//! a tiny `/bin/sh` that holds the read end of a pipe whose write end only this process holds.
+//! When the invocation ends, the guard is told so and exits; when this process dies by any
+//! signal (even SIGKILL) or drops the invocation, the pipe reaches end-of-file and the guard
+//! stops the whole group (SIGTERM, then SIGKILL after a short grace). Being a member, the
+//! guard keeps the group's number from being reused while it signals it.
+//!
 //! This module owns the handler's process from spawn to reap. It must never signal a process
 //! group after reaping its leader (the number could then be someone else's), and it never
 //! decides a class itself.
@@ -43,6 +50,7 @@ use flow::procfs::{self, Ownership, StartIdentity};
 use crate::deps;
 use crate::error::Violation;
 use crate::error::{HandlerError, RunnableError};
+use crate::guard::{self, Guard};
 use crate::outcome::{self, ExitStatus, Observation, OutcomeClass};
 use crate::release::Release;
 
@@ -237,8 +245,12 @@ async fn invoke_once(
     let running = release.running_dir();
     std::fs::create_dir_all(&running).map_err(|e| RunnableError::io(&running, e))?;
 
+    // A path is made absolute before the handler starts in the release folder: a relative
+    // one (a data folder given relative to the working directory) would be looked up from
+    // inside that folder.
     let program = if decl.command.contains('/') {
-        release.dir().join(&decl.command)
+        let path = release.dir().join(&decl.command);
+        std::path::absolute(&path).unwrap_or(path)
     } else {
         PathBuf::from(&decl.command)
     };
@@ -275,6 +287,10 @@ async fn invoke_once(
     // Reaped below through waitpid, after the group is empty; never through `Child`.
     drop(child);
     tracing::debug!(pid, %invocation_id, "handler started");
+    // Spawned at once: until it runs, only the boot sweep of the running records covers a
+    // death of this process.
+    let guard = Guard::spawn(pid, guard::orphan_grace(options.kill_grace));
+    let guard_pid = guard.as_ref().map(Guard::pid);
 
     let process = procfs::identity(pid).unwrap_or_else(|_| StartIdentity {
         pid,
@@ -390,7 +406,11 @@ async fn invoke_once(
                 "stopping the handler's process group"
             );
         }
-        stop_group(pid, grace, spawned_at).await;
+        stop_group(pid, guard_pid, grace, spawned_at).await;
+        // Before the leader is reaped: the group number is still ours.
+        if let Some(guard) = guard {
+            guard.release().await;
+        }
         let exit = peek_exit(pid).unwrap_or(ExitStatus {
             code: None,
             signal: None,
@@ -549,7 +569,7 @@ fn only_newer_pids(pgid: i32, elapsed: Duration) -> bool {
 /// (only pids from the leader's up when [`only_newer_pids`] allows), stopping at the first
 /// live member, reading each `stat` into one reused buffer. An unreadable `/proc` counts as
 /// alive: "empty" is never concluded without proof.
-fn group_alive(pgid: i32, elapsed: Duration) -> bool {
+fn group_alive(pgid: i32, except: Option<i32>, elapsed: Duration) -> bool {
     use std::io::Read as _;
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return true;
@@ -561,7 +581,7 @@ fn group_alive(pgid: i32, elapsed: Duration) -> bool {
         let Some(pid) = name.to_str().and_then(|n| n.parse::<i32>().ok()) else {
             continue;
         };
-        if skip_older && pid < pgid {
+        if (skip_older && pid < pgid) || Some(pid) == except {
             continue;
         }
         buf.clear();
@@ -591,11 +611,12 @@ fn group_alive(pgid: i32, elapsed: Duration) -> bool {
 }
 
 /// Stops everything in the handler's group: nothing if it is already empty, else SIGTERM,
-/// then SIGKILL after `grace`. Returns once the leader has exited and the group is empty (or
+/// then SIGKILL after `grace`. The guard (`guard`, a member that ignores SIGTERM) does not
+/// count as a member here; it is released afterwards. Returns once the leader has exited and the group is empty (or
 /// the kill could not be confirmed within a further grace). Called while the leader is still
 /// unreaped, so the group number cannot have been reused.
-async fn stop_group(pgid: i32, grace: Duration, spawned: std::time::Instant) {
-    let quiet = || peek_exit(pgid).is_some() && !group_alive(pgid, spawned.elapsed());
+async fn stop_group(pgid: i32, guard: Option<i32>, grace: Duration, spawned: std::time::Instant) {
+    let quiet = || peek_exit(pgid).is_some() && !group_alive(pgid, guard, spawned.elapsed());
     if quiet() {
         return;
     }
@@ -728,8 +749,8 @@ mod tests {
     #[test]
     fn a_group_with_a_live_member_is_alive_and_an_unused_number_is_not() {
         let me = nix::unistd::getpgrp().as_raw();
-        assert!(group_alive(me, Duration::from_secs(24 * 3600)));
-        assert!(!group_alive(i32::MAX - 7, Duration::ZERO));
+        assert!(group_alive(me, None, Duration::from_secs(24 * 3600)));
+        assert!(!group_alive(i32::MAX - 7, None, Duration::ZERO));
     }
 
     #[test]

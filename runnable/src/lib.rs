@@ -10,7 +10,8 @@
 //! `Schema::read`, which workflow answer schemas use too, rendered, checked), [`workspace`]
 //! (discovery and the one resolver), [`package`] (digest, package file, recorded releases,
 //! cache), [`release`] (a verified, unpacked release), [`deps`] (flow dependencies), [`outcome`]
-//! (the pure classifier), [`invoke`](mod@invoke) (the handler's process), [`projection`]
+//! (the pure classifier), [`invoke`](mod@invoke) (the handler's process), [`guard`] (what
+//! stops a handler whose invoker died), [`projection`]
 //! (list/show/tool views), [`runner`] (the library entry point), [`tool`] (the agent tool
 //! adapter) and [`error`] (the vocabulary of refusal).
 //!
@@ -22,6 +23,7 @@
 pub mod declaration;
 pub mod deps;
 pub mod error;
+pub mod guard;
 pub mod identity;
 pub mod invoke;
 pub mod outcome;

@@ -1061,6 +1061,99 @@ async fn a_cancelled_invocation_stops_the_group_and_says_the_effect_is_unknown()
     );
 }
 
+/// The guard among a group's live members (its `$0` is `hostd-guard`).
+fn guard_of(pgid: i32) -> Option<i32> {
+    group_members(pgid).into_iter().find(|pid| {
+        std::fs::read(format!("/proc/{pid}/cmdline"))
+            .map(|c| {
+                c.split(|b| *b == 0)
+                    .any(|a| a == runnable::guard::GUARD_NAME.as_bytes())
+            })
+            .unwrap_or(false)
+    })
+}
+
+/// Waits up to `bound` for a group to have no live member; false if it still has one.
+async fn group_empties(pgid: i32, bound: Duration) -> bool {
+    let until = std::time::Instant::now() + bound;
+    while !group_members(pgid).is_empty() {
+        if std::time::Instant::now() >= until {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    true
+}
+
+#[tokio::test]
+async fn a_handler_and_its_grandchild_end_when_their_invoker_drops_the_invocation() {
+    let ws = Ws::new();
+    let marker = ws.marker();
+    ws.shell(
+        "dropped",
+        "1",
+        "read_only",
+        "60s",
+        &format!(
+            "cat >/dev/null; sleep 1000 & echo $$ >> {}; wait\n",
+            marker.display()
+        ),
+    );
+    let runner = ws.runner();
+    let release = runner.release("dropped").unwrap();
+    let task = {
+        let options = runner.options().clone();
+        tokio::spawn(async move {
+            let _ = invoke(
+                &release,
+                InvokeRequest {
+                    input: json!({"n": 1}),
+                    ..Default::default()
+                },
+                &options,
+                &CancellationToken::new(),
+            )
+            .await;
+        })
+    };
+    while !marker.exists() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let pgid: i32 = ws.marker_lines()[0].parse().unwrap();
+    assert!(
+        group_members(pgid).len() >= 2,
+        "the handler and its grandchild run"
+    );
+    // Dropped mid-invoke: nobody supervises the handler any more.
+    task.abort();
+    let _ = task.await;
+    assert!(
+        group_empties(pgid, Duration::from_secs(2)).await,
+        "the group outlived its invocation: {:?}",
+        group_members(pgid)
+    );
+}
+
+#[tokio::test]
+async fn a_finished_invocation_leaves_no_guard_behind() {
+    let ws = Ws::new();
+    let marker = ws.marker();
+    ws.shell(
+        "quick",
+        "1",
+        "read_only",
+        "5s",
+        &format!(
+            "cat >/dev/null; echo $$ >> {}\n{OK_DOC}\n",
+            marker.display()
+        ),
+    );
+    let inv = run(&ws, "quick", json!({"n": 1})).await.unwrap();
+    assert_eq!(inv.outcome, OutcomeClass::Succeeded);
+    let pgid: i32 = ws.marker_lines()[0].parse().unwrap();
+    assert!(group_members(pgid).is_empty(), "{:?}", group_members(pgid));
+}
+
 /// Live (non-zombie) members of a process group, from /proc.
 fn group_members(pgid: i32) -> Vec<i32> {
     let mut out = Vec::new();
@@ -1306,8 +1399,15 @@ async fn handlers_left_running_by_a_dead_invoker_are_stopped_from_their_records(
     while !marker.exists() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    task.abort();
     let pgid: i32 = ws.marker_lines()[0].parse().unwrap();
+    // As if this process had died before its guard started: the guard is gone first.
+    let guard = guard_of(pgid).expect("the handler has a guard");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(guard),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    task.abort();
     assert!(!group_members(pgid).is_empty());
     // Its invoker (this process) still lives: not an orphan, left alone.
     assert_eq!(runnable::stop_orphans(&release.running_dir()), 0);

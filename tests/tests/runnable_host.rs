@@ -300,25 +300,20 @@ fn a_host_killed_mid_invocation_never_runs_an_effectful_runnable_twice() {
     let gate = open_gate(dir, &s);
     ok(session(dir, &["answer", &s, &gate, "approve"]));
     wait_for_line(&marker, "start ");
+    let killed = Instant::now();
     first.kill9();
-    // The handler outlived its Host (its own process group).
+    // The handler does not outlive its Host: its guard stops it.
     let script = ws.join(".hostd/runnables/cache");
     let needle = script.to_string_lossy().into_owned();
-    assert!(
-        !processes_mentioning(&needle).is_empty(),
-        "the handler should still be running after the Host's SIGKILL"
-    );
-
-    let second = Serve::start(dir, "host-two", &ws, &[]);
-    // The successor stops what the dead Host left running, without running it.
-    let deadline = Instant::now() + WAIT;
     while !processes_mentioning(&needle).is_empty() {
         assert!(
-            Instant::now() < deadline,
-            "the orphaned handler was never stopped"
+            killed.elapsed() < Duration::from_secs(2),
+            "the handler outlived its Host's SIGKILL by 2 s"
         );
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(20));
     }
+
+    let second = Serve::start(dir, "host-two", &ws, &[]);
     // The next message places the session on the new Host; the turn in flight is restored and
     // ends interrupted: its outcome is not known, so it is not run again.
     send_after_crash(dir, &s, "hello again");

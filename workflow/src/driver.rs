@@ -24,6 +24,12 @@
 //! at the step that invokes it (`release_missing`, `release_changed`); a store or disk that
 //! fails for now stops the driver without a decision (the run stays running for a successor).
 //!
+//! Holding: the lease is renewed every quarter of it. A driver that cannot confirm its lease
+//! for five sixths of it (renewals failing or hanging: the store unreachable) stops its
+//! handler and itself without writing, a sixth of the lease before a successor may take the
+//! run over; a drain that runs out of time halts in-flight invokes the same way. Either way
+//! the step stays open and a successor's attempt is the next attempt.
+//!
 //! This module must never create an answer: it only consumes those the store recorded.
 
 use std::collections::{HashMap, HashSet};
@@ -105,6 +111,12 @@ pub enum DriveError {
     /// A pinned release cannot be had for now (the store or the disk failed).
     #[error("release: {0}")]
     Release(ReleaseError),
+    /// No renewal of the run's lease was confirmed for `unconfirmed_ms`: the driver stopped
+    /// its handler and itself before a successor could take the run over.
+    #[error(
+        "the run's lease was not confirmed for {unconfirmed_ms} ms; stopped before it could lapse"
+    )]
+    LeaseUnconfirmed { unconfirmed_ms: u64 },
 }
 
 impl DriveError {
@@ -113,6 +125,7 @@ impl DriveError {
             DriveError::Store(e) => e.code().as_str(),
             DriveError::Integrity(_) => "integrity",
             DriveError::Release(e) => e.code(),
+            DriveError::LeaseUnconfirmed { .. } => "lease_unconfirmed",
         }
     }
 }
@@ -120,10 +133,24 @@ impl DriveError {
 /// The bounds of a driver.
 #[derive(Debug, Clone)]
 pub struct DriverOptions {
-    /// The holder's lease; renewed every third of it while the driver lives.
+    /// The holder's lease; renewed every quarter of it while the driver lives.
     pub lease: Duration,
     /// How often a parked driver re-reads its answers and status without a wake-up.
     pub poll: Duration,
+}
+
+impl DriverOptions {
+    /// How often the lease is renewed: a quarter of it.
+    pub fn renew_every(&self) -> Duration {
+        self.lease / 4
+    }
+
+    /// How long the lease may go unconfirmed before the driver stops its handler: five sixths
+    /// of it, so the stop (SIGTERM, a grace, SIGKILL) has the last sixth before the lease can
+    /// lapse.
+    pub fn confirm_within(&self) -> Duration {
+        self.lease * 5 / 6
+    }
 }
 
 impl Default for DriverOptions {
@@ -199,6 +226,8 @@ struct Drive<'a> {
     wake: Arc<Notify>,
     /// Cancelled when the lease renewal is refused (another attempt took the run).
     fenced: CancellationToken,
+    /// Cancelled when the lease went unconfirmed for [`DriverOptions::confirm_within`].
+    unconfirmed: CancellationToken,
     /// Cancelled: begin no new step (a sleep or a parked wait ends the drive too).
     stop: CancellationToken,
     /// Cancelled: stop the step in flight too (an invoke's handler is stopped, an agent turn
@@ -225,9 +254,9 @@ impl Driver {
     }
 
     /// As [`Driver::drive`], and when `halt` is cancelled the step in flight is stopped too:
-    /// an invoke is cancelled (the invoker stops its handler) and waited for, an agent turn
-    /// is left, and the drive ends [`DriveEnd::Stopped`] with nothing written for that step.
-    /// `stop` alone lets a step in flight finish and record its result.
+    /// an invoke is cancelled (the invoker stops its handler's group) and waited for, an agent
+    /// turn is left, and the drive ends [`DriveEnd::Stopped`] with nothing written for that
+    /// step. `stop` alone lets a step in flight finish and record its result.
     pub async fn drive_until(
         &self,
         status: RunStatus,
@@ -256,26 +285,17 @@ impl Driver {
     ) -> Result<DriveEnd, DriveError> {
         let fence = status.fence();
         let fenced = CancellationToken::new();
-        let renewal = {
-            let journal = self.journal.clone();
-            let fence = fence.clone();
-            let fenced = fenced.clone();
-            let lease = self.options.lease;
-            tokio::spawn(async move {
-                loop {
-                    tokio::time::sleep(lease / 3).await;
-                    match journal.renew(&fence, lease).await {
-                        Ok(_) => {}
-                        Err(e) if is_fenced(&e) => {
-                            tracing::warn!(error = %e, "run lease renewal refused: fenced out");
-                            fenced.cancel();
-                            return;
-                        }
-                        Err(e) => tracing::warn!(error = %e, "run lease renewal failed"),
-                    }
-                }
-            })
-        };
+        let unconfirmed = CancellationToken::new();
+        let renewal = tokio::spawn(
+            Renewal {
+                journal: self.journal.clone(),
+                fence: fence.clone(),
+                options: self.options.clone(),
+                fenced: fenced.clone(),
+                unconfirmed: unconfirmed.clone(),
+            }
+            .run(),
+        );
         let _abort = AbortOnDrop(renewal);
         let input = serde_json::from_str(&status.input)
             .map_err(|e| DriveError::Integrity(format!("the run's input is not JSON: {e}")))?;
@@ -287,6 +307,7 @@ impl Driver {
             entries: Vec::new(),
             wake,
             fenced,
+            unconfirmed,
             stop,
             halt,
             status,
@@ -300,6 +321,56 @@ impl Driver {
             }
             Err(DriveError::Store(e)) if is_fenced(&e) => drive.explain_fence().await,
             Err(e) => Err(e),
+        }
+    }
+}
+
+/// Keeps a driver's lease: renews it every [`DriverOptions::renew_every`]; cancels `fenced`
+/// when a renewal is refused for the fence, and `unconfirmed` when no renewal was confirmed
+/// for [`DriverOptions::confirm_within`] (a renewal that hangs counts as unconfirmed).
+struct Renewal {
+    journal: Arc<dyn RunJournal>,
+    fence: RunFence,
+    options: DriverOptions,
+    fenced: CancellationToken,
+    unconfirmed: CancellationToken,
+}
+
+impl Renewal {
+    async fn run(self) {
+        // The lease was granted (taken or created) just before the drive began.
+        let mut confirmed = tokio::time::Instant::now();
+        loop {
+            let lapse = confirmed + self.options.confirm_within();
+            let renewing = async {
+                tokio::time::sleep(self.options.renew_every()).await;
+                // A confirmation holds from when it was asked for: the store's new expiry is
+                // at least this instant plus the lease.
+                let asked = tokio::time::Instant::now();
+                (
+                    asked,
+                    self.journal.renew(&self.fence, self.options.lease).await,
+                )
+            };
+            tokio::select! {
+                _ = tokio::time::sleep_until(lapse) => {
+                    tracing::warn!(
+                        unconfirmed_ms = confirmed.elapsed().as_millis() as u64,
+                        "the run's lease could not be confirmed; stopping before it can lapse"
+                    );
+                    self.unconfirmed.cancel();
+                    return;
+                }
+                (asked, renewed) = renewing => match renewed {
+                    Ok(_) => confirmed = asked,
+                    Err(e) if is_fenced(&e) => {
+                        tracing::warn!(error = %e, "run lease renewal refused: fenced out");
+                        self.fenced.cancel();
+                        return;
+                    }
+                    Err(e) => tracing::warn!(error = %e, "run lease renewal failed"),
+                },
+            }
         }
     }
 }
@@ -323,6 +394,16 @@ impl Drive<'_> {
             outcome: outcome.map(str::to_owned),
             duration_ms: started.map(|s| s.elapsed().as_millis() as u64),
         });
+    }
+
+    /// `Err` once the lease went unconfirmed: nothing more may start under it.
+    fn confirmed(&self) -> Result<(), DriveError> {
+        if self.unconfirmed.is_cancelled() {
+            return Err(DriveError::LeaseUnconfirmed {
+                unconfirmed_ms: self.d.options.confirm_within().as_millis() as u64,
+            });
+        }
+        Ok(())
     }
 
     /// A refused write: cancelled runs say so, anything else is a takeover.
@@ -377,6 +458,7 @@ impl Drive<'_> {
             if self.fenced.is_cancelled() {
                 return Ok(DriveEnd::Fenced);
             }
+            self.confirmed()?;
             let recorded = self
                 .entries
                 .iter()
@@ -700,20 +782,27 @@ impl Drive<'_> {
                 effect_id: effect_id.clone(),
                 cancel: cancel.clone(),
             };
+            // Whatever stops the invocation, it is awaited to its end: the handler's group is
+            // gone before the driver returns, and nothing is recorded for it.
             let invoking = self.d.invoker.invoke(call);
             tokio::pin!(invoking);
-            let done = tokio::select! {
-                done = &mut invoking => done,
-                _ = self.fenced.cancelled() => {
-                    cancel.cancel();
-                    return Ok(Flow::End(DriveEnd::Fenced));
-                }
-                _ = self.halt.cancelled() => {
-                    // The invoker stops the handler's process group on cancel; wait for that
-                    // and record nothing: the step is open for whoever drives the run next.
+            let stopped = tokio::select! {
+                done = &mut invoking => Ok(done),
+                _ = self.fenced.cancelled() => Err(None),
+                _ = self.unconfirmed.cancelled() => Err(Some("the lease went unconfirmed")),
+                _ = self.halt.cancelled() => Err(Some("the drain ran out of time")),
+            };
+            let done = match stopped {
+                Ok(done) => done,
+                Err(why) => {
                     cancel.cancel();
                     let _ = invoking.await;
-                    tracing::info!(step = %step.name, "halted mid-invoke; nothing recorded for the step");
+                    tracing::warn!(step = %step.name, attempt, why = why.unwrap_or("fenced out"),
+                        "halted mid-invoke: stopped the handler; nothing recorded, the step stays open");
+                    if self.fenced.is_cancelled() {
+                        return Ok(Flow::End(DriveEnd::Fenced));
+                    }
+                    self.confirmed()?;
                     return Ok(Flow::End(DriveEnd::Stopped));
                 }
             };
