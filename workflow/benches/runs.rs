@@ -91,6 +91,7 @@ fn driver(store: &Store) -> Driver {
         options: DriverOptions {
             lease: Duration::from_secs(60),
             poll: Duration::from_millis(100),
+            park: None,
         },
     }
 }
