@@ -395,6 +395,14 @@ impl Exec<'_> {
                 ));
                 exit::code(EXIT_UNFINISHED)
             }
+            DriveEnd::Parked { step } => {
+                // This driver never parks (it waits in place), so only a bug lands here.
+                out.error(format_args!(
+                    "run {id} was handed back to the store at step {step}; a `hostd serve` on \
+                 this data folder wakes it"
+                ));
+                exit::code(EXIT_UNFINISHED)
+            }
             DriveEnd::Fenced => {
                 out.error(format_args!(
                 "run {id} was taken over by a Host ({}); follow it with `hostd run logs -f {id}`",
