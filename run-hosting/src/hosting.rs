@@ -865,6 +865,19 @@ impl RunHost {
             }
             None => false,
         };
+        if !driven {
+            // No driver waited for this answer: say here that it was answered (before a
+            // takeover below, whose driver's events come after).
+            let _ = self.inner.events.send(RunEvent {
+                run_id: req.run_id.to_string(),
+                epoch: status.epoch,
+                step: req.checkpoint.clone(),
+                kind: cp.kind.as_str().into(),
+                phase: "answered".into(),
+                outcome: None,
+                duration_ms: None,
+            });
+        }
         let woken = (cp.kind == CheckpointKind::Attention
             && status.state == RunState::NeedsAttention)
             || (cp.kind == CheckpointKind::Ask && status.is_parked());
@@ -878,18 +891,6 @@ impl RunHost {
             {
                 tracing::debug!(code = %r.code, "an answered run was left for the scan: {}", r.message);
             }
-        }
-        if !driven {
-            // No driver waited for this answer: say here that it was answered.
-            let _ = self.inner.events.send(RunEvent {
-                run_id: req.run_id.to_string(),
-                epoch: status.epoch,
-                step: req.checkpoint.clone(),
-                kind: cp.kind.as_str().into(),
-                phase: "answered".into(),
-                outcome: None,
-                duration_ms: None,
-            });
         }
         let (fresh, answer) = match recorded {
             AnswerRecorded::Recorded(a) => (true, a),

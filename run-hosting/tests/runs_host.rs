@@ -461,9 +461,8 @@ mod cases {
         let a = booted(&ts.store, "host-a", options(8, 5000)).await;
         let b = booted(&ts.store, "host-b", options(8, 5000)).await;
         let started = start(&a, PARKS).await.unwrap();
-        until(&a, &started.run_id, parked).await;
-        let v = status(&a, "acme", &started.run_id).await.unwrap();
-        assert_eq!(v.holder, "", "a parked run names no holder");
+        // Armed first, then parked: a parked run names no holder.
+        until(&a, &started.run_id, |v| parked(v) && v.holder.is_empty()).await;
         answer(&b, "acme", &started.run_id, json!(true))
             .await
             .unwrap();
@@ -476,7 +475,7 @@ mod cases {
         let h = booted(&ts.store, "host-a", options(8, 5000)).await;
         let parked_run = start(&h, PARKS).await.unwrap();
         let done_run = start(&h, QUICK).await.unwrap();
-        until(&h, &parked_run.run_id, parked).await;
+        until(&h, &parked_run.run_id, |v| parked(v) && v.holder.is_empty()).await;
         let done = until(&h, &done_run.run_id, |v| v.state == "completed").await;
         h.shutdown(Duration::from_secs(5)).await;
         let still = status(&h, "acme", &parked_run.run_id).await.unwrap();
