@@ -595,8 +595,8 @@ pub struct ServeFlags {
         value_name = "BOOL"
     )]
     runs_enabled: Option<bool>,
-    /// The most runs this Host drives at once (parked ones included); past it a start or a
-    /// resume is refused resource_exhausted.
+    /// The most runs this Host drives at once; past it a start or a resume is refused
+    /// resource_exhausted. Runs parked on an ask, a sleep or an operator do not count.
     #[arg(
         id = "runs.max_active",
         long = "run-max-active",
@@ -604,10 +604,11 @@ pub struct ServeFlags {
     )]
     run_max_active: Option<u32>,
     /// How often this Host looks for runs whose holder is gone (lease or Host registration
-    /// expired).
+    /// expired) and for parked runs that are due (answered, or their sleep's deadline passed).
     #[arg(id = "runs.scan_interval", long = "run-scan-interval", env = "HOST_RUN_SCAN_INTERVAL", value_parser = duration)]
     run_scan_interval: Option<Duration>,
-    /// How often a parked run driver re-reads its answers without a wake-up.
+    /// How often a driver sleeping in place (a short sleep; longer ones park) re-reads its
+    /// run's status without a wake-up.
     #[arg(id = "runs.poll", long = "run-poll", env = "HOST_RUN_POLL", value_parser = duration)]
     run_poll: Option<Duration>,
     /// Serve the operator console at /console (off unless given; `--console false` turns a

@@ -3,8 +3,14 @@
 //! concurrent drivers (`resource_exhausted` past it; a refused launch frees what it claimed),
 //! the boot gate (`run.start`/`run.resume` answer `unavailable` until the boot reconcile has
 //! taken back every run recorded `running` that this Host held or whose lease expired), the
-//! lease-expiry scan that takes over runs whose Host died, tenant scoping (another tenant's run
-//! reads as unknown), and the per-run channel of step events.
+//! scan that takes over runs whose Host died and wakes parked runs once due, tenant scoping
+//! (another tenant's run reads as unknown), and the per-run channel of step events.
+//!
+//! A run waiting on an ask or a sleep is parked: its driver hands it back to the store and
+//! ends, so it holds no task, no slot and no memory here. The answer (recorded on any Host)
+//! or the sleep's deadline makes it due; the answering Host, or the first scan that sees it
+//! due, takes it over under epoch + 1. A run waiting for an operator (`needs_attention`) has
+//! no driver either.
 //!
 //! A holder is `<host id>/<attempt id>`: each attempt has its own, so a late write of an old
 //! attempt cannot pass for a new one (the store fences by token anyway). A drain stops every
@@ -55,8 +61,9 @@ use timing::duration_text;
 pub struct RunOptions {
     /// Whether this Host serves `run.*` and advertises `hostlink.run`.
     pub enabled: bool,
-    /// The most runs this Host drives at once (parked ones included); past it `run.start`
-    /// and `run.resume` are refused `resource_exhausted`.
+    /// The most runs this Host drives at once; past it `run.start` and `run.resume` are
+    /// refused `resource_exhausted`. Parked runs (waiting on an ask, a sleep or an operator)
+    /// have no driver and do not count.
     pub max_active: u32,
     /// A driver's hold on its run; renewed every quarter of it. A driver that cannot confirm
     /// it for five sixths of it stops its handler and itself. A run whose holder stopped
@@ -69,7 +76,8 @@ pub struct RunOptions {
     /// reconciler's pass interval, so runs fail over with their Host's sessions.
     #[serde(with = "duration_text")]
     pub scan_interval: Duration,
-    /// How often a parked driver re-reads its answers without a wake-up.
+    /// How often a driver sleeping in place (a sleep of at most `scan_interval` left; longer
+    /// ones park) re-reads its run's status without a wake-up.
     #[serde(with = "duration_text")]
     pub poll: Duration,
 }
@@ -147,6 +155,9 @@ struct Inner {
     /// A test seam: the boot reconcile waits this long first.
     reconcile_delay: Mutex<Duration>,
 }
+
+/// The most due runs one scan looks at; the rest wait for the next one.
+const SCAN_PAGE: usize = 1000;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     match m.lock() {
@@ -333,6 +344,9 @@ impl Inner {
             options: DriverOptions {
                 lease: self.options.lease,
                 poll: self.options.poll,
+                // A parked sleep is woken by a scan, at most one interval late: only a
+                // shorter one is slept in place.
+                park: Some(self.options.scan_interval),
             },
         }
     }
@@ -355,6 +369,7 @@ impl Inner {
                 Ok(DriveEnd::Completed) => "completed",
                 Ok(DriveEnd::Failed { .. }) => "failed",
                 Ok(DriveEnd::NeedsAttention { .. }) => "needs_attention",
+                Ok(DriveEnd::Parked { .. }) => "parked",
                 Ok(DriveEnd::Cancelled) => "cancelled",
                 Ok(DriveEnd::Fenced) => "fenced",
                 Ok(DriveEnd::Stopped) => "stopped",
@@ -416,34 +431,31 @@ impl Inner {
         Ok(taken)
     }
 
-    /// Takes back every run recorded `running` that this Host held, whose lease expired, or
-    /// whose holder's Host registration expired (the fleet's verdict that it died).
+    /// Takes over every run due now: whose lease expired (a parked run: its answer came or
+    /// its sleep is due), whose holder's Host registration expired (the fleet's verdict that
+    /// it died), or, at boot, that this Host held. Stops at the admission cap; the rest are
+    /// left for the next scan or another Host.
     async fn reconcile(self: &Arc<Self>, booting: bool) -> Result<usize, StoreError> {
         let now = self.store.now_ms().await?;
-        let running = self.store.runs_in_state(RunState::Running, 1000).await?;
-        let dead: std::collections::HashSet<HostId> = if running.is_empty() {
-            Default::default()
-        } else {
-            self.store
-                .targets(false)
-                .await?
-                .into_iter()
-                .filter(|t| !t.is_live(now) && t.host != self.host_id)
-                .map(|t| t.host)
-                .collect()
-        };
+        let mut hosts: Vec<HostId> = self
+            .store
+            .targets(false)
+            .await?
+            .into_iter()
+            .filter(|t| !t.is_live(now) && t.host != self.host_id)
+            .map(|t| t.host)
+            .collect();
+        if booting {
+            hosts.push(self.host_id.clone());
+        }
+        let due = self.store.runs_to_take(now, &hosts, SCAN_PAGE).await?;
         let prefix = self.prefix();
         let mut taken = 0;
-        for s in running {
+        for s in due {
             if self.stop.is_cancelled() {
                 break;
             }
-            let ours = booting && s.holder.starts_with(&prefix);
-            let gone = s.lease_expires_at_ms <= now
-                || dead
-                    .iter()
-                    .any(|h| h.as_str() == sessionstore::holder_host(&s.holder));
-            if !(ours || gone) || lock(&self.active).contains_key(&s.run_id) {
+            if lock(&self.active).contains_key(&s.run_id) {
                 continue;
             }
             if self.store.run_program(&s.run_id).await?.is_none() {
@@ -451,7 +463,7 @@ impl Inner {
                     "a running run has no recorded program; it is left as it is");
                 continue;
             }
-            let rule = if ours {
+            let rule = if booting && s.holder.starts_with(&prefix) {
                 TakeoverRule::HeldByOrExpired(prefix.clone())
             } else {
                 TakeoverRule::LeaseExpired
@@ -459,10 +471,16 @@ impl Inner {
             match self.take_and_launch(&s, rule).await {
                 Ok(t) => {
                     taken += 1;
-                    tracing::info!(run = %t.run_id, tenant = %t.tenant, epoch = t.epoch, "took a run back");
+                    tracing::info!(run = %t.run_id, tenant = %t.tenant, epoch = t.epoch, "took a run over");
+                }
+                Err(r) if r.code == refusal_codes::RESOURCE_EXHAUSTED => {
+                    tracing::debug!(
+                        "the admission cap is reached; due runs wait for the next scan"
+                    );
+                    break;
                 }
                 Err(r) => {
-                    tracing::debug!(run = %s.run_id, code = %r.code, "a run was not taken back: {}", r.message)
+                    tracing::debug!(run = %s.run_id, code = %r.code, "a run was not taken over: {}", r.message)
                 }
             }
         }
@@ -774,7 +792,24 @@ impl RunHost {
         // Read first: the hint of a refusal below names only a run that exists.
         let status = self.scoped(tenant, run).await?;
         self.gate(&format!("`hostd run resume {run}`"))?;
+        let waiting = status.is_parked()
+            && status.lease_expires_at_ms
+                > self
+                    .inner
+                    .store
+                    .now_ms()
+                    .await
+                    .map_err(|e| store_refusal(&e))?;
         match status.state {
+            RunState::Running if waiting => {
+                return Err(refused(
+                    refusal_codes::CONFLICT,
+                    format!(
+                        "run {run} is parked at {}: its answer or its sleep's deadline wakes it",
+                        status.step.as_deref().unwrap_or("a checkpoint")
+                    ),
+                ));
+            }
             RunState::Running => {}
             RunState::NeedsAttention => {
                 return Err(refused(
@@ -881,14 +916,31 @@ impl RunHost {
             )
             .await
             .map_err(|e| store_refusal(&e))?;
-        if let Some(a) = lock(&self.inner.active).get(&req.run_id) {
-            a.wake.notify_one();
+        let driven = match lock(&self.inner.active).get(&req.run_id) {
+            Some(a) => {
+                a.wake.notify_one();
+                true
+            }
+            None => false,
+        };
+        if !driven {
+            // No driver waited for this answer: say here that it was answered (before a
+            // takeover below, whose driver's events come after).
+            let _ = self.inner.events.send(RunEvent {
+                run_id: req.run_id.to_string(),
+                epoch: status.epoch,
+                step: req.checkpoint.clone(),
+                kind: cp.kind.as_str().into(),
+                phase: "answered".into(),
+                outcome: None,
+                duration_ms: None,
+            });
         }
-        if cp.kind == CheckpointKind::Attention
-            && status.state == RunState::NeedsAttention
-            && self.ready()
-        {
-            // Handed back to `running` with an expired lease: take it over here if we can.
+        let woken = (cp.kind == CheckpointKind::Attention
+            && status.state == RunState::NeedsAttention)
+            || (cp.kind == CheckpointKind::Ask && status.is_parked());
+        if woken && self.ready() {
+            // Due at once (an expired lease): take it over here if we can.
             if let Ok(Some(now)) = store.run_status(None, &req.run_id).await
                 && let Err(r) = self
                     .inner
@@ -897,18 +949,6 @@ impl RunHost {
             {
                 tracing::debug!(code = %r.code, "an answered run was left for the scan: {}", r.message);
             }
-        }
-        if cp.kind == CheckpointKind::Attention {
-            // No driver is parked on an attention point: say here that it was answered.
-            let _ = self.inner.events.send(RunEvent {
-                run_id: req.run_id.to_string(),
-                epoch: status.epoch,
-                step: req.checkpoint.clone(),
-                kind: "attention".into(),
-                phase: "answered".into(),
-                outcome: None,
-                duration_ms: None,
-            });
         }
         let (fresh, answer) = match recorded {
             AnswerRecorded::Recorded(a) => (true, a),

@@ -21,13 +21,17 @@ mod cases {
 
     impl Environment for Echo {
         fn runnable(&self, reference: &str) -> Result<RunnableInfo, Unresolved> {
-            if reference != "echo@1.0.0" && reference != "t/echo@1.0.0" {
-                return Err(Unresolved::NotFound {
-                    available: Vec::new(),
-                });
-            }
+            let identity = match reference {
+                "echo@1.0.0" | "t/echo@1.0.0" => "t/echo@1.0.0",
+                "hold@1.0.0" | "t/hold@1.0.0" => "t/hold@1.0.0",
+                _ => {
+                    return Err(Unresolved::NotFound {
+                        available: Vec::new(),
+                    });
+                }
+            };
             Ok(RunnableInfo {
-                identity: "t/echo@1.0.0".into(),
+                identity: identity.into(),
                 digest: format!("sha256:{}", "0".repeat(64)),
                 effect: Effect::ReadOnly,
                 input: schema_from_yaml("type: object\nadditionalProperties: true\n").unwrap(),
@@ -41,6 +45,10 @@ mod cases {
     #[async_trait]
     impl Invoker for Echo {
         async fn invoke(&self, call: InvokeCall) -> Result<InvokeDone, String> {
+            if call.identity == "t/hold@1.0.0" {
+                // A step that keeps its driver busy for a while.
+                tokio::time::sleep(HOLD_FOR).await;
+            }
             Ok(InvokeDone {
                 outcome: OutcomeClass::Succeeded,
                 output: Some(call.input),
@@ -97,6 +105,12 @@ mod cases {
     const TWO_STEPS: &str = "steps:\n  - name: first\n    invoke: echo@1.0.0\n    input: {n: 1}\n  - name: second\n    invoke: echo@1.0.0\n    input: {n: 2}\n";
 
     const PARKS: &str = "steps:\n  - name: first\n    invoke: echo@1.0.0\n    input: {n: 1}\n  - name: approve\n    ask: ok?\n    answer: {type: boolean}\n  - name: last\n    invoke: echo@1.0.0\n    input: {ok: \"${steps.approve}\"}\n";
+    /// A run whose first step keeps its driver busy for [`HOLD_FOR`].
+    const HOLDS: &str = "steps:\n  - name: busy\n    invoke: hold@1.0.0\n";
+    const HOLD_FOR: Duration = Duration::from_millis(1500);
+    /// A run that sleeps longer than the scan interval: it parks.
+    const NAPS: &str =
+        "steps:\n  - name: nap\n    sleep: 600ms\n  - name: after\n    invoke: echo@1.0.0\n";
     const QUICK: &str =
         "steps:\n  - name: first\n    invoke: echo@1.0.0\n  - name: nap\n    sleep: 0s\n";
 
@@ -407,7 +421,8 @@ mod cases {
         assert!(ok.recorded);
         assert_eq!(ok.answerer, "acme");
         let done = until(&h, &started.run_id, |v| v.state == "completed").await;
-        assert_eq!(done.epoch, 1);
+        // Parked with no driver, then taken over when the answer made it due.
+        assert_eq!(done.epoch, 2);
         let last = done.journal.iter().find(|e| e.step == "last").unwrap();
         assert_eq!(last.body, json!({"output": {"ok": true}}));
         let after = answer(&h, "acme", &started.run_id, json!(false))
@@ -493,8 +508,7 @@ mod cases {
         booting.shutdown(Duration::from_secs(1)).await;
 
         let h = booted(&ts.store, "host-a", options(1, 5000)).await;
-        let a = start(&h, PARKS).await.unwrap();
-        until(&h, &a.run_id, parked).await;
+        start(&h, HOLDS).await.unwrap();
         let refused = start(&h, QUICK).await.unwrap_err();
         assert_eq!(refused.code, "resource_exhausted");
         assert!(
@@ -515,17 +529,14 @@ mod cases {
 
     pub async fn past_the_admission_cap_a_launch_is_refused_and_claims_nothing(ts: &TestStore) {
         let h = booted(&ts.store, "host-a", options(2, 5000)).await;
-        let a = start(&h, PARKS).await.unwrap();
-        let b = start(&h, PARKS).await.unwrap();
-        until(&h, &a.run_id, parked).await;
-        until(&h, &b.run_id, parked).await;
+        let a = start(&h, HOLDS).await.unwrap();
+        start(&h, HOLDS).await.unwrap();
         for _ in 0..2 {
             let refused = start(&h, QUICK).await.unwrap_err();
             assert_eq!(refused.code, "resource_exhausted");
         }
         assert_eq!(ts.store.runs(&t("acme")).await.unwrap().len(), 2);
         assert_eq!(h.driving(), 2);
-        answer(&h, "acme", &a.run_id, json!(true)).await.unwrap();
         until(&h, &a.run_id, |v| v.state == "completed").await;
         for _ in 0..100 {
             if h.driving() < 2 {
@@ -536,66 +547,123 @@ mod cases {
         start(&h, QUICK).await.unwrap();
     }
 
-    pub async fn a_restarted_host_takes_back_its_parked_run_under_the_next_epoch(ts: &TestStore) {
-        let h = booted(&ts.store, "host-a", options(8, 5000)).await;
-        let parked_run = start(&h, PARKS).await.unwrap();
-        let done_run = start(&h, QUICK).await.unwrap();
-        until(&h, &parked_run.run_id, parked).await;
-        let done = until(&h, &done_run.run_id, |v| v.state == "completed").await;
-        // A stop is crash-equivalent: nothing is written.
-        h.shutdown(Duration::from_secs(5)).await;
-        let still = status(&h, "acme", &parked_run.run_id).await.unwrap();
-        assert_eq!((still.state.as_str(), still.epoch), ("running", 1));
-        for round in 2..=3u64 {
-            let again = booted(&ts.store, "host-a", options(8, 5000)).await;
-            let v = until(&again, &parked_run.run_id, |v| {
-                v.epoch == round && parked(v)
-            })
-            .await;
-            assert_ne!(v.holder, still.holder);
-            let kept = status(&again, "acme", &done_run.run_id).await.unwrap();
-            assert_eq!(
-                (kept.epoch, kept.holder.clone()),
-                (done.epoch, done.holder.clone())
-            );
-            if round == 3 {
-                answer(&again, "acme", &parked_run.run_id, json!(true))
-                    .await
-                    .unwrap();
-                let end = until(&again, &parked_run.run_id, |v| v.state == "completed").await;
-                assert_eq!(end.epoch, 3);
-                assert_eq!(
-                    ts.store
-                        .run_checkpoints(&RunId::new(parked_run.run_id.clone()).unwrap())
-                        .await
-                        .unwrap()
-                        .len(),
-                    1,
-                    "the same checkpoint was open each time"
-                );
-            } else {
-                again.shutdown(Duration::from_secs(5)).await;
+    pub async fn parked_runs_hold_no_slot_and_a_new_run_starts_at_the_cap(ts: &TestStore) {
+        let h = booted(&ts.store, "host-a", options(2, 5000)).await;
+        let mut asks = Vec::new();
+        for _ in 0..6 {
+            let r = start(&h, PARKS).await.unwrap();
+            until(&h, &r.run_id, parked).await;
+            asks.push(r);
+        }
+        let nap = start(&h, NAPS).await.unwrap();
+        until(&h, &nap.run_id, |v| {
+            v.checkpoint.as_ref().is_some_and(|c| c.name == "nap")
+        })
+        .await;
+        for _ in 0..200 {
+            if h.driving() == 0 {
+                break;
             }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(h.driving(), 0, "a parked run holds no slot");
+        // Seven runs wait; a cap of two still admits new work at once.
+        let quick = start(&h, QUICK).await.unwrap();
+        until(&h, &quick.run_id, |v| v.state == "completed").await;
+        ts.advance(Duration::from_millis(700)).await;
+        let slept = until(&h, &nap.run_id, |v| v.state == "completed").await;
+        assert_eq!(slept.epoch, 2, "the sleep's deadline woke it: {slept:?}");
+        for r in &asks {
+            answer(&h, "acme", &r.run_id, json!(true)).await.unwrap();
+        }
+        for r in &asks {
+            let done = until(&h, &r.run_id, |v| v.state == "completed").await;
+            assert_eq!(done.epoch, 2);
         }
     }
 
-    pub async fn a_live_host_takes_over_a_run_whose_holder_stopped_renewing(ts: &TestStore) {
-        let a = booted(&ts.store, "host-a", options(8, 400)).await;
+    pub async fn an_answer_given_on_another_host_wakes_a_parked_run(ts: &TestStore) {
+        let a = booted(&ts.store, "host-a", options(8, 5000)).await;
+        let b = booted(&ts.store, "host-b", options(8, 5000)).await;
         let started = start(&a, PARKS).await.unwrap();
-        until(&a, &started.run_id, parked).await;
-        a.shutdown(Duration::from_secs(5)).await;
-        // The holder stopped renewing; its lease runs out.
-        ts.advance(Duration::from_millis(600)).await;
-        let b = booted(&ts.store, "host-b", options(8, 400)).await;
-        let v = until(&b, &started.run_id, |v| {
-            v.epoch == 2 && v.holder.starts_with("host-b/") && parked(v)
-        })
-        .await;
-        assert_eq!(v.state, "running");
+        // Armed first, then parked: a parked run names no holder.
+        until(&a, &started.run_id, |v| parked(v) && v.holder.is_empty()).await;
         answer(&b, "acme", &started.run_id, json!(true))
             .await
             .unwrap();
-        until(&b, &started.run_id, |v| v.state == "completed").await;
+        let done = until(&a, &started.run_id, |v| v.state == "completed").await;
+        assert_eq!(done.epoch, 2);
+        assert!(done.holder.starts_with("host-"), "{done:?}");
+    }
+
+    pub async fn a_restarted_host_leaves_a_parked_run_parked_until_its_answer(ts: &TestStore) {
+        let h = booted(&ts.store, "host-a", options(8, 5000)).await;
+        let parked_run = start(&h, PARKS).await.unwrap();
+        let done_run = start(&h, QUICK).await.unwrap();
+        until(&h, &parked_run.run_id, |v| parked(v) && v.holder.is_empty()).await;
+        let done = until(&h, &done_run.run_id, |v| v.state == "completed").await;
+        h.shutdown(Duration::from_secs(5)).await;
+        let still = status(&h, "acme", &parked_run.run_id).await.unwrap();
+        assert_eq!((still.state.as_str(), still.epoch), ("running", 1));
+        let again = booted(&ts.store, "host-a", options(8, 5000)).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let v = status(&again, "acme", &parked_run.run_id).await.unwrap();
+        assert_eq!(
+            (v.epoch, v.holder.as_str()),
+            (1, ""),
+            "nothing drives a parked run"
+        );
+        assert!(parked(&v));
+        let kept = status(&again, "acme", &done_run.run_id).await.unwrap();
+        assert_eq!((kept.epoch, kept.holder), (done.epoch, done.holder));
+        answer(&again, "acme", &parked_run.run_id, json!(true))
+            .await
+            .unwrap();
+        let end = until(&again, &parked_run.run_id, |v| v.state == "completed").await;
+        assert_eq!(end.epoch, 2);
+    }
+
+    /// Records a run as a Host that died while driving it left it: `running`, held by
+    /// `holder` under epoch 1, with a lease of `lease`.
+    async fn left_driven(ts: &TestStore, run: &str, holder: &str, lease: Duration) {
+        ts.store
+            .create_run(NewRun {
+                run_id: RunId::new(run).unwrap(),
+                tenant: t("acme"),
+                source: QUICK.into(),
+                input: "{}".into(),
+                holder: holder.into(),
+                fencing_token: "old".into(),
+                lease,
+                idempotency_key: None,
+                pins: Vec::new(),
+            })
+            .await
+            .unwrap();
+    }
+
+    pub async fn a_restarted_host_takes_back_its_driven_run_under_the_next_epoch(ts: &TestStore) {
+        left_driven(ts, "run-left", "host-a/old", Duration::from_secs(60)).await;
+        let again = booted(&ts.store, "host-a", options(8, 5000)).await;
+        let v = until(&again, "run-left", |v| v.state == "completed").await;
+        assert_eq!(v.epoch, 2);
+        assert!(
+            v.holder.starts_with("host-a/") && v.holder != "host-a/old",
+            "{v:?}"
+        );
+    }
+
+    pub async fn a_live_host_takes_over_a_run_whose_holder_stopped_renewing(ts: &TestStore) {
+        left_driven(ts, "run-left", "host-a/old", Duration::from_millis(1500)).await;
+        let b = booted(&ts.store, "host-b", options(8, 400)).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let held = status(&b, "acme", "run-left").await.unwrap();
+        assert_eq!(held.epoch, 1, "a live lease is not taken");
+        // The holder stopped renewing; its lease runs out.
+        ts.advance(Duration::from_millis(1500)).await;
+        let v = until(&b, "run-left", |v| v.state == "completed").await;
+        assert_eq!(v.epoch, 2);
+        assert!(v.holder.starts_with("host-b/"), "{v:?}");
     }
 
     pub async fn parallel_resumes_of_an_unheld_run_let_exactly_one_proceed(ts: &TestStore) {
@@ -713,7 +781,10 @@ sessionstore::both_backends!(cases =>
     start_and_resume_answer_unavailable_until_the_boot_reconcile_returns,
     past_the_admission_cap_a_launch_is_refused_and_claims_nothing,
     a_refusal_hints_at_resuming_only_a_run_that_was_recorded,
-    a_restarted_host_takes_back_its_parked_run_under_the_next_epoch,
+    parked_runs_hold_no_slot_and_a_new_run_starts_at_the_cap,
+    an_answer_given_on_another_host_wakes_a_parked_run,
+    a_restarted_host_leaves_a_parked_run_parked_until_its_answer,
+    a_restarted_host_takes_back_its_driven_run_under_the_next_epoch,
     a_live_host_takes_over_a_run_whose_holder_stopped_renewing,
     parallel_resumes_of_an_unheld_run_let_exactly_one_proceed,
     a_run_without_a_recorded_program_is_left_and_the_gate_still_opens,

@@ -50,9 +50,9 @@ pub use model::*;
 pub use options::{LOCAL_STORAGE_BINDING, StoreOptions, Synchronous, local_binding};
 pub use packages::{NewPackage, PackageSummary, Publication, StoredPackage};
 pub use runs::{
-    AnswerRecorded, Checkpoint, CheckpointKind, NewCheckpoint, NewRun, NewStepEntry, RunAnswer,
-    RunCreated, RunEnd, RunFailure, RunFence, RunPin, RunProgram, RunState, RunStatus, StepEntry,
-    StepEntryKind, Takeover, TakeoverRule, holder_host,
+    AnswerRecorded, Checkpoint, CheckpointKind, NewCheckpoint, NewRun, NewStepEntry, PARKED_HOLDER,
+    ParkUntil, RunAnswer, RunCreated, RunEnd, RunFailure, RunFence, RunPin, RunProgram, RunState,
+    RunStatus, StepEntry, StepEntryKind, Takeover, TakeoverRule, holder_host,
 };
 pub use stats::StoreStats;
 pub use store::{BackendKind, Store};

@@ -320,6 +320,30 @@ pub enum RunEnd {
     },
 }
 
+/// The holder of a parked run. No attempt holds a parked run, so it belongs to no Host: a
+/// Host's death or restart does not concern it, and its `lease_expires_at` is its wake-up
+/// time instead of a lease.
+pub const PARKED_HOLDER: &str = "";
+
+/// The wake-up time of a run parked until an answer: never, until the answer sets it to 0.
+const UNTIL_ANSWERED: Millis = Millis::MAX;
+
+/// What a parked run waits for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ParkUntil {
+    /// An answer to this `ask` checkpoint.
+    Answered(String),
+    /// The store's clock reaching this time (a sleep's deadline).
+    Due(Millis),
+}
+
+impl RunStatus {
+    /// Whether no attempt holds the run: it waits on an ask or a sleep, with no driver.
+    pub fn is_parked(&self) -> bool {
+        self.state == RunState::Running && self.holder == PARKED_HOLDER
+    }
+}
+
 // ---- checks ---------------------------------------------------------------------------------
 
 fn check_name(field: &'static str, v: &str) -> StoreResult<()> {
@@ -600,7 +624,7 @@ fn fenced(reason: &'static str) -> StoreError {
 }
 
 /// Checks the fence against the locked status row and moves its current step; the row must be
-/// `running` under the same token.
+/// `running` under the same token, and not parked (a parked run has no writer).
 async fn hold<C: Conn>(
     tx: &mut SqlTx<C>,
     fence: &RunFence,
@@ -610,13 +634,15 @@ async fn hold<C: Conn>(
     let moved = exec(
         tx,
         "UPDATE run_status SET step = COALESCE($1, step), updated_at = $2, revision = revision + 1 \
-         WHERE run_id = $3 AND fencing_token = $4 AND epoch = $5 AND state = 'running'",
+         WHERE run_id = $3 AND fencing_token = $4 AND epoch = $5 AND state = 'running' \
+         AND holder <> $6",
         vec![
             opt_text(step.map(str::to_owned)),
             ms(now),
             text(fence.run_id.as_str()),
             text(&fence.token),
             int(fence.epoch),
+            text(PARKED_HOLDER),
         ],
     )
     .await?;
@@ -879,6 +905,92 @@ pub(crate) async fn pin<C: Conn>(
     pins(tx, &fence.run_id).await
 }
 
+/// Running runs a Host may take over now, soonest due first (at most `limit`): the lease
+/// expired (for a parked run: its wake-up time passed), or the holder names one of `hosts`.
+/// A parked run names no Host, so it is returned only once due.
+pub(crate) async fn to_take<C: Conn>(
+    tx: &mut SqlTx<C>,
+    now: Millis,
+    hosts: &[String],
+    limit: u64,
+) -> StoreResult<Vec<RunStatus>> {
+    let mut q = format!(
+        "SELECT {STATUS_COLS} FROM run_status WHERE state = 'running' AND (lease_expires_at <= $1"
+    );
+    let mut params = vec![ms(now)];
+    for host in hosts {
+        params.push(text(format!("{host}/")));
+        let n = params.len();
+        q.push_str(&format!(" OR substr(holder, 1, length(${n})) = ${n}"));
+    }
+    params.push(int(limit));
+    q.push_str(&format!(
+        ") ORDER BY lease_expires_at, run_id LIMIT ${}",
+        params.len()
+    ));
+    rows(tx, &q, params, "run_status")
+        .await?
+        .iter()
+        .map(decode_status)
+        .collect()
+}
+
+/// Hands a running run back to the store under the driver's fence: it keeps its epoch and
+/// token, names no holder, and wakes when `until` comes (the scan of any Host takes it then).
+/// Returns `false`, writing nothing, when the ask it would wait for is answered already: the
+/// check and the write are one transaction under the run's row lock, which an answer takes
+/// too, so an answer recorded around a park is never lost.
+pub(crate) async fn park<C: Conn>(
+    tx: &mut SqlTx<C>,
+    fence: RunFence,
+    until: ParkUntil,
+    now: Millis,
+) -> StoreResult<bool> {
+    let current = load_status(tx, None, &fence.run_id)
+        .await?
+        .ok_or_else(|| StoreError::not_found("run", fence.run_id.as_str()))?;
+    if current.state != RunState::Running
+        || current.epoch != fence.epoch
+        || current.fencing_token != fence.token
+    {
+        return Err(fenced(
+            "the run is no longer running under this fencing token",
+        ));
+    }
+    let wake_at = match until {
+        ParkUntil::Answered(checkpoint) => {
+            let answered = rows(
+                tx,
+                "SELECT 1 FROM run_answers WHERE run_id = $1 AND checkpoint = $2",
+                vec![text(fence.run_id.as_str()), text(checkpoint)],
+                "run_answer",
+            )
+            .await?;
+            if !answered.is_empty() {
+                return Ok(false);
+            }
+            UNTIL_ANSWERED
+        }
+        ParkUntil::Due(at) => at,
+    };
+    exec(
+        tx,
+        "UPDATE run_status SET holder = $1, lease_expires_at = $2, updated_at = $3, \
+         revision = revision + 1 \
+         WHERE run_id = $4 AND fencing_token = $5 AND epoch = $6 AND state = 'running'",
+        vec![
+            text(PARKED_HOLDER),
+            ms(wake_at),
+            ms(now),
+            text(fence.run_id.as_str()),
+            text(&fence.token),
+            int(fence.epoch),
+        ],
+    )
+    .await?;
+    Ok(true)
+}
+
 /// Moves a running run to a new holder under epoch + 1 and a new fencing token.
 pub(crate) async fn take<C: Conn>(
     tx: &mut SqlTx<C>,
@@ -963,7 +1075,8 @@ async fn host_registration_expired<C: Conn>(
     }
 }
 
-/// Extends the holder's lease; refused once the fence is stale.
+/// Extends the holder's lease; refused once the fence is stale or the run was parked (a
+/// renewal in flight when its driver parked must not turn the wake-up time into a lease).
 pub(crate) async fn renew<C: Conn>(
     tx: &mut SqlTx<C>,
     fence: RunFence,
@@ -974,12 +1087,14 @@ pub(crate) async fn renew<C: Conn>(
     let moved = exec(
         tx,
         "UPDATE run_status SET lease_expires_at = $1 \
-         WHERE run_id = $2 AND fencing_token = $3 AND epoch = $4 AND state = 'running'",
+         WHERE run_id = $2 AND fencing_token = $3 AND epoch = $4 AND state = 'running' \
+         AND holder <> $5",
         vec![
             ms(until),
             text(fence.run_id.as_str()),
             text(&fence.token),
             int(fence.epoch),
+            text(PARKED_HOLDER),
         ],
     )
     .await?;
@@ -1219,7 +1334,8 @@ pub(crate) async fn cancel<C: Conn>(
 
 /// Records an answer to an armed, still open `ask` or `attention` checkpoint. The same value
 /// again is [`AnswerRecorded::Unchanged`]; another value is `conflict`. Answering an attention
-/// checkpoint hands the run back to `running` with an expired lease, so a Host takes it over.
+/// checkpoint hands the run back to `running` with an expired lease, so a Host takes it over;
+/// answering the ask a parked run waits for makes it due at once, likewise.
 pub(crate) async fn answer<C: Conn>(
     tx: &mut SqlTx<C>,
     tenant: TenantId,
@@ -1310,9 +1426,18 @@ pub(crate) async fn answer<C: Conn>(
         ],
     )
     .await?;
-    if status.state == RunState::NeedsAttention
-        && armed.is_some_and(|c| c.kind == CheckpointKind::Attention)
-    {
+    let kind = armed.map(|c| c.kind);
+    if status.is_parked() && kind == Some(CheckpointKind::Ask) {
+        // The run waits for exactly this: due now, for the first Host that looks.
+        exec(
+            tx,
+            "UPDATE run_status SET lease_expires_at = 0, updated_at = $1, \
+             revision = revision + 1 WHERE run_id = $2 AND state = 'running' AND holder = $3",
+            vec![ms(now), text(run_id.as_str()), text(PARKED_HOLDER)],
+        )
+        .await?;
+    }
+    if status.state == RunState::NeedsAttention && kind == Some(CheckpointKind::Attention) {
         exec(
             tx,
             "UPDATE run_status SET state = 'running', lease_expires_at = 0, updated_at = $1, \

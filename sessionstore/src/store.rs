@@ -1220,6 +1220,39 @@ impl Store {
         read_op!(self, |tx| crate::runs::in_state(tx, state, limit))
     }
 
+    /// Running runs a Host may take over at `now` (the store's time), soonest due first, at
+    /// most `limit`: whose
+    /// lease expired (a parked run: whose wake-up time passed) or whose holder names one of
+    /// `hosts` (Hosts the registry says died; a booting Host's own id).
+    pub async fn runs_to_take(
+        &self,
+        now: Millis,
+        hosts: &[HostId],
+        limit: usize,
+    ) -> StoreResult<Vec<crate::runs::RunStatus>> {
+        let limit = limit.min(crate::limits::MAX_PAGE) as u64;
+        let hosts: Vec<String> = hosts.iter().map(|h| h.to_string()).collect();
+        read_op!(self, |tx| crate::runs::to_take(tx, now, &hosts, limit))
+    }
+
+    /// Hands a running run back to the store under the driver's fence until `until` comes;
+    /// `false` (nothing written) when the ask it would wait for is answered already;
+    /// `claim_lost` once the fence is stale.
+    pub async fn park_run(
+        &self,
+        fence: &crate::runs::RunFence,
+        until: crate::runs::ParkUntil,
+    ) -> StoreResult<bool> {
+        crate::runs::check_fence(fence)?;
+        let f = fence.clone();
+        write_op!(
+            self,
+            WriteKey::run(f.run_id.as_str()),
+            [f, until],
+            |tx, now| { crate::runs::park(tx, f, until, now) }
+        )
+    }
+
     /// A run's recorded program (checked against its SHA-256).
     pub async fn run_program(
         &self,

@@ -291,6 +291,130 @@ mod cases {
         assert_eq!(holder_host("bare"), "bare");
     }
 
+    fn ids(runs: &[RunStatus]) -> Vec<&str> {
+        runs.iter().map(|r| r.run_id.as_str()).collect()
+    }
+
+    pub async fn a_parked_run_names_no_holder_and_takes_no_write_under_its_fence(ts: &TestStore) {
+        let s = start(ts, "run-1").await;
+        let f = s.fence();
+        ts.store
+            .arm_run_checkpoint(&f, ask("approve"))
+            .await
+            .unwrap();
+        let parked = ts
+            .store
+            .park_run(&f, ParkUntil::Answered("approve".into()))
+            .await
+            .unwrap();
+        assert!(parked);
+        let now = ts.store.run_status(None, &s.run_id).await.unwrap().unwrap();
+        assert!(now.is_parked(), "{now:?}");
+        assert_eq!((now.epoch, now.holder.as_str()), (1, PARKED_HOLDER));
+        // No writer holds a parked run: a renewal in flight, or a late write, is refused.
+        let renewal = ts
+            .store
+            .renew_run(&f, Duration::from_secs(60))
+            .await
+            .unwrap_err();
+        assert_eq!(renewal.code(), ErrorCode::ClaimLost, "{renewal}");
+        let write = ts
+            .store
+            .append_run_step(&f, result("approve", "{}"))
+            .await
+            .unwrap_err();
+        assert_eq!(write.code(), ErrorCode::ClaimLost, "{write}");
+        let again = ts.store.run_status(None, &s.run_id).await.unwrap().unwrap();
+        assert_eq!(again.lease_expires_at_ms, now.lease_expires_at_ms);
+        // A booting Host's own-runs rule does not reach it: it belongs to no Host.
+        let host = HostId::new("host-a").unwrap();
+        let due = ts
+            .store
+            .runs_to_take(ts.store.now_ms().await.unwrap(), &[host], 100)
+            .await
+            .unwrap();
+        assert!(due.is_empty(), "{due:?}");
+    }
+
+    pub async fn parking_at_an_answered_ask_writes_nothing_and_says_so(ts: &TestStore) {
+        let s = start(ts, "run-1").await;
+        let f = s.fence();
+        ts.store
+            .arm_run_checkpoint(&f, ask("approve"))
+            .await
+            .unwrap();
+        ts.store
+            .answer_run(&tenant("acme"), &s.run_id, "approve", "true", "acme")
+            .await
+            .unwrap();
+        let before = ts.store.run_status(None, &s.run_id).await.unwrap().unwrap();
+        let parked = ts
+            .store
+            .park_run(&f, ParkUntil::Answered("approve".into()))
+            .await
+            .unwrap();
+        assert!(!parked, "the answer is there: the driver goes on");
+        let after = ts.store.run_status(None, &s.run_id).await.unwrap().unwrap();
+        assert_eq!(before, after);
+    }
+
+    pub async fn an_answer_or_a_deadline_makes_a_parked_run_due_for_any_host(ts: &TestStore) {
+        let asked = start(ts, "run-ask").await;
+        let f = asked.fence();
+        ts.store
+            .arm_run_checkpoint(&f, ask("approve"))
+            .await
+            .unwrap();
+        ts.store
+            .park_run(&f, ParkUntil::Answered("approve".into()))
+            .await
+            .unwrap();
+        let napping = start(ts, "run-nap").await;
+        let now = ts.store.now_ms().await.unwrap();
+        ts.store
+            .park_run(&napping.fence(), ParkUntil::Due(now + 500))
+            .await
+            .unwrap();
+        let driven = start(ts, "run-driven").await;
+        let due = |ts: &TestStore| {
+            let store = ts.store.clone();
+            async move {
+                let now = store.now_ms().await.unwrap();
+                store.runs_to_take(now, &[], 100).await.unwrap()
+            }
+        };
+        assert!(due(ts).await.is_empty(), "nothing is due yet");
+        ts.store
+            .answer_run(&tenant("acme"), &asked.run_id, "approve", "true", "acme")
+            .await
+            .unwrap();
+        assert_eq!(ids(&due(ts).await), ["run-ask"]);
+        ts.advance(Duration::from_millis(600)).await;
+        assert_eq!(ids(&due(ts).await), ["run-ask", "run-nap"]);
+        let taken = ts
+            .store
+            .take_run(Takeover {
+                run_id: asked.run_id.clone(),
+                expected_epoch: 1,
+                holder: "host-b/1".into(),
+                fencing_token: "tok-b".into(),
+                lease: Duration::from_secs(60),
+                rule: TakeoverRule::LeaseExpired,
+            })
+            .await
+            .unwrap();
+        assert_eq!((taken.epoch, taken.holder.as_str()), (2, "host-b/1"));
+        // A driven run is due once its Host is named (dead, or booting), or its lease ends.
+        let now = ts.store.now_ms().await.unwrap();
+        let named = ts
+            .store
+            .runs_to_take(now, &[HostId::new("host-a").unwrap()], 100)
+            .await
+            .unwrap();
+        assert_eq!(ids(&named), ["run-nap", "run-driven"]);
+        assert_eq!(driven.holder, "host-a/attempt-1");
+    }
+
     pub async fn a_sleep_armed_again_keeps_its_first_deadline(ts: &TestStore) {
         let s = start(ts, "run-1").await;
         let nap = NewCheckpoint {
@@ -762,6 +886,9 @@ sessionstore::both_backends!(cases =>
     a_takeover_needs_the_read_epoch_and_an_expired_lease_of_another_holder,
     a_run_is_free_once_its_hosts_registration_expires_even_under_a_live_lease,
     a_sleep_armed_again_keeps_its_first_deadline,
+    a_parked_run_names_no_holder_and_takes_no_write_under_its_fence,
+    parking_at_an_answered_ask_writes_nothing_and_says_so,
+    an_answer_or_a_deadline_makes_a_parked_run_due_for_any_host,
     an_answer_is_recorded_once_and_consumed_once,
     a_finished_run_is_final,
     a_cancelled_run_fences_its_driver_out,

@@ -149,6 +149,9 @@ steps:
                 t("approve", "ask", "started"),
                 t("approve", "ask", "parked"),
                 t("approve", "ask", "answered"),
+                // The answer woke the parked run: a new driver replays and goes on.
+                t("warm-up", "sleep", "replayed"),
+                t("approve", "ask", "started"),
                 t("approve", "ask", "finished"),
                 t("greet", "agent", "started"),
                 t("greet", "agent", "finished"),

@@ -7,6 +7,12 @@
 //! store to completion, 1 at a time and 64 at once: runs/s and the ratio to the raw rate.
 //! Each run is five durable writes (the start, three results, the end).
 //!
+//! Then parked runs: `PARKED` (default 10,000) runs of a one-ask program are driven, 64 at
+//! once, until each parks (handed back to the store, its driver gone, as a Host drives them).
+//! Printed: the process's resident memory before and after, the growth per parked run and
+//! its ratio to the baseline, and the time one new run takes to complete with all of them
+//! parked, against the mean time of a run driven alone earlier in the same run.
+//!
 //! PostgreSQL runs when `HOST_TEST_DATABASE_URL` is set.
 
 use std::sync::Arc;
@@ -29,6 +35,14 @@ const RAW_COMMITS: usize = 400;
 const ONE_RUNS: usize = 40;
 const MANY: usize = 64;
 const PER_TASK_RUNS: usize = 4;
+const PARKED: usize = 10_000;
+
+const ASKS: &str = "\
+steps:
+  - name: approve
+    ask: go on?
+    answer: {type: boolean}
+";
 
 const PROGRAM: &str = "\
 steps:
@@ -81,6 +95,10 @@ async fn raw_postgres_rate(url: &str, schema: &str) -> f64 {
 }
 
 fn driver(store: &Store) -> Driver {
+    driver_with(store, None)
+}
+
+fn driver_with(store: &Store, park: Option<Duration>) -> Driver {
     Driver {
         journal: Arc::new(store.clone()),
         env: Arc::new(Echo),
@@ -91,16 +109,22 @@ fn driver(store: &Store) -> Driver {
         options: DriverOptions {
             lease: Duration::from_secs(60),
             poll: Duration::from_millis(100),
+            park,
         },
     }
 }
 
 async fn one_run(store: &Store, d: &Driver, id: String) {
+    let end = drive_new(store, d, id, PROGRAM).await;
+    assert_eq!(end, DriveEnd::Completed);
+}
+
+async fn drive_new(store: &Store, d: &Driver, id: String, program: &str) -> DriveEnd {
     let status = store
         .create_run(NewRun {
             run_id: RunId::new(id).expect("an id"),
             tenant: TenantId::new("bench").expect("a tenant"),
-            source: PROGRAM.into(),
+            source: program.into(),
             input: r#"{"n": 1}"#.into(),
             holder: "bench/1".into(),
             fencing_token: uuid::Uuid::now_v7().simple().to_string(),
@@ -114,11 +138,68 @@ async fn one_run(store: &Store, d: &Driver, id: String) {
         .await
         .expect("a run")
         .status;
-    let end = d
-        .drive(status, Arc::new(Notify::new()), CancellationToken::new())
+    d.drive(status, Arc::new(Notify::new()), CancellationToken::new())
         .await
-        .expect("a drive");
-    assert_eq!(end, DriveEnd::Completed);
+        .expect("a drive")
+}
+
+/// The process's resident set, in bytes (Linux).
+fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+fn parked_count() -> usize {
+    std::env::var("PARKED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(PARKED)
+}
+
+/// Parks `n` runs of a one-ask program, `MANY` drivers at once, then times one new run;
+/// prints memory per parked run against the baseline and the new run against `alone`
+/// (seconds per run driven alone).
+async fn parked(store: &Store, backend: &str, alone: f64) {
+    let n = parked_count();
+    let d = driver_with(store, Some(Duration::ZERO));
+    let baseline = rss_bytes();
+    let start = Instant::now();
+    let mut handles = Vec::new();
+    for t in 0..MANY {
+        let (store, d) = (store.clone(), d.clone());
+        handles.push(tokio::spawn(async move {
+            for i in (t..n).step_by(MANY) {
+                let end = drive_new(&store, &d, format!("parked-{i}"), ASKS).await;
+                assert!(matches!(end, DriveEnd::Parked { .. }), "{end:?}");
+            }
+        }));
+    }
+    for h in handles {
+        h.await.expect("a task");
+    }
+    let parking = start.elapsed();
+    let after = rss_bytes();
+    let per_run = after.saturating_sub(baseline) as f64 / n as f64;
+    println!(
+        "{backend}: {n} runs parked in {:.1} s; resident memory {:.1} MiB before, {:.1} MiB after: {per_run:.0} bytes per parked run ({:.6}x the baseline; goal 4096 bytes)",
+        parking.as_secs_f64(),
+        baseline as f64 / 1048576.0,
+        after as f64 / 1048576.0,
+        per_run / baseline.max(1) as f64
+    );
+    let fresh = Instant::now();
+    one_run(store, &driver(store), "after-parked".into()).await;
+    let took = fresh.elapsed().as_secs_f64();
+    println!(
+        "{backend}: a new run with {n} parked completes in {:.1} ms ({:.2}x a run driven alone, {:.1} ms)",
+        took * 1000.0,
+        took / alone,
+        alone * 1000.0
+    );
 }
 
 /// Runs `tasks` concurrent tasks of `per_task` runs each; runs/s.
@@ -165,6 +246,7 @@ async fn bench_sqlite() {
     let many = runs(&store, "many", MANY, PER_TASK_RUNS).await;
     let raw_after = raw_sqlite_rate(&db.beside("raw-after.db"));
     report("sqlite", (raw_before, raw_after), one, many);
+    parked(&store, "sqlite", 1.0 / one).await;
     store.close().await;
     println!("sqlite: load average {}", load_average());
 }
@@ -180,6 +262,7 @@ async fn bench_postgres(url: String) {
     let many = runs(&store, "many", MANY, PER_TASK_RUNS).await;
     let raw_after = raw_postgres_rate(&url, &raw).await;
     report("postgres", (raw_before, raw_after), one, many);
+    parked(&store, "postgres", 1.0 / one).await;
     store.close().await;
     println!("postgres: load average {}", load_average());
     db.finish().await;

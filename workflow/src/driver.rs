@@ -38,8 +38,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use sessionstore::{
-    CheckpointKind, ErrorCode, NewCheckpoint, NewStepEntry, RunEnd, RunFailure, RunFence, RunId,
-    RunState, RunStatus, StepEntry, StepEntryKind, StoreError,
+    CheckpointKind, ErrorCode, NewCheckpoint, NewStepEntry, ParkUntil, RunEnd, RunFailure,
+    RunFence, RunId, RunState, RunStatus, StepEntry, StepEntryKind, StoreError,
 };
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -95,6 +95,11 @@ pub enum DriveEnd {
     },
     /// The run was cancelled under the driver.
     Cancelled,
+    /// Handed back to the store at an ask or a sleep ([`DriverOptions::park`]): no attempt
+    /// holds the run; the answer, or the sleep's deadline, makes it due for a takeover.
+    Parked {
+        step: String,
+    },
     /// Another attempt holds the run now; this driver stopped without writing.
     Fenced,
     /// Asked to stop (a drain): nothing was written; the run stays running for a successor.
@@ -135,8 +140,13 @@ impl DriveError {
 pub struct DriverOptions {
     /// The holder's lease; renewed every quarter of it while the driver lives.
     pub lease: Duration,
-    /// How often a parked driver re-reads its answers and status without a wake-up.
+    /// How often a waiting driver re-reads its answers and status without a wake-up.
     pub poll: Duration,
+    /// Whether a run waits without a driver: `Some(d)` hands it back to the store at an ask,
+    /// and at a sleep with more than `d` left, and the drive ends [`DriveEnd::Parked`] (a
+    /// Host's scan takes it again once due). `None`: the driver waits in place, for a caller
+    /// that has no scan to wake the run.
+    pub park: Option<Duration>,
 }
 
 impl DriverOptions {
@@ -158,6 +168,7 @@ impl Default for DriverOptions {
         DriverOptions {
             lease: Duration::from_secs(15),
             poll: Duration::from_millis(500),
+            park: None,
         }
     }
 }
@@ -960,6 +971,17 @@ impl Drive<'_> {
                     .result(step, "answered", value, Some(step.name.clone()))
                     .await;
             }
+            if self.d.options.park.is_some() {
+                let until = ParkUntil::Answered(step.name.clone());
+                if self.d.journal.park(&self.fence, until).await? {
+                    tracing::debug!(step = %step.name, "parked at an ask; no driver waits");
+                    return Ok(Flow::End(DriveEnd::Parked {
+                        step: step.name.clone(),
+                    }));
+                }
+                // Answered between the read and the park: read it again.
+                continue;
+            }
             if !parked {
                 parked = true;
                 self.event(step, "parked", None, None);
@@ -991,6 +1013,18 @@ impl Drive<'_> {
             })?;
             let now = self.d.journal.now_ms().await?;
             let mut left = Duration::from_millis(deadline.saturating_sub(now).max(0) as u64);
+            if let Some(after) = self.d.options.park
+                && left > after
+            {
+                self.d
+                    .journal
+                    .park(&self.fence, ParkUntil::Due(deadline))
+                    .await?;
+                tracing::debug!(step = %step.name, ?left, "parked at a sleep; no driver waits");
+                return Ok(Flow::End(DriveEnd::Parked {
+                    step: step.name.clone(),
+                }));
+            }
             while !left.is_zero() {
                 let slice = left.min(self.d.options.poll);
                 let begun = Instant::now();

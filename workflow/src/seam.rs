@@ -10,8 +10,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::Value;
 use sessionstore::{
-    Checkpoint, Millis, NewCheckpoint, NewStepEntry, RunAnswer, RunEnd, RunFence, RunId, RunPin,
-    RunProgram, RunStatus, StepEntry, StoreResult,
+    Checkpoint, Millis, NewCheckpoint, NewStepEntry, ParkUntil, RunAnswer, RunEnd, RunFence, RunId,
+    RunPin, RunProgram, RunStatus, StepEntry, StoreResult,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -35,6 +35,9 @@ pub trait RunJournal: Send + Sync {
     async fn arm(&self, fence: &RunFence, checkpoint: NewCheckpoint) -> StoreResult<Checkpoint>;
     async fn end(&self, fence: &RunFence, how: RunEnd) -> StoreResult<RunStatus>;
     async fn renew(&self, fence: &RunFence, lease: Duration) -> StoreResult<Millis>;
+    /// Hands the run back to the store until `until` comes; `false` when the ask it would
+    /// wait for is answered already (nothing written).
+    async fn park(&self, fence: &RunFence, until: ParkUntil) -> StoreResult<bool>;
     /// The store's time (timers are measured against it).
     async fn now_ms(&self) -> StoreResult<Millis>;
 }
@@ -73,6 +76,9 @@ impl RunJournal for sessionstore::Store {
     }
     async fn renew(&self, fence: &RunFence, lease: Duration) -> StoreResult<Millis> {
         self.renew_run(fence, lease).await
+    }
+    async fn park(&self, fence: &RunFence, until: ParkUntil) -> StoreResult<bool> {
+        self.park_run(fence, until).await
     }
     async fn now_ms(&self) -> StoreResult<Millis> {
         sessionstore::Store::now_ms(self).await

@@ -47,6 +47,7 @@ steps:
             options: DriverOptions {
                 lease: Duration::from_secs(30),
                 poll: Duration::from_millis(20),
+                park: None,
             },
         }
     }

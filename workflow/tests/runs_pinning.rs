@@ -116,6 +116,7 @@ steps:
             options: DriverOptions {
                 lease,
                 poll: Duration::from_millis(20),
+                park: None,
             },
         }
     }

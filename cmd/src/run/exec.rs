@@ -304,6 +304,8 @@ impl Exec<'_> {
             options: DriverOptions {
                 lease: options.lease,
                 poll: options.poll,
+                // Nothing here scans for due runs: the one driver waits in place.
+                park: None,
             },
         };
         let stop = CancellationToken::new();
@@ -390,6 +392,14 @@ impl Exec<'_> {
                     "run {id} needs an operator at step {step}: whether its effect happened is \
                  unknown. Answer `hostd run answer {id} {checkpoint} '{{\"action\":\"retry\"}}'` \
                  (or skip) through a `hostd serve` on this data folder"
+                ));
+                exit::code(EXIT_UNFINISHED)
+            }
+            DriveEnd::Parked { step } => {
+                // This driver never parks (it waits in place), so only a bug lands here.
+                out.error(format_args!(
+                    "run {id} was handed back to the store at step {step}; a `hostd serve` on \
+                 this data folder wakes it"
                 ));
                 exit::code(EXIT_UNFINISHED)
             }

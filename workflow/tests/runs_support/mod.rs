@@ -304,6 +304,9 @@ impl RunJournal for CrashingJournal {
     async fn renew(&self, fence: &RunFence, lease: Duration) -> StoreResult<Millis> {
         self.store.renew_run(fence, lease).await
     }
+    async fn park(&self, fence: &RunFence, until: ParkUntil) -> StoreResult<bool> {
+        self.write(self.store.park_run(fence, until)).await
+    }
     async fn now_ms(&self) -> StoreResult<Millis> {
         self.store.now_ms().await
     }
