@@ -69,6 +69,13 @@ pub(crate) async fn heartbeat(host: Arc<Residency>, first_sent: Instant) {
         };
         match answer {
             Ok(report) => {
+                let took = sent.elapsed();
+                if took > period {
+                    tracing::warn!(
+                        took_ms = took.as_millis() as u64,
+                        "a heartbeat took longer than its period"
+                    );
+                }
                 give_up_at = sent + give_up_after;
                 given_up = false;
                 host.readiness().leases_renewed();

@@ -34,9 +34,7 @@ use sessionstore::{
     SessionRecord, Store, StoreOptions, TenantId,
 };
 use testkit::checker::{StoreView, check};
-#[allow(unused_imports)]
-use testkit::faultproxy::Direction;
-use testkit::faultproxy::{Cut, FaultProxy, ProxyHandle};
+use testkit::faultproxy::{Cut, Direction, FaultProxy, ProxyHandle};
 use testkit::history::Recorder;
 use testkit::pg::FreshDatabase;
 use testkit::process::{Serve, free_port, http_get, tenant_credentials};
@@ -46,8 +44,8 @@ const AGENT: &str = "assistant";
 const BUILD: &str = "hostd-scripted-1";
 
 /// The fleet's timings: the registry expiry the partition was measured at (3 s),
-/// heartbeats well inside it, and a HostLink ping that notices a silent client within 3 s.
-const HEARTBEAT: Duration = Duration::from_millis(500);
+/// heartbeats well inside it (500 ms), and a HostLink ping that notices a silent client
+/// within 3 s.
 const EXPIRY: Duration = Duration::from_secs(3);
 const LINK_PING: Duration = Duration::from_secs(2);
 const LINK_PONG: Duration = Duration::from_secs(1);
@@ -163,6 +161,11 @@ impl Fleet {
     /// Three Hosts on a database of their own, each behind its two proxies; `None` when
     /// PostgreSQL is not configured.
     async fn postgres(label: &str) -> Option<Fleet> {
+        Fleet::postgres_with(label, &[]).await
+    }
+
+    /// [`Fleet::postgres`] with `replace` (flag, value) put in place of the fleet's timings.
+    async fn postgres_with(label: &str, replace: &[(&str, &str)]) -> Option<Fleet> {
         let db = FreshDatabase::create(label).await?;
         let server = server_address(&db.url);
         let tmp = tempfile::tempdir().expect("tempdir");
@@ -171,7 +174,8 @@ impl Fleet {
         for name in ["part-a", "part-b", "part-c"] {
             let store = FaultProxy::start(server).await.expect("a store proxy");
             let url = through(&db.url, store.addr());
-            members.push(Member::launch(tmp.path(), name, &url, &credentials, Some(store)).await);
+            let m = Member::launch(tmp.path(), name, &url, &credentials, Some(store), replace);
+            members.push(m.await);
         }
         let store = Store::open(StoreOptions::new(db.url.clone()))
             .await
@@ -184,7 +188,7 @@ impl Fleet {
         let tmp = tempfile::tempdir().expect("tempdir");
         let (token, credentials) = tenant_credentials(tmp.path(), TENANT);
         let url = format!("sqlite://{}", tmp.path().join("store.db").display());
-        let member = Member::launch(tmp.path(), "solo", &url, &credentials, None).await;
+        let member = Member::launch(tmp.path(), "solo", &url, &credentials, None, &[]).await;
         let store = Store::open(StoreOptions::new(url))
             .await
             .expect("the Host's store");
@@ -211,10 +215,6 @@ impl Fleet {
             members,
             history: Recorder::new(None),
         }
-    }
-
-    fn postgres_backed(&self) -> bool {
-        self.db.is_some()
     }
 
     /// Creates `n` sessions and waits until each create command applied (placed by the fleet
@@ -319,6 +319,7 @@ impl Member {
         store: &str,
         credentials: &Path,
         store_proxy: Option<FaultProxy>,
+        replace: &[(&str, &str)],
     ) -> Member {
         let port = free_port();
         let link = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], port)))
@@ -339,6 +340,11 @@ impl Member {
         args.extend(HOST_TIMINGS.iter().map(|s| (*s).to_owned()));
         if store_proxy.is_some() {
             args.extend(PG_TIMINGS.iter().map(|s| (*s).to_owned()));
+        }
+        for (flag, value) in replace {
+            if let Some(at) = args.iter().position(|a| a == flag) {
+                args[at + 1] = (*value).to_owned();
+            }
         }
         let mut m = Member {
             name: name.into(),
@@ -707,10 +713,6 @@ async fn cut_one_host(
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
-    if stopped.is_none() {
-        let m = tokio::task::spawn_blocking(move || http_get(port, "/metrics")).await;
-        eprintln!("metrics after the watch: {m:?}");
-    }
     let mut failover = Vec::new();
     for w in waiting {
         let (o, at) = w.await.expect("a client");
@@ -802,6 +804,362 @@ async fn a_host_cut_from_postgres_stops_acting_before_its_leases_lapse_and_its_s
         .collect();
     final_probe(&mut clients).await;
     nothing_under_old_epochs_after(&fleet, &ss, &old, cut_ms).await;
+    fleet.check(&ss).await;
+    fleet.stop().await;
+}
+
+// ------------------------------------------------------------------------------- (b)
+
+/// How long PostgreSQL stays slow in scenario (b): `PARTITION_SLOW_SECS`, 10 s by default
+/// (the minute is `PARTITION_SLOW_SECS=60`).
+fn slow_for() -> Duration {
+    let secs = std::env::var("PARTITION_SLOW_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
+    Duration::from_secs(secs)
+}
+
+/// The registry expiry of scenario (b). A heartbeat is about ten round trips and the next
+/// one starts a period after it ends, so 200 ms more on each round trip makes renewals come
+/// 2.5 to 4 s apart (the heartbeat waits behind session writes in its write lane); at 3 s
+/// every lease was lost. The leases must outlive two heartbeats (see the decision note).
+const SLOW_EXPIRY: &str = "8s";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_200_ms_slower_costs_throughput_but_no_lease_and_no_command() {
+    let Some(fleet) =
+        Fleet::postgres_with("part_slow", &[("--registry-expiry", SLOW_EXPIRY)]).await
+    else {
+        return;
+    };
+    let ss = fleet.sessions(6).await;
+    let before = fleet.holders(&ss).await;
+    let load = Workload::start(&fleet, &ss);
+    let window = Duration::from_secs(5);
+    tokio::time::sleep(window).await;
+    let base = load.applied();
+    let rate_before = base as f64 / window.as_secs_f64();
+
+    // 100 ms each way: every round trip to PostgreSQL takes 200 ms longer.
+    fleet
+        .history
+        .fault("slow", "PostgreSQL 200 ms slower for every Host");
+    for m in &fleet.members {
+        m.store_link()
+            .delay(Direction::Both, Duration::from_millis(100), Duration::ZERO);
+    }
+    let slow = slow_for();
+    tokio::time::sleep(slow).await;
+    let rate_during = (load.applied() - base) as f64 / slow.as_secs_f64();
+
+    // No lease-loss storm: every session is still where it was, under the same epoch.
+    let during = fleet.holders(&ss).await;
+    for m in &fleet.members {
+        m.store_link().heal();
+    }
+    fleet
+        .history
+        .fault("heal", "PostgreSQL at full speed again");
+    println!(
+        "slow: {rate_before:.1} commands/s before, {rate_during:.1} during {slow:?} of a 200 ms slower PostgreSQL (ratio {:.2})",
+        rate_during / rate_before.max(f64::MIN_POSITIVE)
+    );
+    let mut clients = load.stop().await;
+    final_probe(&mut clients).await;
+    // No lease-loss storm: no Host gave its sessions up, and every session is still where it
+    // was, under the same epoch (a residency given up is released, and placed again under a
+    // new one).
+    let after = fleet.holders(&ss).await;
+    for m in &fleet.members {
+        let log = m.serve().log_text();
+        assert!(
+            !log.contains("giving every residency up") && !log.contains("ending residency"),
+            "{} lost residencies while PostgreSQL was slow:\n{log}",
+            m.name
+        );
+    }
+    for (i, ((b, d), a)) in before.iter().zip(&during).zip(&after).enumerate() {
+        assert_eq!(
+            [(b.0, b.1), (d.0, d.1)],
+            [(a.0, a.1), (a.0, a.1)],
+            "session {} moved while PostgreSQL was slow",
+            ss[i].session
+        );
+    }
+    assert!(
+        rate_during < rate_before,
+        "throughput did not drop: {rate_before:.1}/s before, {rate_during:.1}/s slow"
+    );
+    assert!(
+        rate_during > 0.0,
+        "nothing applied while PostgreSQL was slow"
+    );
+    final_probe(&mut clients).await;
+    fleet.check(&ss).await;
+    fleet.stop().await;
+}
+
+// ------------------------------------------------------------------------------- (c)
+
+/// Runs the workload for `run`, resetting every connection `cut` reaches every 400 ms, then
+/// heals, stops the clients and probes every session once.
+async fn cut_repeatedly_under_load(
+    fleet: &Fleet,
+    ss: &[SessionRecord],
+    run: Duration,
+    what: &str,
+    cut: impl Fn(&Member) -> ProxyHandle,
+) -> u64 {
+    let load = Workload::start(fleet, ss);
+    let started = Instant::now();
+    let mut cuts = 0u64;
+    while started.elapsed() < run {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        for m in &fleet.members {
+            cut(m).cut_all(Cut::Reset);
+        }
+        cuts += 1;
+        fleet.history.fault("cut", format!("{what} reset"));
+    }
+    let applied = load.applied();
+    let mut clients = load.stop().await;
+    for m in &fleet.members {
+        let port = m.port;
+        testkit::eventually("every Host ready after the cuts", async || {
+            match readyz(port).await {
+                Some((200, _)) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+    }
+    final_probe(&mut clients).await;
+    println!("{what}: {cuts} rounds of resets, {applied} commands applied meanwhile");
+    applied
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_connections_reset_mid_transaction_again_and_again_lose_and_repeat_nothing() {
+    let Some(fleet) = Fleet::postgres("part_resets").await else {
+        return;
+    };
+    let ss = fleet.sessions(6).await;
+    let applied = cut_repeatedly_under_load(
+        &fleet,
+        &ss,
+        Duration::from_secs(8),
+        "every PostgreSQL connection",
+        Member::store_link,
+    )
+    .await;
+    assert!(applied > 0, "nothing applied between the resets");
+    fleet.check(&ss).await;
+    fleet.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_host_links_reset_mid_command_again_and_again_lose_and_repeat_nothing() {
+    let fleet = Fleet::sqlite().await;
+    let ss = fleet.sessions(4).await;
+    let applied = cut_repeatedly_under_load(
+        &fleet,
+        &ss,
+        Duration::from_secs(6),
+        "every HostLink connection",
+        |m| m.link.handle(),
+    )
+    .await;
+    assert!(applied > 0, "nothing applied between the resets");
+    fleet.check(&ss).await;
+    fleet.stop().await;
+}
+
+// ------------------------------------------------------------------------------- (d)
+
+/// A client's link black-holed while its command runs: the Host ends the link by its ping,
+/// the command applies once, and the client's resend under the same id finds it.
+async fn black_hole_a_link_mid_command(fleet: &Fleet) {
+    let ss = fleet.sessions(1).await;
+    let s = &ss[0];
+    let mut c = Client::new(fleet, s.clone(), 0);
+    c.place().await;
+    let host = c
+        .placed
+        .as_ref()
+        .map(|p| p.observation.host_id.to_string())
+        .expect("placed through the Host's client proxy");
+    let member = fleet
+        .members
+        .iter()
+        .find(|m| m.name == host)
+        .expect("one of ours");
+    let command = CommandId::new("slow-1").expect("a command id");
+    let marker = "mk-0-slow-";
+    let body = CommandBodyV1::Input {
+        text: format!("/slow 1500 {marker} takes a while"),
+    };
+    c.admit(&command, &body, Some(marker)).await;
+    c.deliver(&command).await;
+    // Mid-command: claimed and attempted, not yet settled.
+    testkit::eventually("the command to be attempted", async || {
+        let rec = fleet
+            .store
+            .command(&s.tenant, &s.session, &command)
+            .await
+            .map_err(|e| e.to_string())?;
+        testkit::poll::check(rec.attempt.is_some(), || format!("{rec:?}"))
+    })
+    .await;
+    let ended_before = member.serve().log_text().matches("3012 no pong").count();
+    member.link.handle().black_hole();
+    fleet.history.fault(
+        "partition",
+        format!("the client's link to {host} black-holed"),
+    );
+    let cut = Instant::now();
+    // The Host notices by its ping within ping + pong (the documented bound).
+    let bound = LINK_PING + LINK_PONG;
+    let noticed = testkit::eventually("the Host to end the silent link", async || {
+        let ended = member.serve().log_text().matches("3012 no pong").count();
+        testkit::poll::check(ended > ended_before, || "not yet".into()).map(|()| cut.elapsed())
+    })
+    .await;
+    println!("link black-holed: the Host ended it after {noticed:?} (bound {bound:?})");
+    assert!(
+        noticed <= bound + Duration::from_secs(1),
+        "the Host noticed the silent link after {noticed:?}, past {bound:?}"
+    );
+    // The command still applies, once.
+    let done = testkit::terminal(&fleet.store, s, &command).await;
+    assert_eq!(done.outcome, Some(Outcome::Applied));
+    // Healed, the client resends the same command under the same id: it finds it applied.
+    member.link.handle().heal();
+    fleet.history.fault("heal", format!("the link to {host}"));
+    c.placed = None;
+    c.admit(&command, &body, Some(marker)).await;
+    let again = fleet
+        .controller
+        .admit(&s.session, command.clone(), body.clone())
+        .await
+        .expect("the resend is admitted");
+    assert_eq!(again.outcome, Some(Outcome::Applied));
+    assert_eq!(again.accepted_order, done.accepted_order);
+    assert_eq!(
+        c.observe(&command, Duration::from_secs(5)).await,
+        Some(Outcome::Applied)
+    );
+    let o = c.step(|m| format!("after the heal {m}")).await;
+    assert_eq!(o, Some(Outcome::Applied));
+    fleet.check(&ss).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_link_black_holed_mid_command_is_ended_by_ping_and_its_command_applies_once() {
+    let Some(fleet) = Fleet::postgres("part_link").await else {
+        return;
+    };
+    black_hole_a_link_mid_command(&fleet).await;
+    fleet.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_link_black_holed_mid_command_is_ended_by_ping_and_its_command_applies_once() {
+    let fleet = Fleet::sqlite().await;
+    black_hole_a_link_mid_command(&fleet).await;
+    fleet.stop().await;
+}
+
+// ------------------------------------------------------------------------------- (e)
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_host_frozen_across_a_partition_heal_applies_nothing_under_its_old_epochs() {
+    let Some(fleet) = Fleet::postgres("part_frozen").await else {
+        return;
+    };
+    let ss = fleet.sessions(6).await;
+    let held = fleet.holders(&ss).await;
+    let victim = (0..fleet.members.len())
+        .max_by_key(|m| held.iter().filter(|h| h.0 == *m).count())
+        .expect("a Host");
+    let old: Vec<(usize, ResidencyEpoch)> = held
+        .iter()
+        .enumerate()
+        .filter(|(_, h)| h.0 == victim)
+        .map(|(i, h)| (i, h.1))
+        .collect();
+    let load = Workload::start(&fleet, &ss);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let member = &fleet.members[victim];
+    member.store_link().black_hole();
+    fleet
+        .history
+        .fault("partition", format!("{} cut from PostgreSQL", member.name));
+    let cut_ms = fleet.store.now_ms().await.expect("the store's clock");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    member.serve().freeze();
+    fleet
+        .history
+        .fault("freeze", format!("{} SIGSTOP", member.name));
+    // Its sessions move while it is frozen.
+    for (i, _) in &old {
+        testkit::eventually("a successor to hold the session", async || {
+            match fleet.holder(&ss[*i]).await {
+                Some((h, _, _)) if h != victim => Ok(()),
+                other => Err(format!("{:?}", other.map(|o| o.0))),
+            }
+        })
+        .await;
+    }
+    // The partition heals while it is frozen; then it wakes.
+    member.store_link().heal();
+    fleet
+        .history
+        .fault("heal", format!("{} reaches PostgreSQL", member.name));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    member.serve().thaw();
+    fleet
+        .history
+        .fault("thaw", format!("{} SIGCONT", member.name));
+    let port = member.port;
+    testkit::eventually("the thawed Host to be ready", async || {
+        match readyz(port).await {
+            Some((200, _)) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut clients = load.stop().await;
+    final_probe(&mut clients).await;
+    nothing_under_old_epochs_after(&fleet, &ss, &old, cut_ms).await;
+    fleet.check(&ss).await;
+    fleet.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_host_frozen_across_a_client_partition_heal_loses_and_repeats_nothing() {
+    let fleet = Fleet::sqlite().await;
+    let ss = fleet.sessions(3).await;
+    let load = Workload::start(&fleet, &ss);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let member = &fleet.members[0];
+    member.link.handle().black_hole();
+    fleet
+        .history
+        .fault("partition", "the clients' links black-holed");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    member.serve().freeze();
+    fleet.history.fault("freeze", "SIGSTOP");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    member.link.handle().heal();
+    fleet.history.fault("heal", "the clients' links");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    member.serve().thaw();
+    fleet.history.fault("thaw", "SIGCONT");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut clients = load.stop().await;
+    final_probe(&mut clients).await;
     fleet.check(&ss).await;
     fleet.stop().await;
 }
