@@ -5,7 +5,7 @@
 //! this Host's generation holds and refreshes its registrations (see
 //! `docs/decisions/2026-11-30-fleet-per-host-liveness.md`). A residency whose lease the
 //! heartbeat did not renew was lost (taken by a successor, or lapsed) and is ended. When no
-//! heartbeat goes through (the store failing or silent), every residency is given up one
+//! heartbeat goes through (the store failing or silent), every residency is given up half a
 //! period before its lease could lapse (see [`heartbeat`]). The per-session epochs stay the
 //! fence: the heartbeat only extends leases still held, never revives one. The fault watch
 //! asks the residency owner to end a residency whose runtime is unsound. Neither ends a
@@ -23,7 +23,7 @@ use crate::resident::ResidentState;
 /// Heartbeats until the Host stops.
 ///
 /// Each lease a heartbeat renews expires at the store's clock when the write runs plus
-/// `registry_expiry`, so never before the instant the write was sent plus that expiry. One
+/// `registry_expiry`, so never before the instant the write was sent plus that expiry. Half a
 /// heartbeat period before that instant (`registry_expiry` is at least three periods, so two
 /// renewals had their chance), a Host whose heartbeats have not gone through gives every
 /// residency up and reports `store_unreachable`, whether its last write failed or is still
@@ -31,18 +31,17 @@ use crate::resident::ResidentState;
 /// own, before any successor can take them. A heartbeat that goes through again clears that.
 pub(crate) async fn heartbeat(host: Arc<Residency>, first_sent: Instant) {
     let period = host.config().registry_heartbeat;
-    let give_up_after = host.config().registry_expiry.saturating_sub(period);
+    let give_up_after = host.config().registry_expiry.saturating_sub(period / 2);
     let mut give_up_at = first_sent + give_up_after;
     let mut given_up = false;
-    // After a failed heartbeat the next comes sooner (a quarter period), so a store that is
-    // back within the leases' life renews them in time.
-    let mut wait = period;
+    // Heartbeats start a period apart. After a failed one the next comes sooner (a quarter
+    // period), so a store that is back within the leases' life renews them in time.
+    let mut next = first_sent + period;
     loop {
         tokio::select! {
             _ = host.shutdown().cancelled() => return,
-            _ = tokio::time::sleep(wait) => {}
+            _ = tokio::time::sleep_until(next) => {}
         }
-        wait = period;
         // Only residencies in the table before the write began are judged by its answer: one
         // attached meanwhile took its lease after the renewal statement ran.
         let before = host.residents();
@@ -53,6 +52,9 @@ pub(crate) async fn heartbeat(host: Arc<Residency>, first_sent: Instant) {
             retention: host.config().registry_retention,
         };
         let sent = Instant::now();
+        // Paced from each write's start, not its end: a slow write must not also push the
+        // next renewal a whole period further.
+        next = sent + period;
         // The write is never abandoned (a store call cut off midway proves nothing); the
         // residencies are given up beside it when the deadline passes first.
         let write = host.store().heartbeat(beat);
@@ -125,7 +127,7 @@ pub(crate) async fn heartbeat(host: Arc<Residency>, first_sent: Instant) {
                 } else {
                     tracing::warn!(error = %e, "heartbeat failed; retrying");
                 }
-                wait = period / 4;
+                next = next.min(Instant::now() + period / 4);
             }
         }
     }
