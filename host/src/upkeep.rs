@@ -5,8 +5,8 @@
 //! this Host's generation holds and refreshes its registrations (see
 //! `docs/decisions/2026-11-30-fleet-per-host-liveness.md`). A residency whose lease the
 //! heartbeat did not renew was lost (taken by a successor, or lapsed) and is ended. When no
-//! heartbeat goes through (the store failing or silent), every residency is given up half a
-//! period before its lease could lapse (see [`heartbeat`]). The per-session epochs stay the
+//! heartbeat goes through (the store failing or silent), every residency is given up a quarter
+//! of a period before its lease could lapse (see [`heartbeat`]). The per-session epochs stay the
 //! fence: the heartbeat only extends leases still held, never revives one. The fault watch
 //! asks the residency owner to end a residency whose runtime is unsound. Neither ends a
 //! residency itself, and neither writes anything once the Host stops.
@@ -23,15 +23,15 @@ use crate::resident::ResidentState;
 /// Heartbeats until the Host stops.
 ///
 /// Each lease a heartbeat renews expires at the store's clock when the write runs plus
-/// `registry_expiry`, so never before the instant the write was sent plus that expiry. Half a
-/// heartbeat period before that instant (`registry_expiry` is at least three periods, so two
+/// `registry_expiry`, so never before the instant the write was sent plus that expiry. A
+/// quarter of a heartbeat period before that instant (`registry_expiry` is at least three periods, so two
 /// renewals had their chance), a Host whose heartbeats have not gone through gives every
 /// residency up and reports `store_unreachable`, whether its last write failed or is still
 /// waiting on a silent network: it stops acting as resident while its leases are still its
 /// own, before any successor can take them. A heartbeat that goes through again clears that.
 pub(crate) async fn heartbeat(host: Arc<Residency>, first_sent: Instant) {
     let period = host.config().registry_heartbeat;
-    let give_up_after = host.config().registry_expiry.saturating_sub(period / 2);
+    let give_up_after = host.config().registry_expiry.saturating_sub(period / 4);
     let mut give_up_at = first_sent + give_up_after;
     let mut given_up = false;
     // Heartbeats start a period apart. After a failed one the next comes sooner (a quarter

@@ -568,7 +568,7 @@ impl Workload {
                 let (stop, applied) = (stop.clone(), applied.clone());
                 tokio::spawn(async move {
                     while !stop.load(Ordering::SeqCst) {
-                        let slow = c.next % 3 == 0;
+                        let slow = c.next.is_multiple_of(3);
                         let o = c
                             .step(|m| {
                                 if slow {
