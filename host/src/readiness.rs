@@ -1,7 +1,8 @@
 //! Whether this Host can do its work now, and if not, why: the one source `/readyz` answers
 //! from. Owns the store probe's findings (the store unreachable past a bound, this Host's id
-//! taken by a newer generation) and the persistence faults sessions latched; the lifecycle
-//! flags (started, draining) stay the residency owner's and are passed in. Never decides to
+//! taken by a newer generation), whether the heartbeat renewed the leases in time, and the
+//! persistence faults sessions latched; the lifecycle flags (started, draining) stay the
+//! residency owner's and are passed in. Never decides to
 //! stop anything itself: a fence is announced on a watch channel for the process to act on.
 
 use std::sync::Mutex;
@@ -76,6 +77,9 @@ struct Fault {
 pub(crate) struct Readiness {
     bound: Duration,
     probed: Mutex<Probed>,
+    /// Since when, and why, no heartbeat has renewed this Host's leases in time (every
+    /// residency was given up); cleared by the next heartbeat that goes through.
+    unrenewed: Mutex<Option<(Instant, String)>>,
     fault: Mutex<Option<Fault>>,
     fence: watch::Sender<Option<Fence>>,
 }
@@ -97,6 +101,7 @@ impl Readiness {
                 last_ok: Instant::now(),
                 failing: None,
             }),
+            unrenewed: Mutex::new(None),
             fault: Mutex::new(None),
             fence: watch::channel(None).0,
         }
@@ -125,6 +130,21 @@ impl Readiness {
     /// The store did not answer the probe.
     pub(crate) fn store_failed(&self, reason: String) {
         lock(&self.probed).failing = Some(reason);
+    }
+
+    /// No heartbeat renewed the leases in time: every residency was given up. Reported as
+    /// `store_unreachable` at once, whatever the probe's bound, until
+    /// [`Readiness::leases_renewed`].
+    pub(crate) fn leases_unrenewed(&self, why: String) {
+        let mut u = lock(&self.unrenewed);
+        if u.is_none() {
+            *u = Some((Instant::now(), why));
+        }
+    }
+
+    /// A heartbeat went through: the leases are renewed again.
+    pub(crate) fn leases_renewed(&self) {
+        *lock(&self.unrenewed) = None;
     }
 
     /// A session latched a persistence fault.
@@ -191,7 +211,15 @@ impl Readiness {
                 detail: f.to_string(),
             });
         }
-        {
+        if let Some((since, why)) = lock(&self.unrenewed).as_ref() {
+            reasons.push(NotReady {
+                code: "store_unreachable",
+                detail: format!(
+                    "no heartbeat renewed this Host's leases in time ({why}); every residency was given up {} ms ago",
+                    since.elapsed().as_millis()
+                ),
+            });
+        } else {
             let p = lock(&self.probed);
             let silent = p.last_ok.elapsed();
             if let Some(why) = &p.failing
@@ -227,6 +255,20 @@ mod tests {
         let report = r.report(true, false);
         assert!(report.ready);
         assert_eq!(report.text(), "ready\n");
+    }
+
+    #[test]
+    fn leases_given_up_unrenewed_report_store_unreachable_at_once_until_a_renewal() {
+        // A probe bound far longer than the test: only the heartbeat's finding can say it.
+        let r = Readiness::new(Duration::from_secs(3600));
+        r.store_answered(false);
+        r.leases_unrenewed("no heartbeat answered".into());
+        let report = r.report(true, false);
+        assert!(!report.ready);
+        assert_eq!(report.reasons[0].code, "store_unreachable");
+        assert!(report.reasons[0].detail.contains("no heartbeat answered"));
+        r.leases_renewed();
+        assert!(r.report(true, false).ready);
     }
 
     #[test]

@@ -50,6 +50,10 @@ pub(crate) enum EndReason {
     Lost(String),
     /// The runtime faulted or is unsound: abandon it, tombstone, release.
     Fault(String),
+    /// No heartbeat renewed the lease in time: it may lapse before the store is heard from
+    /// again, so stop now, while it is still ours; then tombstone and release (retried until
+    /// the store answers, and refused by it if a successor took the session meanwhile).
+    Unrenewed(String),
 }
 
 impl std::fmt::Display for EndReason {
@@ -57,6 +61,7 @@ impl std::fmt::Display for EndReason {
         match self {
             EndReason::Lost(r) => write!(f, "residency lost: {r}"),
             EndReason::Fault(r) => write!(f, "runtime fault: {r}"),
+            EndReason::Unrenewed(r) => write!(f, "residency given up unrenewed: {r}"),
         }
     }
 }

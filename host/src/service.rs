@@ -248,8 +248,10 @@ impl Service {
             .await?;
         let mut first = host.advertisement(true);
         first.generation = generation;
-        let report = host
-            .store()
+        // Leases this advertisement renews expire at the store's clock when it runs plus the
+        // registry expiry: never before this instant plus the expiry.
+        let first_sent = tokio::time::Instant::now();
+        host.store()
             .heartbeat(sessionstore::HostHeartbeat {
                 advertisement: first,
                 weight_used: 0,
@@ -260,10 +262,7 @@ impl Service {
                 HostError::internal(format!("the first advertisement was refused: {e}"))
             })?;
         host.mark_started(generation);
-        host.spawn(crate::upkeep::heartbeat(
-            host.clone(),
-            report.target.expires_at_ms,
-        ));
+        host.spawn(crate::upkeep::heartbeat(host.clone(), first_sent));
         let me = self.inner.clone();
         host.spawn(async move { me.admission_hints().await });
         let me = self.clone();

@@ -4,32 +4,44 @@
 //! sessions: it publishes the advertisement and the charged weight, renews every live lease
 //! this Host's generation holds and refreshes its registrations (see
 //! `docs/decisions/2026-11-30-fleet-per-host-liveness.md`). A residency whose lease the
-//! heartbeat did not renew was lost (taken by a successor, or lapsed) and is ended; when
-//! heartbeats fail until the last renewed expiry passes, every residency is ended. The per-
-//! session epochs stay the fence: the heartbeat only extends leases still held, never revives
-//! one. The fault watch asks the residency owner to end a residency whose runtime is unsound.
-//! Neither ends a residency itself, and neither writes anything once the Host stops.
+//! heartbeat did not renew was lost (taken by a successor, or lapsed) and is ended. When no
+//! heartbeat goes through (the store failing or silent), every residency is given up a quarter
+//! of a period before its lease could lapse (see [`heartbeat`]). The per-session epochs stay the
+//! fence: the heartbeat only extends leases still held, never revives one. The fault watch
+//! asks the residency owner to end a residency whose runtime is unsound. Neither ends a
+//! residency itself, and neither writes anything once the Host stops.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use sessionstore::{Clock, ErrorCode, HostHeartbeat, RenewedResidency, SystemClock};
+use sessionstore::{ErrorCode, HostHeartbeat, RenewedResidency};
+use tokio::time::Instant;
 
 use crate::residency::{EndReason, Residency, SessionCtx};
 use crate::resident::ResidentState;
 
 /// Heartbeats until the Host stops.
-pub(crate) async fn heartbeat(host: Arc<Residency>, first_expiry_ms: i64) {
-    let mut valid_until = first_expiry_ms;
-    // After a failed heartbeat the next comes sooner (a quarter period), so a store that is
-    // back within the leases' life renews them in time.
-    let mut wait = host.config().registry_heartbeat;
+///
+/// Each lease a heartbeat renews expires at the store's clock when the write runs plus
+/// `registry_expiry`, so never before the instant the write was sent plus that expiry. A
+/// quarter of a heartbeat period before that instant (`registry_expiry` is at least three periods, so two
+/// renewals had their chance), a Host whose heartbeats have not gone through gives every
+/// residency up and reports `store_unreachable`, whether its last write failed or is still
+/// waiting on a silent network: it stops acting as resident while its leases are still its
+/// own, before any successor can take them. A heartbeat that goes through again clears that.
+pub(crate) async fn heartbeat(host: Arc<Residency>, first_sent: Instant) {
+    let period = host.config().registry_heartbeat;
+    let give_up_after = host.config().registry_expiry.saturating_sub(period / 4);
+    let mut give_up_at = first_sent + give_up_after;
+    let mut given_up = false;
+    // Heartbeats start a period apart. After a failed one the next comes sooner (a quarter
+    // period), so a store that is back within the leases' life renews them in time.
+    let mut next = first_sent + period;
     loop {
         tokio::select! {
             _ = host.shutdown().cancelled() => return,
-            _ = tokio::time::sleep(wait) => {}
+            _ = tokio::time::sleep_until(next) => {}
         }
-        wait = host.config().registry_heartbeat;
         // Only residencies in the table before the write began are judged by its answer: one
         // attached meanwhile took its lease after the renewal statement ran.
         let before = host.residents();
@@ -39,9 +51,36 @@ pub(crate) async fn heartbeat(host: Arc<Residency>, first_expiry_ms: i64) {
             weight_used: host.weight_consumed(),
             retention: host.config().registry_retention,
         };
-        match host.store().heartbeat(beat).await {
+        let sent = Instant::now();
+        // Paced from each write's start, not its end: a slow write must not also push the
+        // next renewal a whole period further.
+        next = sent + period;
+        // The write is never abandoned (a store call cut off midway proves nothing); the
+        // residencies are given up beside it when the deadline passes first.
+        let write = host.store().heartbeat(beat);
+        tokio::pin!(write);
+        let answer = loop {
+            tokio::select! {
+                _ = host.shutdown().cancelled() => return,
+                answer = &mut write => break answer,
+                _ = tokio::time::sleep_until(give_up_at), if !given_up => {
+                    given_up = true;
+                    give_up(&host, "no heartbeat answered");
+                }
+            }
+        };
+        match answer {
             Ok(report) => {
-                valid_until = report.target.expires_at_ms;
+                let took = sent.elapsed();
+                if took > period {
+                    tracing::warn!(
+                        took_ms = took.as_millis() as u64,
+                        "a heartbeat took longer than its period"
+                    );
+                }
+                give_up_at = sent + give_up_after;
+                given_up = false;
+                host.readiness().leases_renewed();
                 let renewed: HashSet<RenewedResidency> = report.renewed.into_iter().collect();
                 for r in before {
                     if r.state() == ResidentState::Ended {
@@ -53,7 +92,7 @@ pub(crate) async fn heartbeat(host: Arc<Residency>, first_expiry_ms: i64) {
                         epoch: r.epoch,
                     };
                     if renewed.contains(&key) {
-                        r.set_lease_expiry(valid_until);
+                        r.set_lease_expiry(report.target.expires_at_ms);
                     } else if r.state() == ResidentState::Resident {
                         host.end_later(
                             r,
@@ -80,22 +119,32 @@ pub(crate) async fn heartbeat(host: Arc<Residency>, first_expiry_ms: i64) {
                     // The store answers but refuses writes (a full disk): `/readyz` says so.
                     host.readiness().host_write_failed(e.to_string());
                 }
-                let now = SystemClock.now_ms();
-                if now >= valid_until {
-                    tracing::error!(error = %e, "heartbeats failed past the leases' expiry");
-                    for r in host.residents() {
-                        host.end_later(
-                            r,
-                            EndReason::Lost(format!(
-                                "the leases expired while heartbeats failed: {e}"
-                            )),
-                        );
+                if Instant::now() >= give_up_at {
+                    if !given_up {
+                        given_up = true;
+                        give_up(&host, &format!("heartbeats failed: {e}"));
                     }
                 } else {
                     tracing::warn!(error = %e, "heartbeat failed; retrying");
-                    wait = host.config().registry_heartbeat / 4;
                 }
+                next = next.min(Instant::now() + period / 4);
             }
+        }
+    }
+}
+
+/// Gives every residency up before its lease can lapse unrenewed, and says so on `/readyz`.
+fn give_up(host: &Arc<Residency>, why: &str) {
+    let residents = host.residents();
+    tracing::error!(
+        sessions = residents.len(),
+        why,
+        "no heartbeat renewed the leases in time; giving every residency up"
+    );
+    host.readiness().leases_unrenewed(why.to_owned());
+    for r in residents {
+        if r.state() == ResidentState::Resident {
+            host.end_later(r, EndReason::Unrenewed(why.to_owned()));
         }
     }
 }

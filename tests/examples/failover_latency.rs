@@ -11,6 +11,9 @@
 //! With `FAILOVER_SIGNAL=stop` the victim is frozen (SIGSTOP) instead, and killed only once
 //! its sessions have moved. Every admission and kill is recorded, and the exactly-once checker
 //! (`testkit::checker`) judges the run at the end: it exits non-zero on any violation.
+//!
+//! `FAILOVER_CASE=partition` measures a partition instead (see [`partition`]): the victim is
+//! cut from PostgreSQL by a fault proxy (a black hole) and keeps running.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -131,6 +134,9 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 #[tokio::main]
 async fn main() {
+    if std::env::var("FAILOVER_CASE").is_ok_and(|v| v == "partition") {
+        return partition::run().await;
+    }
     let Some(db) = FreshDatabase::create("failover_latency").await else {
         eprintln!("HOST_TEST_DATABASE_URL is unset");
         return;
@@ -323,5 +329,263 @@ async fn main() {
     if !report.is_clean() {
         eprintln!("{report}");
         std::process::exit(1);
+    }
+}
+
+/// `FAILOVER_CASE=partition`: three Hosts at the timings the issue measured a partition at
+/// (heartbeat 500 ms, registry expiry 3 s, fleet reconciler every 300 ms), each reaching
+/// PostgreSQL through a fault proxy of its own. For each of `PARTITIONS` rounds the Host holding the most sessions is cut
+/// from PostgreSQL (a black hole: silence, nothing closed) while it keeps running; one input
+/// is admitted on each of its sessions right after the cut, and the time from the cut until
+/// each is applied under a successor is recorded. Then the cut heals and the Host rejoins
+/// before the next round. Prints p50, p99 and max against registry expiry + 1 s, and how long
+/// after each cut the cut Host's `/readyz` said `store_unreachable`; the exactly-once checker
+/// judges the whole run.
+mod partition {
+    use super::*;
+    use testkit::faultproxy::FaultProxy;
+
+    const PARTITIONS: usize = 10;
+    /// The registry expiry the issue measured a partition at (heartbeat 500 ms).
+    const CUT_EXPIRY: Duration = Duration::from_secs(3);
+
+    fn cut_host(dir: &std::path::Path, name: &str, url: &str) -> Serve {
+        Serve::start(
+            dir,
+            name,
+            &[
+                "--store",
+                url,
+                "--credentials-file",
+                "credentials",
+                "--data-dir",
+                &format!(".hostd-{name}"),
+                "--host-id",
+                name,
+                "--registry-heartbeat",
+                "500ms",
+                "--registry-expiry",
+                "3s",
+                "--registry-retention",
+                "30s",
+                "--reconcile-interval",
+                "200ms",
+                "--claim-ttl",
+                "3s",
+                "--fleet-interval",
+                "300ms",
+                "--fleet-leader-ttl",
+                "2s",
+                "--fleet-assignment-ttl",
+                "3s",
+                "--pg-idle-transaction-timeout",
+                "2s",
+                "--pg-acquire-timeout",
+                "2s",
+            ],
+        )
+    }
+
+    fn through(url: &str, addr: std::net::SocketAddr) -> String {
+        let (scheme, rest) = url.split_once("://").unwrap();
+        let end = rest.find(['/', '?']).unwrap_or(rest.len());
+        let (authority, tail) = rest.split_at(end);
+        let user = authority
+            .rsplit_once('@')
+            .map(|(u, _)| format!("{u}@"))
+            .unwrap_or_default();
+        format!("{scheme}://{user}{addr}{tail}")
+    }
+
+    fn server(url: &str) -> std::net::SocketAddr {
+        use std::net::ToSocketAddrs as _;
+        let o: sqlx::postgres::PgConnectOptions = url.parse().unwrap();
+        let h = if o.get_host() == "localhost" {
+            "127.0.0.1"
+        } else {
+            o.get_host()
+        };
+        (h, o.get_port()).to_socket_addrs().unwrap().next().unwrap()
+    }
+
+    pub async fn run() {
+        let Some(db) = FreshDatabase::create("partition_latency").await else {
+            eprintln!("HOST_TEST_DATABASE_URL is unset");
+            return;
+        };
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let (_, digest) = hostlink::auth::mint_credential();
+        std::fs::write(dir.join("credentials"), format!("acme {digest}\n")).unwrap();
+        let pg = server(&db.url);
+        let mut hosts = Vec::new();
+        for n in ["cut-0", "cut-1", "cut-2"] {
+            let proxy = FaultProxy::start(pg).await.unwrap();
+            let serve = cut_host(dir, n, &through(&db.url, proxy.addr()));
+            hosts.push((n.to_owned(), serve, proxy));
+        }
+        let store = Store::open(StoreOptions::new(db.url.clone()))
+            .await
+            .unwrap();
+        let history = Recorder::new(None);
+        let mut ss = Vec::new();
+        for i in 0..SESSIONS {
+            let s = store
+                .create_session(NewSession {
+                    tenant: TenantId::new("acme").unwrap(),
+                    session: SessionId::new(format!("cut-{i}")).unwrap(),
+                    agent: AgentId::new("assistant").unwrap(),
+                    compatibility: CompatibilityId::new("hostd-scripted-1").unwrap(),
+                    binding: SessionBinding {
+                        runtime_session_id: RuntimeSessionId::mint(),
+                        storage_binding_id: local_binding(),
+                        binding_version: 1,
+                    },
+                })
+                .await
+                .unwrap();
+            admit(
+                &store,
+                &history,
+                &s,
+                "create",
+                CommandBodyV1::Create { text: None },
+            )
+            .await;
+            ss.push(s);
+        }
+        let mut samples = Vec::new();
+        let mut unready = Vec::new();
+        for round in 0..PARTITIONS {
+            let mut warm = Vec::new();
+            for s in &ss {
+                let c = admit(
+                    &store,
+                    &history,
+                    s,
+                    &format!("w{round}"),
+                    CommandBodyV1::Input {
+                        text: format!("warm {round}"),
+                    },
+                )
+                .await;
+                warm.push((s.clone(), c.command));
+            }
+            for (s, c) in &warm {
+                while !store
+                    .command(&s.tenant, &s.session, c)
+                    .await
+                    .unwrap()
+                    .state
+                    .is_terminal()
+                {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+            let held = holders(&store, &ss).await;
+            let mut count: HashMap<String, usize> = HashMap::new();
+            for h in held.values().flatten() {
+                *count.entry(h.to_string()).or_default() += 1;
+            }
+            let victim = count.into_iter().max_by_key(|(_, n)| *n).map(|(h, _)| h);
+            let Some(v) = victim.and_then(|v| hosts.iter().position(|h| h.0 == v)) else {
+                eprintln!("round {round}: no session is held");
+                break;
+            };
+            let (name, serve, proxy) = &hosts[v];
+            history.fault("partition", format!("{name} cut from PostgreSQL"));
+            proxy.handle().black_hole();
+            let cut = Instant::now();
+            let mut waiting = Vec::new();
+            for s in ss
+                .iter()
+                .filter(|s| held[&s.session].as_ref().map(|h| h.as_str()) == Some(name.as_str()))
+            {
+                let c = admit(
+                    &store,
+                    &history,
+                    s,
+                    &format!("r{round}"),
+                    CommandBodyV1::Input {
+                        text: format!("round {round}"),
+                    },
+                )
+                .await;
+                waiting.push((s.clone(), c.command));
+            }
+            let port = serve.port;
+            let readyz = tokio::spawn(async move {
+                loop {
+                    let answer = tokio::task::spawn_blocking(move || {
+                        testkit::process::http_get(port, "/readyz")
+                    })
+                    .await
+                    .ok()
+                    .flatten();
+                    if answer.is_some_and(|(code, body)| {
+                        code == 503 && body.contains("store_unreachable")
+                    }) {
+                        return cut.elapsed();
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            });
+            for (s, c) in &waiting {
+                loop {
+                    let rec = store.command(&s.tenant, &s.session, c).await.unwrap();
+                    if rec.state.is_terminal() {
+                        samples.push(cut.elapsed());
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+            let said = readyz.await.unwrap();
+            unready.push(said);
+            println!(
+                "round {round:>2}: cut {name} holding {} sessions; /readyz 503 after {said:?}; last applied after {:?}",
+                waiting.len(),
+                samples[samples.len() - waiting.len()..]
+                    .iter()
+                    .max()
+                    .copied()
+                    .unwrap_or_default()
+            );
+            proxy.handle().heal();
+            history.fault("heal", format!("{name} reaches PostgreSQL again"));
+            while !matches!(serve.readyz(), Some((200, _))) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        samples.sort();
+        unready.sort();
+        let bound = CUT_EXPIRY + Duration::from_secs(1);
+        println!(
+            "failover, cut from PostgreSQL to applied under a successor with no client action, {} commands over {PARTITIONS} cuts: p50 {:?}  p99 {:?}  max {:?}  bound (registry expiry + 1 s) {:?}  p99/bound {:.2}",
+            samples.len(),
+            percentile(&samples, 0.5),
+            percentile(&samples, 0.99),
+            samples.last().copied().unwrap_or_default(),
+            bound,
+            percentile(&samples, 0.99).as_secs_f64() / bound.as_secs_f64()
+        );
+        println!(
+            "  cut -> /readyz store_unreachable p50 {:?}  max {:?}  (registry expiry {CUT_EXPIRY:?})",
+            percentile(&unready, 0.5),
+            unready.last().copied().unwrap_or_default()
+        );
+        let view = StoreView::read(&store, &ss).await.expect("the store reads");
+        let report = check(&history.history(), &view);
+        println!("{}", report.summary);
+        for (_, h, p) in hosts {
+            let _ = h.terminate();
+            p.shutdown().await;
+        }
+        store.close().await;
+        db.drop_now().await;
+        if !report.is_clean() {
+            eprintln!("{report}");
+            std::process::exit(1);
+        }
     }
 }
