@@ -69,12 +69,16 @@ const MAX_TX_ATTEMPTS: usize = 8;
 /// table grows. Without those shapes it picks index lookups and nested loops from the start (a
 /// query with no index to use still scans). Such a plan is right for any number of requests,
 /// so each statement is planned once per connection (the generic plan) rather than on every
-/// run, which for the merged statements costs more than running them.
-const PLANNER_SETTINGS: [(&str, &str); 4] = [
+/// run, which for the merged statements costs more than running them. And no JIT: a scan the
+/// planner cannot avoid is priced at the 10^10 of a disabled plan shape, far above every JIT
+/// threshold, and compiling it (with inlining and optimisation) cost a few hundred milliseconds
+/// to read a handful of rows.
+const PLANNER_SETTINGS: [(&str, &str); 5] = [
     ("enable_seqscan", "off"),
     ("enable_hashjoin", "off"),
     ("enable_mergejoin", "off"),
     ("plan_cache_mode", "force_generic_plan"),
+    ("jit", "off"),
 ];
 const NOW_SQL: &str = "SELECT (floor(extract(epoch from clock_timestamp()) * 1000))::bigint";
 /// Opens a lane's transaction and reads its `now` in one round trip.

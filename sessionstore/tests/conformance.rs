@@ -2538,3 +2538,26 @@ sessionstore::both_backends!(cases =>
     the_store_analyses_its_tables_once_they_hold_data_and_leaves_young_ones_alone,
     ; after = no_presumption_undone
 );
+
+/// The store forbids sequential scans to its planner (they cost 10^10 each), so any scan it
+/// cannot avoid (the registry's list of Hosts, say) costs far above PostgreSQL's JIT
+/// thresholds: with JIT on, such a statement spent a few hundred milliseconds compiling and
+/// inlining machine code to read a handful of rows. The store's connections turn JIT off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_s_postgresql_connections_never_jit_compile_a_statement() {
+    let Some(ts) =
+        sessionstore::testing::TestStore::open(sessionstore::testing::TestBackend::Postgres).await
+    else {
+        return;
+    };
+    ts.store
+        .raw_sql_for_tests(
+            "DO $$ BEGIN \
+               IF current_setting('jit')::boolean THEN \
+                 RAISE EXCEPTION 'jit is on for a store connection'; \
+               END IF; \
+             END $$",
+        )
+        .await
+        .expect("JIT is off on the store's connections");
+}

@@ -9,7 +9,7 @@
 //! Commands are admitted, claimed, attempted, applied or closed and settled by whichever Host
 //! believes it holds the session, stale ones included. The run is started, renewed, written,
 //! released and taken over. Time moves only when a step says so, in ticks far from every
-//! expiry instant (a lease lives 10 s, a tick is 4 s), so the model knows what has expired.
+//! expiry instant (a lease lives 37.5 s, a tick is 15 s), so the model knows what has expired.
 //!
 //! What must hold after every step: the residency lease row and the registry are what the
 //! model says (one holder per lease at a time; a lower epoch never writes); each command's
@@ -30,11 +30,12 @@ pub const HOSTS: usize = 3;
 const SESSIONS: usize = 2;
 const COMMANDS: usize = 3;
 /// Every lease, registration and advertisement lives this long.
-const TTL_MS: i64 = 10_000;
-/// One tick of the paused clock: 4 s, so 0, 4 and 8 s after a renewal are live and 12 s is
-/// expired, each at least 2 s from the boundary (PostgreSQL's own clock runs underneath).
-const TICK_MS: i64 = 4_000;
-/// Claims and deadlines outlive any case (at most 60 steps of at most two ticks each).
+const TTL_MS: i64 = 37_500;
+/// One tick of the paused clock: 15 s, so 0, 15 and 30 s after a renewal are live and 45 s is
+/// expired, each 7.5 s from the boundary: PostgreSQL's own clock runs on underneath the
+/// shift, and a case on a busy machine may take seconds.
+const TICK_MS: i64 = 15_000;
+/// Claims and deadlines outlive any case (at most 60 steps of at most three ticks each).
 const LONG: Duration = Duration::from_secs(3600);
 
 fn ttl() -> Duration {
