@@ -51,7 +51,8 @@ pub enum Op {
     /// Host h restarts: a new generation, every grant, journal lease and run fence forgotten.
     Restart(usize),
     Acquire(usize, usize),
-    /// Host h renews every residency it believes it holds.
+    /// Host h's heartbeat: its advertisement, every live lease and every registration of its
+    /// generation renewed, other Hosts' long-expired advertisements collected.
     Heartbeat(usize),
     Register(usize, usize),
     /// Warm release: journal lease, registration (tombstoned) and residency handed back.
@@ -73,6 +74,8 @@ pub enum Op {
     Settle(usize, usize, usize),
     StartRun(usize),
     TakeRun(usize),
+    /// Host h, booting, takes back the run if one of its incarnations holds it (or it is gone).
+    TakeBack(usize),
     RenewRun(usize),
     StepRun(usize),
     ReleaseRun(usize),
@@ -117,6 +120,7 @@ pub fn op() -> impl Strategy<Value = Op> {
         3 => (actor(), s.clone(), c.clone()).prop_map(|(a, s, c)| Op::Settle(a, s, c)),
         1 => h.clone().prop_map(Op::StartRun),
         2 => h.clone().prop_map(Op::TakeRun),
+        1 => h.clone().prop_map(Op::TakeBack),
         2 => h.clone().prop_map(Op::RenewRun),
         2 => h.clone().prop_map(Op::StepRun),
         1 => h.clone().prop_map(Op::ReleaseRun),
@@ -130,12 +134,15 @@ pub fn op() -> impl Strategy<Value = Op> {
 struct ModelLease {
     epoch: u64,
     holder: Option<String>,
+    /// The Host and generation the lease names (what a heartbeat renews by).
+    host: (usize, u64),
     expires: i64,
 }
 
 #[derive(Clone, Debug)]
 struct ModelRegistration {
     host: usize,
+    generation: u64,
     mark: u64,
     residency: ResidencyState,
     accepting: bool,
@@ -343,6 +350,7 @@ async fn acquire(w: &mut World, m: &mut Model, h: usize, s: usize) {
                 ms.lease = Some(ModelLease {
                     epoch,
                     holder: Some(who.clone()),
+                    host: (h, generation),
                     expires: m.now + TTL_MS,
                 });
                 // A new grant is a new residency: its runtime takes the journal over.
@@ -421,6 +429,7 @@ async fn register(w: &mut World, m: &mut Model, h: usize, s: usize) {
     if ok {
         ms.registration = Some(ModelRegistration {
             host: h,
+            generation: grant.host_generation,
             mark: grant.epoch.0,
             residency: ResidencyState::Resident,
             accepting: true,
@@ -709,7 +718,7 @@ async fn start_run(w: &mut World, m: &mut Model, h: usize) {
     w.views[h].run = Some(created.status.fence());
 }
 
-async fn take_run(w: &mut World, m: &mut Model, h: usize) {
+async fn take_run(w: &mut World, m: &mut Model, h: usize, take_back: bool) {
     let Some(run) = m.run.as_mut() else {
         return;
     };
@@ -721,7 +730,11 @@ async fn take_run(w: &mut World, m: &mut Model, h: usize) {
             holder: who.clone(),
             fencing_token: Uuid::now_v7().to_string(),
             lease: ttl(),
-            rule: TakeoverRule::LeaseExpired,
+            rule: if take_back {
+                TakeoverRule::HeldByOrExpired(format!("h{h}/"))
+            } else {
+                TakeoverRule::LeaseExpired
+            },
         })
         .await;
     // Gone: its lease ran out, or the registry says its Host's advertisement did.
@@ -732,7 +745,8 @@ async fn take_run(w: &mut World, m: &mut Model, h: usize) {
     let host_gone = m.hosts[holder_host]
         .advertised
         .is_some_and(|(_, expires)| expires <= m.now);
-    let ok = run.state == RunState::Running && (run.expires <= m.now || host_gone);
+    let own = take_back && run.holder.starts_with(&format!("h{h}/"));
+    let ok = run.state == RunState::Running && (run.expires <= m.now || host_gone || own);
     assert_eq!(
         r.is_ok(),
         ok,
@@ -816,22 +830,69 @@ async fn step_run(w: &mut World, m: &mut Model, h: usize) {
     }
 }
 
-/// Host h renews its grant for session s (refused once it lapsed, was released or moved on).
-async fn renew(w: &mut World, m: &mut Model, h: usize, s: usize) {
-    let Some(grant) = w.views[h].grants.get(&s).cloned() else {
+/// How long a Host's advertisement stays in the registry after it expired: 30 s, so it is
+/// collected 67.5 s after its last heartbeat, 7.5 s from the nearest tick.
+const RETENTION_MS: i64 = 30_000;
+
+async fn heartbeat(w: &mut World, m: &mut Model, h: usize) {
+    let generation = m.hosts[h].generation;
+    let r = w.stores[h]
+        .heartbeat(HostHeartbeat {
+            advertisement: HostAdvertisement {
+                host: host_id(h),
+                endpoint: format!("http://127.0.0.1:{}", 9000 + h),
+                placement: Placement::Pooled,
+                isolation_class: "standard".into(),
+                capacity: 8,
+                accepting: true,
+                generation,
+                ttl: ttl(),
+            },
+            weight_used: 0,
+            retention: Duration::from_millis(RETENTION_MS.unsigned_abs()),
+        })
+        .await;
+    let ok = m.hosts[h]
+        .advertised
+        .is_none_or(|(stored, _)| generation >= stored);
+    assert_eq!(r.is_ok(), ok, "heartbeat h{h} g{generation}: {r:?}");
+    let Ok(report) = r else {
         return;
     };
-    let r = w.stores[h].renew_residency(&grant, ttl()).await;
-    let lease = m.sessions[s].lease.as_mut();
-    let ok = lease.as_ref().is_some_and(|l| {
-        l.epoch == grant.epoch.0
-            && l.holder.as_deref() == Some(grant.holder.as_str())
+    let expires = m.now + TTL_MS;
+    m.hosts[h].advertised = Some((generation, expires));
+    let mut renewed = Vec::new();
+    for (s, ms) in m.sessions.iter_mut().enumerate() {
+        if let Some(l) = &mut ms.lease
+            && l.host == (h, generation)
             && l.is_live(m.now)
-    });
-    assert_eq!(r.is_ok(), ok, "renew h{h} s{s} e{}: {r:?}", grant.epoch.0);
-    if ok && let Some(l) = lease {
-        l.expires = m.now + TTL_MS;
+        {
+            l.expires = expires;
+            renewed.push((w.sessions[s].session.as_str().to_owned(), l.epoch));
+        }
+        if let Some(reg) = &mut ms.registration
+            && reg.host == h
+            && reg.generation == generation
+            && reg.residency == ResidencyState::Resident
+        {
+            reg.expires = expires;
+        }
     }
+    let mut reported: Vec<(String, u64)> = report
+        .renewed
+        .iter()
+        .map(|r| (r.session.as_str().to_owned(), r.epoch.0))
+        .collect();
+    reported.sort();
+    assert_eq!(reported, renewed, "the leases h{h}'s heartbeat renewed");
+    let mut collected = 0;
+    for (other, mh) in m.hosts.iter_mut().enumerate() {
+        if other != h && mh.advertised.is_some_and(|(_, e)| e < m.now - RETENTION_MS) {
+            mh.advertised = None;
+            collected += 1;
+        }
+    }
+    assert_eq!(report.collected, collected, "advertisements h{h} collected");
 }
 
 async fn advance(w: &mut World, m: &mut Model, ticks: u8) {
@@ -857,12 +918,8 @@ async fn step(w: &mut World, m: &mut Model, op: &Op) {
             w.views[h] = HostView::default();
         }
         Op::Acquire(h, s) => acquire(w, m, h, s).await,
-        Op::Heartbeat(h) => {
-            let held: Vec<usize> = w.views[h].grants.keys().copied().collect();
-            for s in held {
-                renew(w, m, h, s).await;
-            }
-        }
+        Op::Heartbeat(h) => heartbeat(w, m, h).await,
+        Op::TakeBack(h) => take_run(w, m, h, true).await,
         Op::Register(h, s) => register(w, m, h, s).await,
         Op::Release(h, s) => release(w, m, h, s).await,
         Op::Move(from, to, s) => {
@@ -924,7 +981,7 @@ async fn step(w: &mut World, m: &mut Model, op: &Op) {
             }
         }
         Op::StartRun(h) => start_run(w, m, h).await,
-        Op::TakeRun(h) => take_run(w, m, h).await,
+        Op::TakeRun(h) => take_run(w, m, h, false).await,
         Op::RenewRun(h) => renew_run(w, m, h).await,
         Op::StepRun(h) => step_run(w, m, h).await,
         Op::ReleaseRun(h) => release_run(w, m, h).await,
