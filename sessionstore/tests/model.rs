@@ -539,7 +539,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: cases(24), ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(12), ..ProptestConfig::default() })]
 
     #[test]
     fn a_fleet_of_three_hosts_on_postgres_does_what_the_model_says_at_every_step(ops in proptest::collection::vec(fleet::op(), 1..60)) {
