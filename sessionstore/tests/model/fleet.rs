@@ -72,6 +72,10 @@ pub enum Op {
     Apply(usize, usize, usize, ApplicationOutcome),
     Close(usize, usize, usize),
     Settle(usize, usize, usize),
+    /// Ends a command before any attempt (the Host's refusal of it).
+    Reject(usize, usize, usize),
+    /// Saves the session's consumption cursor over its settled prefix.
+    Consume(usize, usize),
     StartRun(usize),
     TakeRun(usize),
     /// Host h, booting, takes back the run if one of its incarnations holds it (or it is gone).
@@ -118,6 +122,8 @@ pub fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(a, s, c, o)| Op::Apply(a, s, c, o)),
         1 => (actor(), s.clone(), c.clone()).prop_map(|(a, s, c)| Op::Close(a, s, c)),
         3 => (actor(), s.clone(), c.clone()).prop_map(|(a, s, c)| Op::Settle(a, s, c)),
+        1 => (actor(), s.clone(), c.clone()).prop_map(|(a, s, c)| Op::Reject(a, s, c)),
+        2 => (actor(), s.clone()).prop_map(|(a, s)| Op::Consume(a, s)),
         1 => h.clone().prop_map(Op::StartRun),
         2 => h.clone().prop_map(Op::TakeRun),
         1 => h.clone().prop_map(Op::TakeBack),
@@ -169,6 +175,8 @@ struct ModelSession {
     commands: Vec<ModelCommand>,
     /// Commands in the order they were first admitted.
     admitted: Vec<usize>,
+    /// The consumption cursor: (consumed order, epoch mark).
+    cursor: Option<(u64, u64)>,
 }
 
 #[derive(Clone, Debug)]
@@ -656,6 +664,78 @@ async fn settle(w: &mut World, m: &mut Model, h: usize, s: usize, c: usize) {
     }
 }
 
+async fn reject(w: &mut World, m: &mut Model, h: usize, s: usize, c: usize) {
+    let Some(epoch) = w.views[h].grants.get(&s).map(|g| g.epoch) else {
+        return;
+    };
+    let Some(rec) = w.record(s, c).await else {
+        return;
+    };
+    let (t, sid) = w.session_ids(s);
+    let r = w.stores[h]
+        .reject(RejectRequest {
+            tenant: t,
+            session: sid,
+            command: cid(c),
+            epoch,
+            reason: "model".into(),
+            expected_revision: rec.revision,
+        })
+        .await;
+    let mc = &mut m.sessions[s].commands[c];
+    let already = mc.state == Some(CommandState::Rejected) && mc.attempt.is_none();
+    let ok = already
+        || (!mc.state.is_some_and(|st| st.is_terminal())
+            && mc.attempt.is_none()
+            && epoch.0 >= mc.mark);
+    assert_eq!(
+        r.is_ok(),
+        ok,
+        "reject h{h} s{s} c{c} e{}: {r:?} (model {mc:?})",
+        epoch.0
+    );
+    if ok && !already {
+        mc.state = Some(CommandState::Rejected);
+        mc.mark = mc.mark.max(epoch.0);
+    }
+}
+
+/// Host h saves session s's cursor over the commands that ended, in admission order, up to
+/// the first that has not.
+async fn consume(w: &mut World, m: &mut Model, h: usize, s: usize) {
+    let Some(epoch) = w.views[h].grants.get(&s).map(|g| g.epoch) else {
+        return;
+    };
+    let (t, sid) = w.session_ids(s);
+    let commands =
+        w.ts.store
+            .list_commands(&t, &sid, 0, 100)
+            .await
+            .expect("commands");
+    let Some(order) = commands
+        .iter()
+        .take_while(|r| r.state.is_terminal())
+        .last()
+        .map(|r| r.accepted_order)
+    else {
+        return;
+    };
+    let r = w.stores[h].save_cursor(&t, &sid, order, epoch).await;
+    let ms = &mut m.sessions[s];
+    let ok = ms.cursor.is_none_or(|(o, e)| epoch.0 >= e && order >= o);
+    assert_eq!(
+        r.is_ok(),
+        ok,
+        "cursor of s{s} to {order} by h{h} e{}: {r:?} (model {:?})",
+        epoch.0,
+        ms.cursor
+    );
+    if ok {
+        let mark = ms.cursor.map_or(epoch.0, |(_, e)| e.max(epoch.0));
+        ms.cursor = Some((order, mark));
+    }
+}
+
 async fn admit(w: &mut World, m: &mut Model, s: usize, c: usize) {
     let (t, sid) = w.session_ids(s);
     w.ts.store
@@ -980,6 +1060,19 @@ async fn step(w: &mut World, m: &mut Model, op: &Op) {
                 settle(w, m, h, s, c).await;
             }
         }
+        Op::Reject(a, s, c) => {
+            let c = m.sessions[s].next_command(c, |mc| {
+                mc.admitted && mc.attempt.is_none() && !mc.state.is_some_and(|s| s.is_terminal())
+            });
+            if let Some(h) = w.holder_of(s, a) {
+                reject(w, m, h, s, c).await;
+            }
+        }
+        Op::Consume(a, s) => {
+            if let Some(h) = w.holder_of(s, a) {
+                consume(w, m, h, s).await;
+            }
+        }
         Op::StartRun(h) => start_run(w, m, h).await,
         Op::TakeRun(h) => take_run(w, m, h, false).await,
         Op::RenewRun(h) => renew_run(w, m, h).await,
@@ -1113,6 +1206,21 @@ async fn check_session(w: &mut World, m: &Model, s: usize) {
         .map(|c| cid(*c).as_str().to_owned())
         .collect();
     assert_eq!(listed, admitted, "commands of s{s} in admission order");
+    // The cursor is the model's, and never passes a command that has not ended.
+    let cursor = w.ts.store.cursor(&t, &sid).await.expect("cursor");
+    assert_eq!(
+        cursor.map(|c| (c.consumed_order, c.epoch.0)),
+        ms.cursor,
+        "the cursor of s{s}"
+    );
+    if let Some((order, _)) = ms.cursor {
+        for (k, c) in ms.admitted.iter().enumerate().take(order as usize) {
+            assert!(
+                ms.commands[*c].state.is_some_and(|st| st.is_terminal()),
+                "the cursor of s{s} passed command {c} (admitted {k}th), which has not ended"
+            );
+        }
+    }
     for c in 0..COMMANDS {
         let Some(rec) = w.record(s, c).await else {
             assert!(!ms.commands[c].admitted);
@@ -1224,7 +1332,15 @@ pub async fn run(backend: TestBackend, ops: Vec<Op>) {
         step(&mut world, &mut model, op).await;
         check(&mut world, &model, base).await;
     }
-    for s in &world.stores {
+    // One writer at a time: on PostgreSQL every merged statement's checks agreed with the
+    // state machine, refusals and replays included, on every Host's handle.
+    for (h, s) in world.stores.iter().enumerate() {
+        let stats = s.stats();
+        assert_eq!(
+            (stats.presumptions_undone, stats.presumptions_missed),
+            (0, 0),
+            "h{h}: merged statements and the state machine disagreed"
+        );
         s.close().await;
     }
 }
