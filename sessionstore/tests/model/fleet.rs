@@ -9,7 +9,7 @@
 //! Commands are admitted, claimed, attempted, applied or closed and settled by whichever Host
 //! believes it holds the session, stale ones included. The run is started, renewed, written,
 //! released and taken over. Time moves only when a step says so, in ticks far from every
-//! expiry instant (a lease lives 37.5 s, a tick is 15 s), so the model knows what has expired.
+//! expiry instant (a lease lives 100 s, a tick is 40 s), so the model knows what has expired.
 //!
 //! What must hold after every step: the residency lease row and the registry are what the
 //! model says (one holder per lease at a time; a lower epoch never writes); each command's
@@ -30,12 +30,13 @@ pub const HOSTS: usize = 3;
 const SESSIONS: usize = 2;
 const COMMANDS: usize = 3;
 /// Every lease, registration and advertisement lives this long.
-const TTL_MS: i64 = 37_500;
-/// One tick of the paused clock: 15 s, so 0, 15 and 30 s after a renewal are live and 45 s is
-/// expired, each 7.5 s from the boundary: PostgreSQL's own clock runs on underneath the
+const TTL_MS: i64 = 100_000;
+/// One tick of the paused clock: 40 s, so 0, 40 and 80 s after a renewal are live and 120 s
+/// is expired, each 20 s from the boundary: PostgreSQL's own clock runs on underneath the
 /// shift, and a case on a busy machine may take seconds.
-const TICK_MS: i64 = 15_000;
-/// Claims and deadlines outlive any case (at most 60 steps of at most three ticks each).
+const TICK_MS: i64 = 40_000;
+/// Claims and deadlines outlive any case: time stops moving once a case reaches this.
+const TIME_BUDGET_MS: i64 = 3_000_000;
 const LONG: Duration = Duration::from_secs(3600);
 
 fn ttl() -> Duration {
@@ -910,9 +911,9 @@ async fn step_run(w: &mut World, m: &mut Model, h: usize) {
     }
 }
 
-/// How long a Host's advertisement stays in the registry after it expired: 30 s, so it is
-/// collected 67.5 s after its last heartbeat, 7.5 s from the nearest tick.
-const RETENTION_MS: i64 = 30_000;
+/// How long a Host's advertisement stays in the registry after it expired: 40 s, so it is
+/// collected 140 s after its last heartbeat, 20 s from the nearest tick.
+const RETENTION_MS: i64 = 40_000;
 
 async fn heartbeat(w: &mut World, m: &mut Model, h: usize) {
     let generation = m.hosts[h].generation;
@@ -977,6 +978,9 @@ async fn heartbeat(w: &mut World, m: &mut Model, h: usize) {
 
 async fn advance(w: &mut World, m: &mut Model, ticks: u8) {
     let by = i64::from(ticks) * TICK_MS;
+    if m.now + by > TIME_BUDGET_MS {
+        return;
+    }
     w.ts.advance_instantly(Duration::from_millis(by.unsigned_abs()))
         .await;
     m.now += by;
