@@ -1286,7 +1286,9 @@ async fn check_run(w: &mut World, m: &Model) {
 // ---- a case -----------------------------------------------------------------------------------
 
 pub async fn run(backend: TestBackend, ops: Vec<Op>) {
-    let Some(ts) = TestStore::open(backend).await else {
+    // Four handles on a server other suites share: a few connections each (the lanes keep
+    // their own), not eight.
+    let Some(ts) = TestStore::open_with(backend, |o| o.pg_max_connections = 3).await else {
         return;
     };
     let mut stores = Vec::with_capacity(HOSTS);
