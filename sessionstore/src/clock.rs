@@ -1,6 +1,8 @@
 //! Time. Owns the clock abstraction the store (SQLite backend) and its callers read wall time
 //! through, so tests can move time by hand. PostgreSQL decides races with its own
-//! `clock_timestamp()` instead; this clock never overrides the database there.
+//! `clock_timestamp()` instead; this clock never overrides the database there. What tests may
+//! do there is shift the database's time forward by a fixed amount ([`ClockShift`]): every
+//! Host sharing one shift still reads one clock, so the database still decides every race.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -66,3 +68,28 @@ impl Clock for ManualClock {
 
 /// A shared clock handle.
 pub type SharedClock = Arc<dyn Clock>;
+
+/// A fixed amount added to the database's own time on PostgreSQL (zero unless a test moves
+/// it). Cloning shares the same shift, so every store opened from one set of options sees the
+/// same time. It only ever grows: the store's time never goes back.
+#[derive(Debug, Clone, Default)]
+pub struct ClockShift {
+    ms: Arc<AtomicI64>,
+}
+
+impl ClockShift {
+    /// Moves the shifted time forward by `ms` (a negative amount is ignored).
+    pub fn advance_ms(&self, ms: i64) {
+        self.ms.fetch_add(ms.max(0), Ordering::SeqCst);
+    }
+
+    /// The current shift, in milliseconds.
+    pub fn ms(&self) -> Millis {
+        self.ms.load(Ordering::SeqCst)
+    }
+
+    /// `now` (the database's time) shifted.
+    pub fn apply(&self, now: Millis) -> Millis {
+        now.saturating_add(self.ms())
+    }
+}

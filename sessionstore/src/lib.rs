@@ -36,7 +36,7 @@ pub mod testing;
 pub mod wire;
 
 pub use backend::Admission;
-pub use clock::{Clock, ManualClock, Millis, SharedClock, SystemClock};
+pub use clock::{Clock, ClockShift, ManualClock, Millis, SharedClock, SystemClock};
 pub use error::{ErrorCode, StoreError, StoreResult};
 pub use evidence::{EvidenceReader, EvidenceRouter, FixedEvidenceRouter};
 pub use fleet::{

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::clock::{SharedClock, SystemClock};
+use crate::clock::{ClockShift, SharedClock, SystemClock};
 use crate::error::{StoreError, StoreResult};
 use crate::ids::StorageBindingId;
 use crate::limits::{DEFAULT_REFERENCED_BODY_CAP, check_referenced_body_cap};
@@ -78,6 +78,9 @@ pub struct StoreOptions {
     pub local_storage_bindings: Vec<StorageBindingId>,
     /// The clock the SQLite backend decides expiries with (PostgreSQL uses its own clock).
     pub clock: SharedClock,
+    /// Added to the database's time on PostgreSQL: zero (the default) except in tests that
+    /// move the store's time without waiting for it (see `ClockShift`).
+    pub pg_clock_shift: ClockShift,
 }
 
 /// The storage binding id sessions created against the embedded journal use by default.
@@ -108,6 +111,7 @@ impl StoreOptions {
             referenced_body_cap: DEFAULT_REFERENCED_BODY_CAP,
             local_storage_bindings: vec![local_binding()],
             clock: Arc::new(SystemClock),
+            pg_clock_shift: ClockShift::default(),
         }
     }
 

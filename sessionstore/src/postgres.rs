@@ -28,7 +28,7 @@ use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection, Postgres, Row as _
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 use crate::backend::Admission;
-use crate::clock::Millis;
+use crate::clock::{ClockShift, Millis};
 use crate::error::{StoreError, StoreResult};
 use crate::ids::{CommandId, HostId, RuntimeSessionId, SessionId, TenantId};
 use crate::migrations;
@@ -69,12 +69,16 @@ const MAX_TX_ATTEMPTS: usize = 8;
 /// table grows. Without those shapes it picks index lookups and nested loops from the start (a
 /// query with no index to use still scans). Such a plan is right for any number of requests,
 /// so each statement is planned once per connection (the generic plan) rather than on every
-/// run, which for the merged statements costs more than running them.
-const PLANNER_SETTINGS: [(&str, &str); 4] = [
+/// run, which for the merged statements costs more than running them. And no JIT: a scan the
+/// planner cannot avoid is priced at the 10^10 of a disabled plan shape, far above every JIT
+/// threshold, and compiling it (with inlining and optimisation) cost a few hundred milliseconds
+/// to read a handful of rows.
+const PLANNER_SETTINGS: [(&str, &str); 5] = [
     ("enable_seqscan", "off"),
     ("enable_hashjoin", "off"),
     ("enable_mergejoin", "off"),
     ("plan_cache_mode", "force_generic_plan"),
+    ("jit", "off"),
 ];
 const NOW_SQL: &str = "SELECT (floor(extract(epoch from clock_timestamp()) * 1000))::bigint";
 /// Opens a lane's transaction and reads its `now` in one round trip.
@@ -463,6 +467,7 @@ struct Lane {
     channel: String,
     max_batch: usize,
     counters: Arc<Counters>,
+    shift: ClockShift,
 }
 
 async fn lane_loop(mut lane: Lane, mut jobs: mpsc::UnboundedReceiver<Box<dyn LaneJob>>) {
@@ -500,7 +505,7 @@ impl Lane {
         };
         self.counters.server_statements(1);
         let now = match begin_group(&mut conn).await {
-            Ok(now) => now,
+            Ok(now) => self.shift.apply(now),
             // The connection may have gone stale while idle: drop it (the server ends whatever
             // it had open) and let each caller run its write alone on a pooled connection.
             Err(_) => return finish_all(batch, Verdict::Alone),
@@ -681,6 +686,7 @@ pub(crate) struct PgEngine {
     closed: AtomicBool,
     counters: Arc<Counters>,
     statistics: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    shift: ClockShift,
 }
 
 /// The store's tables due for an analysis: those of at least 10 pages that were never analysed
@@ -873,6 +879,7 @@ impl PgEngine {
                 channel: channel.clone(),
                 max_batch: options.max_write_batch,
                 counters: counters.clone(),
+                shift: options.pg_clock_shift.clone(),
             };
             lane_tasks.push(tokio::spawn(lane_loop(lane, jobs)));
             lanes.push(sender);
@@ -891,6 +898,7 @@ impl PgEngine {
             closed: AtomicBool::new(false),
             counters,
             statistics: Mutex::new(Some(statistics)),
+            shift: options.pg_clock_shift.clone(),
         })
     }
 
@@ -931,7 +939,7 @@ impl PgEngine {
             .fetch_one(conn)
             .await
             .map_err(map_err)?;
-        Ok((stx, now))
+        Ok((stx, self.shift.apply(now)))
     }
 
     /// Commits (or rolls back) a write transaction and says whether to re-run it.
@@ -1046,10 +1054,11 @@ impl PgEngine {
 
     pub(crate) async fn now_ms(&self) -> StoreResult<Millis> {
         self.check_open()?;
-        sqlx::query_scalar(NOW_SQL)
+        let now: i64 = sqlx::query_scalar(NOW_SQL)
             .fetch_one(&self.pool)
             .await
-            .map_err(map_err)
+            .map_err(map_err)?;
+        Ok(self.shift.apply(now))
     }
 
     pub(crate) fn admissions(&self) -> broadcast::Receiver<Admission> {

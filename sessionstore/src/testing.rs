@@ -148,6 +148,19 @@ impl TestStore {
         }
     }
 
+    /// Moves the store's time forward at once, on both backends: the manual clock on SQLite,
+    /// the shift over the database's own clock on PostgreSQL (shared by every store
+    /// [`TestStore::reopen`] opens, so a fleet of Hosts still reads one time). Expiries can
+    /// then be driven without sleeping; the database's clock keeps running underneath, so a
+    /// test leaves a margin of a second or so around the instants it relies on.
+    pub async fn advance_instantly(&self, by: Duration) {
+        let ms = i64::try_from(by.as_millis()).unwrap_or(i64::MAX);
+        match &self.clock {
+            Some(c) => c.advance_ms(ms),
+            None => self.options.pg_clock_shift.advance_ms(ms),
+        }
+    }
+
     /// Runs raw SQL against the database (to corrupt rows in integrity tests).
     pub async fn exec_raw(&self, sql: &str) {
         match self.backend {

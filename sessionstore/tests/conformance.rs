@@ -1396,6 +1396,37 @@ mod cases {
         assert_eq!(ts.store.targets(true).await.unwrap().len(), 1);
     }
 
+    /// What the fleet model relies on: moving the store's time expires leases at once on
+    /// either backend, for every handle opened on the same database, and never moves it back.
+    pub async fn moving_the_store_s_time_expires_a_lease_for_every_handle_at_once(ts: &TestStore) {
+        let s = new_session(ts, "moved-time").await;
+        let other = ts.reopen().await.unwrap();
+        let request = |holder: &str| ResidencyRequest {
+            tenant: s.tenant.clone(),
+            session: s.session.clone(),
+            holder: holder.into(),
+            host: HostId::new("h1").unwrap(),
+            host_generation: 1,
+            ttl: TTL,
+        };
+        let before = other.now_ms().await.unwrap();
+        let first = ts.store.acquire_residency(request("first")).await.unwrap();
+        assert_eq!(
+            other
+                .acquire_residency(request("second"))
+                .await
+                .unwrap_err()
+                .code(),
+            ErrorCode::ClaimHeld
+        );
+        ts.advance_instantly(TTL + Duration::from_secs(1)).await;
+        assert!(other.now_ms().await.unwrap() >= before + 31_000);
+        let second = other.acquire_residency(request("second")).await.unwrap();
+        assert_eq!(second.epoch.0, first.epoch.0 + 1);
+        assert!(second.expires_at_ms >= first.expires_at_ms + 1_000);
+        other.close().await;
+    }
+
     // ---- payload objects --------------------------------------------------------------------
 
     async fn object(ts: &TestStore, s: &SessionRecord, bytes: &[u8]) -> ObjectRef {
@@ -2511,6 +2542,7 @@ sessionstore::both_backends!(cases =>
     gate_writes_are_fenced_by_the_gate_mark,
     a_registration_is_fenced_and_its_tombstone_keeps_the_epoch,
     an_advertisement_expires_and_a_lower_generation_is_refused,
+    moving_the_store_s_time_expires_a_lease_for_every_handle_at_once,
     a_corrupted_payload_object_is_detected,
     an_object_read_against_a_wrong_reference_is_refused,
     acquiring_the_journal_lease_appends_an_opening_fence,
@@ -2538,3 +2570,26 @@ sessionstore::both_backends!(cases =>
     the_store_analyses_its_tables_once_they_hold_data_and_leaves_young_ones_alone,
     ; after = no_presumption_undone
 );
+
+/// The store forbids sequential scans to its planner (they cost 10^10 each), so any scan it
+/// cannot avoid (the registry's list of Hosts, say) costs far above PostgreSQL's JIT
+/// thresholds: with JIT on, such a statement spent a few hundred milliseconds compiling and
+/// inlining machine code to read a handful of rows. The store's connections turn JIT off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_s_postgresql_connections_never_jit_compile_a_statement() {
+    let Some(ts) =
+        sessionstore::testing::TestStore::open(sessionstore::testing::TestBackend::Postgres).await
+    else {
+        return;
+    };
+    ts.store
+        .raw_sql_for_tests(
+            "DO $$ BEGIN \
+               IF current_setting('jit')::boolean THEN \
+                 RAISE EXCEPTION 'jit is on for a store connection'; \
+               END IF; \
+             END $$",
+        )
+        .await
+        .expect("JIT is off on the store's connections");
+}

@@ -6,6 +6,16 @@
 //! disposition per command, and epochs that never decrease. And the merged statements of the
 //! PostgreSQL hot path must never presume a write the state machine does not make, nor miss one
 //! it does.
+//!
+//! Then the same grown to a fleet (`model/fleet.rs`): three Hosts, two sessions and a run, with
+//! residency leases that expire, renew and move under a paused clock, the Host registry, warm
+//! release and restore, and run takeovers.
+//!
+//! Case counts: a bounded number per test by default (the whole file stays within about a
+//! minute per backend on a busy machine); `HOST_MODEL_CASES=N` runs N cases in every test
+//! instead (the long mode: e.g. `HOST_MODEL_CASES=100000 cargo test -p sessionstore --test
+//! model --release`). Proptest shrinks a failing case to a short sequence of steps and records
+//! its seed in `model.proptest-regressions`, which later runs replay first.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -14,6 +24,18 @@ use proptest::prelude::*;
 use sessionstore::testing::{TestBackend, TestStore};
 use sessionstore::*;
 use uuid::Uuid;
+
+#[path = "model/fleet.rs"]
+mod fleet;
+
+/// The number of cases a test runs: `HOST_MODEL_CASES` when set (the long mode), else
+/// `bounded`.
+fn cases(bounded: u32) -> u32 {
+    std::env::var("HOST_MODEL_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(bounded)
+}
 
 const COMMANDS: usize = 3;
 
@@ -490,7 +512,7 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(48), ..ProptestConfig::default() })]
 
     #[test]
     fn two_competing_residencies_on_sqlite_never_break_the_invariants(ops in proptest::collection::vec(op(), 1..40)) {
@@ -499,10 +521,28 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(16), ..ProptestConfig::default() })]
 
     #[test]
     fn two_competing_residencies_on_postgres_never_break_the_invariants(ops in proptest::collection::vec(op(), 1..40)) {
         runtime().block_on(run(TestBackend::Postgres, ops));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(64), ..ProptestConfig::default() })]
+
+    #[test]
+    fn a_fleet_of_three_hosts_on_sqlite_does_what_the_model_says_at_every_step(ops in proptest::collection::vec(fleet::op(), 1..60)) {
+        runtime().block_on(fleet::run(TestBackend::Sqlite, ops));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(12), ..ProptestConfig::default() })]
+
+    #[test]
+    fn a_fleet_of_three_hosts_on_postgres_does_what_the_model_says_at_every_step(ops in proptest::collection::vec(fleet::op(), 1..60)) {
+        runtime().block_on(fleet::run(TestBackend::Postgres, ops));
     }
 }
