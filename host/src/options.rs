@@ -636,6 +636,19 @@ mod tests {
     }
 
     #[test]
+    fn a_wildcard_address_a_zone_or_an_unusual_host_name_is_not_refused() {
+        for ok in [
+            "ws://0.0.0.0:1",
+            "ws://[fe80::1%25eth0]:7400",
+            "ws://b\u{fc}cher.example:7400",
+            "ws://h;x",
+            "ws://-h",
+        ] {
+            assert!(check_endpoint(ok).is_ok(), "{ok} was refused");
+        }
+    }
+
+    #[test]
     fn an_unknown_enum_spelling_is_refused() {
         assert_eq!(
             parse_placement("shared").unwrap_err().code,

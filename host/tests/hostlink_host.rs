@@ -648,6 +648,49 @@ mod cases {
         s.server.wait().await;
     }
 
+    /// The Host's connect reply lists the five reserved methods first, then every capability
+    /// token it serves: gate responses, the principal crossing with each command, and bodies
+    /// stored by reference.
+    pub async fn the_host_advertises_its_capability_tokens_after_the_reserved_methods(
+        ts: &TestStore,
+    ) {
+        let s = serve(ts, "link-tokens", |_| {}).await;
+        let client = HostLinkClient::connect(
+            &s.base,
+            &TenantId::new("acme").unwrap(),
+            &s.token("acme"),
+            "probe",
+        )
+        .await
+        .unwrap();
+        let methods = &client.methods;
+        assert_eq!(
+            methods.get(..5),
+            Some(
+                &[
+                    "hostlink.bind".to_owned(),
+                    "hostlink.unbind".into(),
+                    "hostlink.attach".into(),
+                    "hostlink.drain".into(),
+                    "hostlink.drain_status".into(),
+                ][..]
+            ),
+            "{methods:?}"
+        );
+        for token in [
+            "hostlink.command.gate_response",
+            "hostlink.attribution.principal",
+            "hostlink.payload.reference",
+        ] {
+            assert!(
+                methods[5..].iter().any(|m| m == token),
+                "{token} is not advertised after the reserved methods: {methods:?}"
+            );
+        }
+        s.server.shutdown();
+        s.server.wait().await;
+    }
+
     pub async fn placement_with_no_live_host_is_a_clear_refusal(ts: &TestStore) {
         let f = Factory::new(ts.store.clone(), TenantId::new("acme").unwrap(), "t");
         let session = sid("nowhere");
@@ -673,4 +716,5 @@ sessionstore::both_backends!(cases =>
     a_pooled_host_answers_no_hostlink_drain,
     a_fixed_session_drains_for_its_holder_and_a_reconnected_beginner_reads_drained,
     placement_with_no_live_host_is_a_clear_refusal,
+    the_host_advertises_its_capability_tokens_after_the_reserved_methods,
 );
