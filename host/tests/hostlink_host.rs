@@ -691,6 +691,132 @@ mod cases {
         s.server.wait().await;
     }
 
+    /// The registry observation an attach answers names the Host by the bare base endpoint it
+    /// was configured with: no tenant path, nothing added.
+    pub async fn the_attach_reply_advertises_the_bare_base_endpoint_unchanged(ts: &TestStore) {
+        let s = serve(ts, "link-endpoint", |_| {}).await;
+        let f = factory(ts, &s, "acme");
+        let session = sid("where");
+        create(&f, &session, None, "c").await;
+        let placed = f.place(&session).await.unwrap();
+        assert_eq!(placed.observation.internal_endpoint, s.base);
+        s.server.shutdown();
+        s.server.wait().await;
+    }
+
+    /// An attach naming another incarnation of this Host (an older or newer generation, or
+    /// another host id) is refused `not_admitting` before any lease is taken.
+    pub async fn an_attach_naming_another_host_or_generation_is_refused_before_any_lease(
+        ts: &TestStore,
+    ) {
+        let s = serve(ts, "link-generation", |_| {}).await;
+        let acme = factory(ts, &s, "acme");
+        let session = sid("elsewhere");
+        create(&acme, &session, None, "c").await;
+        let client = HostLinkClient::connect(
+            &s.base,
+            &TenantId::new("acme").unwrap(),
+            &s.token("acme"),
+            "probe",
+        )
+        .await
+        .unwrap();
+        let attach = |host: HostId, generation: u64| AttachRequest {
+            version: V1,
+            tenant_id: TenantId::new("acme").unwrap(),
+            session_id: session.clone(),
+            host_id: host,
+            host_generation: std::num::NonZeroU64::new(generation).unwrap(),
+            agent_id: AgentId::new(AGENT).unwrap(),
+            runtime_compatibility_id: None,
+            mode: AttachMode::Create,
+            actor_id: ActorId::new("probe").unwrap(),
+            trace_id: None,
+            idempotency_key: IdempotencyKey::new(uuid::Uuid::now_v7().to_string()).unwrap(),
+        };
+        let this = s.service.config().host_id.clone();
+        let generation = s.service.generation();
+        for (host, generation) in [
+            (this.clone(), generation + 1),
+            (HostId::new("another-host").unwrap(), generation),
+        ] {
+            assert_eq!(
+                client.attach(&attach(host, generation)).await.unwrap(),
+                Err(HostLinkError::NotAdmitting)
+            );
+        }
+        assert!(s.service.residents().is_empty());
+        assert!(
+            ts.store
+                .residency(&TenantId::new("acme").unwrap(), &session)
+                .await
+                .unwrap()
+                .is_none(),
+            "a refused attach took a lease"
+        );
+        // The same request naming this incarnation is served.
+        assert!(client.attach(&attach(this, generation)).await.unwrap().is_ok());
+        s.server.shutdown();
+        s.server.wait().await;
+    }
+
+    /// A dedicated Host answers no drain before its first attach (`runtime_unavailable`, and
+    /// nothing begins); once its holder has drained it over HostLink it stays up: not ready,
+    /// still live.
+    pub async fn a_dedicated_host_refuses_a_drain_before_its_first_attach_and_stays_live_once_link_drained(
+        ts: &TestStore,
+    ) {
+        let session = sid("fixed-early");
+        let fixed = session.clone();
+        let s = serve(ts, "link-dedicated-early", move |o| {
+            o.placement = Placement::Dedicated;
+            o.capacity = 1;
+            o.fixed_session = Some(fixed);
+        })
+        .await;
+        let acme = factory(ts, &s, "acme");
+        create(&acme, &session, None, "c").await;
+        let req = || DrainRequest {
+            host_id: s.service.config().host_id.clone(),
+            host_generation: std::num::NonZeroU64::new(s.service.generation()).unwrap(),
+            idempotency_key: IdempotencyKey::new(uuid::Uuid::now_v7().to_string()).unwrap(),
+            scope: Some(SessionScope {
+                tenant_id: TenantId::new("acme").unwrap(),
+                session_id: session.clone(),
+            }),
+        };
+        let early = HostLinkClient::connect(
+            &s.base,
+            &TenantId::new("acme").unwrap(),
+            &s.token("acme"),
+            "early",
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            early.drain(&req()).await.unwrap(),
+            Err(HostLinkError::RuntimeUnavailable)
+        );
+        assert_eq!(
+            early.drain_status(&req()).await.unwrap(),
+            Err(HostLinkError::RuntimeUnavailable)
+        );
+        assert!(s.service.ready(), "a refused drain began nothing");
+        let placed = acme.place(&session).await.unwrap();
+        placed.client.drain(&req()).await.unwrap().unwrap();
+        eventually("the link drain to finish", async || {
+            let o = placed.client.drain_status(&req()).await.unwrap().unwrap();
+            check(o.state == DrainState::Drained, || format!("{o:?}"))
+        })
+        .await;
+        assert_eq!(get(&s.http("/readyz")).await.0, 503);
+        assert_eq!(get(&s.http("/healthz")).await.0, 200);
+        assert!(!s.service.ready());
+        assert!(s.service.live());
+        s.server.shutdown();
+        s.server.wait().await;
+    }
+
     pub async fn placement_with_no_live_host_is_a_clear_refusal(ts: &TestStore) {
         let f = Factory::new(ts.store.clone(), TenantId::new("acme").unwrap(), "t");
         let session = sid("nowhere");
@@ -717,4 +843,7 @@ sessionstore::both_backends!(cases =>
     a_fixed_session_drains_for_its_holder_and_a_reconnected_beginner_reads_drained,
     placement_with_no_live_host_is_a_clear_refusal,
     the_host_advertises_its_capability_tokens_after_the_reserved_methods,
+    the_attach_reply_advertises_the_bare_base_endpoint_unchanged,
+    an_attach_naming_another_host_or_generation_is_refused_before_any_lease,
+    a_dedicated_host_refuses_a_drain_before_its_first_attach_and_stays_live_once_link_drained,
 );
