@@ -817,6 +817,46 @@ mod cases {
         s.server.wait().await;
     }
 
+    /// `/metrics` carries the Host's own families and nothing else: no process or runtime
+    /// collector, no controller backlog or drain series.
+    pub async fn metrics_carry_only_the_hosts_own_families(ts: &TestStore) {
+        let s = serve(ts, "link-families", |_| {}).await;
+        let f = factory(ts, &s, "acme");
+        let session = sid("families");
+        create(&f, &session, Some("hi".into()), "c").await;
+        f.place(&session).await.unwrap();
+        f.wait_terminal(&session, &CommandId::new("c").unwrap(), WAIT)
+            .await
+            .unwrap()
+            .unwrap();
+        let (status, body) = get(&s.http("/metrics")).await;
+        assert_eq!(status, 200);
+        let own = [
+            "host_sessions",
+            "host_sessions_gate_waiting",
+            "host_sessions_command_blocked",
+            "host_admission_weight_consumed",
+            "host_admission_weight_capacity",
+            "host_command_lag",
+            "host_command_queue_depth",
+            "host_release_failures_total",
+            "host_attach_seconds",
+            "host_command_apply_seconds",
+            "host_connections_cut_total",
+            "host_memory_budget_bytes",
+        ];
+        let families: Vec<&str> = body
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        assert!(families.contains(&"host_sessions"), "{body}");
+        let foreign: Vec<&&str> = families.iter().filter(|f| !own.contains(f)).collect();
+        assert!(foreign.is_empty(), "families that are not the Host's own: {foreign:?}");
+        s.server.shutdown();
+        s.server.wait().await;
+    }
+
     pub async fn placement_with_no_live_host_is_a_clear_refusal(ts: &TestStore) {
         let f = Factory::new(ts.store.clone(), TenantId::new("acme").unwrap(), "t");
         let session = sid("nowhere");
@@ -846,4 +886,5 @@ sessionstore::both_backends!(cases =>
     the_attach_reply_advertises_the_bare_base_endpoint_unchanged,
     an_attach_naming_another_host_or_generation_is_refused_before_any_lease,
     a_dedicated_host_refuses_a_drain_before_its_first_attach_and_stays_live_once_link_drained,
+    metrics_carry_only_the_hosts_own_families,
 );
