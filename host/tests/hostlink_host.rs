@@ -755,7 +755,13 @@ mod cases {
             "a refused attach took a lease"
         );
         // The same request naming this incarnation is served.
-        assert!(client.attach(&attach(this, generation)).await.unwrap().is_ok());
+        assert!(
+            client
+                .attach(&attach(this, generation))
+                .await
+                .unwrap()
+                .is_ok()
+        );
         s.server.shutdown();
         s.server.wait().await;
     }
@@ -852,7 +858,10 @@ mod cases {
             .collect();
         assert!(families.contains(&"host_sessions"), "{body}");
         let foreign: Vec<&&str> = families.iter().filter(|f| !own.contains(f)).collect();
-        assert!(foreign.is_empty(), "families that are not the Host's own: {foreign:?}");
+        assert!(
+            foreign.is_empty(),
+            "families that are not the Host's own: {foreign:?}"
+        );
         s.server.shutdown();
         s.server.wait().await;
     }

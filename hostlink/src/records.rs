@@ -1194,8 +1194,16 @@ mod tests {
         let attach = r#"{"version":1,"tenant_id":"t","session_id":"s","host_id":"h","host_generation":1,"agent_id":"a","mode":"create","actor_id":"x","idempotency_key":"k"}"#;
         let plain = AttachRequest::decode(attach.as_bytes()).unwrap();
         assert_eq!(plain.trace_id, None);
-        let traced = attach.replace(r#""idempotency_key""#, r#""trace_id":"tr","idempotency_key""#);
-        assert!(AttachRequest::decode(traced.as_bytes()).unwrap().trace_id.is_some());
+        let traced = attach.replace(
+            r#""idempotency_key""#,
+            r#""trace_id":"tr","idempotency_key""#,
+        );
+        assert!(
+            AttachRequest::decode(traced.as_bytes())
+                .unwrap()
+                .trace_id
+                .is_some()
+        );
         let anonymous = attach.replace(r#""actor_id":"x","#, "");
         assert!(AttachRequest::decode(anonymous.as_bytes()).is_err());
     }
