@@ -466,24 +466,23 @@ mod cases {
     /// an idle session beside it goes once its countdown ends.
     pub async fn a_session_with_an_open_gate_is_never_warm_released(ts: &TestStore) {
         let mut o = options("h-warm-gated");
-        o.warm_ttl = Duration::from_millis(300);
+        o.warm_ttl = Duration::from_secs(1);
         let (svc, _) = started(ts, o).await;
         let c = Controller::new(ts);
-        let idle = c.session().await;
         let gated = c.session().await;
-        for s in [&idle, &gated] {
-            c.attach(&svc, s).await;
-        }
+        c.attach(&svc, &gated).await;
         c.send(&svc, &gated, input("/tool launch_rocket {}")).await;
-        c.open_gate(&gated).await;
+        let idle = c.session().await;
+        c.attach(&svc, &idle).await;
         let i = c.send(&svc, &idle, input("quiet")).await;
         c.terminal(&idle, &i).await;
+        c.open_gate(&gated).await;
         wait_until("the idle session's warm release", || {
             svc.residents().len() == 1
         })
         .await;
         // Five countdowns more: the gated session is still resident.
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        tokio::time::sleep(Duration::from_secs(5)).await;
         let key = host::SessionKey {
             tenant: gated.tenant.clone(),
             session: gated.session.clone(),
