@@ -128,3 +128,14 @@ fn with_good_arguments_and_no_host_the_error_says_no_host_with_its_own_code() {
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     assert_eq!(error(&out).0, "connect");
 }
+
+/// The answerer of a hosted run is the tenant of the link: `run answer` takes no `--by`, so a
+/// caller cannot name someone else as the one who answered.
+#[test]
+fn answer_takes_no_by_flag_naming_who_answered() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = run(tmp.path(), &["answer", "r1", "ask", "true", "--by", "bob"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(text.contains("--by"), "{text}");
+}

@@ -247,6 +247,24 @@ async fn a_failing_readiness_reports_the_predicate_that_still_fails_at_the_deadl
     assert_no_orphans(&rec.spawned());
 }
 
+/// An http endpoint that declares no health path is ready once its port accepts: nothing is
+/// asked of `/`, so a server that speaks no HTTP at all (it writes a line and hangs up) is ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_endpoint_without_a_health_path_is_ready_on_its_transport_alone() {
+    let ws = TempWorkspace::new(&[(
+        "flow.yaml",
+        "services:\n  - name: plain\n    command: {fixture}\n    args: [tcp]\n    endpoints: [{name: http, api: http}]\n",
+    )]);
+    let flow = Flow::load(ws.root(), fast_options()).unwrap();
+    let (rec, sink) = Recorder::start();
+    let up = flow
+        .up(Selection::default(), sink, CancellationToken::new())
+        .await
+        .unwrap_or_else(|e| panic!("no health path must mean transport-only readiness: {e}"));
+    up.shutdown().await;
+    assert_no_orphans(&rec.spawned());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http_health_path_that_redirects_counts_as_an_answer_and_is_not_followed() {
     let ws = TempWorkspace::new(&[(

@@ -806,6 +806,46 @@ mod cases {
         }
     }
 
+    /// A real harness target that launches under another runtime session than the binding
+    /// names, as a confused adapter would.
+    struct Mislabelled(harness::HarnessTarget, RuntimeSessionId);
+
+    #[async_trait::async_trait]
+    impl LaunchTarget for Mislabelled {
+        fn capabilities(&self) -> Capabilities {
+            self.0.capabilities()
+        }
+        fn compatibility(&self) -> CompatibilityId {
+            self.0.compatibility()
+        }
+        async fn launch(
+            &self,
+            mut request: department::LaunchRequest,
+        ) -> Result<Runtime, LaunchError> {
+            request.binding.runtime_session_id = self.1;
+            self.0.launch(request).await
+        }
+    }
+
+    pub async fn a_runtime_under_another_identity_than_its_binding_is_refused_and_released(
+        ts: &TestStore,
+    ) {
+        let fx = Fx::new(ts).await;
+        let other = RuntimeSessionId::mint();
+        let target = Mislabelled(fx.target.clone(), other);
+        let err = department::launch_verified(&target, fx.request(mode(LaunchMode::Create), "x"))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), "identity", "{err}");
+        let lease = fx
+            .store
+            .journal_lease_state(&fx.session.tenant, other)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(lease.holder, None, "the refused runtime was released");
+    }
+
     pub async fn a_runtime_missing_a_declared_capability_is_refused_and_released(ts: &TestStore) {
         let fx = Fx::new(ts).await;
         let target = Stripping(fx.target.clone());
@@ -825,6 +865,7 @@ mod cases {
 }
 
 sessionstore::both_backends!(cases =>
+    a_runtime_under_another_identity_than_its_binding_is_refused_and_released,
     create_with_a_first_message_is_applied_and_the_reply_is_journaled,
     every_command_kind_settles_from_the_runtimes_disposition,
     a_duplicate_delivery_returns_the_recorded_disposition_and_writes_nothing,

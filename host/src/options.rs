@@ -636,6 +636,35 @@ mod tests {
     }
 
     #[test]
+    fn a_wildcard_address_a_zone_or_an_unusual_host_name_is_not_refused() {
+        for ok in [
+            "ws://0.0.0.0:1",
+            "ws://[fe80::1%25eth0]:7400",
+            "ws://b\u{fc}cher.example:7400",
+            "ws://h;x",
+            "ws://-h",
+        ] {
+            assert!(check_endpoint(ok).is_ok(), "{ok} was refused");
+        }
+    }
+
+    #[test]
+    fn the_queue_bound_is_65536_commands_and_the_reconcile_batch_bound_1000() {
+        let queue = |n| Options {
+            command_queue_size: n,
+            ..base()
+        };
+        queue(65_536).validate().unwrap();
+        assert_eq!(code(queue(65_537)), ("above_bound", "command_queue_size"));
+        let batch = |n| Options {
+            reconcile_batch: n,
+            ..base()
+        };
+        batch(1_000).validate().unwrap();
+        assert_eq!(code(batch(1_001)), ("above_bound", "reconcile_batch"));
+    }
+
+    #[test]
     fn an_unknown_enum_spelling_is_refused() {
         assert_eq!(
             parse_placement("shared").unwrap_err().code,

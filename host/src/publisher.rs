@@ -255,3 +255,20 @@ async fn converge(
     }
     Ok(changed)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gate_without_a_timeout_gets_its_kinds_default_deadline() {
+        for (kind, wait) in [
+            ("permission", 5 * 60),
+            ("open_url", 3600),
+            ("ask_user", 24 * 3600),
+            ("form", 24 * 3600),
+        ] {
+            assert_eq!(default_timeout(kind), Duration::from_secs(wait), "{kind}");
+        }
+    }
+}

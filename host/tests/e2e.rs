@@ -462,6 +462,55 @@ mod cases {
         svc.stop().await;
     }
 
+    /// A session waiting at an open gate is never warm-released, however long it waits, while
+    /// an idle session beside it goes once its countdown ends.
+    pub async fn a_session_with_an_open_gate_is_never_warm_released(ts: &TestStore) {
+        let mut o = options("h-warm-gated");
+        o.warm_ttl = Duration::from_secs(1);
+        let (svc, _) = started(ts, o).await;
+        let c = Controller::new(ts);
+        let gated = c.session().await;
+        c.attach(&svc, &gated).await;
+        c.send(&svc, &gated, input("/tool launch_rocket {}")).await;
+        let idle = c.session().await;
+        c.attach(&svc, &idle).await;
+        let i = c.send(&svc, &idle, input("quiet")).await;
+        c.terminal(&idle, &i).await;
+        c.open_gate(&gated).await;
+        wait_until("the idle session's warm release", || {
+            svc.residents().len() == 1
+        })
+        .await;
+        // Five countdowns more: the gated session is still resident.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let key = host::SessionKey {
+            tenant: gated.tenant.clone(),
+            session: gated.session.clone(),
+        };
+        assert_eq!(svc.residents(), vec![key]);
+        svc.stop().await;
+    }
+
+    /// A dedicated Host keeps its fixed session resident when it is idle: it never
+    /// warm-releases.
+    pub async fn a_dedicated_host_never_warm_releases_its_fixed_session(ts: &TestStore) {
+        let c = Controller::new(ts);
+        let s = c.session().await;
+        let mut o = options("h-warm-dedicated");
+        o.warm_ttl = Duration::from_millis(300);
+        o.placement = Placement::Dedicated;
+        o.capacity = 1;
+        o.fixed_session = Some(s.session.clone());
+        let (svc, _) = started(ts, o).await;
+        c.attach(&svc, &s).await;
+        let i = c.send(&svc, &s, input("quiet")).await;
+        c.terminal(&s, &i).await;
+        // Five countdowns: a pooled Host would have released it by now.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(svc.residents().len(), 1);
+        svc.stop().await;
+    }
+
     /// An explicit restore of a session whose journal holds no conversation is refused
     /// `runtime_unavailable` and leaves nothing behind (no resident, the lease given back), so a
     /// wrong storage binding or a lost journal is seen, not papered over; a create then starts
@@ -887,6 +936,8 @@ sessionstore::both_backends!(cases =>
     an_explicit_restore_with_no_conversation_is_refused_and_only_a_create_creates,
     drain_releases_idle_sessions_abandons_gated_ones_at_once_and_busy_ones_as_failed_steps,
     a_drain_gives_up_a_gated_session_at_once_and_stays_clean,
+    a_session_with_an_open_gate_is_never_warm_released,
+    a_dedicated_host_never_warm_releases_its_fixed_session,
     a_lost_lease_abandons_the_session_and_credits_capacity,
     a_journal_write_failure_abandons_the_session_and_a_successor_restores_it,
     the_metrics_registry_exports_every_named_series,

@@ -671,6 +671,224 @@ mod cases {
         s.server.wait().await;
     }
 
+    /// The Host's connect reply lists the five reserved methods first, then every capability
+    /// token it serves: gate responses, the principal crossing with each command, and bodies
+    /// stored by reference.
+    pub async fn the_host_advertises_its_capability_tokens_after_the_reserved_methods(
+        ts: &TestStore,
+    ) {
+        let s = serve(ts, "link-tokens", |_| {}).await;
+        let client = HostLinkClient::connect(
+            &s.base,
+            &TenantId::new("acme").unwrap(),
+            &s.token("acme"),
+            "probe",
+        )
+        .await
+        .unwrap();
+        let methods = &client.methods;
+        assert_eq!(
+            methods.get(..5),
+            Some(
+                &[
+                    "hostlink.bind".to_owned(),
+                    "hostlink.unbind".into(),
+                    "hostlink.attach".into(),
+                    "hostlink.drain".into(),
+                    "hostlink.drain_status".into(),
+                ][..]
+            ),
+            "{methods:?}"
+        );
+        for token in [
+            "hostlink.command.gate_response",
+            "hostlink.attribution.principal",
+            "hostlink.payload.reference",
+        ] {
+            assert!(
+                methods[5..].iter().any(|m| m == token),
+                "{token} is not advertised after the reserved methods: {methods:?}"
+            );
+        }
+        s.server.shutdown();
+        s.server.wait().await;
+    }
+
+    /// The registry observation an attach answers names the Host by the bare base endpoint it
+    /// was configured with: no tenant path, nothing added.
+    pub async fn the_attach_reply_advertises_the_bare_base_endpoint_unchanged(ts: &TestStore) {
+        let s = serve(ts, "link-endpoint", |_| {}).await;
+        let f = factory(ts, &s, "acme");
+        let session = sid("where");
+        create(&f, &session, None, "c").await;
+        let placed = f.place(&session).await.unwrap();
+        assert_eq!(placed.observation.internal_endpoint, s.base);
+        s.server.shutdown();
+        s.server.wait().await;
+    }
+
+    /// An attach naming another incarnation of this Host (an older or newer generation, or
+    /// another host id) is refused `not_admitting` before any lease is taken.
+    pub async fn an_attach_naming_another_host_or_generation_is_refused_before_any_lease(
+        ts: &TestStore,
+    ) {
+        let s = serve(ts, "link-generation", |_| {}).await;
+        let acme = factory(ts, &s, "acme");
+        let session = sid("elsewhere");
+        create(&acme, &session, None, "c").await;
+        let client = HostLinkClient::connect(
+            &s.base,
+            &TenantId::new("acme").unwrap(),
+            &s.token("acme"),
+            "probe",
+        )
+        .await
+        .unwrap();
+        let attach = |host: HostId, generation: u64| AttachRequest {
+            version: V1,
+            tenant_id: TenantId::new("acme").unwrap(),
+            session_id: session.clone(),
+            host_id: host,
+            host_generation: std::num::NonZeroU64::new(generation).unwrap(),
+            agent_id: AgentId::new(AGENT).unwrap(),
+            runtime_compatibility_id: None,
+            mode: AttachMode::Create,
+            actor_id: ActorId::new("probe").unwrap(),
+            trace_id: None,
+            idempotency_key: IdempotencyKey::new(uuid::Uuid::now_v7().to_string()).unwrap(),
+        };
+        let this = s.service.config().host_id.clone();
+        let generation = s.service.generation();
+        for (host, generation) in [
+            (this.clone(), generation + 1),
+            (HostId::new("another-host").unwrap(), generation),
+        ] {
+            assert_eq!(
+                client.attach(&attach(host, generation)).await.unwrap(),
+                Err(HostLinkError::NotAdmitting)
+            );
+        }
+        assert!(s.service.residents().is_empty());
+        assert!(
+            ts.store
+                .residency(&TenantId::new("acme").unwrap(), &session)
+                .await
+                .unwrap()
+                .is_none(),
+            "a refused attach took a lease"
+        );
+        // The same request naming this incarnation is served.
+        assert!(
+            client
+                .attach(&attach(this, generation))
+                .await
+                .unwrap()
+                .is_ok()
+        );
+        s.server.shutdown();
+        s.server.wait().await;
+    }
+
+    /// A dedicated Host answers no drain before its first attach (`runtime_unavailable`, and
+    /// nothing begins); once its holder has drained it over HostLink it stays up: not ready,
+    /// still live.
+    pub async fn a_dedicated_host_refuses_a_drain_before_its_first_attach_and_stays_live_once_link_drained(
+        ts: &TestStore,
+    ) {
+        let session = sid("fixed-early");
+        let fixed = session.clone();
+        let s = serve(ts, "link-dedicated-early", move |o| {
+            o.placement = Placement::Dedicated;
+            o.capacity = 1;
+            o.fixed_session = Some(fixed);
+        })
+        .await;
+        let acme = factory(ts, &s, "acme");
+        create(&acme, &session, None, "c").await;
+        let req = || DrainRequest {
+            host_id: s.service.config().host_id.clone(),
+            host_generation: std::num::NonZeroU64::new(s.service.generation()).unwrap(),
+            idempotency_key: IdempotencyKey::new(uuid::Uuid::now_v7().to_string()).unwrap(),
+            scope: Some(SessionScope {
+                tenant_id: TenantId::new("acme").unwrap(),
+                session_id: session.clone(),
+            }),
+        };
+        let early = HostLinkClient::connect(
+            &s.base,
+            &TenantId::new("acme").unwrap(),
+            &s.token("acme"),
+            "early",
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            early.drain(&req()).await.unwrap(),
+            Err(HostLinkError::RuntimeUnavailable)
+        );
+        assert_eq!(
+            early.drain_status(&req()).await.unwrap(),
+            Err(HostLinkError::RuntimeUnavailable)
+        );
+        assert!(s.service.ready(), "a refused drain began nothing");
+        let placed = acme.place(&session).await.unwrap();
+        placed.client.drain(&req()).await.unwrap().unwrap();
+        eventually("the link drain to finish", async || {
+            let o = placed.client.drain_status(&req()).await.unwrap().unwrap();
+            check(o.state == DrainState::Drained, || format!("{o:?}"))
+        })
+        .await;
+        assert_eq!(get(&s.http("/readyz")).await.0, 503);
+        assert_eq!(get(&s.http("/healthz")).await.0, 200);
+        assert!(!s.service.ready());
+        assert!(s.service.live());
+        s.server.shutdown();
+        s.server.wait().await;
+    }
+
+    /// `/metrics` carries the Host's own families and nothing else: no process or runtime
+    /// collector, no controller backlog or drain series.
+    pub async fn metrics_carry_only_the_hosts_own_families(ts: &TestStore) {
+        let s = serve(ts, "link-families", |_| {}).await;
+        let f = factory(ts, &s, "acme");
+        let session = sid("families");
+        create(&f, &session, Some("hi".into()), "c").await;
+        f.place(&session).await.unwrap();
+        f.wait_terminal(&session, &CommandId::new("c").unwrap(), WAIT)
+            .await
+            .unwrap()
+            .unwrap();
+        let (status, body) = get(&s.http("/metrics")).await;
+        assert_eq!(status, 200);
+        let own = [
+            "host_sessions",
+            "host_sessions_gate_waiting",
+            "host_sessions_command_blocked",
+            "host_admission_weight_consumed",
+            "host_admission_weight_capacity",
+            "host_command_lag",
+            "host_command_queue_depth",
+            "host_release_failures_total",
+            "host_attach_seconds",
+            "host_command_apply_seconds",
+            "host_connections_cut_total",
+            "host_memory_budget_bytes",
+        ];
+        let families: Vec<&str> = body
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        assert!(families.contains(&"host_sessions"), "{body}");
+        let foreign: Vec<&&str> = families.iter().filter(|f| !own.contains(f)).collect();
+        assert!(
+            foreign.is_empty(),
+            "families that are not the Host's own: {foreign:?}"
+        );
+        s.server.shutdown();
+        s.server.wait().await;
+    }
+
     pub async fn placement_with_no_live_host_is_a_clear_refusal(ts: &TestStore) {
         let f = Factory::new(ts.store.clone(), TenantId::new("acme").unwrap(), "t");
         let session = sid("nowhere");
@@ -696,4 +914,9 @@ sessionstore::both_backends!(cases =>
     a_pooled_host_answers_no_hostlink_drain,
     a_fixed_session_drains_for_its_holder_and_a_reconnected_beginner_reads_drained,
     placement_with_no_live_host_is_a_clear_refusal,
+    the_host_advertises_its_capability_tokens_after_the_reserved_methods,
+    the_attach_reply_advertises_the_bare_base_endpoint_unchanged,
+    an_attach_naming_another_host_or_generation_is_refused_before_any_lease,
+    a_dedicated_host_refuses_a_drain_before_its_first_attach_and_stays_live_once_link_drained,
+    metrics_carry_only_the_hosts_own_families,
 );

@@ -1190,6 +1190,25 @@ mod tests {
     }
 
     #[test]
+    fn an_attach_request_needs_an_actor_and_may_leave_the_trace_out() {
+        let attach = r#"{"version":1,"tenant_id":"t","session_id":"s","host_id":"h","host_generation":1,"agent_id":"a","mode":"create","actor_id":"x","idempotency_key":"k"}"#;
+        let plain = AttachRequest::decode(attach.as_bytes()).unwrap();
+        assert_eq!(plain.trace_id, None);
+        let traced = attach.replace(
+            r#""idempotency_key""#,
+            r#""trace_id":"tr","idempotency_key""#,
+        );
+        assert!(
+            AttachRequest::decode(traced.as_bytes())
+                .unwrap()
+                .trace_id
+                .is_some()
+        );
+        let anonymous = attach.replace(r#""actor_id":"x","#, "");
+        assert!(AttachRequest::decode(anonymous.as_bytes()).is_err());
+    }
+
+    #[test]
     fn a_delivery_is_its_command_id_alone() {
         let d = Delivery::decode(br#"{"command_id":"c1"}"#).unwrap();
         assert_eq!(d.encode(), r#"{"command_id":"c1"}"#);

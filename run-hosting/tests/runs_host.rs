@@ -747,6 +747,33 @@ mod cases {
         assert_eq!(resume.code, "program_missing");
     }
 
+    /// Once the Host drains, `run.start` and `run.resume` answer `not_admitting` and claim
+    /// nothing: no run is recorded and a parked run keeps its epoch for another Host.
+    pub async fn start_and_resume_during_a_drain_answer_not_admitting_and_claim_nothing(
+        ts: &TestStore,
+    ) {
+        let h = booted(&ts.store, "host-a", options(8, 5000)).await;
+        let started = start(&h, PARKS).await.unwrap();
+        until(&h, &started.run_id, parked).await;
+        h.shutdown(Duration::from_secs(5)).await;
+        let refused = start(&h, QUICK).await.unwrap_err();
+        assert_eq!(refused.code, "not_admitting", "{}", refused.message);
+        let resume = call::<RunStarted>(
+            &h,
+            "acme",
+            "run.resume",
+            json!({"version": 1, "run_id": started.run_id}),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(resume.code, "not_admitting", "{}", resume.message);
+        let list: RunList = call(&h, "acme", "run.list", json!({"version": 1}))
+            .await
+            .unwrap();
+        assert_eq!(list.runs.len(), 1, "the refused start recorded a run");
+        assert_eq!(list.runs[0].epoch, 1, "the refused resume claimed the run");
+    }
+
     pub async fn cancel_ends_a_parked_run_and_stops_its_driver(ts: &TestStore) {
         let h = booted(&ts.store, "host-a", options(8, 5000)).await;
         let started = start(&h, PARKS).await.unwrap();
@@ -789,4 +816,5 @@ sessionstore::both_backends!(cases =>
     parallel_resumes_of_an_unheld_run_let_exactly_one_proceed,
     a_run_without_a_recorded_program_is_left_and_the_gate_still_opens,
     cancel_ends_a_parked_run_and_stops_its_driver,
+    start_and_resume_during_a_drain_answer_not_admitting_and_claim_nothing,
 );

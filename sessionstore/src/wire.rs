@@ -660,6 +660,28 @@ mod tests {
     }
 
     #[test]
+    fn a_gate_response_with_a_member_from_the_future_blocks() {
+        let gate = Uuid::now_v7();
+        let e = decode_command_body(
+            CommandKind::GateResponse,
+            format!(r#"{{"version":1,"gate_id":"{gate}","action":"approve","later":true}}"#)
+                .as_bytes(),
+            &s(),
+            &c(),
+        )
+        .unwrap_err();
+        assert!(e.is_from_the_future(), "{e:?}");
+        let e = decode_command_body(
+            CommandKind::GateResponse,
+            format!(r#"{{"version":1,"gate_id":"{gate}","action":""}}"#).as_bytes(),
+            &s(),
+            &c(),
+        )
+        .unwrap_err();
+        assert_eq!(e.code(), "malformed");
+    }
+
+    #[test]
     fn a_newer_version_blocks_and_a_zero_version_rejects() {
         let e = decode_command_body(CommandKind::Interrupt, br#"{"version":2}"#, &s(), &c())
             .unwrap_err();

@@ -199,6 +199,38 @@ fn a_flag_beats_the_environment_which_beats_the_file_which_beats_the_default() {
     assert!(grace.starts_with("drain_grace = \"25s\"") && grace.ends_with("# default"));
 }
 
+/// The reference Host's deployment variables keep their names: the listener, the advertised
+/// endpoint and the three drain bounds are each read from the environment.
+#[test]
+fn the_reference_deployment_variables_set_the_listener_endpoint_and_drain_bounds() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let text = ok(hostd_run(
+        tmp.path(),
+        &["serve", "--print-config"],
+        &[
+            ("HOST_LISTEN_ADDRESS", "127.0.0.1:7411"),
+            ("HOST_INTERNAL_ENDPOINT", "ws://10.0.0.7:7411"),
+            ("HOST_DRAIN_GRACE", "31s"),
+            ("HOST_DRAIN_IDLE_BOUNDARY", "7s"),
+            ("HOST_DRAIN_PUBLISH_BOUND", "3s"),
+        ],
+    ));
+    for (key, value) in [
+        ("listen", "\"127.0.0.1:7411\""),
+        ("internal_endpoint", "\"ws://10.0.0.7:7411\""),
+        ("drain_grace", "\"31s\""),
+        ("idle_boundary", "\"7s\""),
+        ("publish_bound", "\"3s\""),
+    ] {
+        let wanted = format!("{key} = {value}");
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with(&wanted) && l.ends_with("# environment")),
+            "no `{wanted}` read from the environment in:\n{text}"
+        );
+    }
+}
+
 #[test]
 fn a_config_file_with_an_unknown_option_is_refused_naming_it() {
     let tmp = tempfile::tempdir().expect("tempdir");
