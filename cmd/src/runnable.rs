@@ -172,8 +172,6 @@ fn with_version(reference: &str, version: &Option<String>) -> String {
     }
 }
 
-/// Prints a refusal on stderr (and as JSON on stdout) and gives the refusal exit status.
-
 pub async fn run(mut args: RunnableArgs, json: bool) -> Result<ExitCode> {
     match &mut args.command {
         RunnableCommand::List(f) => f.json = json,

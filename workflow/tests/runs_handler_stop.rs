@@ -113,6 +113,9 @@ steps:
         async fn renew(&self, _: &RunFence, _: Duration) -> StoreResult<Millis> {
             std::future::pending().await
         }
+        async fn park(&self, fence: &RunFence, until: ParkUntil) -> StoreResult<bool> {
+            RunJournal::park(&self.0, fence, until).await
+        }
         async fn now_ms(&self) -> StoreResult<Millis> {
             RunJournal::now_ms(&self.0).await
         }
@@ -138,6 +141,7 @@ steps:
             options: DriverOptions {
                 lease,
                 poll: Duration::from_millis(20),
+                park: None,
             },
         }
     }

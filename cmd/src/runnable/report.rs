@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 /// Exit status of a refusal (nothing ran, nothing changed).
 pub const EXIT_REFUSED: u8 = 1;
 
+/// Prints a refusal on stderr (and as JSON on stdout) and gives the refusal exit status.
 pub fn refuse(err: &RunnableError, json: bool) -> ExitCode {
     eprintln!("hostd: [{}] {err}", err.code());
     if json {
