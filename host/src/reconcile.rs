@@ -149,7 +149,10 @@ async fn take_assignment(attach: &Attach, store: &Store, p: PlacementRecord) {
                 session: p.session.clone(),
                 agent: session.agent,
                 compatibility: Some(session.compatibility),
-                mode: department::LaunchMode::Restore,
+                // An orphan may never have had a conversation (created, admitted, never
+                // attached): a create restores one when the journal holds it, and only a
+                // create may start one.
+                mode: department::LaunchMode::Create,
                 actor: Some("fleet-reconciler".into()),
                 trace: None,
             })
