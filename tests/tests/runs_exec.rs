@@ -238,7 +238,9 @@ async fn an_exec_killed_mid_run_is_resumed_by_a_later_serve_on_the_same_data_fol
         testkit::check(v["state"] == "completed", || v.to_string()).map(|_| v)
     })
     .await;
-    assert_eq!(done["epoch"], 2, "{done}");
+    // Taken over under epoch 2; the 2 s sleep outlasts the Host's scan interval, so the run
+    // is parked and taken again when due, under the next epoch.
+    assert!(done["epoch"].as_u64().unwrap_or(0) >= 2, "{done}");
     assert!(
         !done["holder"]
             .as_str()

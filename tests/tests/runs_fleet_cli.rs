@@ -31,9 +31,11 @@ fn fleet_host(dir: &Path, name: &str, store: &str, credentials: &Path) -> Serve 
         credentials,
         &[
             "--run-lease",
-            "900ms",
+            "1500ms",
+            // Longer than the 4 s nap, so the holder sleeps it in place (a longer sleep would
+            // be parked in the store with no holder) and the follower has a Host to lose.
             "--run-scan-interval",
-            "200ms",
+            "5s",
             "--run-poll",
             "100ms",
         ],
