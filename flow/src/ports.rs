@@ -135,9 +135,7 @@ impl PortRecord {
             ports: self.ports.clone(),
         };
         let bytes = serde_json::to_vec_pretty(&record).map_err(io::Error::other)?;
-        let tmp = path.with_extension("tmp");
-        std::fs::write(&tmp, bytes)?;
-        std::fs::rename(&tmp, path)
+        crate::state::write_atomic(path, &bytes)
     }
 }
 

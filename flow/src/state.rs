@@ -119,7 +119,9 @@ pub struct EndpointRecord {
     pub tls: bool,
 }
 
-fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+/// Writes `bytes` at `path` through a temporary file beside it and a rename, so a reader sees
+/// the old content or the new, never a part.
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let tmp = path.with_extension("tmp");
     {
         let mut f = File::create(&tmp)?;

@@ -596,22 +596,24 @@ impl RunHost {
         {
             return;
         }
-        let halted: Vec<String> = lock(&self.inner.active)
-            .keys()
-            .map(ToString::to_string)
-            .collect();
+        let halted = self.driven_runs();
         tracing::info!(runs = ?halted, "drain grace over: halting the run drivers still in a step");
         self.inner.halt.cancel();
         if tokio::time::timeout_at(cut, self.inner.tracker.wait())
             .await
             .is_err()
         {
-            let held: Vec<String> = lock(&self.inner.active)
-                .keys()
-                .map(ToString::to_string)
-                .collect();
+            let held = self.driven_runs();
             tracing::warn!(runs = ?held, "some run drivers did not stop within the stop bound");
         }
+    }
+
+    /// The ids of the runs this Host drives now (for the stop's log lines).
+    fn driven_runs(&self) -> Vec<String> {
+        lock(&self.inner.active)
+            .keys()
+            .map(ToString::to_string)
+            .collect()
     }
 
     /// Stops every driver crash-equivalently at once (nothing written for a step in flight)

@@ -612,8 +612,8 @@ fn group_alive(pgid: i32, except: Option<i32>, elapsed: Duration) -> bool {
 
 /// Stops everything in the handler's group: nothing if it is already empty, else SIGTERM,
 /// then SIGKILL after `grace`. The guard (`guard`, a member that ignores SIGTERM) does not
-/// count as a member here; it is released afterwards. Returns once the leader has exited and the group is empty (or
-/// the kill could not be confirmed within a further grace). Called while the leader is still
+/// count as a member here; it is released afterwards. Returns once the leader has exited and
+/// the group is empty (or the kill could not be confirmed within a further grace). Called while the leader is still
 /// unreaped, so the group number cannot have been reused.
 async fn stop_group(pgid: i32, guard: Option<i32>, grace: Duration, spawned: std::time::Instant) {
     let quiet = || peek_exit(pgid).is_some() && !group_alive(pgid, guard, spawned.elapsed());

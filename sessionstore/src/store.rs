@@ -1221,9 +1221,8 @@ impl Store {
     }
 
     /// Running runs a Host may take over at `now` (the store's time), soonest due first, at
-    /// most `limit`: whose
-    /// lease expired (a parked run: whose wake-up time passed) or whose holder names one of
-    /// `hosts` (Hosts the registry says died; a booting Host's own id).
+    /// most `limit`: whose lease expired (a parked run: whose wake-up time passed) or whose
+    /// holder names one of `hosts` (Hosts the registry says died; a booting Host's own id).
     pub async fn runs_to_take(
         &self,
         now: Millis,
