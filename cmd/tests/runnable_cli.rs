@@ -545,6 +545,19 @@ fn releases_says_how_each_recorded_release_stands_and_prune_clears_the_way_to_re
         "{}",
         stderr(&unknown)
     );
+    assert!(
+        !stderr(&unknown).contains("wc@1.0.0"),
+        "{}",
+        stderr(&unknown)
+    );
+    let other_version = ws.run(&["prune", "wc@9.9.9", "--data-dir", "no-such-data"]);
+    assert_eq!(other_version.status.code(), Some(1));
+    assert!(
+        stderr(&other_version).contains("[not_found]")
+            && stderr(&other_version).contains("wc@1.0.0"),
+        "the versions of that name are listed: {}",
+        stderr(&other_version)
+    );
     assert_eq!(releases_json(&ws).len(), 1);
 }
 

@@ -125,10 +125,15 @@ fn selected<'a>(
             })
             .collect();
         if matching.is_empty() {
-            let known: Vec<&str> = releases.iter().map(|r| r.release.as_str()).collect();
+            // The recorded releases of the name asked for (`wc@9` → `wc@1.0.0`), if any.
+            let name = bare.split_once('@').map_or(bare, |(n, _)| n);
             return Err(RunnableError::NotFound {
                 reference: reference.clone(),
-                available: known.iter().map(|s| s.to_string()).collect(),
+                available: releases
+                    .iter()
+                    .filter(|r| r.release.split_once('@').is_some_and(|(n, _)| n == name))
+                    .map(|r| r.release.clone())
+                    .collect(),
             });
         }
         for r in matching {
