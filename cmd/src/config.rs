@@ -832,10 +832,6 @@ pub fn load(
         .validate(options.link.ping_interval)
         .context("the listener's options ([listener])")?;
     options
-        .fleet
-        .reconciler_options()
-        .context("the fleet reconciler's options ([fleet])")?;
-    options
         .runs
         .validate()
         .map_err(anyhow::Error::msg)
@@ -858,6 +854,7 @@ pub fn load(
             }
         }
     }
+    pace_fleet_to_registry(&mut options, &mut sources)?;
     if let Some(url) = &options.store {
         // Refused here, before a data folder or a SQLite file named after a typo is made.
         StoreLocation::parse(url).context("--store (HOST_STORE_URL)")?;
@@ -907,6 +904,37 @@ pub fn load(
         config_file: config.map(Path::to_path_buf),
         sources,
     })
+}
+
+/// The fleet reconciler's pass interval and leadership TTL, when the operator set neither
+/// (flag, environment or file), follow the registry expiry: a short expiry asks for fast
+/// failover, and a reconciler paced for the default 20 s expiry (a pass a second, a leadership
+/// living 5 s) would add up to 6 s to every failover a dead leader causes.
+fn pace_fleet_to_registry(
+    options: &mut ServeOptions,
+    sources: &mut BTreeMap<String, Source>,
+) -> Result<()> {
+    let expiry = options.host.registry_expiry;
+    if !sources.contains_key("fleet.interval") {
+        options.fleet.interval = fleet::ReconcilerOptions::interval_for(expiry);
+        sources.insert(
+            "fleet.interval".into(),
+            Source::Derived("a tenth of the registry expiry, 100 ms to 1 s"),
+        );
+    }
+    if !sources.contains_key("fleet.leader_ttl") {
+        options.fleet.leader_ttl =
+            fleet::ReconcilerOptions::leader_ttl_for(expiry, options.fleet.interval);
+        sources.insert(
+            "fleet.leader_ttl".into(),
+            Source::Derived("the registry expiry, at most 5 s, at least 2 intervals"),
+        );
+    }
+    options
+        .fleet
+        .reconciler_options()
+        .context("the fleet reconciler's options ([fleet])")?;
+    Ok(())
 }
 
 impl Effective {
@@ -1074,6 +1102,40 @@ mod tests {
         assert!(text.contains("[model]"), "{text}");
         assert!(text.contains("out_of_range"), "{text}");
         assert!(text.contains("temperature"), "{text}");
+    }
+
+    fn load_args(args: &[&str]) -> Result<Effective> {
+        let matches = Probe::command()
+            .try_get_matches_from(std::iter::once("probe").chain(args.iter().copied()))
+            .unwrap();
+        let probe = Probe::from_arg_matches(&matches).unwrap();
+        load(None, probe.flags, Some(&matches))
+    }
+
+    #[test]
+    fn the_fleet_reconciler_keeps_pace_with_a_short_registry_expiry_unless_told_otherwise() {
+        let e = load_args(&["--registry-expiry", "3s", "--registry-heartbeat", "1s"]).unwrap();
+        assert_eq!(e.options.fleet.interval, Duration::from_millis(300));
+        assert_eq!(e.options.fleet.leader_ttl, Duration::from_secs(3));
+        assert!(matches!(e.source("fleet.interval"), Source::Derived(_)));
+        assert!(matches!(e.source("fleet.leader_ttl"), Source::Derived(_)));
+        // The default expiry (20 s) keeps the reconciler's own defaults.
+        let e = load_args(&[]).unwrap();
+        let d = fleet::ReconcilerOptions::default();
+        assert_eq!(e.options.fleet.interval, d.interval);
+        assert_eq!(e.options.fleet.leader_ttl, d.leader_ttl);
+        // What the operator sets wins; the other one still follows the expiry, and is
+        // stretched to cover two of the operator's intervals.
+        let e = load_args(&["--registry-expiry", "3s", "--fleet-leader-ttl", "4s"]).unwrap();
+        assert_eq!(e.options.fleet.leader_ttl, Duration::from_secs(4));
+        assert_eq!(e.options.fleet.interval, Duration::from_millis(300));
+        assert_eq!(e.source("fleet.leader_ttl"), Source::Flag);
+        let e = load_args(&["--registry-expiry", "3s", "--fleet-interval", "2s"]).unwrap();
+        assert_eq!(e.options.fleet.interval, Duration::from_secs(2));
+        assert_eq!(e.options.fleet.leader_ttl, Duration::from_secs(4));
+        // An explicit pair the reconciler cannot honour is still refused at load.
+        let err = load_args(&["--fleet-interval", "2s", "--fleet-leader-ttl", "3s"]).unwrap_err();
+        assert!(format!("{err:#}").contains("[fleet]"), "{err:#}");
     }
 
     #[test]

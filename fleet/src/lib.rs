@@ -72,6 +72,24 @@ impl Default for ReconcilerOptions {
 }
 
 impl ReconcilerOptions {
+    /// The pass interval that keeps up with a fleet whose advertisements and residency leases
+    /// live `registry_expiry` unrenewed: a tenth of it, between 100 ms and the default 1 s.
+    /// A session orphaned by a dead Host then waits at most a tenth of the expiry, after its
+    /// lease lapses, for the pass that re-places it.
+    pub fn interval_for(registry_expiry: Duration) -> Duration {
+        (registry_expiry / 10).clamp(Duration::from_millis(100), Self::default().interval)
+    }
+
+    /// The leadership TTL for the same fleet: no longer than the registry expiry (capped at
+    /// the default 5 s) and at least two intervals. When the leader dies with the Host whose
+    /// sessions it must re-place, another reconciler leads by the time those sessions' leases
+    /// lapse, so the leader's death adds nothing to the failover.
+    pub fn leader_ttl_for(registry_expiry: Duration, interval: Duration) -> Duration {
+        registry_expiry
+            .min(Self::default().leader_ttl)
+            .max(interval * 2)
+    }
+
     /// Refuses options the reconciler cannot honour.
     pub fn validate(&self) -> Result<(), ReconcilerError> {
         let invalid = |field, reason: &str| {
