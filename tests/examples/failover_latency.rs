@@ -3,7 +3,8 @@
 //!
 //! Failover latency with no client action, measured once: three `hostd serve` on one
 //! PostgreSQL database (heartbeat 200 ms, registry expiry 800 ms, fleet reconciler every
-//! 150 ms), sessions placed by the reconciler. For each of `KILLS` rounds, the Host holding
+//! 150 ms; with `FAILOVER_TIMINGS=operator`, heartbeat 1 s, registry expiry 3 s and every
+//! other timing left at its default), sessions placed by the reconciler. For each of `KILLS` rounds, the Host holding
 //! the most sessions is killed with SIGKILL, one input is admitted on each of its sessions
 //! right after the kill, and the time from the kill until each is applied on a survivor is
 //! recorded (nobody places, attaches or delivers). The killed Host is restarted under a new id
