@@ -854,7 +854,7 @@ pub fn load(
             }
         }
     }
-    pace_fleet_to_registry(&mut options, &mut sources)?;
+    pace_to_registry(&mut options, &mut sources)?;
     if let Some(url) = &options.store {
         // Refused here, before a data folder or a SQLite file named after a typo is made.
         StoreLocation::parse(url).context("--store (HOST_STORE_URL)")?;
@@ -906,11 +906,12 @@ pub fn load(
     })
 }
 
-/// The fleet reconciler's pass interval and leadership TTL, when the operator set neither
-/// (flag, environment or file), follow the registry expiry: a short expiry asks for fast
-/// failover, and a reconciler paced for the default 20 s expiry (a pass a second, a leadership
-/// living 5 s) would add up to 6 s to every failover a dead leader causes.
-fn pace_fleet_to_registry(
+/// The fleet reconciler's pass interval and leadership TTL, and PostgreSQL's idle-transaction
+/// timeout, when the operator set them in no layer (flag, environment or file), follow the
+/// registry expiry: a short expiry asks for fast failover, and a reconciler paced for the
+/// default 20 s expiry (a pass a second, a leadership living 5 s) would add up to 6 s to every
+/// failover a dead leader causes, as a frozen Host's 5 s transaction would to one it causes.
+fn pace_to_registry(
     options: &mut ServeOptions,
     sources: &mut BTreeMap<String, Source>,
 ) -> Result<()> {
@@ -928,6 +929,18 @@ fn pace_fleet_to_registry(
         sources.insert(
             "fleet.leader_ttl".into(),
             Source::Derived("the registry expiry, at most 5 s, at least 2 intervals"),
+        );
+    }
+    if !sources.contains_key("pg_idle_transaction_timeout") {
+        // A frozen (SIGSTOPped) Host's open transaction holds its row locks until PostgreSQL
+        // ends it; within half the expiry, the survivors are never kept waiting past it.
+        options.pg_idle_transaction_timeout = (expiry / 2).clamp(
+            Duration::from_secs(1),
+            ServeOptions::default().pg_idle_transaction_timeout,
+        );
+        sources.insert(
+            "pg_idle_transaction_timeout".into(),
+            Source::Derived("half the registry expiry, 1 s to 5 s"),
         );
     }
     options
@@ -1113,17 +1126,26 @@ mod tests {
     }
 
     #[test]
-    fn the_fleet_reconciler_keeps_pace_with_a_short_registry_expiry_unless_told_otherwise() {
+    fn the_fleet_reconciler_and_idle_transactions_keep_pace_with_a_short_registry_expiry_unless_told_otherwise()
+     {
         let e = load_args(&["--registry-expiry", "3s", "--registry-heartbeat", "1s"]).unwrap();
         assert_eq!(e.options.fleet.interval, Duration::from_millis(300));
         assert_eq!(e.options.fleet.leader_ttl, Duration::from_secs(3));
         assert!(matches!(e.source("fleet.interval"), Source::Derived(_)));
         assert!(matches!(e.source("fleet.leader_ttl"), Source::Derived(_)));
+        assert_eq!(
+            e.options.pg_idle_transaction_timeout,
+            Duration::from_millis(1500)
+        );
         // The default expiry (20 s) keeps the reconciler's own defaults.
         let e = load_args(&[]).unwrap();
         let d = fleet::ReconcilerOptions::default();
         assert_eq!(e.options.fleet.interval, d.interval);
         assert_eq!(e.options.fleet.leader_ttl, d.leader_ttl);
+        assert_eq!(
+            e.options.pg_idle_transaction_timeout,
+            ServeOptions::default().pg_idle_transaction_timeout
+        );
         // What the operator sets wins; the other one still follows the expiry, and is
         // stretched to cover two of the operator's intervals.
         let e = load_args(&["--registry-expiry", "3s", "--fleet-leader-ttl", "4s"]).unwrap();
