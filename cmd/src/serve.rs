@@ -156,6 +156,13 @@ pub async fn run(args: ServeArgs, matches: Option<&ArgMatches>, out: Output) -> 
     store.sqlite_reader_cache_kib = options.sqlite_reader_cache_kib;
     store.pg_idle_transaction_timeout = options.pg_idle_transaction_timeout;
     store.pg_acquire_timeout = options.pg_acquire_timeout;
+    // `pg_stat_activity` then says which Host holds which connections. A host id is at most
+    // 128 bytes; PostgreSQL keeps 63, so a long one is cut at a character boundary.
+    let mut app = format!("hostd/{host_id}");
+    while app.len() > 63 {
+        app.pop();
+    }
+    store.pg_application_name = Some(app);
     let agents = &options.agents;
     let openai = match (
         &agents.openai_endpoint,

@@ -25,6 +25,9 @@ pub const ATTACH_SECONDS: &str = "host_attach_seconds";
 pub const COMMAND_APPLY_SECONDS: &str = "host_command_apply_seconds";
 pub const CONNECTIONS_CUT: &str = "host_connections_cut_total";
 pub const MEMORY_BUDGET: &str = "host_memory_budget_bytes";
+pub const STORE_STATEMENTS: &str = "host_store_statements_total";
+pub const STORE_TRANSACTIONS: &str = "host_store_transactions_total";
+pub const STORE_WRITES: &str = "host_store_writes_total";
 
 /// The residency states `host_sessions` is labelled with.
 pub const SESSION_STATES: [&str; 3] = ["attaching", "resident", "releasing"];
@@ -231,6 +234,65 @@ impl Collector for SharedGauges {
     }
 }
 
+/// The store's own counters, read at each scrape: what this Host costs its database.
+struct StoreSeries {
+    store: sessionstore::Store,
+    statements: IntCounter,
+    transactions: IntCounter,
+    writes: IntCounter,
+    descs: Vec<Desc>,
+}
+
+impl StoreSeries {
+    fn new(store: sessionstore::Store) -> Result<StoreSeries, MetricsError> {
+        let statements = m(IntCounter::new(
+            STORE_STATEMENTS,
+            "Statements this Host sent its store's database (each BEGIN, COMMIT and batch counted once; one round trip each on PostgreSQL), reads and writes alike.",
+        ))?;
+        let transactions = m(IntCounter::new(
+            STORE_TRANSACTIONS,
+            "Write transactions this Host committed in its store.",
+        ))?;
+        let writes = m(IntCounter::new(
+            STORE_WRITES,
+            "Write operations this Host asked of its store (many may share a transaction).",
+        ))?;
+        let mut descs = Vec::new();
+        for c in [&statements, &transactions, &writes] {
+            descs.extend(c.desc().into_iter().cloned());
+        }
+        Ok(StoreSeries {
+            store,
+            statements,
+            transactions,
+            writes,
+            descs,
+        })
+    }
+}
+
+impl Collector for StoreSeries {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let now = self.store.stats();
+        // The counters only grow; each catches up with the store's own count.
+        for (c, v) in [
+            (&self.statements, now.server_statements),
+            (&self.transactions, now.commits),
+            (&self.writes, now.writes),
+        ] {
+            c.inc_by(v.saturating_sub(c.get()));
+        }
+        let mut out = self.statements.collect();
+        out.extend(self.transactions.collect());
+        out.extend(self.writes.collect());
+        out
+    }
+}
+
 fn m<T>(r: prometheus::Result<T>) -> Result<T, MetricsError> {
     r.map_err(|e| MetricsError(e.to_string()))
 }
@@ -312,6 +374,15 @@ impl Metrics {
             Ok(mut g) => *g = Some(source),
             Err(p) => *p.into_inner() = Some(source),
         }
+    }
+
+    /// Exports `store`'s counters of the work it sent its database
+    /// (`host_store_statements_total`, `host_store_transactions_total`,
+    /// `host_store_writes_total`), read at each scrape.
+    pub fn count_store(&self, store: sessionstore::Store) -> Result<(), MetricsError> {
+        self.registry
+            .register(Box::new(StoreSeries::new(store)?))
+            .map_err(|e| MetricsError(e.to_string()))
     }
 
     /// Registers `collector` (a series of another crate hosted on this Host, such as run

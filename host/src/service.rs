@@ -150,6 +150,7 @@ impl Composition {
         let department = Department::new(registrations)?;
         department.check_profile(self.profile)?;
         let metrics = Metrics::new()?;
+        metrics.count_store(store.clone())?;
         Ok(Service {
             inner: Arc::new(Inner {
                 host: Residency::new(config, store, metrics),

@@ -873,6 +873,9 @@ mod cases {
             "host_command_apply_seconds",
             "host_connections_cut_total",
             "host_memory_budget_bytes",
+            "host_store_statements_total",
+            "host_store_transactions_total",
+            "host_store_writes_total",
         ];
         let families: Vec<&str> = body
             .lines()
@@ -880,6 +883,14 @@ mod cases {
             .filter_map(|l| l.split_whitespace().next())
             .collect();
         assert!(families.contains(&"host_sessions"), "{body}");
+        // What the Host costs its database is exported, and a Host that has started has
+        // already sent its store statements.
+        let statements: u64 = body
+            .lines()
+            .find_map(|l| l.strip_prefix("host_store_statements_total "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        assert!(statements > 0, "{body}");
         let foreign: Vec<&&str> = families.iter().filter(|f| !own.contains(f)).collect();
         assert!(
             foreign.is_empty(),

@@ -56,6 +56,10 @@ pub struct StoreOptions {
     pub pg_write_lanes: usize,
     /// PostgreSQL schema to use (created if missing); `None` uses the connection's default.
     pub pg_schema: Option<String>,
+    /// The `application_name` every PostgreSQL connection of this store reports (in
+    /// `pg_stat_activity`), so an operator can count a Host's connections; `None` leaves the
+    /// URL's (or the driver's) name. At most 63 bytes (PostgreSQL's limit).
+    pub pg_application_name: Option<String>,
     /// How long a PostgreSQL connection of this store may sit idle inside a transaction before
     /// the server ends it (and so releases its row locks): a frozen Host then stalls the rest
     /// of the fleet for at most this long. 100 ms to 1 hour; default 5 s (the store's own
@@ -105,6 +109,7 @@ impl StoreOptions {
             pg_max_connections: 16,
             pg_write_lanes: 2,
             pg_schema: None,
+            pg_application_name: None,
             pg_idle_transaction_timeout: Duration::from_secs(5),
             pg_acquire_timeout: Duration::from_secs(10),
             pg_statistics_interval: Duration::from_secs(10),
@@ -119,6 +124,14 @@ impl StoreOptions {
         // A referenced body is one too large to be inline, so a cap at or below the inline
         // limit would refuse every body that needs a reference.
         check_referenced_body_cap(self.referenced_body_cap)?;
+        if let Some(name) = &self.pg_application_name
+            && (name.len() > 63 || name.chars().any(char::is_control))
+        {
+            return Err(StoreError::invalid(
+                "pg_application_name",
+                "must be at most 63 bytes with no control characters",
+            ));
+        }
         if self.sqlite_readers == 0 || self.sqlite_readers > 64 {
             return Err(StoreError::invalid(
                 "sqlite_readers",

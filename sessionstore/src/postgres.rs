@@ -813,10 +813,14 @@ impl PgEngine {
         options: &StoreOptions,
         counters: Arc<Counters>,
     ) -> StoreResult<PgEngine> {
-        let connect: PgConnectOptions = options
+        let mut connect: PgConnectOptions = options
             .url
             .parse::<PgConnectOptions>()
-            .map_err(|e| StoreError::invalid("url", format!("is not a PostgreSQL URL: {e}")))?
+            .map_err(|e| StoreError::invalid("url", format!("is not a PostgreSQL URL: {e}")))?;
+        if let Some(name) = &options.pg_application_name {
+            connect = connect.application_name(name);
+        }
+        let connect = connect
             .options(PLANNER_SETTINGS)
             // A client stalled inside a transaction (a frozen process) would hold its row locks
             // for ever and wedge every other Host of the fleet; the server ends such a session.
