@@ -492,3 +492,110 @@ fn changes_against_a_workspace_without_a_running_up_refuse_and_a_stale_socket_we
     assert!(!socket.exists(), "a clean end removes its socket");
     assert_no_orphans(&[extra, extra_again]);
 }
+
+#[test]
+fn a_change_asked_while_the_flow_is_still_starting_is_refused_and_signals_nothing() {
+    let dir = workspace(
+        "services:
+  - name: base
+    command: sleep
+    args: ['300']
+  - name: never
+    command: sleep
+    args: ['300']
+    endpoints: [{name: http, api: tcp}]
+    dependencies: [{name: base}]
+",
+    );
+    let mut up = Up::start(dir.path(), &["--readiness-timeout", "5m"]);
+    up.wait_for("[flow] never: started");
+    let base = pid_of(dir.path(), "base");
+    let never = pid_of(dir.path(), "never");
+    for args in [&["restart", "base"][..], &["stop", "never"], &["up", "base"]] {
+        let out = hostd(dir.path(), args);
+        assert!(!out.status.success(), "{args:?}: {}", said(&out));
+        assert!(
+            text(&out.stderr).contains("flow.control.starting: the flow is still starting"),
+            "{args:?}: {}",
+            said(&out)
+        );
+    }
+    assert_eq!(pid_of(dir.path(), "base"), base);
+    assert_eq!(pid_of(dir.path(), "never"), never);
+    kill(Pid::from_raw(up.child.id() as i32), Signal::SIGINT).expect("interrupt up");
+    assert_eq!(up.wait_exit().code(), Some(130), "{}", up.said());
+    assert_no_orphans(&[base, never]);
+}
+
+/// The same rule as at `up`: a service that cannot become ready fails the flow, and the
+/// command that restarted it is told so.
+#[test]
+fn a_restarted_service_that_cannot_become_ready_fails_the_flow_and_the_restart_says_so() {
+    let dir = workspace(
+        "services:
+  - name: store
+    command: sleep
+    args: ['300']
+  - name: web
+    command: sh
+    args: [-c, 'if [ -e broken ]; then exec sleep 300; fi; exec python3 -m http.server --bind 127.0.0.1 \"$PORT\"']
+    endpoints: [{name: http, api: tcp}]
+    restart: {policy: 'no'}
+",
+    );
+    let mut up = Up::start(dir.path(), &["--readiness-timeout", "2s"]);
+    up.wait_for("[flow] up: 2 service(s)");
+    let store = pid_of(dir.path(), "store");
+    let web = pid_of(dir.path(), "web");
+    std::fs::write(dir.path().join("broken"), b"").expect("break web");
+
+    let out = hostd(dir.path(), &["restart", "web"]);
+    assert!(!out.status.success(), "{}", said(&out));
+    let refusal = text(&out.stderr);
+    assert!(
+        refusal.contains("flow.control.not_started: `web` was not started")
+            && refusal.contains("flow.not_ready")
+            && refusal.contains("was torn down"),
+        "{refusal}"
+    );
+    let status = up.wait_exit();
+    assert!(!status.success(), "{}", up.said());
+    assert!(up.said().contains("the flow failed: flow.not_ready"), "{}", up.said());
+    assert_no_orphans(&[store, web]);
+    assert!(!StatePaths::for_workspace(dir.path()).state_file.exists());
+}
+
+/// `up <service> --only-deps` leaves the service to be run by hand; `up <service>` later
+/// starts it in the running flow on the addresses reserved for it.
+#[test]
+fn the_target_an_only_deps_flow_left_out_joins_it_on_its_reserved_address() {
+    let dir = workspace(WORKSPACE);
+    let mut up = Up::start(dir.path(), &["web", "--only-deps"]);
+    up.wait_for("[flow] up: 1 service(s)");
+    let store = pid_of(dir.path(), "store");
+    let reserved = address_of(dir.path(), "web");
+    assert_eq!(standing(dir.path(), "web"), ("excluded".to_owned(), None));
+
+    let out = hostd(dir.path(), &["up", "web"]);
+    assert!(out.status.success(), "{}", said(&out));
+    assert!(row(&text(&out.stdout), "web").contains(&format!("http={reserved}")));
+    assert!(answers_http(&reserved));
+    let web = pid_of(dir.path(), "web");
+    assert_eq!(standing(dir.path(), "web").0, "running");
+    assert_eq!(
+        recorded(dir.path())
+            .services
+            .iter()
+            .filter(|s| s.name == "web")
+            .count(),
+        1,
+        "one record of web, no longer excluded"
+    );
+    assert_eq!(pid_of(dir.path(), "store"), store);
+
+    let down = hostd(dir.path(), &["down"]);
+    assert!(down.status.success(), "{}", said(&down));
+    assert!(row(&text(&down.stdout), "web").contains("stopped"));
+    assert!(up.wait_exit().success(), "{}", up.said());
+    assert_no_orphans(&[store, web]);
+}

@@ -83,9 +83,21 @@ impl Supervisor {
             unchanged: Vec::new(),
             elapsed_ms: 0,
         };
+        let asked = match &request {
+            ChangeRequest::Restart { .. } => "restart",
+            ChangeRequest::Add { .. } => "up",
+            ChangeRequest::Stop {
+                with_dependents: true,
+                ..
+            } => "stop --with-dependents",
+            ChangeRequest::Stop { .. } => "stop",
+        };
         self.events.emit(FlowEvent::Notice {
             service: request.services().join(", "),
-            text: format!("`hostd flow {}` asked from another shell", request.operation()),
+            text: format!(
+                "asked from another shell: `hostd flow {asked} {}`",
+                request.services().join(" ")
+            ),
         });
         let outcome = match &request {
             ChangeRequest::Restart { services } => self.restart(services, &mut report).await,
