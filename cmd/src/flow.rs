@@ -19,8 +19,8 @@ use ::flow::state::{self, StatePaths};
 use ::flow::teardown::TeardownBudget;
 use ::flow::{
     ChangeReport, ChangeRequest, DownAction, DownOptions, DryRun, EnvOverride, EventSink, Flow,
-    FlowEndReason, FlowError, FlowEvent, FlowOptions, GraphError, ManifestError, Selection,
-    Stage, dotenv,
+    FlowEndReason, FlowError, FlowEvent, FlowOptions, GraphError, ManifestError, Selection, Stage,
+    dotenv,
 };
 use anyhow::{Context, Result, anyhow, bail};
 use clap::{Args, Subcommand, ValueEnum};

@@ -222,7 +222,11 @@ fn restart_keeps_the_other_services_pids_and_the_restarted_ones_port_and_it_is_r
             && started.contains(&format!("http={address}")),
         "{shown}"
     );
-    assert_eq!(pid_of(dir.path(), "store"), store, "its producer was left alone");
+    assert_eq!(
+        pid_of(dir.path(), "store"),
+        store,
+        "its producer was left alone"
+    );
     assert_eq!(address_of(dir.path(), "web"), address, "the same port");
     assert_eq!(standing(dir.path(), "web").0, "running");
     assert!(answers_http(&address), "web answers again at {address}");
@@ -238,7 +242,11 @@ fn restart_keeps_the_other_services_pids_and_the_restarted_ones_port_and_it_is_r
     assert_eq!(doc["stopped"]["receipts"][0]["service"], "store", "{doc}");
     assert_eq!(doc["started"][0]["name"], "store", "{doc}");
     assert_eq!(doc["started"][0]["state"], "running", "{doc}");
-    assert_eq!(pid_of(dir.path(), "web"), web_again, "the dependent kept running");
+    assert_eq!(
+        pid_of(dir.path(), "web"),
+        web_again,
+        "the dependent kept running"
+    );
     assert_no_orphans(&[store]);
     let store_again = pid_of(dir.path(), "store");
     assert!(up.running(), "the up still supervises: {}", up.said());
@@ -290,7 +298,11 @@ fn up_with_a_service_adds_it_and_its_dependency_to_a_running_detached_flow() {
     let doc = json(&again);
     assert_eq!(doc["operation"], "add", "{doc}");
     assert_eq!(doc["started"], serde_json::json!([]), "{doc}");
-    assert_eq!(doc["unchanged"], serde_json::json!(["web", "store"]), "{doc}");
+    assert_eq!(
+        doc["unchanged"],
+        serde_json::json!(["web", "store"]),
+        "{doc}"
+    );
     let again = hostd(dir.path(), &["up", "web"]);
     assert!(
         text(&again.stdout).contains("already running, left as is: web"),
@@ -309,8 +321,7 @@ fn up_with_a_service_adds_it_and_its_dependency_to_a_running_detached_flow() {
 }
 
 #[test]
-fn stop_refuses_a_service_running_services_depend_on_and_with_dependents_stops_consumers_first()
-{
+fn stop_refuses_a_service_running_services_depend_on_and_with_dependents_stops_consumers_first() {
     let dir = workspace(WORKSPACE);
     let mut up = Up::start(dir.path(), &[]);
     up.wait_for("[flow] up: 3 service(s)");
@@ -426,10 +437,15 @@ fn stop_then_down_stops_the_rest_with_receipts_and_a_stopped_service_can_be_adde
     let down = hostd(dir.path(), &["down"]);
     let shown = text(&down.stdout);
     assert!(down.status.success(), "{}", said(&down));
-    assert!(shown.contains("asked the running `hostd flow up`"), "{shown}");
+    assert!(
+        shown.contains("asked the running `hostd flow up`"),
+        "{shown}"
+    );
     assert!(row(&shown, "store").contains("stopped"), "{shown}");
     assert!(
-        !shown.lines().any(|l| l.starts_with("web ") || l.starts_with("extra ")),
+        !shown
+            .lines()
+            .any(|l| l.starts_with("web ") || l.starts_with("extra ")),
         "only what still ran gets a receipt: {shown}"
     );
     assert!(up.wait_exit().success(), "{}", up.said());
@@ -511,7 +527,11 @@ fn a_change_asked_while_the_flow_is_still_starting_is_refused_and_signals_nothin
     up.wait_for("[flow] never: started");
     let base = pid_of(dir.path(), "base");
     let never = pid_of(dir.path(), "never");
-    for args in [&["restart", "base"][..], &["stop", "never"], &["up", "base"]] {
+    for args in [
+        &["restart", "base"][..],
+        &["stop", "never"],
+        &["up", "base"],
+    ] {
         let out = hostd(dir.path(), args);
         assert!(!out.status.success(), "{args:?}: {}", said(&out));
         assert!(
@@ -560,7 +580,11 @@ fn a_restarted_service_that_cannot_become_ready_fails_the_flow_and_the_restart_s
     );
     let status = up.wait_exit();
     assert!(!status.success(), "{}", up.said());
-    assert!(up.said().contains("the flow failed: flow.not_ready"), "{}", up.said());
+    assert!(
+        up.said().contains("the flow failed: flow.not_ready"),
+        "{}",
+        up.said()
+    );
     assert_no_orphans(&[store, web]);
     assert!(!StatePaths::for_workspace(dir.path()).state_file.exists());
 }

@@ -141,8 +141,8 @@ impl Drop for ControlSocket {
         }
         // A later `up` may already have bound its own socket here (the lock is released
         // before this runs): that file is left alone.
-        let ours = std::fs::symlink_metadata(&self.path)
-            .is_ok_and(|m| (m.dev(), m.ino()) == self.file);
+        let ours =
+            std::fs::symlink_metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.file);
         if ours && let Err(e) = std::fs::remove_file(&self.path) {
             tracing::warn!(path = %self.path.display(), error = %e, "cannot remove the control socket");
         }
@@ -184,7 +184,9 @@ async fn answer_one(
     let answer = if peer != owner_uid {
         refused(&FlowError::Control {
             path: PathBuf::from("control.sock"),
-            reason: format!("refused a request from user {peer}: only user {owner_uid} may change this flow"),
+            reason: format!(
+                "refused a request from user {peer}: only user {owner_uid} may change this flow"
+            ),
         })
     } else {
         let line = tokio::time::timeout(REQUEST_READ_TIMEOUT, read_line(read, MAX_REQUEST_BYTES))

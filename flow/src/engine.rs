@@ -31,9 +31,7 @@ use crate::ports::{self, PortMap};
 use crate::procfs::{self, Ownership};
 use crate::restart::RestartSpec;
 use crate::state::{self, StatePaths, WorkspaceLock};
-use crate::supervisor::{
-    self, Command, Excluded, Extension, Planner, Setup, SlotSpec, Supervisor,
-};
+use crate::supervisor::{self, Command, Excluded, Extension, Planner, Setup, SlotSpec, Supervisor};
 pub use crate::supervisor::{FlowEnd, FlowEndReason, ServiceStatus};
 use crate::teardown::TeardownReport;
 

@@ -224,9 +224,7 @@ pub enum FlowError {
         services: Vec<String>,
         dependents: Vec<String>,
     },
-    #[error(
-        "the flow is still starting; change it once `hostd flow up` has said it is up"
-    )]
+    #[error("the flow is still starting; change it once `hostd flow up` has said it is up")]
     StillStarting,
     #[error("`{service}` was not started: {reason}")]
     NotStarted { service: String, reason: String },

@@ -105,10 +105,7 @@ impl Supervisor {
             ChangeRequest::Stop {
                 services,
                 with_dependents,
-            } => {
-                self.withdraw(services, *with_dependents, &mut report)
-                    .await
-            }
+            } => self.withdraw(services, *with_dependents, &mut report).await,
         };
         match outcome {
             Err(e) => {
@@ -237,7 +234,10 @@ impl Supervisor {
         for &i in &named {
             let slot = &mut self.slots[i];
             if slot.process.is_some() {
-                stuck = Some((slot.spec.name.clone(), slot.detail.clone().unwrap_or_default()));
+                stuck = Some((
+                    slot.spec.name.clone(),
+                    slot.detail.clone().unwrap_or_default(),
+                ));
                 continue;
             }
             slot.phase = Phase::Pending;
@@ -274,10 +274,7 @@ impl Supervisor {
             }
         }
         for name in services {
-            let running = self
-                .index
-                .get(name)
-                .is_some_and(|i| !again.contains(i));
+            let running = self.index.get(name).is_some_and(|i| !again.contains(i));
             if running && !report.unchanged.contains(name) {
                 report.unchanged.push(name.clone());
             }
