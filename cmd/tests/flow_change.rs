@@ -623,3 +623,34 @@ fn the_target_an_only_deps_flow_left_out_joins_it_on_its_reserved_address() {
     assert!(up.wait_exit().success(), "{}", up.said());
     assert_no_orphans(&[store, web]);
 }
+
+/// What a change started is recorded the moment it exists: an `up` killed right after a
+/// restart and an add leaves nothing `down` cannot see.
+#[test]
+fn down_after_the_up_was_killed_stops_what_its_changes_started() {
+    let dir = workspace(WORKSPACE);
+    let mut up = Up::start(dir.path(), &["web"]);
+    up.wait_for("[flow] up: 2 service(s)");
+    let old_web = pid_of(dir.path(), "web");
+    assert!(hostd(dir.path(), &["restart", "web"]).status.success());
+    assert!(hostd(dir.path(), &["up", "extra"]).status.success());
+    let store = pid_of(dir.path(), "store");
+    let web = pid_of(dir.path(), "web");
+    let extra = pid_of(dir.path(), "extra");
+    kill(Pid::from_raw(up.child.id() as i32), Signal::SIGKILL).expect("kill up");
+    up.wait_exit();
+    assert_alive(web, "the restarted web");
+    assert_alive(extra, "the added extra");
+
+    let down = hostd(dir.path(), &["down"]);
+    let shown = text(&down.stdout);
+    assert!(down.status.success(), "{}", said(&down));
+    assert!(
+        shown.contains("is gone; stopped its recorded process groups"),
+        "{shown}"
+    );
+    for service in ["store", "web", "extra"] {
+        assert!(row(&shown, service).contains("stopped"), "{shown}");
+    }
+    assert_no_orphans(&[old_web, store, web, extra]);
+}
