@@ -18,8 +18,9 @@ use ::flow::recover::{self, RecoveryPreview};
 use ::flow::state::{self, StatePaths};
 use ::flow::teardown::TeardownBudget;
 use ::flow::{
-    DownAction, DownOptions, DryRun, EnvOverride, EventSink, Flow, FlowEndReason, FlowError,
-    FlowEvent, FlowOptions, GraphError, ManifestError, Selection, Stage, dotenv,
+    ChangeReport, ChangeRequest, DownAction, DownOptions, DryRun, EnvOverride, EventSink, Flow,
+    FlowEndReason, FlowError, FlowEvent, FlowOptions, GraphError, ManifestError, Selection, Stage,
+    dotenv,
 };
 use anyhow::{Context, Result, anyhow, bail};
 use clap::{Args, Subcommand, ValueEnum};
@@ -55,7 +56,15 @@ pub struct FlowArgs {
 enum FlowCommand {
     /// Start the services (all, or some with what they need), wait until each is ready,
     /// stream their merged output, and keep them running until Ctrl-C or `hostd flow down`.
+    /// With services named while a flow runs here, add them (and what they need) to it.
     Up(UpArgs),
+    /// Restart services of the running flow: stop each (SIGTERM, then SIGKILL, its whole
+    /// process group), start it again with the same environment and ports, wait until it is
+    /// ready. Its dependents keep running.
+    Restart(RestartArgs),
+    /// Withdraw services from the running flow; the rest keeps running. A service running
+    /// services depend on is refused unless --with-dependents.
+    Stop(StopArgs),
     /// Stop what `up` started in this workspace, from any shell: consumers first, each layer
     /// within its budget (SIGTERM, then SIGKILL), with a receipt per service.
     Down(DownArgs),
@@ -111,6 +120,29 @@ struct UpArgs {
     /// Internal: this process is the background half of `up --detach`.
     #[arg(long, hide = true)]
     detached_child: bool,
+}
+
+#[derive(Debug, Args)]
+struct RestartArgs {
+    /// The services to restart.
+    #[arg(required = true)]
+    services: Vec<String>,
+    /// Set from the global `--json` flag.
+    #[arg(skip)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct StopArgs {
+    /// The services to withdraw.
+    #[arg(required = true)]
+    services: Vec<String>,
+    /// Also stop the running services that depend on them, consumers first.
+    #[arg(long)]
+    with_dependents: bool,
+    /// Set from the global `--json` flag.
+    #[arg(skip)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -256,6 +288,8 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 pub async fn run(mut args: FlowArgs, json: bool) -> Result<ExitCode> {
     match &mut args.command {
         FlowCommand::Up(a) => a.json = json,
+        FlowCommand::Restart(a) => a.json = json,
+        FlowCommand::Stop(a) => a.json = json,
         FlowCommand::Down(a) => a.json = json,
         FlowCommand::Status(a) => a.json = json,
         FlowCommand::Env(a) => a.json = json,
@@ -264,6 +298,19 @@ pub async fn run(mut args: FlowArgs, json: bool) -> Result<ExitCode> {
     let root = args.workspace;
     let result = match args.command {
         FlowCommand::Up(a) => up(&root, a).await,
+        FlowCommand::Restart(a) => {
+            let request = ChangeRequest::Restart {
+                services: a.services,
+            };
+            change(&root, &request, a.json).await
+        }
+        FlowCommand::Stop(a) => {
+            let request = ChangeRequest::Stop {
+                services: a.services,
+                with_dependents: a.with_dependents,
+            };
+            change(&root, &request, a.json).await
+        }
         FlowCommand::Down(a) => down(&root, a).await,
         FlowCommand::Status(a) => status(&root, a).await,
         FlowCommand::Logs(a) => logs(&root, a).await,
@@ -288,7 +335,7 @@ fn is_quiet_end(e: &anyhow::Error) -> bool {
 }
 
 /// The stable code of an error the library refused with, if it is one.
-fn code_of(e: &anyhow::Error) -> Option<&'static str> {
+fn code_of(e: &anyhow::Error) -> Option<&str> {
     e.chain().find_map(|c| {
         c.downcast_ref::<FlowError>()
             .map(FlowError::code)
@@ -360,6 +407,9 @@ async fn up(root: &Path, args: UpArgs) -> Result<ExitCode> {
         let plan = flow.dry_run(&selection)?;
         print_dry_run(&plan, args.json)?;
         return Ok(ExitCode::SUCCESS);
+    }
+    if let Some(code) = add_to_running(root, &args).await? {
+        return Ok(code);
     }
     if args.detach && !args.detached_child {
         return detach(root, &flow, &args).await;
@@ -509,6 +559,56 @@ async fn up(root: &Path, args: UpArgs) -> Result<ExitCode> {
     };
     let _ = printer.await;
     Ok(code)
+}
+
+/// `up <service>...` while a flow runs in the workspace: asks its `up` to add them (and what
+/// they need). `None` when no flow runs there (a new one is started), or when the arguments
+/// describe a new flow (`--only-deps`, `--stand-alone`, `--set`), which the running one
+/// refuses as before.
+async fn add_to_running(root: &Path, args: &UpArgs) -> Result<Option<ExitCode>> {
+    if args.services.is_empty()
+        || args.detached_child
+        || args.only_deps
+        || args.stand_alone
+        || !args.set.is_empty()
+    {
+        return Ok(None);
+    }
+    let request = ChangeRequest::Add {
+        services: args.services.clone(),
+    };
+    let report = match ::flow::control::request(root, &request).await {
+        Ok(report) => report,
+        Err(FlowError::NotRunning { .. }) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    if let (Some(file), [origin]) = (&args.env_file, args.services.as_slice()) {
+        let env = state::read_state(&StatePaths::for_workspace(root))?
+            .and_then(|r| r.service(origin).map(|s| s.env.clone()))
+            .unwrap_or_default();
+        std::fs::write(file, dotenv(&env))
+            .with_context(|| format!("cannot write {}", file.display()))?;
+    }
+    show_change(&report, args.json)?;
+    Ok(Some(ExitCode::SUCCESS))
+}
+
+/// `restart` and `stop`: the running `up` applies the change and answers with receipts.
+async fn change(root: &Path, request: &ChangeRequest, json: bool) -> Result<ExitCode> {
+    let report = ::flow::control::request(root, request).await?;
+    show_change(&report, json)?;
+    if report.clean() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    render::report_troubles(&report.stopped, json);
+    Ok(ExitCode::FAILURE)
+}
+
+fn show_change(report: &ChangeReport, json: bool) -> Result<()> {
+    if json {
+        return Out::json(&render::change_json(report));
+    }
+    Out::text(&render::change_text(report))
 }
 
 fn eprintln_flow(text: &str) {

@@ -3,11 +3,13 @@
 //! `up`, which hands the plan to the supervisor task and returns a handle once everything is
 //! running.
 //!
-//! This module owns selection, planning and Load (ports, log files, environments). It must
+//! This module owns selection, planning and Load (ports, log files, environments), for an
+//! `up` and for services a change adds to a running flow (it is the supervisor's
+//! [`Planner`]), and binds the running flow's control socket. It must
 //! never spawn or signal a process itself: the supervisor does, and only for a plan this
 //! module validated.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -17,6 +19,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::control::ControlSocket;
 use crate::environment::{EnvContext, EnvOverride};
 use crate::error::{FlowError, GraphError};
 use crate::events::{EventSink, FlowEvent, Step};
@@ -28,7 +31,7 @@ use crate::ports::{self, PortMap};
 use crate::procfs::{self, Ownership};
 use crate::restart::RestartSpec;
 use crate::state::{self, StatePaths, WorkspaceLock};
-use crate::supervisor::{self, Command, Excluded, Setup, SlotSpec, Supervisor};
+use crate::supervisor::{self, Command, Excluded, Extension, Planner, Setup, SlotSpec, Supervisor};
 pub use crate::supervisor::{FlowEnd, FlowEndReason, ServiceStatus};
 use crate::teardown::TeardownReport;
 
@@ -389,32 +392,19 @@ impl Flow {
         let mut environments = HashMap::new();
         let mut slots = Vec::new();
         for name in loaded.plan.nodes() {
-            let manifest = self
-                .workspace
-                .service(name)
-                .ok_or_else(|| GraphError::UnknownService(name.clone()))?;
-            let log = self.fresh_log(name)?;
-            let endpoints = self.endpoints_of(name, &loaded.ports);
+            let slot = self.slot_spec(name, &loaded.ports, &context)?;
             events.emit(FlowEvent::Step {
                 service: name.clone(),
                 step: Step::Load,
-                detail: endpoints
+                detail: slot
+                    .endpoints
                     .iter()
                     .map(|(n, a)| format!("{n}={a}"))
                     .collect::<Vec<_>>()
                     .join(" "),
             });
-            let env = context.resolve(manifest);
-            environments.insert(name.clone(), env.clone());
-            slots.push(SlotSpec {
-                name: name.clone(),
-                manifest: manifest.clone(),
-                is_job: self.workspace.is_job(name),
-                log: Arc::new(log),
-                endpoints,
-                env,
-                program: resolve_program(&manifest.command, &manifest.cwd),
-            });
+            environments.insert(name.clone(), slot.env.clone());
+            slots.push(slot);
         }
         let excluded = match &loaded.excluded {
             Some(name) => {
@@ -434,7 +424,25 @@ impl Flow {
             None => None,
         };
 
+        // Under the lock, so a socket file left there is a dead `up`'s. Without it the flow
+        // still runs; only changes from another shell are refused.
+        let mut control = match ControlSocket::bind(&self.paths) {
+            Ok(socket) => Some(socket),
+            Err(e) => {
+                tracing::warn!(error = %e, "no control socket");
+                events.emit(FlowEvent::Warning {
+                    service: self.workspace.name.clone(),
+                    text: format!(
+                        "{e}; `hostd flow restart`, `stop` and `up <service>` from another shell will refuse"
+                    ),
+                });
+                None
+            }
+        };
         let (command_tx, command_rx) = mpsc::channel(16);
+        if let Some(socket) = &mut control {
+            socket.serve(command_tx.downgrade());
+        }
         let (ready_tx, ready_rx) = oneshot::channel();
         let engine = Supervisor::new(Setup {
             flow_name: self.workspace.name.clone(),
@@ -449,8 +457,13 @@ impl Flow {
             started_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
             ready: ready_tx,
             lock,
+            planner: Box::new(self.clone()),
         });
-        let task = tokio::spawn(engine.run(cancel, command_rx));
+        let task = tokio::spawn(async move {
+            let end = engine.run(cancel, command_rx).await;
+            drop(control);
+            end
+        });
         match ready_rx.await {
             Ok(()) => Ok(RunningFlow {
                 commands: command_tx,
@@ -473,6 +486,29 @@ impl Flow {
         }
     }
 
+    /// Load and Init of one service: its log (started afresh), its addresses, its
+    /// environment and its program.
+    fn slot_spec(
+        &self,
+        name: &str,
+        ports: &PortMap,
+        context: &EnvContext<'_>,
+    ) -> Result<SlotSpec, FlowError> {
+        let manifest = self
+            .workspace
+            .service(name)
+            .ok_or_else(|| GraphError::UnknownService(name.to_owned()))?;
+        Ok(SlotSpec {
+            name: name.to_owned(),
+            manifest: manifest.clone(),
+            is_job: self.workspace.is_job(name),
+            log: Arc::new(self.fresh_log(name)?),
+            endpoints: self.endpoints_of(name, ports),
+            env: context.resolve(manifest),
+            program: resolve_program(&manifest.command, &manifest.cwd),
+        })
+    }
+
     /// Each `up` starts a service's log afresh.
     fn fresh_log(&self, service: &str) -> Result<LogWriter, FlowError> {
         let path = self.paths.log_file(service);
@@ -489,6 +525,76 @@ impl Flow {
         LogWriter::open(&path).map_err(|e| FlowError::State {
             path: path.clone(),
             reason: e.to_string(),
+        })
+    }
+}
+
+impl Planner for Flow {
+    fn knows(&self, service: &str) -> bool {
+        self.workspace.service(service).is_some()
+    }
+
+    fn closure(&self, targets: &[String]) -> Result<Vec<String>, FlowError> {
+        let targets: Vec<&str> = targets.iter().map(String::as_str).collect();
+        Ok(self
+            .graph
+            .stage(Stage::Run)
+            .restrict_to(&targets)?
+            .nodes()
+            .to_vec())
+    }
+
+    fn extend(
+        &self,
+        current: &StageGraph,
+        ports: &PortMap,
+        joining: &[String],
+    ) -> Result<Extension, FlowError> {
+        let mut members: Vec<&str> = current.nodes().iter().map(String::as_str).collect();
+        members.extend(joining.iter().map(String::as_str));
+        let graph = self.graph.stage(Stage::Run).only(&members)?;
+        // A joining service whose addresses the flow already holds (the `--only-deps`
+        // target, a stand-alone target's producer on its fixed port) keeps them.
+        let needing: Vec<String> = joining
+            .iter()
+            .filter(|name| {
+                self.workspace.service(name).is_some_and(|m| {
+                    m.endpoints
+                        .iter()
+                        .any(|e| ports.port(name, &e.name).is_none())
+                })
+            })
+            .cloned()
+            .collect();
+        let recorded = ports::PortRecord::read(&self.paths.ports_file);
+        let held: BTreeSet<u16> = ports.iter().map(|(_, _, port)| port).collect();
+        let allocation = ports::allocate_beside(&self.workspace, &needing, &recorded, &held)?;
+        let mut merged = ports.clone();
+        for (service, endpoint, port) in allocation.ports.iter() {
+            merged.insert(service, endpoint, port);
+        }
+        allocation
+            .record
+            .write(&self.paths.ports_file)
+            .map_err(|e| FlowError::State {
+                path: self.paths.ports_file.clone(),
+                reason: format!("cannot record the chosen ports: {e}"),
+            })?;
+        let context = self.env_context(&merged);
+        let slots = joining
+            .iter()
+            .map(|name| self.slot_spec(name, &merged, &context))
+            .collect::<Result<Vec<_>, _>>()?;
+        let warnings = allocation
+            .moves
+            .iter()
+            .map(|m| (m.service.clone(), m.describe()))
+            .collect();
+        Ok(Extension {
+            graph,
+            ports: merged,
+            slots,
+            warnings,
         })
     }
 }

@@ -211,6 +211,38 @@ pub enum FlowError {
     EmptySelection(String),
     #[error("the flow engine stopped unexpectedly")]
     EngineGone,
+    #[error("no `hostd flow up` runs in {}: {detail}", workspace.display())]
+    NotRunning { workspace: PathBuf, detail: String },
+    #[error("`{service}` is not running in this flow: {hint}")]
+    NotInFlow { service: String, hint: String },
+    #[error(
+        "{} needed by running service(s) {}: stop those first, or pass --with-dependents to stop them too (consumers first)",
+        names(services, "is", "are"),
+        dependents.join(", ")
+    )]
+    HasDependents {
+        services: Vec<String>,
+        dependents: Vec<String>,
+    },
+    #[error("the flow is still starting; change it once `hostd flow up` has said it is up")]
+    StillStarting,
+    #[error("`{service}` was not started: {reason}")]
+    NotStarted { service: String, reason: String },
+    #[error("`{service}` could not be stopped, so it was not started again: {detail}")]
+    StopFailed { service: String, detail: String },
+    #[error("the control socket {}: {reason}", path.display())]
+    Control { path: PathBuf, reason: String },
+    /// A refusal the running `up` answered with, carried over the control socket with its
+    /// code.
+    #[error("{message}")]
+    Answered { code: String, message: String },
+}
+
+/// `` `a` is `` or `` `a`, `b` are ``.
+fn names(services: &[String], one: &str, many: &str) -> String {
+    let quoted: Vec<String> = services.iter().map(|s| format!("`{s}`")).collect();
+    let verb = if quoted.len() == 1 { one } else { many };
+    format!("{} {verb}", quoted.join(", "))
 }
 
 fn tail_text(lines: &[String]) -> String {
@@ -226,7 +258,7 @@ fn tail_text(lines: &[String]) -> String {
 }
 
 impl FlowError {
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> &str {
         match self {
             Self::Manifest(e) => e.code(),
             Self::Graph(e) => e.code(),
@@ -249,6 +281,14 @@ impl FlowError {
             Self::LeftoverState { .. } => "flow.leftover_state",
             Self::EmptySelection(_) => "flow.empty_selection",
             Self::EngineGone => "flow.engine_gone",
+            Self::NotRunning { .. } => "flow.not_running",
+            Self::NotInFlow { .. } => "flow.control.not_in_flow",
+            Self::HasDependents { .. } => "flow.control.has_dependents",
+            Self::StillStarting => "flow.control.starting",
+            Self::NotStarted { .. } => "flow.control.not_started",
+            Self::StopFailed { .. } => "flow.control.stop_failed",
+            Self::Control { .. } => "flow.control.protocol",
+            Self::Answered { code, .. } => code,
         }
     }
 }

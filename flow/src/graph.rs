@@ -224,6 +224,28 @@ impl StageGraph {
         self.edges.iter().filter(move |e| e.producer == producer)
     }
 
+    /// Every service that needs one of `producers` running, directly or through others: the
+    /// consumers of edges that wait for health (legacy, runtime), followed transitively. A
+    /// `completion` edge is not followed (its job has done its work once it exited), nor is a
+    /// membership-only edge (it never orders anything). In declaration order, without the
+    /// producers themselves.
+    pub fn running_dependents(&self, producers: &[&str]) -> Vec<String> {
+        let mut found: BTreeSet<&str> = BTreeSet::new();
+        let mut stack: Vec<&str> = producers.to_vec();
+        while let Some(producer) = stack.pop() {
+            for edge in self.consumers(producer) {
+                if edge.kind.wait() == Wait::Healthy && found.insert(edge.consumer.as_str()) {
+                    stack.push(edge.consumer.as_str());
+                }
+            }
+        }
+        self.nodes
+            .iter()
+            .filter(|n| found.contains(n.as_str()) && !producers.contains(&n.as_str()))
+            .cloned()
+            .collect()
+    }
+
     fn index(&self) -> HashMap<&str, usize> {
         self.nodes
             .iter()
@@ -728,6 +750,25 @@ mod tests {
                 vec!["api".into()],
                 vec!["web".into()]
             ]
+        );
+    }
+
+    #[test]
+    fn running_dependents_follow_health_edges_transitively_but_not_completion_edges() {
+        let mut g = graph(
+            &["web", "api", "db", "cache", "migrate", "report"],
+            &[("web", "api"), ("api", "db"), ("api", "cache")],
+        );
+        g.add_edge(edge("api", "migrate", DependencyKind::Completion))
+            .unwrap();
+        g.add_edge(edge("report", "migrate", DependencyKind::Completion))
+            .unwrap();
+        assert_eq!(g.running_dependents(&["db"]), vec!["web", "api"]);
+        assert_eq!(g.running_dependents(&["api", "web"]), Vec::<String>::new());
+        assert_eq!(
+            g.running_dependents(&["migrate"]),
+            Vec::<String>::new(),
+            "a job that completed is needed by nobody any more"
         );
     }
 

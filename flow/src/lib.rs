@@ -5,6 +5,8 @@
 
 #![forbid(unsafe_code)]
 
+pub mod change;
+pub mod control;
 pub mod down;
 pub mod engine;
 pub mod environment;
@@ -29,6 +31,7 @@ mod supervisor;
 pub mod teardown;
 pub mod tls;
 
+pub use change::{ChangeReport, ChangeRequest, StartedService};
 pub use down::{DownAction, DownOptions, DownPreview, DownReport, PreviewEntry, down};
 pub use engine::{
     DryRun, Flow, FlowEnd, FlowEndReason, PlannedService, RunningFlow, Selection, ServiceStatus,

@@ -192,6 +192,17 @@ pub fn allocate(
     services: &[String],
     record: &PortRecord,
 ) -> Result<Allocation, FlowError> {
+    allocate_beside(workspace, services, record, &BTreeSet::new())
+}
+
+/// [`allocate`] for services joining a running flow: `held` are the ports the flow already
+/// gave its other endpoints (bound or not yet), which no joining endpoint may get.
+pub fn allocate_beside(
+    workspace: &Workspace,
+    services: &[String],
+    record: &PortRecord,
+    held: &BTreeSet<u16>,
+) -> Result<Allocation, FlowError> {
     let mut map = PortMap::default();
     let selected = || services.iter().filter_map(|n| workspace.service(n));
     // Fixed ports first, so a chosen port can never shadow one of them.
@@ -209,7 +220,7 @@ pub fn allocate(
             }
         }
     }
-    let mut taken: BTreeSet<u16> = map.ports.values().copied().collect();
+    let mut taken: BTreeSet<u16> = map.ports.values().chain(held).copied().collect();
     let mut next_record = record.clone();
     let mut moves = Vec::new();
     for service in selected() {

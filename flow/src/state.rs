@@ -1,7 +1,8 @@
 //! The workspace's state folder (`.hostd/flow/`): the state file recording what a running
 //! `up` started (its own identity, each service's process group with its start identity,
 //! endpoints, restarts and teardown layers), the lock one `up` holds for its lifetime, the
-//! per-service logs and the last teardown's receipts.
+//! per-service logs, the last teardown's receipts and where the running `up`'s control socket
+//! lives.
 //!
 //! This module owns the files and their format. It must never signal anything; `down` and
 //! the engine read and write through it.
@@ -29,6 +30,8 @@ pub struct StatePaths {
     pub receipts_file: PathBuf,
     /// The ports chosen for endpoints without a fixed one, kept from one `up` to the next.
     pub ports_file: PathBuf,
+    /// The unix socket the running `up` answers change requests on (see `control`).
+    pub control_socket: PathBuf,
 }
 
 impl StatePaths {
@@ -40,6 +43,7 @@ impl StatePaths {
             logs_dir: dir.join("logs"),
             receipts_file: dir.join("last-teardown.json"),
             ports_file: dir.join("ports.json"),
+            control_socket: dir.join("control.sock"),
             dir,
         }
     }

@@ -6,7 +6,9 @@
 //!
 //! The task owns all per-service state and reports how the flow ended ([`FlowEnd`]) and how
 //! each service stands ([`ServiceStatus`]); the engine module builds it and hands callers a
-//! handle. It must never signal a process it did not spawn in this flow, must never leave a
+//! handle. Changes asked over the control socket (restart, add, withdraw services) are applied
+//! here too, by the `changes` submodule, so one task stays the only owner of the running
+//! services. It must never signal a process it did not spawn in this flow, must never leave a
 //! started process unrecorded while anything waits on it, and must never leave a started
 //! process behind when it ends, however it ends.
 
@@ -23,6 +25,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::change::{ChangeReport, ChangeRequest};
 use crate::error::FlowError;
 use crate::events::{EventSink, FlowEvent, Step};
 use crate::graph::StageGraph;
@@ -43,6 +46,10 @@ use crate::state::{
 use crate::teardown::{
     self, Signalled, StopTarget, TeardownBudget, TeardownOperation, TeardownReport,
 };
+
+mod changes;
+
+pub(crate) use changes::{Extension, Planner};
 
 /// Why a flow ended.
 #[derive(Debug, Clone)]
@@ -77,6 +84,12 @@ pub struct ServiceStatus {
 pub(crate) enum Command {
     Status(oneshot::Sender<Vec<ServiceStatus>>),
     Shutdown,
+    /// A change asked over the control socket; answered once applied (for a restart or an
+    /// add: once what it started is ready).
+    Change {
+        request: ChangeRequest,
+        reply: oneshot::Sender<Result<ChangeReport, FlowError>>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -134,6 +147,18 @@ struct Slot {
 }
 
 impl Slot {
+    fn new(spec: SlotSpec) -> Slot {
+        Slot {
+            tracker: RestartTracker::new(spec.manifest.restart),
+            spec,
+            phase: Phase::Pending,
+            generation: 0,
+            process: None,
+            detail: None,
+            tasks: Vec::new(),
+        }
+    }
+
     fn standing(&self) -> Standing {
         match &self.phase {
             Phase::Pending => Standing::Pending,
@@ -207,6 +232,8 @@ pub(crate) struct Setup {
     pub started_at: String,
     pub ready: oneshot::Sender<()>,
     pub lock: WorkspaceLock,
+    /// Load for services a change adds to the running flow.
+    pub planner: Box<dyn Planner>,
 }
 
 pub(crate) struct Supervisor {
@@ -229,6 +256,9 @@ pub(crate) struct Supervisor {
     fatal: Option<FlowError>,
     /// Set when teardown begins: exit watchers then leave reaping to the teardown.
     stopping: Arc<AtomicBool>,
+    planner: Box<dyn Planner>,
+    /// Changes waiting for what they started to be ready.
+    awaiting: Vec<changes::Awaiting>,
     _lock: WorkspaceLock,
 }
 
@@ -241,19 +271,7 @@ impl Supervisor {
             .enumerate()
             .map(|(i, s)| (s.name.clone(), i))
             .collect();
-        let slots = setup
-            .slots
-            .into_iter()
-            .map(|spec| Slot {
-                tracker: RestartTracker::new(spec.manifest.restart),
-                spec,
-                phase: Phase::Pending,
-                generation: 0,
-                process: None,
-                detail: None,
-                tasks: Vec::new(),
-            })
-            .collect();
+        let slots = setup.slots.into_iter().map(Slot::new).collect();
         Supervisor {
             flow_name: setup.flow_name,
             graph: setup.graph,
@@ -273,6 +291,8 @@ impl Supervisor {
             up: false,
             fatal: None,
             stopping: Arc::new(AtomicBool::new(false)),
+            planner: setup.planner,
+            awaiting: Vec::new(),
             _lock: setup.lock,
         }
     }
@@ -300,12 +320,19 @@ impl Supervisor {
                     Some(Command::Status(reply)) => {
                         let _ = reply.send(self.slots.iter().map(Slot::status).collect());
                     }
+                    Some(Command::Change { request, reply }) => {
+                        self.change(request, reply).await;
+                        self.advance();
+                        self.persist();
+                        self.answer_awaiting();
+                    }
                     Some(Command::Shutdown) | None => return self.finish(FlowEndReason::Shutdown).await,
                 },
                 Some(message) = internal.recv() => {
                     self.handle(message);
                     self.advance();
                     self.persist();
+                    self.answer_awaiting();
                 }
             }
         }
@@ -886,6 +913,7 @@ impl Supervisor {
     /// Tears down every service this flow started, in reverse layers, and records receipts.
     async fn finish(mut self, reason: FlowEndReason) -> FlowEnd {
         self.stopping.store(true, Ordering::SeqCst);
+        self.abandon_awaiting(&reason);
         for slot in &mut self.slots {
             for task in slot.tasks.drain(..) {
                 task.abort();
@@ -901,24 +929,7 @@ impl Supervisor {
         self.events.emit(FlowEvent::TeardownStarted {
             layers: layers.len(),
         });
-        let targets: Vec<Vec<Arc<dyn StopTarget>>> = layers
-            .iter()
-            .map(|layer| {
-                layer
-                    .iter()
-                    .filter_map(|name| self.index.get(name))
-                    .filter_map(|&i| {
-                        let slot = &self.slots[i];
-                        slot.process.as_ref().map(|p| {
-                            Arc::new(OwnedGroup {
-                                name: slot.spec.name.clone(),
-                                process: p.clone(),
-                            }) as Arc<dyn StopTarget>
-                        })
-                    })
-                    .collect()
-            })
-            .collect();
+        let targets = self.owned_groups(&layers);
         let budget = TeardownBudget {
             per_layer: self.options.teardown_layer_budget,
             kill_grace: self.options.kill_grace,

@@ -54,6 +54,11 @@ wire_enum! {
         Down = "down",
         /// `hostd flow recover` stopped the processes of one retained group.
         Recover = "recover",
+        /// `hostd flow restart` stopped services of a running flow to start them again.
+        Restart = "restart",
+        /// `hostd flow stop` withdrew services (and, if asked, their dependents) from a
+        /// running flow; the rest kept running.
+        Withdraw = "stop",
     }
     kind = "teardown_operation";
     serde;

@@ -10,7 +10,7 @@ use std::io::{self, IsTerminal, Write};
 use std::time::{Duration, Instant};
 
 use ::flow::events::Step;
-use ::flow::{FlowEvent, OutputStream, Receipt, TeardownReport};
+use ::flow::{ChangeReport, FlowEvent, OutputStream, Receipt, TeardownReport};
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
 
@@ -111,6 +111,78 @@ pub fn report_troubles(report: &TeardownReport, json: bool) {
             let _ = writeln!(io::stderr(), "[flow] error: {message}");
         }
     }
+}
+
+/// The answer to `restart`, `stop` or `up <service>` against a running flow, as one JSON
+/// document.
+pub fn change_json(report: &ChangeReport) -> Value {
+    let started: Vec<Value> = report
+        .started
+        .iter()
+        .map(|s| {
+            json!({"name": s.name, "state": s.state, "pid": s.pid,
+            "endpoints": s.endpoints.iter().map(|(n, a)| json!({"name": n, "address": a})).collect::<Vec<_>>()})
+        })
+        .collect();
+    json!({"operation": report.operation, "supervisor": report.supervisor_pid,
+        "clean": report.clean(), "stopped": report_json(&report.stopped), "started": started,
+        "unchanged": report.unchanged, "elapsed_ms": report.elapsed_ms})
+}
+
+/// The same answer for a person: what was stopped (receipts), what was started (and where),
+/// what was left alone.
+pub fn change_text(report: &ChangeReport) -> String {
+    let pid = report.supervisor_pid;
+    let mut out = String::new();
+    if !report.stopped.receipts.is_empty() {
+        let what = match report.operation.as_str() {
+            "restart" => "stopped to restart",
+            _ => "stopped; the rest of the flow keeps running",
+        };
+        out.push_str(&format!(
+            "the running `hostd flow up` (pid {pid}) {what}:\n{}",
+            receipts_table(&report.stopped)
+        ));
+    }
+    if !report.started.is_empty() {
+        let rows: Vec<Vec<String>> = report
+            .started
+            .iter()
+            .map(|s| {
+                vec![
+                    s.name.clone(),
+                    s.state.clone(),
+                    s.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
+                    endpoints_text(s.endpoints.iter().map(|(n, a)| (n.as_str(), a.clone()))),
+                ]
+            })
+            .collect();
+        let what = match report.operation.as_str() {
+            "restart" => "started again",
+            _ => "added to the running flow",
+        };
+        out.push_str(&format!(
+            "{what} (pid {pid} supervises), ready in {} ms:\n{}",
+            report.elapsed_ms,
+            Table::new(&["SERVICE", "STATE", "PID", "ENDPOINTS"])
+                .rows(rows)
+                .render()
+        ));
+    }
+    if !report.unchanged.is_empty() {
+        let how = match report.operation.as_str() {
+            "stop" => "already stopped",
+            _ => "already running",
+        };
+        out.push_str(&format!(
+            "{how}, left as is: {}\n",
+            report.unchanged.join(", ")
+        ));
+    }
+    if out.is_empty() {
+        out.push_str("nothing to do\n");
+    }
+    out
 }
 
 fn ms(d: Duration) -> u64 {
