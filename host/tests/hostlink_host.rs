@@ -762,6 +762,7 @@ mod cases {
         let acme = factory(ts, &s, "acme");
         create(&acme, &session, None, "c").await;
         let placed = acme.place(&session).await.unwrap();
+        let _stream = acme.bind_and_stream(&placed, false).await.unwrap();
         let ask = acme
             .admit(
                 &session,
@@ -811,6 +812,7 @@ mod cases {
         let next = serve(ts, "link-dedicated-gated-next", dedicated(session.clone())).await;
         let acme = factory(ts, &next, "acme");
         let placed = acme.place(&session).await.unwrap();
+        let _stream = acme.bind_and_stream(&placed, false).await.unwrap();
         let gate_id = uuid::Uuid::parse_str(gate.gate.as_str()).unwrap();
         let ans = acme
             .answer(
