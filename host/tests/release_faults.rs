@@ -623,7 +623,7 @@ mod cases {
             report
                 .failures
                 .iter()
-                .any(|f| f.session.is_none() && f.step == "publish_not_accepting"),
+                .any(|f| f.session.is_none() && f.step == host::drain_steps::PUBLISH_NOT_ACCEPTING),
             "the withdrawal failed: {report:?}"
         );
         for s in &sessions {
