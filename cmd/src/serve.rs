@@ -327,11 +327,18 @@ pub async fn run(args: ServeArgs, matches: Option<&ArgMatches>, out: Output) -> 
         report.parked.len(),
         report.failures.len()
     ));
-    Ok(if report.is_clean() {
+    Ok(exit_after_drain(&report))
+}
+
+/// How `hostd serve` exits after its drain: non-zero when a step failed or a session was left
+/// parked (a runtime that could not be abandoned may still hold its journal lease; only the
+/// process's exit ends it).
+fn exit_after_drain(report: &host::DrainReport) -> ExitCode {
+    if report.is_clean() {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
-    })
+    }
 }
 
 /// Stops handlers recorded running under this data folder (and the runnables workspace, if
@@ -348,5 +355,37 @@ fn stop_orphaned_handlers(data_root: &std::path::Path, workspace: Option<&std::p
         if stopped > 0 {
             tracing::warn!(stopped, folder = %folder.display(), "stopped handlers a previous process left running");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(session: &str) -> host::SessionKey {
+        host::SessionKey {
+            tenant: sessionstore::TenantId::new("acme").unwrap(),
+            session: sessionstore::SessionId::new(session).unwrap(),
+        }
+    }
+
+    #[test]
+    fn a_drain_that_left_a_session_parked_exits_non_zero_even_with_no_failed_step() {
+        let mut report = host::DrainReport::new(1);
+        report.released.push(key("given-back"));
+        assert_eq!(exit_after_drain(&report), ExitCode::SUCCESS);
+        report.parked.push(key("still-running"));
+        assert_eq!(exit_after_drain(&report), ExitCode::FAILURE);
+    }
+
+    #[test]
+    fn a_drain_with_a_failed_step_exits_non_zero() {
+        let mut report = host::DrainReport::new(1);
+        report.failures.push(host::DrainFailure {
+            session: None,
+            step: host::drain_steps::CLOSE_STORE,
+            reason: "the store did not close in time".into(),
+        });
+        assert_eq!(exit_after_drain(&report), ExitCode::FAILURE);
     }
 }

@@ -16,6 +16,9 @@ pub mod steps {
     pub const RELEASE_LEASE: &str = "release_lease";
     /// An attach, once its residency lease is granted and before anything else is written.
     pub const ATTACH_AFTER_LEASE: &str = "attach_after_lease";
+    /// The stop's close of the store (armed with [`super::Action::Delay`]: a close that
+    /// overruns the stop's bound).
+    pub const CLOSE_STORE: &str = "close_store";
     /// Every step, for tests that iterate.
     pub const ALL: [&str; 5] = [
         AFTER_CLAIM,

@@ -280,10 +280,11 @@ impl Residency {
                 "some Host tasks did not stop within their share of the stop bound"
             );
         }
-        if tokio::time::timeout_at(deadline, self.store.close())
-            .await
-            .is_err()
-        {
+        let close = async {
+            failpoints::hit(self.config.host_id.as_str(), failpoints::steps::CLOSE_STORE).await;
+            self.store.close().await;
+        };
+        if tokio::time::timeout_at(deadline, close).await.is_err() {
             failures.push((
                 "close_store",
                 format!("the store did not close within {bound:?}"),

@@ -141,6 +141,9 @@ mod cases {
         };
         assert_eq!(report.released, vec![key], "{report:?}");
         assert!(report.is_clean(), "{report:?}");
+        // A warm release held for the drain (its take-back refused) is counted as a release
+        // failure, as one taken back outside a drain is.
+        assert_eq!(metric(&svc, "host_release_failures_total"), 1.0);
         assert!(svc.residents().is_empty());
         let reg = c
             .store

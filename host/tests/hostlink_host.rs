@@ -510,6 +510,76 @@ mod cases {
         drop(ws);
     }
 
+    /// The stop's tail after the drain is bounded: a store whose close overruns it (held by
+    /// the `close_store` failpoint) and a link that never answers the close frame do not hold
+    /// the stop up; each is a failed step on the report the stop returns, `close_store` and
+    /// `close_link`, with no session named.
+    pub async fn a_store_close_and_a_link_that_overrun_the_stop_are_failures_on_its_report(
+        ts: &TestStore,
+    ) {
+        use futures::SinkExt;
+        use host::failpoints::{self, Action};
+        let host_id = "link-slow-close";
+        let grace = Duration::from_secs(1);
+        let idle = Duration::from_secs(1);
+        let s = serve(ts, host_id, |o| {
+            o.drain_grace = grace;
+            o.idle_boundary = idle;
+        })
+        .await;
+        let url = controller::client::hostlink_url(&s.base, &TenantId::new("acme").unwrap());
+        let (mut ws, _) = tokio_tungstenite::connect_async(url.as_str())
+            .await
+            .unwrap();
+        let connect = serde_json::json!({
+            "id": 1,
+            "connect": {"token": s.token("acme"), "data": {"supported_versions": [1]}, "name": "mute"}
+        });
+        ws.send(tokio_tungstenite::tungstenite::Message::Text(
+            connect.to_string().into(),
+        ))
+        .await
+        .unwrap();
+        eventually("the link to be counted", async || {
+            let n = s.server.links().live_links();
+            check(n == 1, || n.to_string())
+        })
+        .await;
+        let close = format!("{host_id}:{}", failpoints::steps::CLOSE_STORE);
+        // Far beyond the whole stop tail (half an idle boundary).
+        failpoints::arm(&close, Action::Delay(Duration::from_secs(30)));
+        let began = tokio::time::Instant::now();
+        s.server.shutdown();
+        let report = s.server.wait().await;
+        let took = began.elapsed();
+        assert_eq!(
+            failpoints::hits(&close),
+            1,
+            "the stop reached the store's close"
+        );
+        assert!(
+            took < grace + idle * 2,
+            "the stop took {took:?}, beyond grace + 2 x idle boundary"
+        );
+        let whole_host: Vec<_> = report
+            .failures
+            .iter()
+            .filter(|f| f.session.is_none())
+            .map(|f| f.step)
+            .collect();
+        assert!(
+            whole_host.contains(&host::drain_steps::CLOSE_STORE),
+            "{report:?}"
+        );
+        assert!(
+            whole_host.contains(&host::drain_steps::CLOSE_LINK),
+            "{report:?}"
+        );
+        assert!(!report.is_clean(), "{report:?}");
+        assert!(!s.service.live(), "/healthz turns false when the stop ends");
+        drop(ws);
+    }
+
     pub async fn metrics_pass_promtools_own_check(ts: &TestStore) {
         let s = serve(ts, "link-metrics", |_| {}).await;
         let f = factory(ts, &s, "acme");
@@ -669,6 +739,100 @@ mod cases {
         );
         s.server.shutdown();
         s.server.wait().await;
+    }
+
+    /// A HostLink drain of a dedicated Host's fixed session takes the one drain path, abandon
+    /// included: a session parked at a gate is abandoned at once (well inside an idle boundary
+    /// of 20 s), which is no failure and does not withhold `drained`; the gate stays open and
+    /// the next Host restores the session and applies its answer.
+    pub async fn a_hostlink_drain_abandons_a_fixed_session_parked_at_a_gate_for_the_next_host(
+        ts: &TestStore,
+    ) {
+        let session = sid("fixed-gated");
+        let dedicated = |session: SessionId| {
+            move |o: &mut host::Options| {
+                o.placement = Placement::Dedicated;
+                o.capacity = 1;
+                o.fixed_session = Some(session);
+                o.idle_boundary = Duration::from_secs(20);
+                o.drain_grace = Duration::from_secs(30);
+            }
+        };
+        let s = serve(ts, "link-dedicated-gated", dedicated(session.clone())).await;
+        let acme = factory(ts, &s, "acme");
+        create(&acme, &session, None, "c").await;
+        let placed = acme.place(&session).await.unwrap();
+        let _stream = acme.bind_and_stream(&placed, false).await.unwrap();
+        let ask = acme
+            .admit(
+                &session,
+                CommandId::new("tool-1").unwrap(),
+                input("/tool launch_rocket {}"),
+            )
+            .await
+            .unwrap();
+        acme.deliver(&placed, &ask.command).await.unwrap();
+        let gate = eventually("a gate to be projected", async || {
+            let gates = acme.gates(&session).await.unwrap();
+            gates.first().cloned().ok_or_else(|| "none".to_owned())
+        })
+        .await;
+        let req = DrainRequest {
+            host_id: placed.observation.host_id.clone(),
+            host_generation: placed.observation.host_generation,
+            idempotency_key: IdempotencyKey::new(uuid::Uuid::now_v7().to_string()).unwrap(),
+            scope: Some(SessionScope {
+                tenant_id: TenantId::new("acme").unwrap(),
+                session_id: session.clone(),
+            }),
+        };
+        let began = tokio::time::Instant::now();
+        placed.client.drain(&req).await.unwrap().unwrap();
+        eventually("the drain to finish", async || {
+            let o = placed.client.drain_status(&req).await.unwrap().unwrap();
+            check(o.state == DrainState::Drained, || format!("{o:?}"))
+        })
+        .await;
+        assert!(
+            began.elapsed() < Duration::from_secs(10),
+            "the drain waited {:?} on a gated session",
+            began.elapsed()
+        );
+        assert!(s.service.residents().is_empty());
+        s.server.shutdown();
+        let report = s.server.wait().await;
+        let key = host::SessionKey {
+            tenant: TenantId::new("acme").unwrap(),
+            session: session.clone(),
+        };
+        assert_eq!(report.abandoned, [key], "{report:?}");
+        assert!(report.is_clean(), "{report:?}");
+        let open = acme.gates(&session).await.unwrap();
+        assert_eq!(open.len(), 1, "the gate stays open: {open:?}");
+        let next = serve(ts, "link-dedicated-gated-next", dedicated(session.clone())).await;
+        let acme = factory(ts, &next, "acme");
+        let placed = acme.place(&session).await.unwrap();
+        let _stream = acme.bind_and_stream(&placed, false).await.unwrap();
+        let gate_id = uuid::Uuid::parse_str(gate.gate.as_str()).unwrap();
+        let ans = acme
+            .answer(
+                &session,
+                CommandId::new("answer-1").unwrap(),
+                gate_id,
+                "approve",
+                None,
+            )
+            .await
+            .unwrap();
+        acme.deliver(&placed, &ans.command).await.unwrap();
+        let done = acme
+            .wait_terminal(&session, &ans.command, WAIT)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(done.outcome, Some(Outcome::Applied));
+        next.server.shutdown();
+        next.server.wait().await;
     }
 
     /// The Host's connect reply lists the five reserved methods first, then every capability
@@ -922,8 +1086,10 @@ sessionstore::both_backends!(cases =>
     a_host_whose_id_a_newer_generation_took_is_fenced_and_not_ready,
     metrics_pass_promtools_own_check,
     stop_ends_within_the_grace_plus_two_idle_boundaries_when_a_link_never_closes,
+    a_store_close_and_a_link_that_overrun_the_stop_are_failures_on_its_report,
     a_pooled_host_answers_no_hostlink_drain,
     a_fixed_session_drains_for_its_holder_and_a_reconnected_beginner_reads_drained,
+    a_hostlink_drain_abandons_a_fixed_session_parked_at_a_gate_for_the_next_host,
     placement_with_no_live_host_is_a_clear_refusal,
     the_host_advertises_its_capability_tokens_after_the_reserved_methods,
     the_attach_reply_advertises_the_bare_base_endpoint_unchanged,
