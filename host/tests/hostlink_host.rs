@@ -174,7 +174,10 @@ mod cases {
             .collect();
         for body in &live {
             assert!(!body.to_string().contains(&private), "{body}");
-            assert!(durable.contains(body), "{body} differs from the durable page");
+            assert!(
+                durable.contains(body),
+                "{body} differs from the durable page"
+            );
         }
         s.server.shutdown();
         s.server.wait().await;
