@@ -11,9 +11,15 @@ pub mod steps {
     pub const MID_DRAIN: &str = "mid_drain";
     /// The live tail's read of the command mapping (armed with [`super::Action::Fail`]).
     pub const MAPPING_READ: &str = "mapping_read";
+    /// The live tail's publication of a projected record (armed with [`super::Action::Fail`]:
+    /// the publication is refused, as a body that cannot be relayed is).
+    pub const PUBLISH: &str = "publish";
     /// A release's giving back of the residency lease (armed with [`super::Action::Fail`]: the
     /// store answers as if it were away).
     pub const RELEASE_LEASE: &str = "release_lease";
+    /// The end of a gate publisher's pass, its projection writes done (armed with
+    /// [`super::Action::Delay`]: committed events pile up unread meanwhile).
+    pub const GATE_PASS: &str = "gate_pass";
     /// An attach, once its residency lease is granted and before anything else is written.
     pub const ATTACH_AFTER_LEASE: &str = "attach_after_lease";
     /// The stop's close of the store (armed with [`super::Action::Delay`]: a close that

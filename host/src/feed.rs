@@ -111,9 +111,17 @@ pub(crate) async fn relay(ctx: SessionCtx) {
                         _ = tokio::time::sleep(pause) => {}
                     }
                 }
+                let refused = failpoints::fails(ctx.config().host_id.as_str(), steps::PUBLISH);
                 let publication = journal
                     .project(&event.body)
                     .map_err(|e| e.to_string())
+                    .and_then(|body| {
+                        if refused {
+                            Err("failpoint: the publication is refused".to_owned())
+                        } else {
+                            Ok(body)
+                        }
+                    })
                     .and_then(|body| String::from_utf8(body).map_err(|e| e.to_string()))
                     .and_then(|text| RawValue::from_string(text).map_err(|e| e.to_string()))
                     .and_then(|raw| {

@@ -14,6 +14,7 @@ use sessionstore::{ErrorCode, EventId, GateId, GateState, OpenGate, RecordKind};
 use tokio::sync::broadcast;
 use tracing::Instrument;
 
+use crate::failpoints::{self, steps};
 use crate::residency::{EndReason, SessionCtx};
 use crate::resident::Resident;
 
@@ -253,6 +254,7 @@ async fn converge(
             Err(e) => return Err(Stopped::Retry(e.to_string())),
         }
     }
+    failpoints::hit(ctx.config().host_id.as_str(), steps::GATE_PASS).await;
     Ok(changed)
 }
 

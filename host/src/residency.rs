@@ -696,6 +696,154 @@ mod tests {
         }
     }
 
+    /// A runtime that runs nothing: enough for a record in the table.
+    struct Inert {
+        idle: tokio::sync::watch::Sender<bool>,
+        committed: broadcast::Sender<department::CommittedEvent>,
+        previews: broadcast::Sender<department::Preview>,
+    }
+
+    #[async_trait::async_trait]
+    impl department::CommandApplier for Inert {
+        async fn apply(
+            &self,
+            _: department::RuntimeCommand,
+        ) -> Result<department::Recorded, department::RuntimeError> {
+            Err(department::RuntimeError::Stopped)
+        }
+    }
+
+    impl department::JournalEpochReporter for Inert {
+        fn journal_epoch(&self) -> sessionstore::JournalEpoch {
+            sessionstore::JournalEpoch(1)
+        }
+    }
+
+    impl department::IdleWatch for Inert {
+        fn idle(&self) -> tokio::sync::watch::Receiver<bool> {
+            self.idle.subscribe()
+        }
+    }
+
+    impl department::Liveness for Inert {
+        fn alive(&self) -> tokio::sync::watch::Receiver<bool> {
+            self.idle.subscribe()
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl department::GracefulRelease for Inert {
+        async fn release(&self) -> Result<(), department::RuntimeError> {
+            Ok(())
+        }
+    }
+
+    impl department::EventSource for Inert {
+        fn committed(&self) -> broadcast::Receiver<department::CommittedEvent> {
+            self.committed.subscribe()
+        }
+        fn previews(&self) -> broadcast::Receiver<department::Preview> {
+            self.previews.subscribe()
+        }
+    }
+
+    /// A record of `key`'s residency at `epoch`, charged to attach `generation`.
+    fn resident(host: &Residency, key: &SessionKey, epoch: u64, generation: u64) -> Arc<Resident> {
+        let inert = Arc::new(Inert {
+            idle: tokio::sync::watch::channel(true).0,
+            committed: broadcast::channel(1).0,
+            previews: broadcast::channel(1).0,
+        });
+        let runtime = department::Runtime {
+            runtime_session: sessionstore::RuntimeSessionId::mint(),
+            applier: inert.clone(),
+            epoch: inert.clone(),
+            idle: inert.clone(),
+            liveness: inert.clone(),
+            release: inert.clone(),
+            events: inert,
+            closer: None,
+            faults: None,
+        };
+        Arc::new(Resident {
+            key: key.clone(),
+            agent: sessionstore::AgentId::new("assistant").unwrap(),
+            compatibility: sessionstore::CompatibilityId::new("build-1").unwrap(),
+            binding: sessionstore::SessionBinding {
+                runtime_session_id: runtime.runtime_session,
+                storage_binding_id: sessionstore::local_binding(),
+                binding_version: 1,
+            },
+            grant: Mutex::new(ResidencyGrant {
+                tenant: key.tenant.clone(),
+                session: key.session.clone(),
+                epoch: ResidencyEpoch(epoch),
+                holder: format!("h/1/{epoch}"),
+                host: host.config().host_id.clone(),
+                host_generation: 1,
+                expires_at_ms: 0,
+            }),
+            epoch: ResidencyEpoch(epoch),
+            generation,
+            runtime,
+            state: tokio::sync::watch::channel(ResidentState::Resident).0,
+            consumer: Arc::new(crate::resident::ConsumerControl {
+                hints: tokio::sync::mpsc::channel(1).0,
+                halted: AtomicBool::new(false),
+                pass: tokio::sync::Mutex::new(()),
+                blocked: AtomicBool::new(false),
+                lag: std::sync::atomic::AtomicI64::new(0),
+            }),
+            cancel: host.shutdown().child_token(),
+            tasks: TaskTracker::new(),
+            gates_open: std::sync::atomic::AtomicUsize::new(0),
+            ending: AtomicBool::new(false),
+            warm_released: AtomicBool::new(false),
+            relay: crate::fanout::Relay::default(),
+        })
+    }
+
+    #[tokio::test]
+    async fn a_late_end_of_an_overtaken_residency_touches_only_its_own_record_charge_and_tasks() {
+        let ts = sessionstore::testing::TestStore::open(sessionstore::testing::TestBackend::Sqlite)
+            .await
+            .unwrap();
+        let config = crate::options::Options {
+            host_id: Some(sessionstore::HostId::new("h").unwrap()),
+            internal_endpoint: Some("ws://127.0.0.1:7400".into()),
+            ..crate::options::Options::default()
+        }
+        .validate()
+        .unwrap();
+        let host = Residency::new(config, ts.store.clone(), Metrics::new().unwrap());
+        host.mark_started(1);
+        let k = key("s");
+        let old = resident(&host, &k, 1, host.admit(&k, 1).unwrap());
+        host.insert(old.clone());
+        // A successor residency of the same session on this Host: charged to its own
+        // attach generation, and its record takes the table's place.
+        let new = resident(&host, &k, 2, host.admit(&k, 1).unwrap());
+        host.insert(new.clone());
+        // The overtaken residency ends late (a fault): it stops what is its own, nothing else.
+        host.end(old.clone(), EndReason::Fault("late".into())).await;
+        assert!(
+            old.cancel.is_cancelled(),
+            "the late end cancels its own tasks"
+        );
+        assert_eq!(old.state(), ResidentState::Ended);
+        assert!(!new.cancel.is_cancelled(), "the successor's tasks run on");
+        assert!(
+            host.resident(&k).is_some_and(|r| Arc::ptr_eq(&r, &new)),
+            "the successor's record stays in the table"
+        );
+        assert_eq!(host.weight_consumed(), 1, "the successor's charge stays");
+        assert_eq!(host.footprint().admission_charges, 1);
+        // The successor's own end removes it.
+        host.forget(&new);
+        assert!(host.resident(&k).is_none());
+        assert_eq!(host.weight_consumed(), 0);
+    }
+
     #[tokio::test]
     async fn a_session_lock_is_forgotten_once_nobody_holds_or_waits_for_it() {
         let locks = SessionLocks::default();

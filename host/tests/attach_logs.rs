@@ -1,7 +1,9 @@
 //! What an attach tells the operator, read from the Host's own log (captured by a global
 //! subscriber for this test binary), on SQLite and PostgreSQL: a refusal the operator may have
 //! to act on is a WARN naming tenant, session, step and code; an attach before start is
-//! `not_started`; a runtime that lacks a recovery capability is named at attach.
+//! `not_started`; a runtime that lacks a recovery capability is named at attach, and a
+//! stranded attempt it cannot close holds the session's stream. Also what an attach writes
+//! before it launches the runtime (the fencing write to the gate mark).
 
 use std::io::Write;
 use std::sync::{Arc, Mutex, Once};
@@ -112,6 +114,58 @@ impl Registrar for BrokenRegistrar {
     }
 }
 
+/// The harness agent, recording the session's gate mark as each launch begins.
+pub struct Marking {
+    inner: Arc<dyn LaunchTarget>,
+    store: Store,
+    pub marks: Arc<Mutex<Vec<sessionstore::ResidencyEpoch>>>,
+}
+
+#[async_trait::async_trait]
+impl LaunchTarget for Marking {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn compatibility(&self) -> CompatibilityId {
+        self.inner.compatibility()
+    }
+    async fn launch(&self, request: LaunchRequest) -> Result<Runtime, LaunchError> {
+        let session = self
+            .store
+            .session(&request.tenant, &request.session)
+            .await
+            .expect("the session reads at launch");
+        self.marks.lock().unwrap().push(session.gate_mark);
+        self.inner.launch(request).await
+    }
+}
+
+pub struct MarkingRegistrar {
+    pub marks: Arc<Mutex<Vec<sessionstore::ResidencyEpoch>>>,
+}
+
+#[async_trait::async_trait]
+impl Registrar for MarkingRegistrar {
+    async fn register(&self, store: &Store) -> Result<Vec<Registration>, String> {
+        let inner = HarnessRegistrar {
+            rocket: Default::default(),
+        };
+        Ok(inner
+            .register(store)
+            .await?
+            .into_iter()
+            .map(|r| Registration {
+                agent: r.agent,
+                target: Arc::new(Marking {
+                    inner: r.target,
+                    store: store.clone(),
+                    marks: self.marks.clone(),
+                }),
+            })
+            .collect())
+    }
+}
+
 pub struct BareRegistrar;
 
 #[async_trait::async_trait]
@@ -138,7 +192,7 @@ mod cases {
     use sessionstore::*;
     use testkit::*;
 
-    use super::{BareRegistrar, BrokenRegistrar, capture, lines_with};
+    use super::{BareRegistrar, BrokenRegistrar, MarkingRegistrar, capture, lines_with};
 
     pub async fn an_attach_refusal_an_operator_must_see_is_a_warn_and_before_start_is_not_started(
         ts: &TestStore,
@@ -308,11 +362,154 @@ mod cases {
         );
         svc.stop().await;
     }
+
+    pub async fn a_stranded_attempt_a_runtime_without_a_closer_cannot_close_stays_applying_and_blocks_the_stream(
+        ts: &TestStore,
+    ) {
+        capture();
+        let c = Controller::new(ts);
+        let s = c.session().await;
+        // A conversation exists (journal epoch 1) and the session was given back.
+        let (first, _) = started(ts, options("h-strand-first")).await;
+        c.attach(&first, &s).await;
+        let hello = c.send(&first, &s, input("hello")).await;
+        assert_eq!(c.terminal(&s, &hello).await.outcome, Some(Outcome::Applied));
+        first.stop().await;
+        // A predecessor that died after beginning an attempt under journal epoch 1.
+        let stranded = c.admit(&s, input("stranded")).await;
+        let grant = ts
+            .store
+            .acquire_residency(ResidencyRequest {
+                tenant: s.tenant.clone(),
+                session: s.session.clone(),
+                holder: "h-strand-dead/1/x".into(),
+                host: HostId::new("h-strand-dead").unwrap(),
+                host_generation: 1,
+                ttl: std::time::Duration::from_secs(5),
+            })
+            .await
+            .unwrap();
+        sessionstore::testing::begin_attempt(&ts.store, &stranded, grant.epoch, JournalEpoch(1))
+            .await
+            .unwrap();
+        ts.store.release_residency(&grant).await.unwrap();
+        let behind = c.admit(&s, input("behind the stranded one")).await;
+        // The successor's runtime cannot close attempts.
+        let svc = host::Composition {
+            options: options("h-strand-bare"),
+            store: ts.options(),
+            registrar: Box::new(BareRegistrar),
+            profile: department::RuntimeProfile::BestEffort,
+            version: "test".into(),
+        }
+        .build()
+        .await
+        .expect("the Host composes");
+        svc.start().await.unwrap();
+        let a = c.attach(&svc, &s).await;
+        assert!(a.journal_epoch > JournalEpoch(1), "{a:?}");
+        wait_until("the stream to block", || {
+            svc.command_blocked(&s.tenant, &s.session) == Some(true)
+        })
+        .await;
+        eventually("the block to be logged", async || {
+            let lines = lines_with("cannot close attempts");
+            check(lines.iter().any(|l| l.contains("WARN")), || {
+                format!("{lines:#?}")
+            })
+        })
+        .await;
+        // Held, not skipped: the stranded command stays applying, nothing behind it moves.
+        tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+        let held = ts
+            .store
+            .command(&s.tenant, &s.session, &stranded.command)
+            .await
+            .unwrap();
+        assert_eq!(held.state, CommandState::Applying, "{held:?}");
+        assert!(held.outcome.is_none());
+        let waiting = ts
+            .store
+            .command(&s.tenant, &s.session, &behind.command)
+            .await
+            .unwrap();
+        assert!(!waiting.state.is_terminal(), "{waiting:?}");
+        assert!(waiting.attempt.is_none(), "{waiting:?}");
+        assert_eq!(svc.command_blocked(&s.tenant, &s.session), Some(true));
+        svc.stop().await;
+    }
+
+    pub async fn an_attach_fences_the_gate_mark_with_its_grant_before_the_runtime_is_launched(
+        ts: &TestStore,
+    ) {
+        let marks = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let compose = |host: &str| host::Composition {
+            options: options(host),
+            store: ts.options(),
+            registrar: Box::new(MarkingRegistrar {
+                marks: marks.clone(),
+            }),
+            profile: department::RuntimeProfile::Durable,
+            version: "test".into(),
+        };
+        let c = Controller::new(ts);
+        let s = c.session().await;
+        let first = compose("h-fence-one").build().await.unwrap();
+        first.start().await.unwrap();
+        let a = c.attach(&first, &s).await;
+        first.stop().await;
+        // A successor's attach fences under its own, newer grant before its launch.
+        let second = compose("h-fence-two").build().await.unwrap();
+        second.start().await.unwrap();
+        let b = c.attach(&second, &s).await;
+        assert!(b.observation.lease_epoch > a.observation.lease_epoch);
+        assert_eq!(
+            *marks.lock().unwrap(),
+            [a.observation.lease_epoch, b.observation.lease_epoch],
+            "the gate mark each launch saw"
+        );
+        second.stop().await;
+    }
+
+    pub async fn a_journal_that_cannot_be_read_at_attach_is_an_unclassified_failure_naming_no_private_id(
+        ts: &TestStore,
+    ) {
+        capture();
+        let svc = compose(ts, options("h-journal-unread"), Default::default()).await;
+        svc.start().await.unwrap();
+        let c = Controller::new(ts);
+        let s = c.session().await;
+        ts.exec_raw(match ts.backend {
+            sessionstore::testing::TestBackend::Sqlite => "DROP TABLE journal_leases",
+            sessionstore::testing::TestBackend::Postgres => "DROP TABLE journal_leases CASCADE",
+        })
+        .await;
+        let e = svc.attach(c.attach_request(&s)).await.unwrap_err();
+        assert_eq!(e.code(), None, "no placement code: {e}");
+        assert_eq!(e.step(), Some("hydrate"), "{e}");
+        assert!(e.to_string().contains("journal"), "{e}");
+        assert!(
+            !e.to_string()
+                .contains(&s.binding.runtime_session_id.to_string()),
+            "the binding's runtime session is not named: {e}"
+        );
+        // Unwound: the lease taken for the attach was given back.
+        assert!(e.unreleased().is_empty(), "{e}");
+        let lease = ts.store.residency(&s.tenant, &s.session).await.unwrap();
+        assert!(
+            lease.as_ref().is_none_or(|l| l.holder.is_none()),
+            "{lease:?}"
+        );
+        svc.stop().await;
+    }
 }
 
 sessionstore::both_backends!(cases =>
     an_attach_refusal_an_operator_must_see_is_a_warn_and_before_start_is_not_started,
     a_runtime_without_a_closer_or_fault_reports_is_named_at_attach,
+    a_stranded_attempt_a_runtime_without_a_closer_cannot_close_stays_applying_and_blocks_the_stream,
+    an_attach_fences_the_gate_mark_with_its_grant_before_the_runtime_is_launched,
+    a_journal_that_cannot_be_read_at_attach_is_an_unclassified_failure_naming_no_private_id,
     a_stopped_host_is_disposed_and_neither_starts_again_nor_takes_a_session,
     a_launch_that_fails_is_an_internal_failure_that_names_its_step,
     a_session_whose_binding_no_journal_store_here_serves_is_refused_before_any_dispatch_as_evidence_unroutable,

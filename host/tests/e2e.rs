@@ -283,6 +283,379 @@ mod cases {
         svc.stop().await;
     }
 
+    /// Reads the live feed until a record whose body contains `until`; returns each record's
+    /// (journal sequence, stream offset).
+    async fn relayed_until(
+        feed: &mut tokio::sync::broadcast::Receiver<hostlink_server::FeedItem>,
+        until: &str,
+    ) -> Vec<(u64, u64)> {
+        let mut seen = Vec::new();
+        tokio::time::timeout(WAIT, async {
+            loop {
+                match feed.recv().await {
+                    Ok(hostlink_server::FeedItem::Enduring(p)) => {
+                        seen.push((p.record.journal_seq.get(), p.offset));
+                        if p.record.body().get().contains(until) {
+                            return;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => panic!("the live feed ended: {e}"),
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("no record with {until} reached the live feed: {seen:?}"));
+        seen
+    }
+
+    /// The session's public journal records as (journal sequence, stream offset).
+    async fn journal_offsets(c: &Controller, s: &SessionRecord) -> Vec<(u64, u64)> {
+        c.store
+            .journal_by_offset(&s.tenant, s.binding.runtime_session_id, 0, 1000)
+            .await
+            .unwrap()
+            .events
+            .iter()
+            .map(|e| (e.seq, e.offset))
+            .collect()
+    }
+
+    pub async fn a_refused_publication_drops_the_sessions_routes_and_the_tail_goes_on(
+        ts: &TestStore,
+    ) {
+        use host::failpoints::{self, Action, steps};
+        let host = format!("h-refused-{}", uuid::Uuid::now_v7().simple());
+        let (svc, _) = started(ts, options(&host)).await;
+        let c = Controller::new(ts);
+        let s = c.session().await;
+        c.attach(&svc, &s).await;
+        let mut feed = svc.subscribe(&s.tenant, &s.session).unwrap();
+        let mut routes = svc.route_invalidations();
+        let key = format!("{host}:{}", steps::PUBLISH);
+        failpoints::arm(&key, Action::Fail(1));
+        let i = c.send(&svc, &s, input("the first record is refused")).await;
+        assert_eq!(c.terminal(&s, &i).await.outcome, Some(Outcome::Applied));
+        // Every route to the session is dropped: its viewers repair from the journal.
+        let dropped = tokio::time::timeout(WAIT, routes.recv())
+            .await
+            .expect("the session's routes are dropped")
+            .unwrap();
+        assert_eq!(dropped, (s.tenant.clone(), s.session.clone()));
+        assert_eq!(failpoints::hits(&key), 1);
+        // The tail is not ended: the records after the refused one are relayed, each at its
+        // journal offset, and so is the next turn.
+        let relayed = relayed_until(&mut feed, "turn_done").await;
+        let next = c.send(&svc, &s, input("after the refusal")).await;
+        assert_eq!(c.terminal(&s, &next).await.outcome, Some(Outcome::Applied));
+        let later = relayed_until(&mut feed, "turn_done").await;
+        let journal = journal_offsets(&c, &s).await;
+        let first = relayed[0];
+        let refused = journal
+            .iter()
+            .rev()
+            .find(|(seq, _)| *seq < first.0)
+            .copied()
+            .expect("a public record before the first relayed one");
+        assert_eq!(refused.1 + 1, first.1, "only the refused record is missing");
+        let from: Vec<(u64, u64)> = journal
+            .into_iter()
+            .filter(|(seq, _)| *seq >= first.0)
+            .collect();
+        let all: Vec<(u64, u64)> = relayed.into_iter().chain(later).collect();
+        assert_eq!(
+            all, from,
+            "relayed at the journal's offsets, nothing else skipped"
+        );
+        svc.stop().await;
+    }
+
+    pub async fn a_live_tail_that_falls_behind_drops_the_sessions_routes_and_goes_on_at_journal_offsets(
+        ts: &TestStore,
+    ) {
+        use host::failpoints::{self, Action, steps};
+        let host = format!("h-behind-{}", uuid::Uuid::now_v7().simple());
+        let (svc, _) = started(ts, options(&host)).await;
+        let c = Controller::new(ts);
+        let s = c.session().await;
+        c.attach(&svc, &s).await;
+        let mut feed = svc.subscribe(&s.tenant, &s.session).unwrap();
+        let mut routes = svc.route_invalidations();
+        // The relay stalls on its mapping reads (about seven seconds of backoff) while the
+        // runtime commits far more events than its committed-event buffer holds.
+        let key = format!("{host}:{}", steps::MAPPING_READ);
+        failpoints::arm(&key, Action::Fail(8));
+        let first = c.send(&svc, &s, input("stall")).await;
+        wait_until("the relay to stall", || failpoints::hits(&key) > 0).await;
+        let mut sent = vec![first];
+        for n in 0..30 {
+            sent.push(c.admit(&s, input(&format!("burst {n}"))).await);
+        }
+        svc.deliver(&s.tenant, &s.session).unwrap();
+        for cmd in &sent {
+            assert_eq!(c.terminal(&s, cmd).await.outcome, Some(Outcome::Applied));
+        }
+        assert!(
+            failpoints::hits(&key) < 8,
+            "the burst committed while the relay was still stalled"
+        );
+        // Past the buffer: the relay learns it fell behind and drops every route.
+        let dropped = tokio::time::timeout(WAIT * 2, routes.recv())
+            .await
+            .expect("the session's routes are dropped")
+            .unwrap();
+        assert_eq!(dropped, (s.tenant.clone(), s.session.clone()));
+        // It goes on: what it relays from then on sits at the journal's offsets.
+        let next = c.send(&svc, &s, input("after the lag")).await;
+        assert_eq!(c.terminal(&s, &next).await.outcome, Some(Outcome::Applied));
+        let mut relayed = Vec::new();
+        tokio::time::timeout(WAIT * 2, async {
+            loop {
+                match feed.recv().await {
+                    Ok(hostlink_server::FeedItem::Enduring(p)) => {
+                        relayed.push((p.record.journal_seq.get(), p.offset));
+                        if p.record.body().get().contains("after the lag") {
+                            return;
+                        }
+                    }
+                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(e) => panic!("the live feed ended: {e}"),
+                }
+            }
+        })
+        .await
+        .expect("the next turn reaches the live feed");
+        let journal = journal_offsets(&c, &s).await;
+        let (from, to) = (relayed[0].0, relayed[relayed.len() - 1].0);
+        let lost = journal
+            .iter()
+            .filter(|r| (from..=to).contains(&r.0) && !relayed.contains(r))
+            .count();
+        assert!(lost > 0, "the lag skipped records: {relayed:?}");
+        for r in &relayed {
+            assert!(journal.contains(r), "{r:?} is not at its journal offset");
+        }
+        svc.stop().await;
+    }
+
+    pub async fn a_gate_change_whose_hint_the_publisher_lost_is_published_from_where_it_folded(
+        ts: &TestStore,
+    ) {
+        use host::failpoints::{self, Action, steps};
+        let host = format!("h-gate-lag-{}", uuid::Uuid::now_v7().simple());
+        let (svc, rocket) = started(ts, options(&host)).await;
+        let c = Controller::new(ts);
+        let s = c.session().await;
+        c.attach(&svc, &s).await;
+        // The publisher's first pass is done by the time a turn has been applied.
+        let hello = c.send(&svc, &s, input("hello")).await;
+        assert_eq!(c.terminal(&s, &hello).await.outcome, Some(Outcome::Applied));
+        // The next pass (for the gate the tool opens) holds after its writes, unreading.
+        let key = format!("{host}:{}", steps::GATE_PASS);
+        let hold = Duration::from_secs(6);
+        failpoints::arm(&key, Action::Delay(hold));
+        c.send(&svc, &s, input("/tool launch_rocket {}")).await;
+        let gate = c.open_gate(&s).await;
+        let held_from = std::time::Instant::now();
+        // Meanwhile the gate closes and far more than the runtime's committed-event buffer is
+        // committed after it: the publisher's subscription lags past the closing event.
+        let ok = c.send(&svc, &s, answer(gate, "approve", None)).await;
+        assert_eq!(c.terminal(&s, &ok).await.outcome, Some(Outcome::Applied));
+        let mut burst = Vec::new();
+        for n in 0..30 {
+            burst.push(c.admit(&s, input(&format!("burst {n}"))).await);
+        }
+        svc.deliver(&s.tenant, &s.session).unwrap();
+        for cmd in &burst {
+            assert_eq!(c.terminal(&s, cmd).await.outcome, Some(Outcome::Applied));
+        }
+        assert!(
+            held_from.elapsed() < hold,
+            "the burst was committed while the pass still held"
+        );
+        assert_eq!(rocket.runs.load(Ordering::SeqCst), 1);
+        // The lag runs a pass that folds on from the last folded record: the gate resolves.
+        eventually("the gate to be resolved in the projection", async || {
+            let open = c.store.gates(&s.tenant, &s.session, true).await.unwrap();
+            check(open.is_empty(), || format!("{open:?}"))
+        })
+        .await;
+        svc.stop().await;
+    }
+
+    pub async fn a_gate_publisher_whose_mark_a_successor_fenced_stops_and_ends_the_residency(
+        ts: &TestStore,
+    ) {
+        let (svc, _) = started(ts, options("h-superseded-publisher")).await;
+        let c = Controller::new(ts);
+        let s = c.session().await;
+        let a = c.attach(&svc, &s).await;
+        let epoch = a.observation.lease_epoch;
+        // A successor's fencing write: the gate mark moves past this Host's grant.
+        c.store
+            .fence_gate_mark(&s.tenant, &s.session, ResidencyEpoch(epoch.0 + 1))
+            .await
+            .unwrap();
+        // The runtime opens a gate; publishing it is refused under the old grant.
+        c.send(&svc, &s, input("/tool launch_rocket {}")).await;
+        wait_until("the residency to end", || svc.residents().is_empty()).await;
+        let gates = c.store.gates(&s.tenant, &s.session, false).await.unwrap();
+        assert!(gates.is_empty(), "nothing was published: {gates:?}");
+        svc.stop().await;
+    }
+
+    pub async fn a_gate_answer_under_a_mark_that_is_not_this_hosts_grant_holds_the_whole_stream_writing_nothing(
+        ts: &TestStore,
+    ) {
+        let (svc, rocket) = started(ts, options("h-mark-block")).await;
+        let c = Controller::new(ts);
+        let s = c.session().await;
+        let a = c.attach(&svc, &s).await;
+        c.send(&svc, &s, input("/tool launch_rocket {}")).await;
+        let gate = c.open_gate(&s).await;
+        c.store
+            .fence_gate_mark(
+                &s.tenant,
+                &s.session,
+                ResidencyEpoch(a.observation.lease_epoch.0 + 1),
+            )
+            .await
+            .unwrap();
+        let ok = c.send(&svc, &s, answer(gate, "approve", None)).await;
+        let interrupt = c.send(&svc, &s, CommandBodyV1::Interrupt).await;
+        let next = c.send(&svc, &s, input("behind the block")).await;
+        wait_until("the stream to block", || {
+            svc.command_blocked(&s.tenant, &s.session) == Some(true)
+        })
+        .await;
+        // Nothing written for the answer beyond its claim; nothing behind it moves, not even
+        // the interrupt; the tool never ran.
+        let read = async |cmd: &CommandRecord| {
+            c.store
+                .command(&s.tenant, &s.session, &cmd.command)
+                .await
+                .unwrap()
+        };
+        let held = read(&ok).await;
+        assert_eq!(held.state, CommandState::Claimed, "{held:?}");
+        assert!(held.attempt.is_none(), "{held:?}");
+        for behind in [&interrupt, &next] {
+            let r = read(behind).await;
+            assert_eq!(r.state, CommandState::Pending, "{r:?}");
+        }
+        assert_eq!(rocket.runs.load(Ordering::SeqCst), 0);
+        // Still so a while later: held, not skipped.
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let r = read(&ok).await;
+        assert!(r.attempt.is_none() && !r.state.is_terminal(), "{r:?}");
+        assert_eq!(read(&next).await.state, CommandState::Pending);
+        assert_eq!(svc.residents().len(), 1, "still resident, still blocked");
+        assert_eq!(svc.command_blocked(&s.tenant, &s.session), Some(true));
+        svc.stop().await;
+    }
+
+    pub async fn every_attempt_carries_the_journal_epoch_its_runtime_reports_and_the_attach_reports_it(
+        ts: &TestStore,
+    ) {
+        let c = Controller::new(ts);
+        let s = c.session().await;
+        let attempt_epoch = async |cmd: &CommandRecord| {
+            let done = c.terminal(&s, cmd).await;
+            assert_eq!(done.outcome, Some(Outcome::Applied), "{done:?}");
+            done.attempt.expect("an attempt").journal_epoch
+        };
+        let (first, _) = started(ts, options("h-journal-epoch-one")).await;
+        let a = c.attach(&first, &s).await;
+        assert!(a.attached);
+        let one = c.send(&first, &s, input("one")).await;
+        assert_eq!(attempt_epoch(&one).await, a.journal_epoch);
+        first.stop().await;
+        // The next Host's runtime writes under a later journal epoch: its attempts carry that.
+        let (second, _) = started(ts, options("h-journal-epoch-two")).await;
+        let b = c.attach(&second, &s).await;
+        assert!(b.attached);
+        assert_eq!(b.launched, department::LaunchMode::Restore);
+        assert!(b.journal_epoch > a.journal_epoch, "{a:?} then {b:?}");
+        assert!(b.observation.lease_epoch > a.observation.lease_epoch);
+        let two = c.send(&second, &s, input("two")).await;
+        assert_eq!(attempt_epoch(&two).await, b.journal_epoch);
+        // A repeated attach takes nothing and reports the same residency.
+        let again = c.attach(&second, &s).await;
+        assert!(!again.attached);
+        assert_eq!(
+            (again.observation.lease_epoch, again.journal_epoch),
+            (b.observation.lease_epoch, b.journal_epoch)
+        );
+        second.stop().await;
+    }
+
+    pub async fn a_claim_held_live_by_another_token_blocks_the_stream_until_it_lapses_and_is_then_retaken(
+        ts: &TestStore,
+    ) {
+        use host::failpoints::{self, Action, steps};
+        let host = format!("h-claim-held-{}", uuid::Uuid::now_v7().simple());
+        let (svc, _) = started(ts, options(&host)).await;
+        let c = Controller::new(ts);
+        let s = c.session().await;
+        let a = c.attach(&svc, &s).await;
+        // The consumer holds after its claim of the first command, long enough for a claim
+        // by another token to land on the second.
+        let key = format!("{host}:{}", steps::AFTER_CLAIM);
+        failpoints::arm(&key, Action::Delay(Duration::from_millis(800)));
+        let first = c.send(&svc, &s, input("first")).await;
+        wait_until("the consumer to hold", || failpoints::hits(&key) > 0).await;
+        let held = c.admit(&s, input("claimed elsewhere")).await;
+        let behind = c.admit(&s, input("behind it")).await;
+        let foreign = uuid::Uuid::now_v7();
+        c.store
+            .claim(ClaimRequest {
+                tenant: s.tenant.clone(),
+                session: s.session.clone(),
+                command: held.command.clone(),
+                epoch: a.observation.lease_epoch,
+                token: foreign,
+                ttl: Duration::from_secs(4),
+                expected_revision: held.revision,
+            })
+            .await
+            .unwrap();
+        svc.deliver(&s.tenant, &s.session).unwrap();
+        assert_eq!(c.terminal(&s, &first).await.outcome, Some(Outcome::Applied));
+        wait_until("the stream to block on the live claim", || {
+            svc.command_blocked(&s.tenant, &s.session) == Some(true)
+        })
+        .await;
+        let read = async |cmd: &CommandRecord| {
+            c.store
+                .command(&s.tenant, &s.session, &cmd.command)
+                .await
+                .unwrap()
+        };
+        assert_eq!(read(&behind).await.state, CommandState::Pending);
+        assert_eq!(
+            read(&held).await.claim.map(|c| c.token),
+            Some(foreign),
+            "the other claim stands while it is live"
+        );
+        // It lapses (the heartbeat keeps this Host's lease meanwhile); a pass takes it again.
+        for _ in 0..25 {
+            ts.advance(Duration::from_millis(200)).await;
+            if ts.backend == sessionstore::testing::TestBackend::Sqlite {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        let done = c.terminal(&s, &held).await;
+        assert_eq!(done.outcome, Some(Outcome::Applied), "{done:?}");
+        assert_ne!(done.claim.map(|c| c.token), Some(foreign));
+        assert_eq!(
+            c.terminal(&s, &behind).await.outcome,
+            Some(Outcome::Applied)
+        );
+        assert_eq!(svc.command_blocked(&s.tenant, &s.session), Some(false));
+        c.check_exactly_once(&s).await;
+        svc.stop().await;
+    }
+
     pub async fn a_malformed_body_is_rejected_before_any_attempt(ts: &TestStore) {
         let (svc, _) = started(ts, options("h-malformed")).await;
         let c = Controller::new(ts);
@@ -924,6 +1297,13 @@ sessionstore::both_backends!(cases =>
     a_referenced_body_above_the_hosts_cap_is_rejected_before_any_attempt,
     a_malformed_body_is_rejected_before_any_attempt,
     a_failed_mapping_read_is_retried_and_the_live_tail_skips_nothing,
+    a_refused_publication_drops_the_sessions_routes_and_the_tail_goes_on,
+    every_attempt_carries_the_journal_epoch_its_runtime_reports_and_the_attach_reports_it,
+    a_gate_change_whose_hint_the_publisher_lost_is_published_from_where_it_folded,
+    a_gate_publisher_whose_mark_a_successor_fenced_stops_and_ends_the_residency,
+    a_gate_answer_under_a_mark_that_is_not_this_hosts_grant_holds_the_whole_stream_writing_nothing,
+    a_claim_held_live_by_another_token_blocks_the_stream_until_it_lapses_and_is_then_retaken,
+    a_live_tail_that_falls_behind_drops_the_sessions_routes_and_goes_on_at_journal_offsets,
     reference_shaped_bodies_apply_and_one_contradicting_its_admission_is_rejected,
     an_unknown_version_body_blocks_the_stream_visibly,
     a_gate_answer_naming_another_gate_version_is_rejected_before_any_attempt,

@@ -136,6 +136,53 @@ mod cases {
         s.server.wait().await;
     }
 
+    pub async fn a_private_id_in_a_body_reaches_live_and_durable_readers_as_the_same_public_body(
+        ts: &TestStore,
+    ) {
+        let s = serve(ts, "link-projection", |_| {}).await;
+        let f = factory(ts, &s, "acme");
+        let session = sid("projected");
+        create(&f, &session, None, "create-projected").await;
+        let placed = f.place(&session).await.unwrap();
+        let mut rx = f.bind_and_stream(&placed, true).await.unwrap();
+        let private = ts
+            .store
+            .session(&TenantId::new("acme").unwrap(), &session)
+            .await
+            .unwrap()
+            .binding
+            .runtime_session_id
+            .to_string();
+        // A body that mentions the binding's runtime session id.
+        let cmd = f
+            .admit(
+                &session,
+                CommandId::new("say-private").unwrap(),
+                input(&format!("mine is {private}")),
+            )
+            .await
+            .unwrap();
+        f.deliver(&placed, &cmd.command).await.unwrap();
+        let live = enduring_until(&mut rx, |b| b["type"] == "turn_done").await;
+        let user = live.iter().find(|b| b["type"] == "user_message").unwrap();
+        assert_eq!(user["text"], format!("mine is {session}"), "the public id");
+        let page = f.journal(&session, 0, None, 100).await.unwrap();
+        let durable: Vec<Value> = page
+            .events
+            .iter()
+            .map(|e| serde_json::from_slice(&e.body).unwrap())
+            .collect();
+        for body in &live {
+            assert!(!body.to_string().contains(&private), "{body}");
+            assert!(
+                durable.contains(body),
+                "{body} differs from the durable page"
+            );
+        }
+        s.server.shutdown();
+        s.server.wait().await;
+    }
+
     pub async fn attach_without_a_runtime_build_is_accepted_and_a_wrong_one_is_refused(
         ts: &TestStore,
     ) {
@@ -1078,6 +1125,7 @@ mod cases {
 
 sessionstore::both_backends!(cases =>
     a_controller_creates_places_binds_delivers_and_streams_the_reply,
+    a_private_id_in_a_body_reaches_live_and_durable_readers_as_the_same_public_body,
     a_foreign_tenant_cannot_tell_whether_a_session_exists,
     attach_without_a_runtime_build_is_accepted_and_a_wrong_one_is_refused,
     readyz_turns_503_when_a_drain_starts_and_healthz_stays_200_until_stop,

@@ -314,6 +314,75 @@ mod cases {
         assert!(ts.store.runs(&t("acme")).await.unwrap().is_empty());
     }
 
+    pub async fn a_start_whose_run_cannot_be_made_durable_is_refused_and_no_run_appears_later(
+        ts: &TestStore,
+    ) {
+        use sessionstore::testing::TestBackend;
+        let h = booted(&ts.store, "host-a", options(8, 5000)).await;
+        // The run's program cannot be written: its transaction fails after the status row.
+        match ts.backend {
+            TestBackend::Sqlite => {
+                ts.exec_raw(
+                    "CREATE TRIGGER refuse_programs BEFORE INSERT ON run_programs \
+                     BEGIN SELECT RAISE(ABORT, 'programs refused'); END;",
+                )
+                .await
+            }
+            TestBackend::Postgres => {
+                ts.exec_raw(
+                    "CREATE FUNCTION refuse_programs() RETURNS trigger LANGUAGE plpgsql AS \
+                     $$ BEGIN RAISE EXCEPTION 'programs refused'; END $$; \
+                     CREATE TRIGGER refuse_programs BEFORE INSERT ON run_programs \
+                     FOR EACH ROW EXECUTE FUNCTION refuse_programs();",
+                )
+                .await
+            }
+        }
+        let refused = start(&h, QUICK).await.unwrap_err();
+        assert!(
+            !refused.message.contains("resume"),
+            "nothing was recorded to resume: {refused:?}"
+        );
+        ts.exec_raw(match ts.backend {
+            TestBackend::Sqlite => "DROP TRIGGER refuse_programs",
+            TestBackend::Postgres => "DROP TRIGGER refuse_programs ON run_programs",
+        })
+        .await;
+        // Several scans later nothing has appeared and nothing is driven.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(ts.store.runs(&t("acme")).await.unwrap().is_empty());
+        assert_eq!(h.driving(), 0);
+        h.shutdown(Duration::from_secs(1)).await;
+    }
+
+    pub async fn an_answer_is_acknowledged_once_durable_while_nothing_consumes_it(ts: &TestStore) {
+        let a = booted(&ts.store, "host-a", options(8, 5000)).await;
+        let started = start(&a, PARKS).await.unwrap();
+        until(&a, &started.run_id, |v| parked(v) && v.holder.is_empty()).await;
+        a.shutdown(Duration::from_secs(5)).await;
+        // A Host still booting drives no run, yet takes the answer and replies.
+        let b = host_on(&ts.store, "host-b", options(8, 5000));
+        b.delay_reconcile(Duration::from_secs(30));
+        b.boot();
+        let ok = tokio::time::timeout(
+            Duration::from_secs(5),
+            answer(&b, "acme", &started.run_id, json!(true)),
+        )
+        .await
+        .expect("the reply did not wait for the run to take the answer")
+        .unwrap();
+        assert!(ok.recorded);
+        // Durable when the reply came, and not consumed.
+        let run = RunId::new(started.run_id.clone()).unwrap();
+        let answers = ts.store.run_answers(&run).await.unwrap();
+        assert_eq!(answers.len(), 1);
+        assert!(answers[0].consumed_at_ms.is_none(), "{answers:?}");
+        let v = status(&b, "acme", &started.run_id).await.unwrap();
+        assert!(parked(&v), "{v:?}");
+        assert_eq!(v.epoch, 1);
+        b.shutdown(Duration::from_secs(1)).await;
+    }
+
     pub async fn a_pause_free_run_completes_and_is_listed(ts: &TestStore) {
         let h = booted(&ts.store, "host-a", options(8, 5000)).await;
         let started = start(&h, QUICK).await.unwrap();
@@ -802,6 +871,8 @@ sessionstore::both_backends!(cases =>
     a_step_still_in_flight_at_the_grace_is_halted_and_nothing_is_recorded_for_it,
     a_refused_program_reports_every_problem_and_records_nothing,
     a_pause_free_run_completes_and_is_listed,
+    a_start_whose_run_cannot_be_made_durable_is_refused_and_no_run_appears_later,
+    an_answer_is_acknowledged_once_durable_while_nothing_consumes_it,
     a_retried_start_with_its_key_returns_the_same_run,
     another_tenants_run_reads_exactly_like_an_unknown_one,
     a_parked_run_takes_one_valid_answer_from_any_link_of_its_tenant,

@@ -514,6 +514,126 @@ steps:
         assert_eq!(turns[0].idempotency_key, "run-run-1-hello-1");
     }
 
+    pub async fn a_failed_supervised_agent_turn_runs_again_as_a_new_turn_whose_reply_is_the_result(
+        ts: &TestStore,
+    ) {
+        let world = World::new();
+        world
+            .failing_turns
+            .store(1, std::sync::atomic::Ordering::SeqCst);
+        let source = "steps:\n  - name: hello\n    agent: echo\n    prompt: hi ${input.who}\n    supervise: {restarts: 1}\n";
+        let s = start(&ts.store, &world, "run-1", source, json!({"who": "bob"})).await;
+        assert_eq!(
+            drive(&world, &ts.store, s.clone()).await,
+            DriveEnd::Completed
+        );
+        let journal = ts.store.run_journal(&s.run_id).await.unwrap();
+        let kinds: Vec<(StepEntryKind, u64)> =
+            journal.iter().map(|e| (e.kind, e.attempt)).collect();
+        assert_eq!(
+            kinds,
+            [(StepEntryKind::Failure, 1), (StepEntryKind::Result, 0)],
+            "{journal:?}"
+        );
+        assert_eq!(journal[1].body, r#"{"output":"You said: hi bob"}"#);
+        // Each attempt is a turn of its own (a fresh session and command per attempt).
+        let keys: Vec<String> = world
+            .turns
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|t| t.idempotency_key.clone())
+            .collect();
+        assert_eq!(keys, ["run-run-1-hello-1", "run-run-1-hello-2"]);
+    }
+
+    pub async fn a_supervise_window_counts_only_the_failures_inside_it(ts: &TestStore) {
+        let world = World::new().with("shop/read@1.0.0", Effect::ReadOnly, Behaviour::AlwaysFail);
+        let source = "steps:\n  - name: read\n    invoke: read@1.0.0\n    supervise: {restarts: 2, window: 30s}\n";
+        let failed = |attempt| NewStepEntry {
+            step: "read".into(),
+            kind: StepEntryKind::Failure,
+            attempt,
+            outcome: Some("failed".into()),
+            body: "{}".into(),
+            started_at_ms: None,
+            consumes: None,
+        };
+        // Two failures an earlier driver journaled long ago no longer count ...
+        let old = start(&ts.store, &world, "run-old", source, json!({})).await;
+        for attempt in [1, 2] {
+            ts.store
+                .append_run_step(&old.fence(), failed(attempt))
+                .await
+                .unwrap();
+        }
+        // ... one journaled just now does.
+        let recent = start(&ts.store, &world, "run-recent", source, json!({})).await;
+        ts.advance_instantly(Duration::from_secs(60)).await;
+        ts.store
+            .append_run_step(&recent.fence(), failed(1))
+            .await
+            .unwrap();
+        let taken = take_back(&ts.store, &old.run_id, 2).await;
+        assert!(matches!(
+            drive(&world, &ts.store, taken).await,
+            DriveEnd::Failed { .. }
+        ));
+        assert_eq!(
+            world.calls_of("read").len(),
+            3,
+            "the whole budget again: one run and two restarts"
+        );
+        let taken = take_back(&ts.store, &recent.run_id, 2).await;
+        assert!(matches!(
+            drive(&world, &ts.store, taken).await,
+            DriveEnd::Failed { .. }
+        ));
+        assert_eq!(
+            world.calls_of("read").len(),
+            3 + 2,
+            "one restart left of the budget"
+        );
+    }
+
+    pub async fn a_driver_never_records_an_answer_and_waits_for_one_across_restarts(
+        ts: &TestStore,
+    ) {
+        let world = World::new();
+        let source = "steps:\n  - name: q\n    ask: go?\n    answer: {type: boolean}\n  - name: after\n    sleep: 0s\n";
+        let s = start(&ts.store, &world, "run-1", source, Value::Null).await;
+        let run = s.run_id.clone();
+        let mut status = s;
+        for attempt in 2..4u64 {
+            let task = tokio::spawn({
+                let (world, store) = (world.clone(), ts.store.clone());
+                async move { drive(&world, &store, status).await }
+            });
+            while ts.store.run_checkpoints(&run).await.unwrap().is_empty() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            // Many polls later, still waiting, and no answer recorded.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            assert!(!task.is_finished());
+            assert!(ts.store.run_answers(&run).await.unwrap().is_empty());
+            task.abort();
+            let _ = task.await;
+            status = take_back(&ts.store, &run, attempt).await;
+        }
+        let task = tokio::spawn({
+            let (world, store) = (world.clone(), ts.store.clone());
+            async move { drive(&world, &store, status).await }
+        });
+        ts.store
+            .answer_run(&tenant(), &run, "q", "true", "acme")
+            .await
+            .unwrap();
+        assert_eq!(task.await.unwrap(), DriveEnd::Completed);
+        let answers = ts.store.run_answers(&run).await.unwrap();
+        assert_eq!(answers.len(), 1);
+        assert_eq!(answers[0].answerer, "acme");
+    }
+
     pub async fn a_rendered_input_that_breaks_the_schema_never_starts_the_handler(ts: &TestStore) {
         let world = World::new();
         let source = "steps:\n  - name: read\n    invoke: read@1.0.0\n    input: \"${input.n}\"\n";
@@ -558,6 +678,9 @@ sessionstore::both_backends!(cases =>
     a_driver_whose_fence_went_stale_stops_without_writing,
     a_sleep_after_a_restart_waits_only_what_is_left,
     an_agent_step_takes_the_turns_reply_as_its_result,
+    a_failed_supervised_agent_turn_runs_again_as_a_new_turn_whose_reply_is_the_result,
+    a_supervise_window_counts_only_the_failures_inside_it,
+    a_driver_never_records_an_answer_and_waits_for_one_across_restarts,
     a_rendered_input_that_breaks_the_schema_never_starts_the_handler,
     a_cancelled_parked_run_stops_its_driver,
 );

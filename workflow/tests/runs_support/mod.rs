@@ -53,6 +53,8 @@ pub struct World {
     pub hang_at: Mutex<Option<usize>>,
     pub hung: Notify,
     pub turns: Mutex<Vec<AgentTurn>>,
+    /// How many agent turns still fail (each failing one is recorded in `turns` too).
+    pub failing_turns: AtomicUsize,
 }
 
 impl World {
@@ -86,6 +88,7 @@ impl World {
             hang_at: Mutex::new(None),
             hung: Notify::new(),
             turns: Mutex::new(Vec::new()),
+            failing_turns: AtomicUsize::new(0),
         })
     }
 
@@ -221,6 +224,13 @@ impl AgentTurns for World {
     async fn turn(&self, turn: AgentTurn) -> Result<String, String> {
         let reply = format!("You said: {}", turn.prompt);
         self.turns.lock().unwrap().push(turn);
+        let failing = self
+            .failing_turns
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if failing {
+            return Err("the turn failed".into());
+        }
         Ok(reply)
     }
 }
