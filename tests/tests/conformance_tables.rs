@@ -1,8 +1,9 @@
 //! The conformance tables in `docs/conformance/` keep to their own rules: every row's verdict
-//! is one of the five words, the counts section (at the top, before the rows) says how many rows
-//! have each verdict, and every test a note names exists in the workspace (a renamed or deleted
-//! test would otherwise leave a row claiming evidence that is gone). On a mismatch the test prints every problem at once,
-//! with the counts section as it should read, ready to paste.
+//! is one of the five words, the counts section (at the top, before the rows) says how many
+//! rows have each verdict, every `match` row names a test, and every test a note names exists
+//! in the workspace (a renamed or deleted test would otherwise leave a row claiming evidence
+//! that is gone). On a mismatch the test prints every problem at once, with the counts section
+//! as it should read, ready to paste.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -273,6 +274,30 @@ fn every_test_a_conformance_row_names_exists() {
     assert!(
         checked > 100,
         "only {checked} cited tests found: the reader is broken"
+    );
+    assert!(problems.is_empty(), "\n{}", problems.join("\n"));
+}
+
+#[test]
+fn every_match_row_names_a_test() {
+    let mut problems = Vec::new();
+    let mut matches = 0;
+    for (name, text) in tables() {
+        for (number, verdict, line) in rows(&name, &text, &mut Vec::new()) {
+            if verdict != "match" {
+                continue;
+            }
+            matches += 1;
+            if cited_tests(&line).is_empty() {
+                problems.push(format!(
+                    "{name} row {number}: says `match` but names no test (a test that fails without the behaviour, in backticks)"
+                ));
+            }
+        }
+    }
+    assert!(
+        matches > 100,
+        "only {matches} match rows found: the reader is broken"
     );
     assert!(problems.is_empty(), "\n{}", problems.join("\n"));
 }
