@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, ValueEnum};
 use harness::model::OpenAiOptions;
@@ -217,6 +217,11 @@ pub struct ServeOptions {
     /// meanwhile) before it fails as transient and its caller's own retry takes over.
     #[serde(with = "duration_text")]
     pub pg_acquire_timeout: Duration,
+    /// PostgreSQL: the most pooled connections (reads, and writes re-run alone), opened as
+    /// needed. With the write lanes and one listening connection, what one Host may hold.
+    pub pg_max_connections: u32,
+    /// PostgreSQL: write lanes, each one connection of its own committing grouped writes.
+    pub pg_write_lanes: usize,
     pub host: Options,
     pub link: LinkOptions,
     pub listener: ListenerOptions,
@@ -251,6 +256,8 @@ impl Default for ServeOptions {
             referenced_body_cap: sessionstore::limits::DEFAULT_REFERENCED_BODY_CAP,
             pg_idle_transaction_timeout: Duration::from_secs(5),
             pg_acquire_timeout: Duration::from_secs(10),
+            pg_max_connections: sessionstore::StoreOptions::new("").pg_max_connections,
+            pg_write_lanes: sessionstore::StoreOptions::new("").pg_write_lanes,
             host: Options::default(),
             link: LinkOptions::default(),
             listener: ListenerOptions::default(),
@@ -344,6 +351,24 @@ pub struct ServeFlags {
     /// away before it fails as transient (100 ms to 5 min) [default: 10s].
     #[arg(id = "pg_acquire_timeout", long = "pg-acquire-timeout", env = "HOST_PG_ACQUIRE_TIMEOUT", value_parser = duration)]
     pg_acquire_timeout: Option<Duration>,
+    /// PostgreSQL: the most pooled connections this Host opens (1 to 512) [default: 16]. A
+    /// Host holds at most this plus --pg-write-lanes plus 1.
+    #[arg(
+        id = "pg_max_connections",
+        long = "pg-max-connections",
+        env = "HOST_PG_MAX_CONNECTIONS",
+        value_parser = clap::value_parser!(u32).range(1..=512)
+    )]
+    pg_max_connections: Option<u32>,
+    /// PostgreSQL: write lanes, each a connection of its own committing grouped writes (1 to
+    /// 64) [default: 2].
+    #[arg(
+        id = "pg_write_lanes",
+        long = "pg-write-lanes",
+        env = "HOST_PG_WRITE_LANES",
+        value_parser = clap::value_parser!(u64).range(1..=64)
+    )]
+    pg_write_lanes: Option<u64>,
 
     /// This Host's stable id, unique in a fleet [default: hostd-<hostname>].
     #[arg(id = "host.host_id", long = "host-id", env = "HOST_ID", value_parser = host_id)]
@@ -687,6 +712,7 @@ impl ServeFlags {
             referenced_body_cap => referenced_body_cap;
             pg_idle_transaction_timeout => pg_idle_transaction_timeout;
             pg_acquire_timeout => pg_acquire_timeout;
+            pg_max_connections => pg_max_connections;
             isolation_class => host.isolation_class;
             placement => host.placement;
             capacity => host.capacity;
@@ -735,6 +761,10 @@ impl ServeFlags {
             run_max_active => runs.max_active;
             run_scan_interval => runs.scan_interval;
             run_poll => runs.poll;
+        }
+        if let Some(lanes) = self.pg_write_lanes {
+            // The flag's range (1 to 64) fits any usize.
+            o.pg_write_lanes = usize::try_from(lanes).unwrap_or(64);
         }
         set_some! {
             store => store;
@@ -827,6 +857,12 @@ pub fn load(
         .context("the model client's options ([model])")?;
     sessionstore::limits::check_referenced_body_cap(options.referenced_body_cap)
         .context("the store's options")?;
+    if !(1..=512).contains(&options.pg_max_connections) {
+        bail!("the store's options: pg_max_connections must be between 1 and 512");
+    }
+    if !(1..=64).contains(&options.pg_write_lanes) {
+        bail!("the store's options: pg_write_lanes must be between 1 and 64");
+    }
     options
         .listener
         .validate(options.link.ping_interval)
@@ -1158,6 +1194,26 @@ mod tests {
         // An explicit pair the reconciler cannot honour is still refused at load.
         let err = load_args(&["--fleet-interval", "2s", "--fleet-leader-ttl", "3s"]).unwrap_err();
         assert!(format!("{err:#}").contains("[fleet]"), "{err:#}");
+    }
+
+    #[test]
+    fn the_hosts_postgresql_connections_are_bounded_by_flags_checked_at_load() {
+        let e = load_args(&["--pg-max-connections", "4", "--pg-write-lanes", "1"]).unwrap();
+        assert_eq!(e.options.pg_max_connections, 4);
+        assert_eq!(e.options.pg_write_lanes, 1);
+        for refused in [["--pg-max-connections", "0"], ["--pg-write-lanes", "65"]] {
+            assert!(
+                Probe::command()
+                    .try_get_matches_from(std::iter::once("probe").chain(refused))
+                    .is_err(),
+                "{refused:?}"
+            );
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("host.toml");
+        std::fs::write(&file, "pg_max_connections = 0\n").unwrap();
+        let err = load(Some(&file), ServeFlags::default(), None).unwrap_err();
+        assert!(format!("{err:#}").contains("pg_max_connections"), "{err:#}");
     }
 
     #[test]

@@ -156,6 +156,8 @@ pub async fn run(args: ServeArgs, matches: Option<&ArgMatches>, out: Output) -> 
     store.sqlite_reader_cache_kib = options.sqlite_reader_cache_kib;
     store.pg_idle_transaction_timeout = options.pg_idle_transaction_timeout;
     store.pg_acquire_timeout = options.pg_acquire_timeout;
+    store.pg_max_connections = options.pg_max_connections;
+    store.pg_write_lanes = options.pg_write_lanes;
     // `pg_stat_activity` then says which Host holds which connections. A host id is at most
     // 128 bytes; PostgreSQL keeps 63, so a long one is cut at a character boundary.
     let mut app = format!("hostd/{host_id}");

@@ -168,11 +168,13 @@ async fn main() {
         // Let attach bursts and their writes settle before measuring idleness.
         tokio::time::sleep(Duration::from_secs(3)).await;
         let commits = |pool: sqlx::PgPool| async move {
-            sqlx::query("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
-                .fetch_one(&pool)
-                .await
-                .map(|r| r.get::<i64, _>(0))
-                .unwrap_or(0)
+            sqlx::query(
+                "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
+            )
+            .fetch_one(&pool)
+            .await
+            .map(|r| r.get::<i64, _>(0))
+            .unwrap_or(0)
         };
         let before: Vec<f64> = fleet.iter().map(|(_, s)| statements(s.port)).collect();
         let commits_before = commits(admin.clone()).await;
