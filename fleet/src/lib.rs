@@ -149,7 +149,8 @@ pub struct PassReport {
     pub deferred: usize,
 }
 
-/// One reconcile pass under `leadership`: scan, plan, assign. An assignment refused because the
+/// One reconcile pass under `leadership`: scan, plan, assign, within half the leadership's TTL
+/// (what is left then is deferred to the next pass). An assignment refused because the
 /// session became resident meanwhile is skipped; one refused because the leadership is no
 /// longer current ends the pass with that error.
 pub async fn reconcile_once(
@@ -157,6 +158,10 @@ pub async fn reconcile_once(
     leadership: &Leadership,
     options: &ReconcilerOptions,
 ) -> Result<PassReport, ReconcilerError> {
+    // A pass ends by half the leadership's TTL: the next pass renews the leadership first, so
+    // a long pass (a slow store, a busy machine, many placements) defers the rest instead of
+    // outliving the leadership it acts under and handing the fleet to another reconciler.
+    let deadline = tokio::time::Instant::now() + options.leader_ttl / 2;
     let scan_limit = options.placements_per_pass.saturating_mul(4);
     let orphans = store.orphans(scan_limit).await?;
     let mut report = PassReport {
@@ -179,7 +184,16 @@ pub async fn reconcile_once(
         options.placements_per_host,
     );
     report.deferred = orphans.len() - planned.len();
-    for (o, target) in planned {
+    let planned_count = planned.len();
+    for (done, (o, target)) in planned.into_iter().enumerate() {
+        if tokio::time::Instant::now() >= deadline {
+            report.deferred += planned_count - done;
+            tracing::debug!(
+                deferred = planned_count - done,
+                "the pass reached half the leadership's TTL; the rest waits for the next pass"
+            );
+            break;
+        }
         let span = tracing::info_span!("place", tenant = %o.tenant, session = %o.session, host = %target.host, leader_epoch = leadership.epoch);
         let _enter = span.enter();
         let req = PlacementRequest {

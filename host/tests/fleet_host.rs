@@ -145,10 +145,61 @@ mod cases {
         c.check_exactly_once(&s).await;
         svc.stop().await;
     }
+
+    pub async fn a_pass_that_reaches_half_the_leadership_ttl_defers_the_rest_instead_of_failing(
+        ts: &TestStore,
+    ) {
+        let (svc, _) = started(ts, options("h-paced")).await;
+        let c = Controller::new(ts);
+        let mut waiting = Vec::new();
+        for _ in 0..8 {
+            let s = c.session().await;
+            let command = c.admit(&s, input("hello")).await;
+            waiting.push((s, command));
+        }
+        // A leadership of 2 ms is over before the pass has read the orphans: the pass places
+        // nothing and says so, rather than writing under a leadership that has lapsed.
+        let mut hasty = Reconciler::new(
+            ts.store.clone(),
+            ReconcilerOptions {
+                name: "hasty".into(),
+                interval: Duration::from_millis(1),
+                leader_ttl: Duration::from_millis(2),
+                ..ReconcilerOptions::default()
+            },
+            "test",
+        )
+        .unwrap();
+        let report = hasty.pass().await.unwrap();
+        assert_eq!(report.orphans, 8, "{report:?}");
+        assert!(report.assigned.is_empty(), "{report:?}");
+        assert_eq!(report.deferred, 8, "{report:?}");
+        // With time to act, a pass places them all.
+        let mut patient = Reconciler::new(
+            ts.store.clone(),
+            ReconcilerOptions {
+                name: "patient".into(),
+                interval: Duration::from_millis(100),
+                leader_ttl: Duration::from_secs(60),
+                ..ReconcilerOptions::default()
+            },
+            "test",
+        )
+        .unwrap();
+        let report = patient.pass().await.unwrap();
+        assert_eq!(report.assigned.len(), 8, "{report:?}");
+        for (s, command) in &waiting {
+            let done = c.terminal(s, command).await;
+            assert_eq!(done.outcome, Some(Outcome::Applied));
+            c.check_exactly_once(s).await;
+        }
+        svc.stop().await;
+    }
 }
 
 sessionstore::both_backends!(cases =>
     one_heartbeat_write_keeps_every_resident_session_alive,
     a_residency_whose_lease_another_host_took_ends_at_the_next_heartbeat,
     a_session_assigned_to_this_host_is_attached_and_its_command_applied_unasked,
+    a_pass_that_reaches_half_the_leadership_ttl_defers_the_rest_instead_of_failing,
 );

@@ -6,8 +6,9 @@
 //! timing at its default, so the fleet reconciler runs a pass every 300 ms), holding resident
 //! sessions placed by the reconciler. At each step of `FLEET_SESSIONS` (default
 //! `0,1000,10000`: sessions in the whole fleet) the sessions are created, each with one
-//! admitted command, and placed and applied by the fleet with no client action; then, for
-//! `FLEET_WINDOW_SECS` (default 20) of idleness, it measures from each Host's `/metrics`
+//! admitted command, and placed and applied by the fleet with no client action; then, after
+//! `FLEET_SETTLE_SECS` (default 25: the runtimes' last journal-lease renewals after their
+//! command) and for `FLEET_WINDOW_SECS` (default 20) of idleness, it measures from each Host's `/metrics`
 //! (`host_store_statements_total`: statements and transaction brackets sent, reads
 //! included) and from PostgreSQL (`pg_stat_activity` by `application_name`, which a Host sets
 //! to `hostd/<host id>`; `xact_commit` of the database) the statements per second per Host,
@@ -165,8 +166,10 @@ async fn main() {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
         let placed = started.elapsed();
-        // Let attach bursts and their writes settle before measuring idleness.
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        // Let the attach burst's writes settle before measuring idleness: a session runtime
+        // that handled a message renews its journal lease once more within a third of its
+        // TTL (20 s by default), and only then rests without writes.
+        tokio::time::sleep(Duration::from_secs(env_or("FLEET_SETTLE_SECS", 25))).await;
         let commits = |pool: sqlx::PgPool| async move {
             sqlx::query(
                 "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
