@@ -21,6 +21,7 @@ use sessionstore::{
     StoreError, TenantId,
 };
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 /// Why the reconciler could not work.
 #[derive(Debug, thiserror::Error)]
@@ -195,7 +196,6 @@ pub async fn reconcile_once(
             break;
         }
         let span = tracing::info_span!("place", tenant = %o.tenant, session = %o.session, host = %target.host, leader_epoch = leadership.epoch);
-        let _enter = span.enter();
         let req = PlacementRequest {
             tenant: o.tenant.clone(),
             session: o.session.clone(),
@@ -204,7 +204,15 @@ pub async fn reconcile_once(
             leadership: leadership.clone(),
             ttl: options.assignment_ttl,
         };
-        match store.assign_placement(req, o.command.clone()).await {
+        // The span is entered only around code that does not await: a guard held across an
+        // await leaves the span entered on a worker thread other tasks then run on, and the
+        // tracing registry panics when it later sees the span closed twice.
+        let placed = store
+            .assign_placement(req, o.command.clone())
+            .instrument(span.clone())
+            .await;
+        let _enter = span.enter();
+        match placed {
             Ok(_) => {
                 tracing::info!("assigned an orphaned session");
                 report.assigned.push(Assigned {

@@ -46,6 +46,8 @@ pub enum Action {
     Fail(u32),
     /// Hold the task at the step this long, then go on (to widen a window a test aims at).
     Delay(std::time::Duration),
+    /// Panic the task at the step, as a defect would (its unwinding is what the test checks).
+    Panic,
 }
 
 #[cfg(feature = "testing")]
@@ -145,6 +147,10 @@ mod imp {
             Some(Action::Pause) => {
                 tracing::warn!(step, "failpoint: pausing this task forever");
                 std::future::pending::<()>().await;
+            }
+            Some(Action::Panic) => {
+                tracing::error!(step, "failpoint: panicking this task");
+                panic!("failpoint {step}: a deliberate panic");
             }
             Some(Action::Delay(d)) => {
                 tracing::warn!(

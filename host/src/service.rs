@@ -632,18 +632,24 @@ impl Inner {
             ));
         }
         let generation = host.admit(&key, weight)?;
+        // Returned unless the attach succeeds: on a refusal, and on a panic that unwinds it.
+        let mut charge = Charge {
+            host,
+            key: &key,
+            generation,
+            armed: true,
+        };
         let result = self
             .attach_admitted(&req, key.clone(), generation, target)
             .await;
-        match &result {
-            Err(_) => host.credit(&key, generation),
-            Ok(a) => {
-                host.metrics()
-                    .attach_seconds
-                    .with_label_values(&[a.launched.as_str()])
-                    .observe(started.elapsed().as_secs_f64());
-            }
+        if let Ok(a) = &result {
+            charge.armed = false;
+            host.metrics()
+                .attach_seconds
+                .with_label_values(&[a.launched.as_str()])
+                .observe(started.elapsed().as_secs_f64());
         }
+        drop(charge);
         result
     }
 
@@ -685,11 +691,8 @@ impl Inner {
             Err(e) => return Err(HostError::from(e).at("lease")),
         };
         let epoch = grant.epoch;
-        failpoints::hit(
-            self.host.config().host_id.as_str(),
-            failpoints::steps::ATTACH_AFTER_LEASE,
-        )
-        .await;
+        // From here on, whatever ends this attach short (a refusal, a panic) gives back what
+        // it took.
         let mut unwind = Unwind {
             store: store.clone(),
             grant: Some(grant.clone()),
@@ -697,6 +700,11 @@ impl Inner {
             registered: false,
             unreleased: Vec::new(),
         };
+        failpoints::hit(
+            self.host.config().host_id.as_str(),
+            failpoints::steps::ATTACH_AFTER_LEASE,
+        )
+        .await;
         let result: Result<Attached, HostError> = async {
             // 4. One fencing write before the runtime is launched; the `attaching`
             // registration goes out alongside it (concurrent writes share one commit on
@@ -849,7 +857,10 @@ impl Inner {
         }
         .await;
         match result {
-            Ok(a) => Ok(a),
+            Ok(a) => {
+                unwind.disarm();
+                Ok(a)
+            }
             Err(e) => {
                 let unreleased = unwind.run().await;
                 if !unreleased.is_empty() {
@@ -900,32 +911,87 @@ struct Unwind {
 }
 
 impl Unwind {
-    /// Undoes in reverse order on a detached task (so a cancelled caller cannot cut it short);
-    /// returns what could not be given back.
+    /// The attach succeeded: nothing is to be given back.
+    fn disarm(&mut self) {
+        self.grant = None;
+        self.runtime = None;
+    }
+
+    /// Undoes in reverse order; returns what could not be given back.
+    async fn undo(&mut self) {
+        if let Some(rt) = self.runtime.take()
+            && let Err(e) = rt.stop().await
+        {
+            self.unreleased.push(format!("runtime: {e}"));
+        }
+        if let Some(g) = self.grant.take() {
+            if self.registered
+                && let Err(e) = self
+                    .store
+                    .tombstone_registration(&g.tenant, &g.session, g.epoch)
+                    .await
+            {
+                self.unreleased.push(format!("registration: {e}"));
+            }
+            if let Err(e) = self.store.release_residency(&g).await {
+                self.unreleased.push(format!("residency lease: {e}"));
+            }
+        }
+    }
+
+    /// Undoes on a detached task (so a cancelled caller cannot cut it short); returns what
+    /// could not be given back.
     async fn run(mut self) -> Vec<String> {
         let handle = tokio::spawn(async move {
-            if let Some(rt) = self.runtime.take()
-                && let Err(e) = rt.stop().await
-            {
-                self.unreleased.push(format!("runtime: {e}"));
-            }
-            if let Some(g) = self.grant.take() {
-                if self.registered
-                    && let Err(e) = self
-                        .store
-                        .tombstone_registration(&g.tenant, &g.session, g.epoch)
-                        .await
-                {
-                    self.unreleased.push(format!("registration: {e}"));
-                }
-                if let Err(e) = self.store.release_residency(&g).await {
-                    self.unreleased.push(format!("residency lease: {e}"));
-                }
-            }
-            self.unreleased
+            self.undo().await;
+            std::mem::take(&mut self.unreleased)
         });
         handle
             .await
             .unwrap_or_else(|e| vec![format!("unwind task: {e}")])
+    }
+}
+
+impl Drop for Unwind {
+    /// An attach that unwinds by a panic (neither succeeded nor failed) still gives back what
+    /// it took: otherwise the heartbeat would renew a residency lease nothing resident uses,
+    /// and the session would be placed nowhere, for ever.
+    fn drop(&mut self) {
+        if self.grant.is_none() && self.runtime.is_none() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let mut rest = Unwind {
+            store: self.store.clone(),
+            grant: self.grant.take(),
+            runtime: self.runtime.take(),
+            registered: self.registered,
+            unreleased: Vec::new(),
+        };
+        runtime.spawn(async move {
+            rest.undo().await;
+            if !rest.unreleased.is_empty() {
+                tracing::error!(unreleased = ?rest.unreleased, "an attach that panicked could not give everything back");
+            }
+        });
+    }
+}
+
+/// An attach's admission charge, returned when the attach does not succeed (refused, or
+/// unwound by a panic).
+struct Charge<'a> {
+    host: &'a Residency,
+    key: &'a SessionKey,
+    generation: u64,
+    armed: bool,
+}
+
+impl Drop for Charge<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.host.credit(self.key, self.generation);
+        }
     }
 }

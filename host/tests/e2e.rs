@@ -1006,6 +1006,45 @@ mod cases {
         svc.stop().await;
     }
 
+    pub async fn an_attach_that_panics_gives_back_its_lease_and_its_charge_and_the_next_attach_serves(
+        ts: &TestStore,
+    ) {
+        // Failpoints are process-wide: each backend's case arms its own Host id.
+        let id = format!("h-panicked-attach-{:?}", ts.backend).to_lowercase();
+        let mut o = options(&id);
+        o.capacity = 1;
+        let (svc, _) = started(ts, o).await;
+        let c = Controller::new(ts);
+        let s = c.session().await;
+        let first = c.admit(&s, input("first")).await;
+        // A defect panics the attach once its residency lease is granted.
+        host::failpoints::arm(
+            &format!("{id}:{}", host::failpoints::steps::ATTACH_AFTER_LEASE),
+            host::failpoints::Action::Panic,
+        );
+        let panicked = svc.attach(c.attach_request(&s)).await;
+        assert!(
+            matches!(&panicked, Err(host::HostError::Internal { .. })),
+            "{panicked:?}"
+        );
+        // This Host's heartbeat renews every lease its generation holds: a lease the panicked
+        // attach kept would pin the session here, resident nowhere, for as long as the Host
+        // lives. It is given back instead.
+        eventually("the lease to be given back", async || {
+            let lease = c.store.residency(&s.tenant, &s.session).await.unwrap();
+            let holder = lease.and_then(|l| l.holder);
+            check(holder.is_none(), || format!("still held by {holder:?}"))
+        })
+        .await;
+        // The admission charge came back too (the Host offers a weight of one), so the next
+        // attach is admitted and serves.
+        let again = c.attach(&svc, &s).await;
+        assert!(again.attached, "{again:?}");
+        assert_eq!(c.terminal(&s, &first).await.outcome, Some(Outcome::Applied));
+        c.check_exactly_once(&s).await;
+        svc.stop().await;
+    }
+
     pub async fn a_warm_release_whose_lease_release_failed_gives_the_lease_back_on_a_retry(
         ts: &TestStore,
     ) {
@@ -1312,6 +1351,7 @@ sessionstore::both_backends!(cases =>
     a_command_arriving_during_a_warm_release_aborts_it,
     an_attach_its_caller_stops_waiting_for_still_ends_and_the_session_serves,
     a_warm_release_whose_lease_release_failed_gives_the_lease_back_on_a_retry,
+    an_attach_that_panics_gives_back_its_lease_and_its_charge_and_the_next_attach_serves,
     a_released_session_leaves_nothing_keyed_by_it_behind,
     an_explicit_restore_with_no_conversation_is_refused_and_only_a_create_creates,
     drain_releases_idle_sessions_abandons_gated_ones_at_once_and_busy_ones_as_failed_steps,
