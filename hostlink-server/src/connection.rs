@@ -25,17 +25,17 @@ use super::transport::{Heartbeat, Outbound, WriterTiming, read_loop, write_loop}
 use crate::backend::{
     ExtensionReply, FeedItem, LinkBackend, LinkCtx, LinkId, Refusal, RunEvents, StreamPublication,
 };
+use hostlink::auth::Grant;
 use hostlink::channel::{parse_session_channel, session_channel};
 use hostlink::codes::{Disconnect, ReplyError};
-use hostlink::auth::Grant;
 use hostlink::frame::{
     Command, ConnectRequest, ConnectResult, HistoryRequest, MAX_COMMANDS_PER_FRAME, PublishRequest,
     Request, RpcRequest, StreamPosition, SubscribeRequest, encode_connect_reply, encode_error,
     encode_publication_push, encode_refresh_reply, encode_reply, encode_rpc_reply,
     encode_unsubscribe_push,
 };
-use hostlink::jwt::unix_now;
 use hostlink::json::ObjectWriter;
+use hostlink::jwt::unix_now;
 use hostlink::records::{
     AttachRequest, BindRequest, ConnectData, Delivery, DrainRequest, HostLinkError,
     SubscribeOptions, UnbindRequest, WIRE_VERSION,
@@ -136,10 +136,12 @@ struct LinkCredential {
 impl LinkCredential {
     fn new(token: String, grant: &Grant) -> LinkCredential {
         let close_at = grant.expires_at.map(|exp| {
-            let left = exp
-                .saturating_add(grant.leeway_secs)
-                .saturating_sub(unix_now());
-            Instant::now() + std::time::Duration::from_secs(left)
+            let end = std::time::UNIX_EPOCH
+                + std::time::Duration::from_secs(exp.saturating_add(grant.leeway_secs));
+            let left = end
+                .duration_since(std::time::SystemTime::now())
+                .unwrap_or_default();
+            Instant::now() + left
         });
         LinkCredential { token, close_at }
     }
@@ -347,13 +349,22 @@ async fn handshake<B: LinkBackend>(
         Ok(grant) => grant,
         Err(refused) if refused.expired() => {
             // Centrifuge's way: the SDK asks its `getToken` for a fresh token and reconnects.
-            tracing::info!(reason = refused.reason().as_str(), "the connection token has expired");
-            let _ = out.try_send(Outbound::Message(encode_error(id, &ReplyError::TOKEN_EXPIRED)));
+            tracing::info!(
+                reason = refused.reason().as_str(),
+                "the connection token has expired"
+            );
+            let _ = out.try_send(Outbound::Message(encode_error(
+                id,
+                &ReplyError::TOKEN_EXPIRED,
+            )));
             closer.close(Disconnect::EXPIRED);
             return None;
         }
         Err(refused) => {
-            tracing::info!(reason = refused.reason().as_str(), "the tenant credential was refused");
+            tracing::info!(
+                reason = refused.reason().as_str(),
+                "the tenant credential was refused"
+            );
             closer.close(Disconnect::AUTHENTICATION_FAILED);
             return None;
         }

@@ -236,7 +236,8 @@ fn parse_jwt_line<'a>(
     mut fields: impl Iterator<Item = &'a str>,
     base: Option<&Path>,
 ) -> Result<JwtVerifier, String> {
-    const USAGE: &str = "expected `<tenant> jwt hs256|rs256|es256|jwks <key-file> [option=value ...]`";
+    const USAGE: &str =
+        "expected `<tenant> jwt hs256|rs256|es256|jwks <key-file> [option=value ...]`";
     let (Some(kind), Some(file)) = (fields.next(), fields.next()) else {
         return Err(USAGE.into());
     };
@@ -639,7 +640,11 @@ mod tests {
         assert!(status.success(), "openssl {args:?}");
     }
 
-    fn signed(alg: jsonwebtoken::Algorithm, key: &jsonwebtoken::EncodingKey, tenant: &str) -> String {
+    fn signed(
+        alg: jsonwebtoken::Algorithm,
+        key: &jsonwebtoken::EncodingKey,
+        tenant: &str,
+    ) -> String {
         let claims = serde_json::json!({
             "sub": "svc", "tenant": tenant, "exp": jwt::unix_now() + 60,
         });
@@ -650,11 +655,43 @@ mod tests {
     fn jwt_lines_beside_opaque_lines_verify_hs256_rs256_and_es256_with_relative_key_files() {
         use jsonwebtoken::{Algorithm, EncodingKey};
         let dir = temp_dir();
-        std::fs::write(dir.join("hs.secret"), "a shared secret of at least 32 bytes!\n").unwrap();
-        openssl(&dir, &["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", "rs.key"]);
-        openssl(&dir, &["pkey", "-in", "rs.key", "-pubout", "-out", "rs.pub"]);
-        openssl(&dir, &["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", "es.key"]);
-        openssl(&dir, &["pkey", "-in", "es.key", "-pubout", "-out", "es.pub"]);
+        std::fs::write(
+            dir.join("hs.secret"),
+            "a shared secret of at least 32 bytes!\n",
+        )
+        .unwrap();
+        openssl(
+            &dir,
+            &[
+                "genpkey",
+                "-algorithm",
+                "RSA",
+                "-pkeyopt",
+                "rsa_keygen_bits:2048",
+                "-out",
+                "rs.key",
+            ],
+        );
+        openssl(
+            &dir,
+            &["pkey", "-in", "rs.key", "-pubout", "-out", "rs.pub"],
+        );
+        openssl(
+            &dir,
+            &[
+                "genpkey",
+                "-algorithm",
+                "EC",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+                "-out",
+                "es.key",
+            ],
+        );
+        openssl(
+            &dir,
+            &["pkey", "-in", "es.key", "-pubout", "-out", "es.pub"],
+        );
         let d = credential_digest_hex("opaque");
         let file = dir.join("credentials");
         std::fs::write(
@@ -670,21 +707,43 @@ mod tests {
         assert!(store.check(&t("old"), "opaque").is_ok());
         let rs = EncodingKey::from_rsa_pem(&std::fs::read(dir.join("rs.key")).unwrap()).unwrap();
         let es = EncodingKey::from_ec_pem(&std::fs::read(dir.join("es.key")).unwrap()).unwrap();
-        let grant = store.check(&t("rs"), &signed(Algorithm::RS256, &rs, "rs")).unwrap();
+        let grant = store
+            .check(&t("rs"), &signed(Algorithm::RS256, &rs, "rs"))
+            .unwrap();
         assert_eq!(grant.principal.as_deref(), Some("svc"));
         assert!(grant.expires_at.is_some());
-        assert!(store.check(&t("es"), &signed(Algorithm::ES256, &es, "es")).is_ok());
+        assert!(
+            store
+                .check(&t("es"), &signed(Algorithm::ES256, &es, "es"))
+                .is_ok()
+        );
         // The RSA key does not act for the EC tenant, nor a token for one tenant for another.
-        let refused = |tenant: &str, token: &str| store.check(&t(tenant), token).unwrap_err().reason();
-        assert_eq!(refused("es", &signed(Algorithm::RS256, &rs, "es")), RefusalReason::AlgorithmNotAllowed);
-        assert_eq!(refused("rs", &signed(Algorithm::RS256, &rs, "es")), RefusalReason::WrongTenant);
+        let refused =
+            |tenant: &str, token: &str| store.check(&t(tenant), token).unwrap_err().reason();
+        assert_eq!(
+            refused("es", &signed(Algorithm::RS256, &rs, "es")),
+            RefusalReason::AlgorithmNotAllowed
+        );
+        assert_eq!(
+            refused("rs", &signed(Algorithm::RS256, &rs, "es")),
+            RefusalReason::WrongTenant
+        );
         // The audience rule applies: the HS256 tenant's tokens must name it.
         let hs = EncodingKey::from_secret(b"a shared secret of at least 32 bytes!");
-        assert_eq!(refused("hs", &signed(Algorithm::HS256, &hs, "hs")), RefusalReason::WrongAudience);
+        assert_eq!(
+            refused("hs", &signed(Algorithm::HS256, &hs, "hs")),
+            RefusalReason::WrongAudience
+        );
         // A JWT for an opaque tenant and an opaque token for a JWT tenant are wrong tokens.
-        assert_eq!(refused("old", &signed(Algorithm::RS256, &rs, "old")), RefusalReason::WrongToken);
+        assert_eq!(
+            refused("old", &signed(Algorithm::RS256, &rs, "old")),
+            RefusalReason::WrongToken
+        );
         assert_eq!(refused("rs", "opaque"), RefusalReason::WrongToken);
-        assert_eq!(refused("nobody", &signed(Algorithm::RS256, &rs, "nobody")), RefusalReason::UnknownTenant);
+        assert_eq!(
+            refused("nobody", &signed(Algorithm::RS256, &rs, "nobody")),
+            RefusalReason::UnknownTenant
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -719,8 +778,12 @@ mod tests {
             assert!(err.contains("entry 2"), "{err} for {line:?}");
         }
         let mut ok = CredentialStore::empty();
-        ok.add_file_text_in("f", "a jwt hs256 long leeway=300 exp=required iss=me", Some(&dir))
-            .unwrap();
+        ok.add_file_text_in(
+            "f",
+            "a jwt hs256 long leeway=300 exp=required iss=me",
+            Some(&dir),
+        )
+        .unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -76,13 +76,23 @@ pub enum Request {
     Connect(ConnectRequest),
     Rpc(RpcRequest),
     Subscribe(SubscribeRequest),
-    Unsubscribe { channel: String },
+    Unsubscribe {
+        channel: String,
+    },
     Publish(PublishRequest),
     /// A fresh connection token (never log it).
-    Refresh { token: String },
-    SubRefresh { channel: String },
-    Presence { channel: String },
-    PresenceStats { channel: String },
+    Refresh {
+        token: String,
+    },
+    SubRefresh {
+        channel: String,
+    },
+    Presence {
+        channel: String,
+    },
+    PresenceStats {
+        channel: String,
+    },
     History(HistoryRequest),
     Send,
 }

@@ -251,10 +251,7 @@ impl fmt::Debug for JwtKeys {
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
     #[error("key file {path}: {error}")]
-    Io {
-        path: String,
-        error: std::io::Error,
-    },
+    Io { path: String, error: std::io::Error },
     #[error("key file {path}: {reason}")]
     Invalid { path: String, reason: String },
 }
@@ -311,8 +308,8 @@ impl JwtKeys {
     /// `alg` names another algorithm, a symmetric key and a repeated `kid` are refused.
     pub fn jwks_file(path: &Path) -> Result<JwtKeys, KeyError> {
         let text = read_key_file(path)?;
-        let set: JwkSet = serde_json::from_slice(&text)
-            .map_err(|e| invalid(path, format!("not a JWKS: {e}")))?;
+        let set: JwkSet =
+            serde_json::from_slice(&text).map_err(|e| invalid(path, format!("not a JWKS: {e}")))?;
         if set.keys.is_empty() {
             return Err(invalid(path, "the JWKS has no keys"));
         }
@@ -344,8 +341,8 @@ impl JwtKeys {
             if kid.is_some() && keys.iter().any(|(k, _, _)| *k == kid) {
                 return Err(invalid(path, format!("key {n}: the kid is repeated")));
             }
-            let key = DecodingKey::from_jwk(jwk)
-                .map_err(|e| invalid(path, format!("key {n}: {e}")))?;
+            let key =
+                DecodingKey::from_jwk(jwk).map_err(|e| invalid(path, format!("key {n}: {e}")))?;
             keys.push((kid, alg, key));
         }
         Ok(JwtKeys::Set(keys))
@@ -394,11 +391,12 @@ pub struct JwtVerifier {
     pub key_file: PathBuf,
 }
 
-/// Whether a token read without verifying has expired at `now` (Unix seconds) with `leeway`.
+/// Whether a token read without verifying has expired at `now` (Unix seconds) with `leeway`:
+/// from `exp` on (RFC 7519: not accepted "on or after" it), leeway added.
 pub fn expired_at(claims: &Claims, now: u64, leeway_secs: u64) -> bool {
     claims
         .exp
-        .is_some_and(|exp| exp.saturating_add(leeway_secs) < now)
+        .is_some_and(|exp| exp.saturating_add(leeway_secs) <= now)
 }
 
 impl JwtVerifier {
@@ -526,7 +524,7 @@ mod tests {
             (json!({"aud": "elsewhere"}), RefusalReason::WrongAudience),
             (json!({"aud": null}), RefusalReason::WrongAudience),
             (json!({"iss": "issuer-b"}), RefusalReason::WrongIssuer),
-            (json!({"exp": NOW - 6}), RefusalReason::Expired),
+            (json!({"exp": NOW - 5}), RefusalReason::Expired),
             (json!({"exp": null}), RefusalReason::MissingExpiry),
             (json!({"nbf": NOW + 6}), RefusalReason::NotYetValid),
             (json!({"iat": NOW + 60}), RefusalReason::NotYetValid),
@@ -542,7 +540,7 @@ mod tests {
         }
         // Within the leeway an expired or early token still passes.
         assert!(
-            v.verify("acme", &with(json!({"exp": NOW - 5, "nbf": NOW + 5})), NOW)
+            v.verify("acme", &with(json!({"exp": NOW - 4, "nbf": NOW + 5})), NOW)
                 .is_ok()
         );
     }
@@ -587,7 +585,11 @@ mod tests {
             ..JwtRules::default()
         });
         let grant = v
-            .verify("acme", &hs_token(json!({"sub": "svc", "tenant": "acme"})), NOW)
+            .verify(
+                "acme",
+                &hs_token(json!({"sub": "svc", "tenant": "acme"})),
+                NOW,
+            )
             .unwrap();
         assert_eq!(grant.expires_at, None);
     }

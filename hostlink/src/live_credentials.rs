@@ -77,7 +77,10 @@ impl LiveCredentials {
             current: RwLock::new(Arc::new(store)),
             seen: Mutex::new(Vec::new()),
             changes: watch::channel(0).0,
-            refusals: RefusalReason::ALL.iter().map(|_| AtomicU64::new(0)).collect(),
+            refusals: RefusalReason::ALL
+                .iter()
+                .map(|_| AtomicU64::new(0))
+                .collect(),
         }
         .with_stamps()
     }
@@ -251,7 +254,10 @@ mod tests {
         let err = live.reload().unwrap_err().to_string();
         assert!(err.contains("entry 1"), "{err}");
         assert!(!changes.has_changed().unwrap());
-        assert!(!live.sources_changed(), "a refused version is not reported again");
+        assert!(
+            !live.sources_changed(),
+            "a refused version is not reported again"
+        );
         assert!(live.verify(&t("acme"), "two").await.is_ok());
 
         let counts = live.refusal_counts();
