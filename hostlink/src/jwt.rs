@@ -81,6 +81,16 @@ pub enum JwtAlgorithm {
 }
 
 impl JwtAlgorithm {
+    /// The algorithm a credential line's kind (or `hostd token mint --alg`) names.
+    pub fn from_kind(kind: &str) -> Option<JwtAlgorithm> {
+        match kind {
+            "hs256" => Some(JwtAlgorithm::Hs256),
+            "rs256" => Some(JwtAlgorithm::Rs256),
+            "es256" => Some(JwtAlgorithm::Es256),
+            _ => None,
+        }
+    }
+
     /// The header's `alg` for it.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -273,19 +283,7 @@ fn invalid(path: &Path, reason: impl Into<String>) -> KeyError {
 impl JwtKeys {
     /// An HS256 secret: the file's bytes, less one trailing newline (`\n` or `\r\n`).
     pub fn hs256_file(path: &Path) -> Result<JwtKeys, KeyError> {
-        let mut secret = read_key_file(path)?;
-        if secret.ends_with(b"\n") {
-            secret.pop();
-            if secret.ends_with(b"\r") {
-                secret.pop();
-            }
-        }
-        if secret.len() < MIN_HS256_SECRET_BYTES {
-            return Err(invalid(
-                path,
-                format!("an HS256 secret needs at least {MIN_HS256_SECRET_BYTES} bytes"),
-            ));
-        }
+        let secret = read_secret(path)?;
         Ok(JwtKeys::Single(
             JwtAlgorithm::Hs256,
             DecodingKey::from_secret(&secret),
@@ -379,6 +377,83 @@ impl JwtKeys {
                 }
             }
         }
+    }
+}
+
+/// Reads an HS256 secret file: its bytes, less one trailing newline, at least
+/// [`MIN_HS256_SECRET_BYTES`].
+fn read_secret(path: &Path) -> Result<Vec<u8>, KeyError> {
+    let mut secret = read_key_file(path)?;
+    if secret.ends_with(b"\n") {
+        secret.pop();
+        if secret.ends_with(b"\r") {
+            secret.pop();
+        }
+    }
+    if secret.len() < MIN_HS256_SECRET_BYTES {
+        return Err(invalid(
+            path,
+            format!("an HS256 secret needs at least {MIN_HS256_SECRET_BYTES} bytes"),
+        ));
+    }
+    Ok(secret)
+}
+
+/// A key to sign tokens with (for operators and tests: a Host only verifies).
+pub struct SigningKey {
+    alg: JwtAlgorithm,
+    key: jsonwebtoken::EncodingKey,
+    kid: Option<String>,
+}
+
+impl SigningKey {
+    /// The HS256 secret file, or the PEM private key (PKCS#8; RS256 also PKCS#1) for RS256 or
+    /// ES256; `kid` is put in each token's header (to pick a key of a JWKS).
+    pub fn from_file(
+        alg: JwtAlgorithm,
+        path: &Path,
+        kid: Option<String>,
+    ) -> Result<SigningKey, KeyError> {
+        let key = match alg {
+            JwtAlgorithm::Hs256 => jsonwebtoken::EncodingKey::from_secret(&read_secret(path)?),
+            JwtAlgorithm::Rs256 => {
+                jsonwebtoken::EncodingKey::from_rsa_pem(&read_key_file(path)?)
+                    .map_err(|e| invalid(path, format!("not an RSA private key: {e}")))?
+            }
+            JwtAlgorithm::Es256 => jsonwebtoken::EncodingKey::from_ec_pem(&read_key_file(path)?)
+                .map_err(|e| invalid(path, format!("not a P-256 private key: {e}")))?,
+        };
+        Ok(SigningKey { alg, key, kid })
+    }
+
+    /// A token for `tenant` and `subject`, issued now and expiring after `ttl_secs`, with the
+    /// audience and issuer when given.
+    pub fn mint(
+        &self,
+        tenant: &str,
+        subject: &str,
+        ttl_secs: u64,
+        audience: Option<&str>,
+        issuer: Option<&str>,
+    ) -> Result<String, KeyError> {
+        let now = unix_now();
+        let mut claims = serde_json::Map::new();
+        claims.insert("sub".into(), subject.into());
+        claims.insert(TENANT_CLAIM.into(), tenant.into());
+        claims.insert("iat".into(), now.into());
+        claims.insert("exp".into(), now.saturating_add(ttl_secs).into());
+        if let Some(aud) = audience {
+            claims.insert("aud".into(), aud.into());
+        }
+        if let Some(iss) = issuer {
+            claims.insert("iss".into(), iss.into());
+        }
+        let mut header = jsonwebtoken::Header::new(self.alg.library());
+        header.kid = self.kid.clone();
+        jsonwebtoken::encode(&header, &claims, &self.key).map_err(|e| KeyError::Invalid {
+            path: "the signing key".into(),
+            reason: e.to_string(),
+        })
     }
 }
 

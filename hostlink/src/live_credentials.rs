@@ -17,6 +17,10 @@ use tokio::sync::watch;
 use crate::auth::{AuthRefused, AuthVerifier, CredentialError, CredentialStore, Grant};
 use crate::jwt::RefusalReason;
 
+/// How often a Host looks at its credential sources for a change: well within the 2 s in
+/// which a removed or replaced credential's links must close.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
+
 /// What the sources held when last read: each file's path and the SHA-256 of its bytes
 /// (`None`: it could not be read).
 type Stamps = Vec<(PathBuf, Option<[u8; 32]>)>;
