@@ -747,6 +747,116 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// The output of `openssl args...` run in `dir`.
+    fn openssl_text(dir: &Path, args: &[&str]) -> String {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl runs");
+        assert!(out.status.success(), "openssl {args:?}");
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    #[test]
+    fn a_jwks_line_picks_the_key_by_kid_and_refuses_an_unknown_or_missing_kid() {
+        use jsonwebtoken::{Algorithm, EncodingKey, Header};
+        let dir = temp_dir();
+        openssl(
+            &dir,
+            &[
+                "genpkey",
+                "-algorithm",
+                "RSA",
+                "-pkeyopt",
+                "rsa_keygen_bits:2048",
+                "-out",
+                "rs.key",
+            ],
+        );
+        openssl(
+            &dir,
+            &[
+                "genpkey",
+                "-algorithm",
+                "EC",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+                "-out",
+                "es.key",
+            ],
+        );
+        // The public keys as JWKs: the RSA modulus, and the EC point's coordinates.
+        let modulus = openssl_text(&dir, &["rsa", "-in", "rs.key", "-noout", "-modulus"]);
+        let n = hex::decode(modulus.trim().trim_start_matches("Modulus=")).unwrap();
+        let text = openssl_text(&dir, &["ec", "-in", "es.key", "-noout", "-text"]);
+        let point: String = text
+            .split("pub:")
+            .nth(1)
+            .unwrap()
+            .split("ASN1")
+            .next()
+            .unwrap()
+            .chars()
+            .filter(|c| c.is_ascii_hexdigit())
+            .collect();
+        let point = hex::decode(point).unwrap();
+        assert_eq!((point.len(), point[0]), (65, 4));
+        let jwks = serde_json::json!({"keys": [
+            {"kty": "RSA", "kid": "r1", "alg": "RS256", "use": "sig",
+             "n": URL_SAFE_NO_PAD.encode(&n), "e": "AQAB"},
+            {"kty": "EC", "kid": "e1", "crv": "P-256",
+             "x": URL_SAFE_NO_PAD.encode(&point[1..33]), "y": URL_SAFE_NO_PAD.encode(&point[33..])},
+        ]});
+        std::fs::write(dir.join("keys.jwks"), jwks.to_string()).unwrap();
+        let file = dir.join("credentials");
+        std::fs::write(&file, "acme jwt jwks keys.jwks\n").unwrap();
+        let store = CredentialStore::load(Some(&file), None).unwrap();
+        let rs = EncodingKey::from_rsa_pem(&std::fs::read(dir.join("rs.key")).unwrap()).unwrap();
+        let es = EncodingKey::from_ec_pem(&std::fs::read(dir.join("es.key")).unwrap()).unwrap();
+        let claims =
+            serde_json::json!({"sub": "svc", "tenant": "acme", "exp": jwt::unix_now() + 60});
+        let sign = |alg, kid: Option<&str>, key: &EncodingKey| {
+            let mut header = Header::new(alg);
+            header.kid = kid.map(str::to_owned);
+            jsonwebtoken::encode(&header, &claims, key).unwrap()
+        };
+        let check = |token: String| store.check(&t("acme"), &token).map_err(|e| e.reason());
+        assert!(check(sign(Algorithm::RS256, Some("r1"), &rs)).is_ok());
+        assert!(check(sign(Algorithm::ES256, Some("e1"), &es)).is_ok());
+        assert_eq!(
+            check(sign(Algorithm::RS256, Some("r9"), &rs)),
+            Err(RefusalReason::UnknownKey)
+        );
+        assert_eq!(
+            check(sign(Algorithm::RS256, None, &rs)),
+            Err(RefusalReason::UnknownKey)
+        );
+        assert_eq!(
+            check(sign(Algorithm::RS256, Some("e1"), &rs)),
+            Err(RefusalReason::AlgorithmNotAllowed)
+        );
+        assert_eq!(
+            check(sign(Algorithm::ES256, Some("r1"), &es)),
+            Err(RefusalReason::AlgorithmNotAllowed)
+        );
+        // A symmetric key in a JWKS is refused with the line.
+        std::fs::write(
+            dir.join("oct.jwks"),
+            r#"{"keys":[{"kty":"oct","k":"c2VjcmV0"}]}"#,
+        )
+        .unwrap();
+        let err = CredentialStore::empty()
+            .add_file_text_in("f", "acme jwt jwks oct.jwks", Some(&dir))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("entry 1") && err.contains("RSA and P-256"),
+            "{err}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn a_jwt_line_that_cannot_be_used_is_refused_with_its_line_number() {
         let dir = temp_dir();
@@ -754,6 +864,7 @@ mod tests {
         std::fs::write(dir.join("long"), "x".repeat(40)).unwrap();
         std::fs::write(dir.join("not.pem"), "garbage").unwrap();
         std::fs::write(dir.join("empty.jwks"), r#"{"keys":[]}"#).unwrap();
+        std::fs::write(dir.join("huge"), vec![b'x'; 1024 * 1024 + 1]).unwrap();
         let cases = [
             "a jwt hs256 missing-file",
             "a jwt hs256 short",
@@ -761,6 +872,7 @@ mod tests {
             "a jwt es256 not.pem",
             "a jwt jwks empty.jwks",
             "a jwt jwks not.pem",
+            "a jwt hs256 huge",
             "a jwt hs512 long",
             "a jwt hs256",
             "a jwt hs256 long aud",

@@ -266,11 +266,27 @@ pub enum KeyError {
     Invalid { path: String, reason: String },
 }
 
+/// The largest key file read (a JWKS of many keys fits; a device or a wrong path does not).
+pub const MAX_KEY_FILE_BYTES: u64 = 1024 * 1024;
+
 fn read_key_file(path: &Path) -> Result<Vec<u8>, KeyError> {
-    std::fs::read(path).map_err(|error| KeyError::Io {
+    use std::io::Read;
+    let io = |error| KeyError::Io {
         path: path.display().to_string(),
         error,
-    })
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    let mut bytes = Vec::new();
+    file.take(MAX_KEY_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(io)?;
+    if bytes.len() as u64 > MAX_KEY_FILE_BYTES {
+        return Err(invalid(
+            path,
+            format!("larger than {MAX_KEY_FILE_BYTES} bytes"),
+        ));
+    }
+    Ok(bytes)
 }
 
 fn invalid(path: &Path, reason: impl Into<String>) -> KeyError {
