@@ -253,6 +253,8 @@ async fn run_link_inner<B: LinkBackend>(
     );
 
     let wake = Arc::new(Notify::new());
+    // Taken before the credential is checked: a change after that check is seen by the link.
+    let mut changes = backend.auth().changes();
     let first = tokio::select! {
         biased;
         _ = closer.closed() => None,
@@ -288,11 +290,6 @@ async fn run_link_inner<B: LinkBackend>(
     };
 
     if let Some((ctx, capability_tokens, credential)) = connected {
-        let mut changes = backend.auth().changes();
-        if let Some(rx) = changes.as_mut() {
-            // Only changes after this link's check count.
-            rx.mark_unchanged();
-        }
         let mut link = Link {
             core: core.clone(),
             backend,

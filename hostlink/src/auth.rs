@@ -31,6 +31,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use base64::Engine;
@@ -488,6 +489,21 @@ impl CredentialStore {
 impl AuthVerifier for CredentialStore {
     async fn verify(&self, tenant: &TenantId, token: &str) -> Result<Grant, AuthRefused> {
         self.check(tenant, token)
+    }
+}
+
+#[async_trait]
+impl<T: AuthVerifier + ?Sized> AuthVerifier for Arc<T> {
+    async fn verify(&self, tenant: &TenantId, token: &str) -> Result<Grant, AuthRefused> {
+        (**self).verify(tenant, token).await
+    }
+
+    fn changes(&self) -> Option<watch::Receiver<u64>> {
+        (**self).changes()
+    }
+
+    fn refusal_counts(&self) -> Vec<(RefusalReason, u64)> {
+        (**self).refusal_counts()
     }
 }
 

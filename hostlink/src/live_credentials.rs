@@ -211,21 +211,6 @@ impl AuthVerifier for LiveCredentials {
     }
 }
 
-#[async_trait]
-impl<T: AuthVerifier + ?Sized> AuthVerifier for Arc<T> {
-    async fn verify(&self, tenant: &TenantId, token: &str) -> Result<Grant, AuthRefused> {
-        (**self).verify(tenant, token).await
-    }
-
-    fn changes(&self) -> Option<watch::Receiver<u64>> {
-        (**self).changes()
-    }
-
-    fn refusal_counts(&self) -> Vec<(RefusalReason, u64)> {
-        (**self).refusal_counts()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

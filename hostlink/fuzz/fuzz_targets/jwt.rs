@@ -32,5 +32,9 @@ fuzz_target!(|data: &[u8]| {
     store
         .add_jwt(TenantId::new("acme").unwrap(), verifier)
         .unwrap();
-    assert!(store.check_at(&TenantId::new("acme").unwrap(), token, 1_800_000_000).is_err());
+    assert!(
+        store
+            .check_at(&TenantId::new("acme").unwrap(), token, 1_800_000_000)
+            .is_err()
+    );
 });
