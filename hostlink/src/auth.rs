@@ -232,8 +232,10 @@ fn parse_jwt_rules<'a>(options: impl Iterator<Item = &'a str>) -> Result<JwtRule
     Ok(rules)
 }
 
-/// A `jwt` line's credential: `<kind> <key-file> [option=value ...]` after `jwt`.
-fn parse_jwt_line<'a>(
+/// A `jwt` line's credential: `<kind> <key-file> [option=value ...]` after `jwt` (the format
+/// in the module documentation; also the console's operator lines), a relative key file read
+/// from `base`.
+pub fn parse_jwt_line<'a>(
     mut fields: impl Iterator<Item = &'a str>,
     base: Option<&Path>,
 ) -> Result<JwtVerifier, String> {

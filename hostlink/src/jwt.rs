@@ -494,6 +494,21 @@ impl JwtVerifier {
     /// Checks `token` for `tenant` at `now` (Unix seconds), in the order of the module
     /// documentation.
     pub fn verify(&self, tenant: &str, token: &str, now: u64) -> Result<JwtGrant, RefusalReason> {
+        self.verify_for(Some(tenant), token, now)
+    }
+
+    /// The same checks for a token that acts for no tenant (an operator's): its tenant claim
+    /// must be absent, so no tenant's token passes here.
+    pub fn verify_untenanted(&self, token: &str, now: u64) -> Result<JwtGrant, RefusalReason> {
+        self.verify_for(None, token, now)
+    }
+
+    fn verify_for(
+        &self,
+        tenant: Option<&str>,
+        token: &str,
+        now: u64,
+    ) -> Result<JwtGrant, RefusalReason> {
         let read = decode_unverified(token).map_err(|_| RefusalReason::Malformed)?;
         let rules = &self.rules;
         if expired_at(&read.claims, now, rules.leeway_secs) {
@@ -513,7 +528,7 @@ impl JwtVerifier {
             Some(s) if !s.is_empty() => s,
             _ => return Err(RefusalReason::MissingSubject),
         };
-        if claims.tenant.as_deref() != Some(tenant) {
+        if claims.tenant.as_deref() != tenant {
             return Err(RefusalReason::WrongTenant);
         }
         if claims.exp.is_none() && rules.require_expiry {
