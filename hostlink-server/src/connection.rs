@@ -1,6 +1,8 @@
 //! One link from accept to close: the connect handshake, then every command in order. Owns
 //! the fixed check order of each method (decode → foreign tenant → link bounds and bindings
-//! → backend), the link's bindings and subscriptions, and its replies. Never answers a
+//! → backend), the link's bindings and subscriptions, its replies, and its credential: the
+//! deadline an expiring token sets (3005 if no `refresh` moves it), `refresh`, and the check
+//! again whenever the credentials change (4502 when the token no longer passes). Never answers a
 //! foreign tenant differently from an unknown session, never dispatches a capability token,
 //! and never lets a backend call see a tenant other than the link's.
 
