@@ -18,6 +18,7 @@ mod runnable;
 mod serve;
 mod session;
 mod signals;
+mod token;
 mod wait;
 
 use std::process::ExitCode;
@@ -84,6 +85,8 @@ enum Command {
     Controller(hosts::ControllerArgs),
     /// Wait until a Host is ready to take sessions (for scripts that just started one).
     Wait(wait::WaitArgs),
+    /// JWT connection tokens: `hostd token mint`, `hostd token inspect`.
+    Token(token::TokenArgs),
     /// Print a shell completion script: `hostd completions bash > /etc/bash_completion.d/hostd`.
     Completions {
         /// The shell.
@@ -186,6 +189,7 @@ pub fn main() -> ExitCode {
             Command::Hosts(args) => hosts::hosts(args, out).await,
             Command::Controller(args) => hosts::controller(args, out).await,
             Command::Wait(args) => wait::run(args, out).await,
+            Command::Token(args) => token::run(args, out).await,
             Command::Completions { shell } => {
                 out.partial(&String::from_utf8_lossy(&completions(shell)))?;
                 Ok(ExitCode::SUCCESS)
@@ -346,7 +350,7 @@ mod tests {
     fn every_flag_and_argument_of_serve_session_run_and_wait_has_help() {
         let cmd = Cli::command();
         let mut missing = Vec::new();
-        for name in ["serve", "session", "run", "wait", "completions"] {
+        for name in ["serve", "session", "run", "wait", "completions", "token"] {
             let sub = cmd.find_subcommand(name).expect("the subcommand exists");
             undocumented(sub, &format!("hostd {name}"), &mut missing);
         }

@@ -12,14 +12,16 @@ use department::RuntimeProfile;
 use harness::model::OpenAiConfig;
 use host::Composition;
 use host::Host;
-use hostlink::auth::CredentialStore;
+use std::sync::Arc;
+
+use hostlink::live_credentials::{LiveCredentials, POLL_INTERVAL};
 use sessionstore::{StoreLocation, StoreOptions, Synchronous};
 
 use crate::agents::DefaultDepartment;
 use crate::config::{ServeFlags, SyncMode, load};
 use crate::local::{DEFAULT_DATA_DIR, DataDir, LOCAL_TENANT, Runtime, redacted};
 use crate::output::Output;
-use crate::signals::StopSignals;
+use crate::signals::{Hangups, StopSignals};
 
 /// Run a Host: HostLink, /readyz, /healthz and /metrics on one listener.
 #[derive(Debug, Args)]
@@ -119,9 +121,14 @@ pub async fn run(args: ServeArgs, matches: Option<&ArgMatches>, out: Output) -> 
         );
     }
     let env_creds = std::env::var("HOST_TENANT_CREDENTIALS").ok();
-    let file = creds_path.exists().then_some(creds_path.as_path());
-    let creds = CredentialStore::load(file, env_creds.as_deref())
-        .with_context(|| format!("loading tenant credentials from {}", creds_path.display()))?;
+    let file = creds_path.exists().then(|| creds_path.clone());
+    // Read again when a file changes (polled) or on SIGHUP; a version that does not load is
+    // refused and the one in force stays.
+    let live =
+        Arc::new(LiveCredentials::load(file, env_creds).with_context(|| {
+            format!("loading tenant credentials from {}", creds_path.display())
+        })?);
+    let creds = live.current();
     if creds.is_empty() {
         bail!(
             "no tenant credentials: give --credentials-file (lines `tenant sha256hex`) or HOST_TENANT_CREDENTIALS (`tenant=sha256hex,...`)"
@@ -245,8 +252,10 @@ pub async fn run(args: ServeArgs, matches: Option<&ArgMatches>, out: Output) -> 
     } else {
         axum::Router::new()
     };
+    tokio::spawn(live.clone().follow(POLL_INTERVAL));
+    tokio::spawn(reload_on_hangup(live.clone(), Hangups::listen()?));
     let mut builder = Host::builder(service.clone())
-        .auth(Box::new(creds))
+        .auth(Box::new(live))
         .link(link)
         .listener_bounds(bounds)
         .routes(console_routes);
@@ -340,6 +349,13 @@ fn exit_after_drain(report: &host::DrainReport) -> ExitCode {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
+    }
+}
+
+/// Reloads the tenant credentials at each SIGHUP.
+async fn reload_on_hangup(live: Arc<LiveCredentials>, mut hangups: Hangups) {
+    while hangups.next().await {
+        live.reload_and_log("SIGHUP");
     }
 }
 

@@ -276,6 +276,7 @@ async fn authenticate(
             .with_context(|| format!("reading the credentials in {}", path.display()))?;
         return creds
             .check(tenant, token)
+            .map(|_| ())
             .map_err(|_| refused_token(tenant));
     }
     let now = store.now_ms().await?;

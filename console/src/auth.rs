@@ -11,8 +11,17 @@
 //! `operate` (also answers gates, acts on runs and drains this Host); `<sha256hex>` is the
 //! 64-digit hex SHA-256 of the token's UTF-8 bytes. A name listed twice, a digest listed twice
 //! or a line that does not parse is refused with its line number.
+//!
+//! In place of the digest a line may say `jwt <kind> <key-file> [option=value ...]`, as a
+//! tenant's line does (`hostlink::auth`): the operator then presents a JWT connection token
+//! whose `sub` is the operator's name and which carries **no** tenant claim (so no tenant's
+//! token opens the console, even one signed with the same key). A relative key file is read
+//! from the credential file's folder.
 
 use std::path::Path;
+
+use hostlink::auth::parse_jwt_line;
+use hostlink::jwt::{JwtVerifier, looks_like_jwt, unix_now};
 
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -76,7 +85,12 @@ impl CredentialFileError {
 
 struct Entry {
     operator: Operator,
-    digest: [u8; 32],
+    credential: Credential,
+}
+
+enum Credential {
+    Digest([u8; 32]),
+    Jwt(Box<JwtVerifier>),
 }
 
 /// The operators allowed in, by digest.
@@ -107,11 +121,21 @@ impl Operators {
             path: name.clone(),
             source,
         })?;
-        Operators::parse(&name, &text)
+        Operators::parse_in(&name, &text, path.parent())
     }
 
-    /// Parses credential file text (`path` names it in refusals).
+    /// Parses credential file text (`path` names it in refusals); a relative key file is read
+    /// from the working folder.
     pub fn parse(path: &str, text: &str) -> Result<Operators, CredentialFileError> {
+        Operators::parse_in(path, text, None)
+    }
+
+    /// Parses credential file text, reading relative key files from `base`.
+    pub fn parse_in(
+        path: &str,
+        text: &str,
+        base: Option<&Path>,
+    ) -> Result<Operators, CredentialFileError> {
         let mut entries: Vec<Entry> = Vec::new();
         for (i, raw) in text.lines().enumerate() {
             let line = raw.trim();
@@ -124,8 +148,9 @@ impl Operators {
                 reason: reason.to_owned(),
             };
             let parts: Vec<&str> = line.split_whitespace().collect();
-            let [name, role, digest] = parts[..] else {
-                return Err(bad("expected `<name> <role> <sha256hex>`"));
+            let (name, role, rest) = match parts[..] {
+                [name, role, ref rest @ ..] if !rest.is_empty() => (name, role, rest),
+                _ => return Err(bad("expected `<name> <role> <sha256hex>`")),
             };
             if !valid_name(name) {
                 return Err(bad(
@@ -134,22 +159,38 @@ impl Operators {
             }
             let role =
                 Role::from_wire(role).map_err(|_| bad("the role must be read or operate"))?;
-            let bytes = hex::decode(digest)
-                .ok()
-                .and_then(|b| <[u8; 32]>::try_from(b).ok())
-                .ok_or_else(|| bad("the digest must be 64 hex digits (SHA-256)"))?;
+            let credential = match rest {
+                ["jwt", fields @ ..] => Credential::Jwt(Box::new(
+                    parse_jwt_line(fields.iter().copied(), base).map_err(|r| bad(&r))?,
+                )),
+                [digest] => {
+                    let bytes = hex::decode(digest)
+                        .ok()
+                        .and_then(|b| <[u8; 32]>::try_from(b).ok())
+                        .ok_or_else(|| bad("the digest must be 64 hex digits (SHA-256)"))?;
+                    if entries
+                        .iter()
+                        .any(|e| matches!(e.credential, Credential::Digest(d) if d == bytes))
+                    {
+                        return Err(bad("this digest is already listed"));
+                    }
+                    Credential::Digest(bytes)
+                }
+                _ => {
+                    return Err(bad(
+                        "expected `<name> <role> <sha256hex>` or `<name> <role> jwt <kind> <key-file> ...`",
+                    ));
+                }
+            };
             if entries.iter().any(|e| e.operator.name == name) {
                 return Err(bad("this name is already listed"));
-            }
-            if entries.iter().any(|e| e.digest == bytes) {
-                return Err(bad("this digest is already listed"));
             }
             entries.push(Entry {
                 operator: Operator {
                     name: name.to_owned(),
                     role,
                 },
-                digest: bytes,
+                credential,
             });
         }
         if entries.is_empty() {
@@ -160,12 +201,23 @@ impl Operators {
         Ok(Operators { entries })
     }
 
-    /// The operator `token` belongs to. Every entry is compared, in constant time.
+    /// The operator `token` belongs to. Every digest entry is compared, in constant time; a
+    /// JWT is checked against the entries with a key, and must name the operator as `sub`.
     pub fn check(&self, token: &str) -> Option<Operator> {
         let presented: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        let jwt = looks_like_jwt(token);
+        let now = unix_now();
         let mut found = None;
         for e in &self.entries {
-            if bool::from(presented.ct_eq(&e.digest)) {
+            let matched = match &e.credential {
+                Credential::Digest(d) => bool::from(presented.ct_eq(d)),
+                Credential::Jwt(v) => {
+                    jwt && v
+                        .verify_untenanted(token, now)
+                        .is_ok_and(|grant| grant.subject == e.operator.name)
+                }
+            };
+            if matched {
                 found = Some(e.operator.clone());
             }
         }
@@ -181,6 +233,55 @@ pub fn credential_line(name: &str, role: Role, digest_hex: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_operator_line_may_take_jwts_naming_the_operator_and_no_tenant() {
+        use hostlink::jwt::{JwtAlgorithm, SigningKey};
+        let dir = std::env::temp_dir().join(format!("console-jwt-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let secret = dir.join("ops.secret");
+        std::fs::write(&secret, "the operators' shared secret, long enough").unwrap();
+        let text = format!(
+            "carol operate jwt hs256 ops.secret aud=console\ndave read {}\n",
+            digest("d-token")
+        );
+        let ops = Operators::parse_in("f", &text, Some(&dir)).unwrap();
+        let key = SigningKey::from_file(JwtAlgorithm::Hs256, &secret, None).unwrap();
+        // A tenant's token (it carries a tenant claim) opens nothing, even signed right.
+        let tenant_token = key
+            .mint("acme", "carol", 60, Some("console"), None)
+            .unwrap();
+        assert_eq!(ops.check(&tenant_token), None);
+        assert_eq!(
+            ops.check("d-token").map(|o| o.name),
+            Some("dave".to_owned())
+        );
+        let signed = |sub: &str, aud: &str| {
+            let claims = serde_json::json!({"sub": sub, "aud": aud, "exp": unix_now() + 60});
+            jsonwebtoken::encode(
+                &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+                &claims,
+                &jsonwebtoken::EncodingKey::from_secret(
+                    b"the operators' shared secret, long enough",
+                ),
+            )
+            .unwrap()
+        };
+        let carol = ops.check(&signed("carol", "console")).unwrap();
+        assert_eq!((carol.name.as_str(), carol.role), ("carol", Role::Operate));
+        assert_eq!(
+            ops.check(&signed("dave", "console")),
+            None,
+            "sub must be the line's name"
+        );
+        assert_eq!(
+            ops.check(&signed("carol", "elsewhere")),
+            None,
+            "the audience is checked"
+        );
+        assert!(Operators::parse_in("f", "erin read jwt hs256 missing", Some(&dir)).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     fn digest(token: &str) -> String {
         hex::encode(Sha256::digest(token.as_bytes()))

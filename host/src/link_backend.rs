@@ -256,7 +256,12 @@ impl LinkBackend for HostBackend {
                 AttachMode::Create => LaunchMode::Create,
                 AttachMode::Restore => LaunchMode::Restore,
             },
-            actor: Some(req.actor_id.as_str().to_owned()),
+            // The principal a JWT names is the actor; an opaque token's link says its own.
+            actor: Some(
+                link.principal
+                    .clone()
+                    .unwrap_or_else(|| req.actor_id.as_str().to_owned()),
+            ),
             trace: req.trace_id.map(|t| t.as_str().to_owned()),
         };
         // `Service::attach` finishes (or unwinds) on its own task even if the link goes away.

@@ -28,6 +28,7 @@ pub const MEMORY_BUDGET: &str = "host_memory_budget_bytes";
 pub const STORE_STATEMENTS: &str = "host_store_statements_total";
 pub const STORE_TRANSACTIONS: &str = "host_store_transactions_total";
 pub const STORE_WRITES: &str = "host_store_writes_total";
+pub const LINK_CREDENTIAL_REFUSALS: &str = "host_link_credential_refusals_total";
 
 /// The residency states `host_sessions` is labelled with.
 pub const SESSION_STATES: [&str; 3] = ["attaching", "resident", "releasing"];
@@ -408,6 +409,46 @@ impl Metrics {
     /// The content type of [`Metrics::render`].
     pub fn content_type(&self) -> String {
         TextEncoder::new().format_type().to_owned()
+    }
+}
+
+/// `host_link_credential_refusals_total{reason}`: the credentials' own refusal counts, read
+/// at each scrape (the credentials own the counting; this only exports it).
+#[derive(Clone)]
+pub struct CredentialRefusals {
+    source: Arc<dyn hostlink::auth::AuthVerifier>,
+    counter: IntCounterVec,
+}
+
+impl CredentialRefusals {
+    pub fn new(
+        source: Arc<dyn hostlink::auth::AuthVerifier>,
+    ) -> Result<CredentialRefusals, MetricsError> {
+        let counter = m(IntCounterVec::new(
+            Opts::new(
+                LINK_CREDENTIAL_REFUSALS,
+                "Link credentials refused (at connect, refresh or a reload), by the check that failed.",
+            ),
+            &["reason"],
+        ))?;
+        Ok(CredentialRefusals { source, counter })
+    }
+}
+
+impl Collector for CredentialRefusals {
+    fn desc(&self) -> Vec<&Desc> {
+        self.counter.desc()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        for (reason, total) in self.source.refusal_counts() {
+            let series = self.counter.with_label_values(&[reason.as_str()]);
+            let shown = series.get();
+            if total > shown {
+                series.inc_by(total - shown);
+            }
+        }
+        self.counter.collect()
     }
 }
 

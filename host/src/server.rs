@@ -228,8 +228,16 @@ impl HostBuilder {
         for e in &extensions {
             e.boot();
         }
-        let backend =
-            Arc::new(HostBackend::new(service.clone(), auth).with_extensions(extensions.clone()));
+        let auth: Arc<dyn AuthVerifier> = Arc::from(auth);
+        // A service served a second time keeps the series of its first server.
+        if let Err(e) = crate::metrics::CredentialRefusals::new(auth.clone())
+            .and_then(|series| service.metrics().register(series))
+        {
+            tracing::debug!(error = %e, "credential refusals are not exported by this server");
+        }
+        let backend = Arc::new(
+            HostBackend::new(service.clone(), Box::new(auth)).with_extensions(extensions.clone()),
+        );
         let (hostlink, links) = hostlink_router(backend, link);
         let app = Router::new()
             .route("/readyz", get(readyz))

@@ -1087,6 +1087,7 @@ mod cases {
             "host_store_statements_total",
             "host_store_transactions_total",
             "host_store_writes_total",
+            "host_link_credential_refusals_total",
         ];
         let families: Vec<&str> = body
             .lines()

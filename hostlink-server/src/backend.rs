@@ -54,6 +54,9 @@ impl fmt::Debug for LinkId {
 pub struct LinkCtx {
     pub link: LinkId,
     pub tenant: TenantId,
+    /// The principal the link's credential names (a JWT's `sub`): the actor of what the link
+    /// does. `None` for an opaque token.
+    pub principal: Option<String>,
     /// The connect command's `name` and `version` (the client's own words; informative only).
     pub client_name: Option<String>,
     pub client_version: Option<String>,

@@ -1,6 +1,8 @@
 //! One link from accept to close: the connect handshake, then every command in order. Owns
 //! the fixed check order of each method (decode → foreign tenant → link bounds and bindings
-//! → backend), the link's bindings and subscriptions, and its replies. Never answers a
+//! → backend), the link's bindings and subscriptions, its replies, and its credential: the
+//! deadline an expiring token sets (3005 if no `refresh` moves it), `refresh`, and the check
+//! again whenever the credentials change (4502 when the token no longer passes). Never answers a
 //! foreign tenant differently from an unknown session, never dispatches a capability token,
 //! and never lets a backend call see a tenant other than the link's.
 
@@ -11,8 +13,8 @@ use axum::extract::ws::WebSocket;
 use futures::StreamExt;
 use serde_json::value::RawValue;
 use sessionstore::{RunId, SessionId, TenantId};
-use tokio::sync::{Notify, broadcast, mpsc};
-use tokio::time::timeout;
+use tokio::sync::{Notify, broadcast, mpsc, watch};
+use tokio::time::{Instant, sleep_until, timeout};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::task_tracker::TaskTrackerToken;
 use tracing::Instrument;
@@ -25,14 +27,17 @@ use super::transport::{Heartbeat, Outbound, WriterTiming, read_loop, write_loop}
 use crate::backend::{
     ExtensionReply, FeedItem, LinkBackend, LinkCtx, LinkId, Refusal, RunEvents, StreamPublication,
 };
+use hostlink::auth::Grant;
 use hostlink::channel::{parse_session_channel, session_channel};
 use hostlink::codes::{Disconnect, ReplyError};
 use hostlink::frame::{
     Command, ConnectRequest, ConnectResult, HistoryRequest, MAX_COMMANDS_PER_FRAME, PublishRequest,
     Request, RpcRequest, StreamPosition, SubscribeRequest, encode_connect_reply, encode_error,
-    encode_publication_push, encode_reply, encode_rpc_reply, encode_unsubscribe_push,
+    encode_publication_push, encode_refresh_reply, encode_reply, encode_rpc_reply,
+    encode_unsubscribe_push,
 };
 use hostlink::json::ObjectWriter;
+use hostlink::jwt::unix_now;
 use hostlink::records::{
     AttachRequest, BindRequest, ConnectData, Delivery, DrainRequest, HostLinkError,
     SubscribeOptions, UnbindRequest, WIRE_VERSION,
@@ -122,6 +127,55 @@ fn subscribe_refusal(e: &HostLinkError) -> ReplyError {
     error
 }
 
+/// The credential a link holds: the token it last presented (kept only to verify it again
+/// when the credentials change; never logged) and when the link must have refreshed it.
+struct LinkCredential {
+    token: String,
+    /// `exp` plus the leeway, as an instant; `None`: the token never expires.
+    close_at: Option<Instant>,
+}
+
+impl LinkCredential {
+    fn new(token: String, grant: &Grant) -> LinkCredential {
+        let close_at = grant.expires_at.map(|exp| {
+            let end = std::time::UNIX_EPOCH
+                + std::time::Duration::from_secs(exp.saturating_add(grant.leeway_secs));
+            let left = end
+                .duration_since(std::time::SystemTime::now())
+                .unwrap_or_default();
+            Instant::now() + left
+        });
+        LinkCredential { token, close_at }
+    }
+}
+
+/// The `ttl` a connect or refresh reply carries for `grant`: whole seconds until `exp`.
+fn ttl_secs(grant: &Grant) -> Option<u64> {
+    grant.expires_at.map(|exp| exp.saturating_sub(unix_now()))
+}
+
+/// Waits until `at`, or forever.
+async fn until(at: Option<Instant>) {
+    match at {
+        Some(at) => sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Waits for the next change of the credentials, or forever (none will come).
+async fn next_change(changes: &mut Option<watch::Receiver<u64>>) {
+    match changes {
+        Some(rx) => {
+            if rx.changed().await.is_err() {
+                // The source of changes went away: no change will come.
+                *changes = None;
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending().await,
+    }
+}
+
 struct Link<B: LinkBackend> {
     core: Arc<Core>,
     backend: Arc<B>,
@@ -133,6 +187,7 @@ struct Link<B: LinkBackend> {
     run_subscriptions: HashMap<String, CancellationToken>,
     bucket: Arc<Mutex<TokenBucket>>,
     capability_tokens: Vec<String>,
+    credential: LinkCredential,
 }
 
 /// Runs one accepted WebSocket to its end.
@@ -200,6 +255,8 @@ async fn run_link_inner<B: LinkBackend>(
     );
 
     let wake = Arc::new(Notify::new());
+    // Taken before the credential is checked: a change after that check is seen by the link.
+    let mut changes = backend.auth().changes();
     let first = tokio::select! {
         biased;
         _ = closer.closed() => None,
@@ -234,7 +291,7 @@ async fn run_link_inner<B: LinkBackend>(
         None => None,
     };
 
-    if let Some((ctx, capability_tokens)) = connected {
+    if let Some((ctx, capability_tokens, credential)) = connected {
         let mut link = Link {
             core: core.clone(),
             backend,
@@ -248,8 +305,9 @@ async fn run_link_inner<B: LinkBackend>(
                 options.preview_burst_bytes,
             ))),
             capability_tokens,
+            credential,
         };
-        link.serve(&mut cmd_rx, &wake).await;
+        link.serve(&mut cmd_rx, &wake, &mut changes).await;
         for binding in link.bindings.values() {
             if let Some(s) = &binding.subscription {
                 s.cancel();
@@ -284,14 +342,32 @@ async fn handshake<B: LinkBackend>(
     tenant: &TenantId,
     id: u32,
     connect: ConnectRequest,
-) -> Option<(LinkCtx, Vec<String>)> {
+) -> Option<(LinkCtx, Vec<String>, LinkCredential)> {
     let token = connect.token.unwrap_or_default();
-    if backend.auth().verify(tenant, &token).await.is_err() {
-        tracing::info!("the tenant credential was refused");
-        closer.close(Disconnect::AUTHENTICATION_FAILED);
-        return None;
-    }
-    drop(token);
+    let grant = match backend.auth().verify(tenant, &token).await {
+        Ok(grant) => grant,
+        Err(refused) if refused.expired() => {
+            // Centrifuge's way: the SDK asks its `getToken` for a fresh token and reconnects.
+            tracing::info!(
+                reason = refused.reason().as_str(),
+                "the connection token has expired"
+            );
+            let _ = out.try_send(Outbound::Message(encode_error(
+                id,
+                &ReplyError::TOKEN_EXPIRED,
+            )));
+            closer.close(Disconnect::EXPIRED);
+            return None;
+        }
+        Err(refused) => {
+            tracing::info!(
+                reason = refused.reason().as_str(),
+                "the tenant credential was refused"
+            );
+            closer.close(Disconnect::AUTHENTICATION_FAILED);
+            return None;
+        }
+    };
     let data = match connect.data.as_deref() {
         Some(raw) => ConnectData::decode(raw.get().as_bytes()),
         None => ConnectData::decode(b""),
@@ -344,6 +420,7 @@ async fn handshake<B: LinkBackend>(
             data: &data,
             ping_secs: core.config.advertised_ping_secs(),
             pong: core.config.heartbeat(),
+            ttl_secs: ttl_secs(&grant),
         },
     );
     heartbeat.set_connected();
@@ -357,13 +434,15 @@ async fn handshake<B: LinkBackend>(
         return None;
     }
     tracing::debug!("link connected");
+    let credential = LinkCredential::new(token, &grant);
     let ctx = LinkCtx {
         link: link_id,
         tenant: tenant.clone(),
+        principal: grant.principal,
         client_name: connect.name,
         client_version: connect.version,
     };
-    Some((ctx, tokens))
+    Some((ctx, tokens, credential))
 }
 
 /// A foreign tenant's request is answered exactly like an unknown session.
@@ -381,11 +460,22 @@ fn data_bytes(data: &Option<Box<RawValue>>) -> &[u8] {
 }
 
 impl<B: LinkBackend> Link<B> {
-    async fn serve(&mut self, commands: &mut mpsc::Receiver<Command>, wake: &Notify) {
+    async fn serve(
+        &mut self,
+        commands: &mut mpsc::Receiver<Command>,
+        wake: &Notify,
+        changes: &mut Option<watch::Receiver<u64>>,
+    ) {
         loop {
+            let close_at = self.credential.close_at;
             let flow = tokio::select! {
                 biased;
                 _ = self.closer.closed() => return,
+                _ = until(close_at) => {
+                    tracing::info!("the connection token expired and was not refreshed");
+                    Err(Disconnect::EXPIRED)
+                }
+                _ = next_change(changes) => self.verify_again().await,
                 _ = wake.notified() => self.apply_invalidations().await,
                 command = commands.recv() => match command {
                     None => return,
@@ -442,6 +532,57 @@ impl<B: LinkBackend> Link<B> {
         }
     }
 
+    /// The credentials changed: the link's token must still act for its tenant, or the link
+    /// closes (its token was removed or replaced). An expired token is left to the deadline.
+    async fn verify_again(&mut self) -> Flow {
+        match self
+            .backend
+            .auth()
+            .verify(&self.ctx.tenant, &self.credential.token)
+            .await
+        {
+            Ok(grant) => {
+                let token = std::mem::take(&mut self.credential.token);
+                self.credential = LinkCredential::new(token, &grant);
+                Ok(())
+            }
+            Err(refused) if refused.expired() => Ok(()),
+            Err(refused) => {
+                tracing::info!(
+                    reason = refused.reason().as_str(),
+                    "the link's credential was revoked"
+                );
+                Err(Disconnect::CREDENTIAL_REVOKED)
+            }
+        }
+    }
+
+    /// `refresh`: a fresh token for the same tenant and principal extends the link (its
+    /// bindings and subscriptions carry on); any other ends it as a refused credential.
+    async fn refresh(&mut self, id: u32, token: String) -> Flow {
+        let grant = match self.backend.auth().verify(&self.ctx.tenant, &token).await {
+            Ok(grant) => grant,
+            Err(refused) => {
+                tracing::info!(
+                    reason = refused.reason().as_str(),
+                    "a refresh token was refused"
+                );
+                return Err(Disconnect::AUTHENTICATION_FAILED);
+            }
+        };
+        if grant.principal != self.ctx.principal {
+            tracing::info!("a refresh token names another principal");
+            return Err(Disconnect::AUTHENTICATION_FAILED);
+        }
+        let ttl = ttl_secs(&grant);
+        self.credential = LinkCredential::new(token, &grant);
+        tracing::debug!(ttl, "the connection token was refreshed");
+        let client = self.ctx.link.to_string();
+        let version = self.backend.server_version();
+        self.send(encode_refresh_reply(id, &client, &version, ttl))
+            .await
+    }
+
     /// Cleans up bindings the registry dropped (route invalidation, a feed that ended).
     async fn apply_invalidations(&mut self) -> Flow {
         for session in self.core.registry.take_invalidated(self.ctx.link) {
@@ -487,8 +628,8 @@ impl<B: LinkBackend> Link<B> {
                 tracing::debug!("an asynchronous message ignored");
                 Ok(())
             }
-            Request::Refresh
-            | Request::SubRefresh { .. }
+            Request::Refresh { token } => self.refresh(id, token).await,
+            Request::SubRefresh { .. }
             | Request::Presence { .. }
             | Request::PresenceStats { .. } => {
                 self.reply_error(id, &ReplyError::NOT_AVAILABLE).await

@@ -487,12 +487,17 @@ async fn centrifuge_features_hostlink_does_not_offer_are_not_available() {
         ("presence", format!(r#"{{"channel":"{ch}"}}"#)),
         ("presence_stats", format!(r#"{{"channel":"{ch}"}}"#)),
         ("history", format!(r#"{{"channel":"{ch}","limit":10}}"#)),
-        ("refresh", r#"{"token":"t"}"#.to_owned()),
         ("sub_refresh", format!(r#"{{"channel":"{ch}"}}"#)),
     ] {
         let r = c.command(method, &body).await;
         assert_eq!(r["error"]["code"], 108, "{method}");
     }
+    // `refresh` is offered: an opaque token never expires, so its reply says no expiry.
+    let r = c
+        .command("refresh", &format!(r#"{{"token":"{}"}}"#, token_of("acme")))
+        .await;
+    assert!(r["refresh"]["client"].is_string(), "{r}");
+    assert!(r["refresh"].get("expires").is_none(), "{r}");
 }
 
 // ---------------------------------------------------------------- push and delivery

@@ -131,6 +131,13 @@ impl ReplyError {
         message: "unrecoverable position",
         temporary: false,
     };
+    /// The connection token's own `exp` has passed (Centrifuge's code: the SDK asks its
+    /// `getToken` for a fresh token and connects again).
+    pub const TOKEN_EXPIRED: ReplyError = ReplyError {
+        code: 109,
+        message: "token expired",
+        temporary: false,
+    };
     /// Rate limited.
     pub const TOO_MANY_REQUESTS: ReplyError = ReplyError {
         code: 111,
@@ -167,6 +174,13 @@ impl Disconnect {
     pub const SHUTDOWN: Disconnect = Disconnect {
         code: 3001,
         reason: "shutdown",
+    };
+    /// The connection token expired and no `refresh` with a fresh one came in time
+    /// (Centrifuge's code: the SDKs reconnect, are told "token expired" (109) and ask their
+    /// `getToken` for a fresh token).
+    pub const EXPIRED: Disconnect = Disconnect {
+        code: 3005,
+        reason: "expired",
     };
     /// An internal failure ended the link (reconnect).
     pub const SERVER_ERROR: Disconnect = Disconnect {
@@ -208,6 +222,12 @@ impl Disconnect {
     pub const AUTHENTICATION_FAILED: Disconnect = Disconnect {
         code: 4500,
         reason: "service authentication failed",
+    };
+    /// The credential the link connected with was removed or replaced (the credentials file
+    /// or a key file changed): terminal, the same token would be refused.
+    pub const CREDENTIAL_REVOKED: Disconnect = Disconnect {
+        code: 4502,
+        reason: "credential revoked",
     };
     /// The client does not offer HostLink wire version 1.
     pub const UNSUPPORTED_WIRE_VERSION: Disconnect = Disconnect {
@@ -251,6 +271,8 @@ mod tests {
         assert!(!Disconnect::AUTHENTICATION_FAILED.reconnect());
         assert!(!Disconnect::UNSUPPORTED_WIRE_VERSION.reconnect());
         assert!(!Disconnect::BAD_REQUEST.reconnect());
+        assert!(!Disconnect::CREDENTIAL_REVOKED.reconnect());
+        assert!(Disconnect::EXPIRED.reconnect());
         assert!(Disconnect::SLOW.reconnect());
         assert!(Disconnect::NO_PONG.reconnect());
         assert!(Disconnect::IDLE_LINK_EVICTED.reconnect());

@@ -76,12 +76,23 @@ pub enum Request {
     Connect(ConnectRequest),
     Rpc(RpcRequest),
     Subscribe(SubscribeRequest),
-    Unsubscribe { channel: String },
+    Unsubscribe {
+        channel: String,
+    },
     Publish(PublishRequest),
-    Refresh,
-    SubRefresh { channel: String },
-    Presence { channel: String },
-    PresenceStats { channel: String },
+    /// A fresh connection token (never log it).
+    Refresh {
+        token: String,
+    },
+    SubRefresh {
+        channel: String,
+    },
+    Presence {
+        channel: String,
+    },
+    PresenceStats {
+        channel: String,
+    },
     History(HistoryRequest),
     Send,
 }
@@ -95,7 +106,7 @@ impl Request {
             Request::Subscribe(_) => "subscribe",
             Request::Unsubscribe { .. } => "unsubscribe",
             Request::Publish(_) => "publish",
-            Request::Refresh => "refresh",
+            Request::Refresh { .. } => "refresh",
             Request::SubRefresh { .. } => "sub_refresh",
             Request::Presence { .. } => "presence",
             Request::PresenceStats { .. } => "presence_stats",
@@ -474,10 +485,12 @@ fn decode_line(line: &[u8]) -> Result<Inbound, String> {
         "sub_refresh" => Request::SubRefresh {
             channel: Checked::new(&raw, SUB_REFRESH_MEMBERS)?.required_string("channel")?,
         },
-        "refresh" => {
-            Checked::new(&raw, REFRESH_MEMBERS)?;
-            Request::Refresh
-        }
+        "refresh" => Request::Refresh {
+            // Centrifuge sends an empty token when its `getToken` gave none: refused later.
+            token: Checked::new(&raw, REFRESH_MEMBERS)?
+                .string("token")?
+                .unwrap_or_default(),
+        },
         "send" => {
             Checked::new(&raw, SEND_MEMBERS)?;
             Request::Send
@@ -557,18 +570,34 @@ pub struct ConnectResult<'a> {
     pub data: &'a str,
     pub ping_secs: u32,
     pub pong: bool,
+    /// Seconds until the connection token expires (`expires: true, ttl`): the SDK asks its
+    /// `getToken` for a fresh one then and sends `refresh`. `None`: it never expires.
+    pub ttl_secs: Option<u64>,
 }
 
 /// The reply to the connect command.
 pub fn encode_connect_reply(id: u32, result: &ConnectResult<'_>) -> String {
-    let body = ObjectWriter::new()
-        .string("client", result.client)
+    let mut body = ObjectWriter::new();
+    body.string("client", result.client)
         .string("version", result.version)
         .raw("data", result.data)
         .number("ping", u64::from(result.ping_secs))
-        .boolean("pong", result.pong)
-        .finish();
-    encode_reply(id, "connect", &body)
+        .boolean("pong", result.pong);
+    if let Some(ttl) = result.ttl_secs {
+        body.boolean("expires", true).number("ttl", ttl);
+    }
+    encode_reply(id, "connect", &body.finish())
+}
+
+/// The reply to a `refresh` that was accepted: the client, the server's version and, for a
+/// token that expires, when (as in the connect reply).
+pub fn encode_refresh_reply(id: u32, client: &str, version: &str, ttl_secs: Option<u64>) -> String {
+    let mut body = ObjectWriter::new();
+    body.string("client", client).string("version", version);
+    if let Some(ttl) = ttl_secs {
+        body.boolean("expires", true).number("ttl", ttl);
+    }
+    encode_reply(id, "refresh", &body.finish())
 }
 
 /// A Centrifuge publication carrying `data` (raw JSON, put on one line: see [`one_line`]),
@@ -994,10 +1023,29 @@ mod tests {
                     version: "v",
                     data: "{}",
                     ping_secs: 25,
-                    pong: true
+                    pong: true,
+                    ttl_secs: None,
                 }
             ),
             r#"{"id":1,"connect":{"client":"c","version":"v","data":{},"ping":25,"pong":true}}"#
+        );
+        assert_eq!(
+            encode_connect_reply(
+                2,
+                &ConnectResult {
+                    client: "c",
+                    version: "v",
+                    data: "{}",
+                    ping_secs: 25,
+                    pong: true,
+                    ttl_secs: Some(30),
+                }
+            ),
+            r#"{"id":2,"connect":{"client":"c","version":"v","data":{},"ping":25,"pong":true,"expires":true,"ttl":30}}"#
+        );
+        assert_eq!(
+            encode_refresh_reply(3, "c", "v", Some(7)),
+            r#"{"id":3,"refresh":{"client":"c","version":"v","expires":true,"ttl":7}}"#
         );
     }
 }

@@ -5,7 +5,7 @@
 use controller::Controller as Factory;
 use host::Host;
 use host::{Options, Service};
-use hostlink::auth::{CredentialStore, credential_digest_hex, mint_credential};
+use hostlink::auth::{AuthVerifier, CredentialStore, credential_digest_hex, mint_credential};
 use hostlink_server::LinkOptions;
 use sessionstore::testing::TestStore;
 use sessionstore::{AgentId, CommandId, CompatibilityId, SessionId, TenantId};
@@ -66,21 +66,34 @@ pub async fn serve_with_tokens(
     link: LinkOptions,
     tokens: Vec<(TenantId, String)>,
 ) -> Served {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let mut opts = options(host);
-    opts.internal_endpoint = Some(format!("ws://{addr}"));
-    adjust(&mut opts);
-    let (service, _) = started(ts, opts).await;
     let mut creds = CredentialStore::empty();
     for (tenant, token) in &tokens {
         creds
             .add(tenant.clone(), &credential_digest_hex(token))
             .unwrap();
     }
+    serve_with_verifier(ts, host, adjust, link, Box::new(creds), tokens).await
+}
+
+/// [`serve_with_link`] checking links with `auth` (e.g. JWT credentials from a file); `tokens`
+/// are what [`Served::token`] hands out (a controller's credential for each tenant).
+pub async fn serve_with_verifier(
+    ts: &TestStore,
+    host: &str,
+    adjust: impl FnOnce(&mut Options),
+    link: LinkOptions,
+    auth: Box<dyn AuthVerifier>,
+    tokens: Vec<(TenantId, String)>,
+) -> Served {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut opts = options(host);
+    opts.internal_endpoint = Some(format!("ws://{addr}"));
+    adjust(&mut opts);
+    let (service, _) = started(ts, opts).await;
     let link = link.validate().unwrap();
     let server = Host::builder(service.clone())
-        .auth(Box::new(creds))
+        .auth(auth)
         .link(link)
         .serve(listener)
         .await

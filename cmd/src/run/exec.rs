@@ -136,7 +136,7 @@ fn authenticate(client: &ClientFlags, tenant: &sessionstore::TenantId) -> Result
     let token = client.tenant.token(&data, tenant)?;
     let store = CredentialStore::load(Some(&creds), None)
         .with_context(|| format!("reading the credentials in {}", creds.display()))?;
-    store.check(tenant, &token).map_err(|_| {
+    store.check(tenant, &token).map(|_| ()).map_err(|_| {
         CliError::refused(
             "unauthenticated",
             format!("the token was refused for tenant {tenant}: nothing was recorded"),

@@ -13,6 +13,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::{SinkExt, StreamExt};
 use hostlink::auth::{AuthVerifier, CredentialStore, credential_digest_hex};
+use hostlink::live_credentials::LiveCredentials;
 use hostlink::records::{
     AttachRequest, BindRequest, DrainObservation, DrainRequest, DrainState, EnduringPublication,
     EphemeralPublication, HostLinkError, PreviewStream, RegistryObservation, SessionScope,
@@ -75,7 +76,7 @@ struct State {
 /// An in-memory Host: sessions become resident on attach, bind hands out broadcast
 /// receivers, a delivery is recorded and (if asked) answered with enduring publications.
 pub struct TestBackend {
-    credentials: CredentialStore,
+    credentials: Arc<LiveCredentials>,
     accepting: AtomicBool,
     state: Mutex<State>,
     invalidations: broadcast::Sender<(TenantId, SessionId)>,
@@ -93,7 +94,7 @@ impl TestBackend {
                 .unwrap();
         }
         TestBackend {
-            credentials,
+            credentials: Arc::new(LiveCredentials::fixed(credentials)),
             accepting: AtomicBool::new(true),
             state: Mutex::new(State {
                 next_epoch: 7,
@@ -103,6 +104,12 @@ impl TestBackend {
             feed_capacity: 256,
             echo_deliveries: 0,
         }
+    }
+
+    /// The same backend checking links against `credentials` (e.g. a file it reloads).
+    pub fn with_credentials(mut self, credentials: Arc<LiveCredentials>) -> TestBackend {
+        self.credentials = credentials;
+        self
     }
 
     pub fn set_accepting(&self, accepting: bool) {
@@ -211,7 +218,7 @@ impl LinkBackend for TestBackend {
     }
 
     fn auth(&self) -> &dyn AuthVerifier {
-        &self.credentials
+        self.credentials.as_ref()
     }
 
     async fn attach(
