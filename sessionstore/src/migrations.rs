@@ -38,6 +38,7 @@ pub(crate) const SQLITE: &[Migration] = migration_files!("sqlite":
     5 => "0005_fleet.sql",
     6 => "0006_public_offsets.sql",
     7 => "0007_run_pins.sql",
+    8 => "0008_journal_snapshots.sql",
 );
 
 /// The PostgreSQL migrations this binary knows, in version order.
@@ -49,6 +50,7 @@ pub(crate) const POSTGRES: &[Migration] = migration_files!("postgres":
     5 => "0005_fleet.sql",
     6 => "0006_public_offsets.sql",
     7 => "0007_run_pins.sql",
+    8 => "0008_journal_snapshots.sql",
 );
 
 /// What a backend does for the runner: each step in its own dialect, all of them inside the
