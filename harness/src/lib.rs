@@ -10,7 +10,9 @@ pub mod events;
 mod history;
 mod inbox;
 pub mod model;
+mod recent;
 mod session;
+mod snapshot;
 mod state;
 mod target;
 #[cfg(feature = "testing")]
@@ -20,4 +22,5 @@ mod turn;
 
 pub use agent::{AgentConfig, AgentConfigError};
 pub use session::SessionHandle;
+pub use snapshot::{SnapshotCounts, SnapshotStats};
 pub use target::{HarnessTarget, runtime_of};
