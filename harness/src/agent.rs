@@ -95,13 +95,29 @@ impl AgentConfig {
         {
             return bad("lease_ttl", "must be between 300 ms and 1 h");
         }
-        if !(16..=1_000_000).contains(&self.snapshot_every) {
+        Self::check_session_bounds(
+            self.snapshot_every,
+            self.conversation_turns,
+            self.conversation_bytes,
+        )
+    }
+
+    /// Checks the bounds on what a session keeps: the snapshot cadence and the conversation
+    /// window (what [`AgentConfig::validate`] checks of them, for a caller that reads them
+    /// before it builds an agent).
+    pub fn check_session_bounds(
+        snapshot_every: u64,
+        conversation_turns: usize,
+        conversation_bytes: usize,
+    ) -> Result<(), AgentConfigError> {
+        let bad = |field, reason| Err(AgentConfigError { field, reason });
+        if !(16..=1_000_000).contains(&snapshot_every) {
             return bad("snapshot_every", "must be between 16 and 1000000 records");
         }
-        if !(1..=100_000).contains(&self.conversation_turns) {
+        if !(1..=100_000).contains(&conversation_turns) {
             return bad("conversation_turns", "must be between 1 and 100000");
         }
-        if !(4 * 1024..=64 * 1024 * 1024).contains(&self.conversation_bytes) {
+        if !(4 * 1024..=64 * 1024 * 1024).contains(&conversation_bytes) {
             return bad("conversation_bytes", "must be between 4 KiB and 64 MiB");
         }
         Ok(())

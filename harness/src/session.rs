@@ -523,8 +523,9 @@ impl Actor {
                     let _ = reply.send(Err(RuntimeError::NotIdle));
                     return true;
                 }
-                if self.fault.is_none() && self.lease.tip > self.snapshot_seq {
-                    // A warm release checkpoints, so the next restore folds only its fence.
+                // A warm release checkpoints, so the next restore folds only its own fence;
+                // one that added nothing but its opening fence since the snapshot writes none.
+                if self.fault.is_none() && self.lease.tip > self.snapshot_seq + 1 {
                     if let Some((seq, body)) = self.snapshot_body() {
                         write_snapshot(&self.store, &self.lease, seq, body, &self.stats).await;
                     }
