@@ -525,10 +525,11 @@ impl Actor {
                 }
                 // A warm release checkpoints, so the next restore folds only its own fence;
                 // one that added nothing but its opening fence since the snapshot writes none.
-                if self.fault.is_none() && self.lease.tip > self.snapshot_seq + 1 {
-                    if let Some((seq, body)) = self.snapshot_body() {
-                        write_snapshot(&self.store, &self.lease, seq, body, &self.stats).await;
-                    }
+                if self.fault.is_none()
+                    && self.lease.tip > self.snapshot_seq + 1
+                    && let Some((seq, body)) = self.snapshot_body()
+                {
+                    write_snapshot(&self.store, &self.lease, seq, body, &self.stats).await;
                 }
                 let r = self
                     .store

@@ -7,6 +7,8 @@
 mod support;
 
 mod cases {
+    use std::sync::atomic::Ordering;
+
     use department::{LaunchMode, RuntimeCommand};
     use sessionstore::testing::{TestBackend, TestStore};
     use sessionstore::*;
@@ -216,6 +218,41 @@ mod cases {
         assert_eq!(count(&fx.events().await, "user_message"), 2);
     }
 
+    pub async fn a_gate_open_at_a_checkpoint_is_restored_from_the_snapshot_and_answered_once(
+        ts: &TestStore,
+    ) {
+        let fx = Fx::with_store(ts.store.clone(), ts, |a| a.snapshot_every = 16).await;
+        let h = fx.launch(LaunchMode::Create).await;
+        fx.ok(&h, input("/tool launch_rocket {}")).await;
+        let gate = fx.open_gate().await;
+        let opened = fx.tip().await;
+        // Inputs queue behind the gated turn until a checkpoint holds the open gate.
+        let mut queued = 0;
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while snapshot(&fx).await.is_none_or(|s| s.seq < opened) {
+            assert!(tokio::time::Instant::now() < deadline, "no checkpoint");
+            fx.ok(&h, input(&format!("q{queued}"))).await;
+            queued += 1;
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        let tip = fx.tip().await;
+        h.abandon().await.unwrap();
+        let restored = fx.launch(LaunchMode::Restore).await;
+        assert_eq!(fx.target.snapshot_counts().restored_from, 1);
+        assert!(fx.tip().await > tip);
+        assert!(!*restored.idle().borrow(), "restored gated");
+        fx.ok(&restored, answer(gate, "approve", None)).await;
+        idle(&restored).await;
+        assert_eq!(fx.counter.runs.load(Ordering::SeqCst), 1);
+        let evs = fx.events().await;
+        let said = replies(&evs);
+        assert_eq!(said.len(), 1 + queued, "{said:?}");
+        assert_eq!(said[0], "Tool launch_rocket returned: launched (run 1)");
+        for (i, r) in said[1..].iter().enumerate() {
+            assert_eq!(r, &format!("You said: q{i}"));
+        }
+    }
+
     pub async fn a_session_keeps_and_sends_only_its_conversation_window(ts: &TestStore) {
         let fx = Fx::with_store(ts.store.clone(), ts, |a| a.conversation_turns = 3).await;
         let h = fx.launch(LaunchMode::Create).await;
@@ -262,5 +299,6 @@ sessionstore::both_backends!(cases =>
     a_running_session_checkpoints_every_n_records_without_holding_up_its_appends,
     an_unusable_snapshot_is_never_restored_from_and_the_whole_journal_is_folded,
     a_duplicate_of_a_command_recorded_before_the_restore_is_answered_from_the_journal,
+    a_gate_open_at_a_checkpoint_is_restored_from_the_snapshot_and_answered_once,
     a_session_keeps_and_sends_only_its_conversation_window,
 );
