@@ -1201,6 +1201,29 @@ mod tests {
     }
 
     #[test]
+    fn a_session_bound_out_of_its_range_is_refused_at_load_naming_the_section() {
+        let matches = Probe::command()
+            .try_get_matches_from(["probe", "--snapshot-every", "3"])
+            .unwrap();
+        let probe = Probe::from_arg_matches(&matches).unwrap();
+        let err = load(None, probe.flags, Some(&matches)).unwrap_err();
+        let text = format!("{err:#}");
+        assert!(text.contains("[agents]"), "{text}");
+        assert!(text.contains("snapshot_every"), "{text}");
+        let matches = Probe::command()
+            .try_get_matches_from(["probe", "--conversation-turns", "7"])
+            .unwrap();
+        let probe = Probe::from_arg_matches(&matches).unwrap();
+        let e = load(None, probe.flags, Some(&matches)).unwrap();
+        assert_eq!(e.options.agents.conversation_turns, 7);
+        assert_eq!(
+            e.options.agents.snapshot_every,
+            harness::agent::DEFAULT_SNAPSHOT_EVERY
+        );
+        assert_eq!(e.source("agents.conversation_turns"), Source::Flag);
+    }
+
+    #[test]
     fn a_flag_overrides_the_file_and_the_file_overrides_the_default() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("host.toml");
