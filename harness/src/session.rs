@@ -173,7 +173,8 @@ fn store_err(e: StoreError) -> LaunchError {
 }
 
 /// Launches a session runtime: creates a conversation under the binding's runtime session id
-/// (refused when the journal already holds one) or restores one by replaying its journal.
+/// (refused when the journal already holds one) or restores one from its newest snapshot and
+/// the journal after it (see `read_state`).
 pub(crate) async fn launch(
     store: Store,
     agent: Arc<AgentConfig>,
