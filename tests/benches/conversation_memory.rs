@@ -72,7 +72,10 @@ impl Talk {
                 .admit(&self.session, command.clone(), CommandBodyV1::Input { text })
                 .await
                 .expect("admit");
-            let _ = self.c.deliver(&self.placed, &command).await;
+            self.c
+                .deliver(&self.placed, &command)
+                .await
+                .expect("the input is delivered");
             let deadline = Instant::now() + TURN_BOUND;
             while self.tip().await < before + RECORDS_PER_TURN {
                 assert!(Instant::now() < deadline, "a turn did not finish");
@@ -128,7 +131,16 @@ fn main() {
             .await
             .expect("the session is created");
         let placed = c.place(&session).await.expect("the session is placed");
-        let _ = c.deliver(&placed, &create.command).await;
+        // Bound, so each delivery wakes the session's consumer at once (the publications are
+        // read and dropped, as a client would read them).
+        let mut feed = c
+            .bind_and_stream(&placed, false)
+            .await
+            .expect("the link binds the session");
+        tokio::spawn(async move { while feed.recv().await.is_some() {} });
+        c.deliver(&placed, &create.command)
+            .await
+            .expect("the create is delivered");
         c.wait_terminal(&session, &create.command, TURN_BOUND)
             .await
             .expect("the create settles")
