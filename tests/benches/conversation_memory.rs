@@ -15,8 +15,7 @@ use std::time::{Duration, Instant};
 use controller::{Controller, Placed};
 use sessionstore::wire::CommandBodyV1;
 use sessionstore::{
-    AgentId, CommandId, CompatibilityId, RuntimeSessionId, SessionId, Store, StoreOptions,
-    TenantId,
+    AgentId, CommandId, CompatibilityId, RuntimeSessionId, SessionId, Store, StoreOptions, TenantId,
 };
 use testkit::bench::{Held, held, load_average};
 use testkit::process::Serve;
@@ -69,7 +68,11 @@ impl Talk {
             let text = format!("hello {}", self.next);
             self.next += 1;
             self.c
-                .admit(&self.session, command.clone(), CommandBodyV1::Input { text })
+                .admit(
+                    &self.session,
+                    command.clone(),
+                    CommandBodyV1::Input { text },
+                )
                 .await
                 .expect("admit");
             self.c
@@ -93,7 +96,10 @@ fn main() {
                 .expect("HOST_CONVERSATION_TURNS must be a whole number")
         })
         .unwrap_or(DEFAULT_TURNS);
-    assert!(n >= 4 * SHORT_TURNS, "HOST_CONVERSATION_TURNS is at least 40");
+    assert!(
+        n >= 4 * SHORT_TURNS,
+        "HOST_CONVERSATION_TURNS is at least 40"
+    );
     println!(
         "conversation memory: {n} turns; load average {}",
         load_average()
