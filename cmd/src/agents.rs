@@ -117,10 +117,22 @@ impl RunnableOffer {
     }
 }
 
+impl DefaultDepartment {
+    fn bound(&self, agent: &mut AgentConfig) {
+        (
+            agent.snapshot_every,
+            agent.conversation_turns,
+            agent.conversation_bytes,
+        ) = self.session_bounds;
+    }
+}
+
 /// The default registrar.
 pub struct DefaultDepartment {
     pub openai: Option<OpenAiConfig>,
     pub permission_timeout: Duration,
+    /// The bounds on what a session keeps: (snapshot cadence, conversation turns, bytes).
+    pub session_bounds: (u64, usize, usize),
     pub runnables: RunnableOffer,
 }
 
@@ -134,6 +146,7 @@ impl Registrar for DefaultDepartment {
             tools(&runnable_tools)?,
         );
         scripted.permission_timeout = self.permission_timeout;
+        self.bound(&mut scripted);
         regs.push(Registration {
             agent: AgentId::new(SCRIPTED_AGENT).map_err(|e| e.to_string())?,
             target: Arc::new(
@@ -149,6 +162,7 @@ impl Registrar for DefaultDepartment {
             let model = OpenAiModel::new(cfg.clone()).map_err(|e| format!("openai agent: {e}"))?;
             let mut agent = AgentConfig::new(Arc::new(model), tools(&runnable_tools)?);
             agent.permission_timeout = self.permission_timeout;
+            self.bound(&mut agent);
             agent.system_prompt = Some("You are a helpful assistant running inside hostd.".into());
             regs.push(Registration {
                 agent: AgentId::new(OPENAI_AGENT).map_err(|e| e.to_string())?,

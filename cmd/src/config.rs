@@ -57,6 +57,12 @@ pub struct AgentOptions {
     /// The runnables offered (`name[@version]` from the workspace, or a published
     /// `workspace/name@version`); empty offers every runnable of the workspace.
     pub runnable_tools: Vec<String>,
+    /// Journal records between two snapshots of a session's state.
+    pub snapshot_every: u64,
+    /// The newest turns a session keeps in memory and sends to its model.
+    pub conversation_turns: usize,
+    /// About how much conversation text a session keeps in memory (bytes).
+    pub conversation_bytes: usize,
 }
 
 impl Default for AgentOptions {
@@ -67,6 +73,9 @@ impl Default for AgentOptions {
             openai_model: "gpt-4o-mini".into(),
             runnables: None,
             runnable_tools: Vec::new(),
+            snapshot_every: harness::agent::DEFAULT_SNAPSHOT_EVERY,
+            conversation_turns: harness::agent::DEFAULT_CONVERSATION_TURNS,
+            conversation_bytes: harness::agent::DEFAULT_CONVERSATION_BYTES,
         }
     }
 }
@@ -537,6 +546,30 @@ pub struct ServeFlags {
     )]
     max_connections: Option<usize>,
 
+    /// Journal records between two snapshots of a session's state (a restore reads the
+    /// newest snapshot and the records after it); a warm release also writes one.
+    #[arg(
+        id = "agents.snapshot_every",
+        long = "snapshot-every",
+        env = "HOST_SNAPSHOT_EVERY"
+    )]
+    snapshot_every: Option<u64>,
+    /// The newest turns a session keeps in memory and sends to its model (older turns stay
+    /// in the journal and its history).
+    #[arg(
+        id = "agents.conversation_turns",
+        long = "conversation-turns",
+        env = "HOST_CONVERSATION_TURNS"
+    )]
+    conversation_turns: Option<usize>,
+    /// About how many bytes of conversation text a session keeps in memory and sends to its
+    /// model (the turn in flight is always kept whole).
+    #[arg(
+        id = "agents.conversation_bytes",
+        long = "conversation-bytes",
+        env = "HOST_CONVERSATION_BYTES"
+    )]
+    conversation_bytes: Option<usize>,
     /// How long a permission gate waits before denying.
     #[arg(id = "agents.permission_timeout", long = "permission-timeout", env = "HOST_PERMISSION_TIMEOUT", value_parser = duration)]
     permission_timeout: Option<Duration>,
@@ -747,6 +780,9 @@ impl ServeFlags {
             idle_timeout => listener.idle_timeout;
             max_connections => listener.max_connections;
             permission_timeout => agents.permission_timeout;
+            snapshot_every => agents.snapshot_every;
+            conversation_turns => agents.conversation_turns;
+            conversation_bytes => agents.conversation_bytes;
             openai_model => agents.openai_model;
             runnable_tools => agents.runnable_tools;
             model_connect_timeout => model.connect_timeout;
@@ -867,6 +903,12 @@ pub fn load(
         .listener
         .validate(options.link.ping_interval)
         .context("the listener's options ([listener])")?;
+    harness::AgentConfig::check_session_bounds(
+        options.agents.snapshot_every,
+        options.agents.conversation_turns,
+        options.agents.conversation_bytes,
+    )
+    .context("the agents' options ([agents])")?;
     options
         .runs
         .validate()
@@ -1234,6 +1276,29 @@ mod tests {
         assert!(!e.options.runs.enabled);
         assert_eq!(e.options.runs.lease, Duration::from_secs(2));
         assert_eq!(e.source("runs.lease"), Source::Flag);
+    }
+
+    #[test]
+    fn a_session_bound_out_of_its_range_is_refused_at_load_naming_the_section() {
+        let matches = Probe::command()
+            .try_get_matches_from(["probe", "--snapshot-every", "3"])
+            .unwrap();
+        let probe = Probe::from_arg_matches(&matches).unwrap();
+        let err = load(None, probe.flags, Some(&matches)).unwrap_err();
+        let text = format!("{err:#}");
+        assert!(text.contains("[agents]"), "{text}");
+        assert!(text.contains("snapshot_every"), "{text}");
+        let matches = Probe::command()
+            .try_get_matches_from(["probe", "--conversation-turns", "7"])
+            .unwrap();
+        let probe = Probe::from_arg_matches(&matches).unwrap();
+        let e = load(None, probe.flags, Some(&matches)).unwrap();
+        assert_eq!(e.options.agents.conversation_turns, 7);
+        assert_eq!(
+            e.options.agents.snapshot_every,
+            harness::agent::DEFAULT_SNAPSHOT_EVERY
+        );
+        assert_eq!(e.source("agents.conversation_turns"), Source::Flag);
     }
 
     #[test]

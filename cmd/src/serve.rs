@@ -193,6 +193,11 @@ pub async fn run(args: ServeArgs, matches: Option<&ArgMatches>, out: Output) -> 
         registrar: Box::new(DefaultDepartment {
             openai,
             permission_timeout: agents.permission_timeout,
+            session_bounds: (
+                agents.snapshot_every,
+                agents.conversation_turns,
+                agents.conversation_bytes,
+            ),
             runnables: crate::agents::RunnableOffer {
                 workspace: agents.runnables.clone(),
                 tools: agents.runnable_tools.clone(),

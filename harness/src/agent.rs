@@ -16,6 +16,13 @@ pub const DEFAULT_MAX_STEPS: u32 = 16;
 /// The default journal lease TTL (renewed at a third of it).
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(60);
 
+/// The default number of journal records between two snapshots of a session's fold.
+pub const DEFAULT_SNAPSHOT_EVERY: u64 = 1_000;
+/// The default number of turns a session keeps in memory (and sends to its model).
+pub const DEFAULT_CONVERSATION_TURNS: usize = 100;
+/// The default bound on the text a session keeps in memory for its conversation.
+pub const DEFAULT_CONVERSATION_BYTES: usize = 256 * 1024;
+
 /// How an agent runs.
 #[derive(Clone)]
 pub struct AgentConfig {
@@ -26,6 +33,15 @@ pub struct AgentConfig {
     pub permission_timeout: Duration,
     pub ask_user_timeout: Duration,
     pub lease_ttl: Duration,
+    /// A session checkpoints its fold (a journal snapshot) once this many records were
+    /// appended since the last one, and at a graceful release; a restore reads the newest
+    /// snapshot and folds only the records after it.
+    pub snapshot_every: u64,
+    /// The conversation a session keeps in memory is its newest turns, at most this many...
+    pub conversation_turns: usize,
+    /// ...and at most about this many bytes of text (the turn in flight is always kept whole).
+    /// The model is sent exactly this window (see `history`); older turns stay in the journal.
+    pub conversation_bytes: usize,
 }
 
 impl std::fmt::Debug for AgentConfig {
@@ -57,6 +73,9 @@ impl AgentConfig {
             permission_timeout: DEFAULT_PERMISSION_TIMEOUT,
             ask_user_timeout: DEFAULT_ASK_USER_TIMEOUT,
             lease_ttl: DEFAULT_LEASE_TTL,
+            snapshot_every: DEFAULT_SNAPSHOT_EVERY,
+            conversation_turns: DEFAULT_CONVERSATION_TURNS,
+            conversation_bytes: DEFAULT_CONVERSATION_BYTES,
         }
     }
 
@@ -75,6 +94,31 @@ impl AgentConfig {
         if self.lease_ttl < Duration::from_millis(300) || self.lease_ttl > Duration::from_secs(3600)
         {
             return bad("lease_ttl", "must be between 300 ms and 1 h");
+        }
+        Self::check_session_bounds(
+            self.snapshot_every,
+            self.conversation_turns,
+            self.conversation_bytes,
+        )
+    }
+
+    /// Checks the bounds on what a session keeps: the snapshot cadence and the conversation
+    /// window (what [`AgentConfig::validate`] checks of them, for a caller that reads them
+    /// before it builds an agent).
+    pub fn check_session_bounds(
+        snapshot_every: u64,
+        conversation_turns: usize,
+        conversation_bytes: usize,
+    ) -> Result<(), AgentConfigError> {
+        let bad = |field, reason| Err(AgentConfigError { field, reason });
+        if !(16..=1_000_000).contains(&snapshot_every) {
+            return bad("snapshot_every", "must be between 16 and 1000000 records");
+        }
+        if !(1..=100_000).contains(&conversation_turns) {
+            return bad("conversation_turns", "must be between 1 and 100000");
+        }
+        if !(4 * 1024..=64 * 1024 * 1024).contains(&conversation_bytes) {
+            return bad("conversation_bytes", "must be between 4 KiB and 64 MiB");
         }
         Ok(())
     }

@@ -16,7 +16,7 @@
 use crate::model::{ChatMessage, ToolCall};
 
 /// How a turn ended, as far as the conversation needs to know.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) enum TurnEnd {
     Done,
     Failed { code: String },
@@ -24,7 +24,7 @@ pub(crate) enum TurnEnd {
 }
 
 /// One turn's part of the conversation.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub(crate) struct TurnTranscript {
     pub turn_id: String,
     pub user: String,
@@ -36,17 +36,18 @@ pub(crate) struct TurnTranscript {
 
 /// The conversation for the next model step: the system prompt, every turn made well-formed,
 /// then `pending` (the text of an input whose turn is running but not journaled yet).
-pub(crate) fn conversation(
+pub(crate) fn conversation<'a>(
     system: Option<&str>,
-    turns: &[TurnTranscript],
+    turns: impl IntoIterator<Item = &'a TurnTranscript, IntoIter: ExactSizeIterator>,
     pending: Option<&str>,
 ) -> Vec<ChatMessage> {
+    let turns = turns.into_iter();
     let mut out = Vec::new();
     if let Some(s) = system {
         out.push(ChatMessage::System { text: s.to_owned() });
     }
     let last = turns.len().saturating_sub(1);
-    for (i, turn) in turns.iter().enumerate() {
+    for (i, turn) in turns.enumerate() {
         // Only the last turn can be in flight; an earlier one without an end never finished.
         let closed = turn.end.is_some() || i < last;
         push_turn(&mut out, turn, closed);

@@ -27,7 +27,8 @@ use uuid::Uuid;
 use crate::agent::AgentConfig;
 use crate::events::{Cause, GateKind, HarnessEvent};
 use crate::inbox::{Msg, Shared, StopReason, TurnMsg};
-use crate::state::{Resolution, SessionState};
+use crate::snapshot::{self, SnapshotStats};
+use crate::state::{Resolution, SessionState, Window};
 use crate::turn::{self, TurnPlan};
 
 /// A turn's handle, held by the actor.
@@ -57,9 +58,10 @@ impl std::fmt::Debug for SessionHandle {
 const INBOX: usize = 64;
 /// How many committed events and previews a slow subscriber may fall behind.
 const EVENT_BUFFER: usize = 64;
-/// The size of a journal page read at restore. Small on purpose: a restore folds the whole
-/// journal, and pages sized to a long journal are large short-lived buffers that grow with it
-/// and scatter the allocator's heap (memory a recycling Host never gets back).
+/// The size of a journal page read at restore. Small on purpose: a restore without a usable
+/// snapshot folds the whole journal, and pages sized to a long journal are large short-lived
+/// buffers that grow with it and scatter the allocator's heap (memory a recycling Host never
+/// gets back).
 const RESTORE_PAGE: usize = 128;
 
 struct Actor {
@@ -78,6 +80,9 @@ struct Actor {
     /// A message was handled since the last renewal tick: only a runtime in use renews its
     /// journal lease (see `renew`).
     used: bool,
+    /// The journal sequence the newest snapshot (written or restored from) folds through.
+    snapshot_seq: u64,
+    stats: Arc<SnapshotStats>,
 }
 
 impl SessionHandle {
@@ -168,18 +173,24 @@ fn store_err(e: StoreError) -> LaunchError {
 }
 
 /// Launches a session runtime: creates a conversation under the binding's runtime session id
-/// (refused when the journal already holds one) or restores one by replaying its journal.
+/// (refused when the journal already holds one) or restores one from its newest snapshot and
+/// the journal after it (see `read_state`).
 pub(crate) async fn launch(
     store: Store,
     agent: Arc<AgentConfig>,
+    stats: Arc<SnapshotStats>,
     compatibility: String,
     request: LaunchRequest,
 ) -> Result<SessionHandle, LaunchError> {
     let rs = request.binding.runtime_session_id;
     let tenant = request.tenant.clone();
+    let window = Window {
+        turns: agent.conversation_turns,
+        bytes: agent.conversation_bytes,
+    };
     if request.mode == LaunchMode::Create {
         // Refuse before writing anything: creating over a conversation must be impossible.
-        let existing = read_state(&store, &tenant, rs).await?;
+        let (existing, _) = read_state(&store, &tenant, rs, window, &stats).await?;
         if existing.started {
             return Err(LaunchError::ConversationExists);
         }
@@ -189,7 +200,7 @@ pub(crate) async fn launch(
         .await
         .map_err(store_err)?;
     let mut lease = lease;
-    let state = match read_state(&store, &tenant, rs).await {
+    let (state, snapshot_seq) = match read_state(&store, &tenant, rs, window, &stats).await {
         Ok(s) => s,
         Err(e) => {
             let _ = store.journal_release(&lease).await;
@@ -282,6 +293,8 @@ pub(crate) async fn launch(
         turn_tx: tx,
         clock: SystemClock,
         used: false,
+        snapshot_seq,
+        stats,
     };
     let span = tracing::info_span!(
         "harness_session",
@@ -293,13 +306,41 @@ pub(crate) async fn launch(
     Ok(handle)
 }
 
+/// The session's state from its journal: the newest usable snapshot and the records after it,
+/// or the whole journal when there is no snapshot or it cannot be used (another format, a
+/// body that fails its digest or does not decode). Returns the state and the sequence the
+/// snapshot it started from folds through (0 for none).
 async fn read_state(
     store: &Store,
     tenant: &TenantId,
     rs: RuntimeSessionId,
-) -> Result<SessionState, LaunchError> {
-    let mut state = SessionState::default();
-    let mut after = 0;
+    window: Window,
+    stats: &SnapshotStats,
+) -> Result<(SessionState, u64), LaunchError> {
+    let found = match store.journal_snapshot(tenant, rs).await {
+        Ok(found) => found,
+        Err(e) if e.is_transient() => return Err(store_err(e)),
+        Err(e) => {
+            tracing::warn!(error = %e, "the journal snapshot is unreadable; folding the whole journal");
+            stats.fell_back();
+            None
+        }
+    };
+    let (mut state, mut after) = match found {
+        None => (SessionState::new(window), 0),
+        Some(snap) => match snapshot::decode(snap.format, &snap.body, window) {
+            Ok(state) => {
+                stats.restored();
+                (state, snap.seq)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, seq = snap.seq, "the journal snapshot cannot be used; folding the whole journal");
+                stats.fell_back();
+                (SessionState::new(window), 0)
+            }
+        },
+    };
+    let from = after;
     loop {
         let page = store
             .journal_runtime_page(tenant, rs, after, RESTORE_PAGE)
@@ -319,7 +360,7 @@ async fn read_state(
             break;
         }
     }
-    Ok(state)
+    Ok((state, from))
 }
 
 /// The record a journal entry becomes once written.
@@ -359,6 +400,33 @@ fn record_kind(entry: JournalEntry) -> sessionstore::RecordKind {
             attempt,
             attempt_epoch,
         },
+    }
+}
+
+/// True when the store refused an append because the journal already holds a disposition of
+/// its command (nothing was written).
+fn is_disposed(e: &StoreError) -> bool {
+    matches!(e, StoreError::State { entity: "journal", state, .. } if state == "disposed")
+}
+
+/// Stores a snapshot, logging and counting a failure (never a fault: the journal is whole
+/// without it).
+async fn write_snapshot(
+    store: &Store,
+    lease: &JournalLease,
+    seq: u64,
+    body: Vec<u8>,
+    stats: &SnapshotStats,
+) {
+    match store
+        .journal_put_snapshot(lease, seq, snapshot::FORMAT, body)
+        .await
+    {
+        Ok(_) => stats.wrote(),
+        Err(e) => {
+            tracing::warn!(error = %e, seq, "a journal snapshot was not written");
+            stats.failed();
+        }
     }
 }
 
@@ -456,6 +524,14 @@ impl Actor {
                     let _ = reply.send(Err(RuntimeError::NotIdle));
                     return true;
                 }
+                // A warm release checkpoints, so the next restore folds only its own fence;
+                // one that added nothing but its opening fence since the snapshot writes none.
+                if self.fault.is_none()
+                    && self.lease.tip > self.snapshot_seq + 1
+                    && let Some((seq, body)) = self.snapshot_body()
+                {
+                    write_snapshot(&self.store, &self.lease, seq, body, &self.stats).await;
+                }
                 let r = self
                     .store
                     .journal_release(&self.lease)
@@ -509,27 +585,93 @@ impl Actor {
         if let Some(f) = &self.fault {
             return Err(RuntimeError::Faulted(f.reason.clone()));
         }
+        match self.try_append(entries).await {
+            Ok(tip) => Ok(tip),
+            Err(e) => Err(self.failed_write(e)),
+        }
+    }
+
+    /// Appends entries as one compare-and-set and folds them; a failure is returned as the
+    /// store gave it, latching nothing (the caller decides).
+    async fn try_append(&mut self, entries: Vec<JournalEntry>) -> Result<u64, StoreError> {
         let first = self.lease.tip + 1;
-        match self.write_journal(&entries).await {
-            Ok(tip) => {
-                self.lease.tip = tip;
-                let now = self.clock.now_ms();
-                for (i, e) in entries.into_iter().enumerate() {
-                    let seq = first + i as u64;
-                    self.fold_written(e, seq, now);
-                }
-                Ok(tip)
-            }
+        let tip = self.write_journal(&entries).await?;
+        self.lease.tip = tip;
+        let now = self.clock.now_ms();
+        for (i, e) in entries.into_iter().enumerate() {
+            let seq = first + i as u64;
+            self.fold_written(e, seq, now);
+        }
+        self.snapshot_if_due();
+        Ok(tip)
+    }
+
+    /// Latches the fault a failed journal write is, and the error its caller answers.
+    fn failed_write(&mut self, e: StoreError) -> RuntimeError {
+        let lost = e.code() == ErrorCode::Epoch;
+        self.latch(format!("a journal write failed: {e}"));
+        if lost {
+            RuntimeError::LeaseLost
+        } else {
+            RuntimeError::Faulted(e.to_string())
+        }
+    }
+
+    /// Checkpoints the fold when `snapshot_every` records were appended since the last
+    /// snapshot. The write runs beside the actor: it never delays or fails an append (a failed
+    /// one is logged and counted, and the next is due `snapshot_every` records later).
+    fn snapshot_if_due(&mut self) {
+        if self.fault.is_some()
+            || self.lease.tip < self.snapshot_seq.saturating_add(self.agent.snapshot_every)
+        {
+            return;
+        }
+        let Some((seq, body)) = self.snapshot_body() else {
+            return;
+        };
+        let (store, lease, stats) = (self.store.clone(), self.lease.clone(), self.stats.clone());
+        tokio::spawn(async move { write_snapshot(&store, &lease, seq, body, &stats).await });
+    }
+
+    /// The snapshot of the fold through the tip (marked as the newest), or `None` when the
+    /// fold does not encode (counted as a failed snapshot).
+    fn snapshot_body(&mut self) -> Option<(u64, Vec<u8>)> {
+        self.snapshot_seq = self.lease.tip;
+        match snapshot::encode(&self.state) {
+            Ok(body) => Some((self.lease.tip, body)),
             Err(e) => {
-                let lost = e.code() == ErrorCode::Epoch;
-                self.latch(format!("a journal write failed: {e}"));
-                Err(if lost {
-                    RuntimeError::LeaseLost
-                } else {
-                    RuntimeError::Faulted(e.to_string())
-                })
+                tracing::warn!(error = %e, "a journal snapshot was not written");
+                self.stats.failed();
+                None
             }
         }
+    }
+
+    /// As [`Actor::recorded`]; a faulted session answers a failed read with its fault.
+    async fn recorded_unless_faulted(
+        &self,
+        rc: RuntimeCommandId,
+    ) -> Result<Option<Recorded>, RuntimeError> {
+        match self.recorded(rc).await {
+            Err(_) if self.fault.is_some() => Ok(None),
+            other => other,
+        }
+    }
+
+    /// The disposition the journal holds for `rc`: the recent ones in memory, else one read
+    /// through the journal's index of dispositions by command.
+    async fn recorded(&self, rc: RuntimeCommandId) -> Result<Option<Recorded>, RuntimeError> {
+        if let Some(r) = self.state.recent.get(&rc) {
+            return Ok(Some(r));
+        }
+        let frame = self
+            .store
+            .journal_command_disposition(&self.lease.tenant, self.lease.runtime_session, rc)
+            .await?;
+        Ok(frame.map(|f| Recorded {
+            disposition: f.disposition,
+            seq: f.seq,
+        }))
     }
 
     /// One journal append as a compare-and-set on the tip. A transient store failure (a reset
@@ -646,9 +788,15 @@ impl Actor {
             return Err(RuntimeError::WrongSession);
         }
         let rc = cmd.identity.runtime_command;
-        if let Some(r) = self.state.dispositions.get(&rc) {
+        if let Some(r) = self.state.recent.get(&rc) {
             // A duplicate delivery: the recorded disposition, and nothing else.
-            return Ok(*r);
+            return Ok(r);
+        }
+        if self.fault.is_some() || cmd.journal_epoch != self.lease.epoch {
+            // Refused below, unless it was recorded before (a duplicate of an older one).
+            if let Some(r) = self.recorded_unless_faulted(rc).await? {
+                return Ok(r);
+            }
         }
         if let Some(f) = &self.fault {
             return Err(RuntimeError::Faulted(f.reason.clone()));
@@ -759,7 +907,25 @@ impl Actor {
         }];
         entries.extend(effects);
         let first = self.lease.tip + 1;
-        self.append(entries).await?;
+        // A command recorded before this launch (and no longer in memory) is refused by the
+        // journal's one-disposition-per-command index, writing nothing: its recorded
+        // disposition is the answer. So a new command costs no read to tell it from a
+        // duplicate, and none of the session's history need be held.
+        match self.try_append(entries).await {
+            Ok(_) => {}
+            Err(e) if is_disposed(&e) => {
+                if let (Some(w), Some((g, _))) = (waiter, &resolution)
+                    && let Some(open) = self.state.open_gates.get_mut(g)
+                {
+                    open.waiter = Some(w);
+                }
+                return match self.recorded(rc).await? {
+                    Some(r) => Ok(r),
+                    None => Err(self.failed_write(e)),
+                };
+            }
+            Err(e) => return Err(self.failed_write(e)),
+        }
         if let (Some(w), Some((_, res))) = (waiter, resolution) {
             let _ = w.send(res);
         }
@@ -775,8 +941,11 @@ impl Actor {
         attempt: AttemptId,
         attempt_epoch: JournalEpoch,
     ) -> Result<Recorded, RuntimeError> {
-        if let Some(r) = self.state.dispositions.get(&identity.runtime_command) {
-            return Ok(*r);
+        if let Some(r) = self
+            .recorded_unless_faulted(identity.runtime_command)
+            .await?
+        {
+            return Ok(r);
         }
         if let Some(f) = &self.fault {
             return Err(RuntimeError::Faulted(f.reason.clone()));
@@ -788,7 +957,15 @@ impl Actor {
                 held: self.lease.epoch.0,
             });
         }
-        if self.state.effects.contains(&identity.runtime_command) {
+        if self
+            .store
+            .journal_has_effect(
+                &self.lease.tenant,
+                self.lease.runtime_session,
+                identity.runtime_command,
+            )
+            .await?
+        {
             return Err(RuntimeError::ClosureRefused(format!(
                 "the journal holds an effect of command {}",
                 identity.command

@@ -1,37 +1,53 @@
 //! A session's in-memory state, and the fold that rebuilds it from the journal. Owned by the
 //! session actor alone; the fold is the only way state is derived from durable records, on
-//! restore and after every append, so a restored session and a live one agree.
+//! restore and after every append, so a restored session and a live one agree. What it holds
+//! is bounded by configuration, not by the session's age: the conversation is a window of the
+//! newest turns ([`Window`]), dispositions are the recent ones (older ones are read from the
+//! journal), and effects are not held at all (the journal indexes them by cause).
+//! A snapshot (see `snapshot`) is this state minus the recent dispositions.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use department::Recorded;
-use sessionstore::{JournalRecord, Millis, RecordKind, RuntimeCommandId};
+use serde::{Deserialize, Serialize};
+use sessionstore::{JournalRecord, Millis, RecordKind};
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
 use crate::events::{Cause, GateKind, HarnessEvent};
 use crate::history::{self, TurnEnd, TurnTranscript};
 use crate::model::{ChatMessage, ToolCall};
+use crate::recent::RecentDispositions;
+
+/// How much of the conversation a session keeps in memory: its newest turns, at most `turns`
+/// of them and about `bytes` of text. The last turn is always kept, whatever its size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Window {
+    pub turns: usize,
+    pub bytes: usize,
+}
 
 /// How a gate was resolved.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Resolution {
     pub action: String,
     pub text: Option<String>,
 }
 
 /// A gate the journal holds open.
-#[derive(Debug)]
+#[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct OpenGate {
     pub kind: GateKind,
     pub turn_id: String,
     pub opened_at_ms: Millis,
     pub timeout_ms: u64,
+    /// The turn waiting for the answer: live only, never in a snapshot.
+    #[serde(skip)]
     pub waiter: Option<oneshot::Sender<Resolution>>,
 }
 
 /// A user message waiting for its turn.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) struct PendingInput {
     pub event_id: String,
     pub text: String,
@@ -39,7 +55,7 @@ pub(crate) struct PendingInput {
 }
 
 /// What the journal says about a turn that has started and not ended.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub(crate) struct OpenTurn {
     pub turn_id: String,
     pub steps: u32,
@@ -54,14 +70,17 @@ pub(crate) struct OpenTurn {
 }
 
 /// Everything a session knows, derived from its journal.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct SessionState {
     pub started: bool,
     pub compatibility: Option<String>,
-    pub turns: Vec<TurnTranscript>,
-    pub dispositions: HashMap<RuntimeCommandId, Recorded>,
-    /// Commands whose effects the journal holds (a closure of them is refused).
-    pub effects: HashSet<RuntimeCommandId>,
+    /// The newest turns, within `window`.
+    pub turns: VecDeque<TurnTranscript>,
+    /// The text `turns` holds, about (see [`turn_bytes`]).
+    pub turn_bytes: usize,
+    pub window: Window,
+    /// The dispositions of the newest commands folded (older ones are read from the journal).
+    pub recent: RecentDispositions,
     pub open_gates: BTreeMap<Uuid, OpenGate>,
     pub inputs: VecDeque<PendingInput>,
     /// The turn in flight according to the journal.
@@ -69,6 +88,21 @@ pub(crate) struct SessionState {
 }
 
 impl SessionState {
+    /// The state of an empty journal.
+    pub fn new(window: Window) -> SessionState {
+        SessionState {
+            started: false,
+            compatibility: None,
+            turns: VecDeque::new(),
+            turn_bytes: 0,
+            window,
+            recent: RecentDispositions::default(),
+            open_gates: BTreeMap::new(),
+            inputs: VecDeque::new(),
+            open_turn: None,
+        }
+    }
+
     /// Folds one journal record in.
     pub fn fold(&mut self, record: &JournalRecord) -> Result<(), String> {
         match &record.kind {
@@ -76,13 +110,13 @@ impl SessionState {
             RecordKind::Application {
                 identity, outcome, ..
             } => {
-                self.dispositions.insert(
+                self.recent.insert(
                     identity.runtime_command,
                     Recorded::applied(*outcome, record.seq),
                 );
             }
             RecordKind::Closure { identity, .. } => {
-                self.dispositions.insert(
+                self.recent.insert(
                     identity.runtime_command,
                     Recorded {
                         disposition: sessionstore::Disposition::NotApplied,
@@ -91,14 +125,8 @@ impl SessionState {
                 );
             }
             RecordKind::Event {
-                event,
-                public_body,
-                cause,
-                ..
+                event, public_body, ..
             } => {
-                if let Some(c) = cause {
-                    self.effects.insert(*c);
-                }
                 let ev = HarnessEvent::decode(public_body)
                     .map_err(|e| format!("record {}: {e}", record.seq))?;
                 self.fold_event(event.as_str(), ev, record.written_at_ms, record.seq)?;
@@ -145,12 +173,14 @@ impl SessionState {
                     text: String::new(),
                     cause: None,
                 });
-                self.turns.push(TurnTranscript {
+                self.turn_bytes += input.text.len();
+                self.turns.push_back(TurnTranscript {
                     turn_id: turn_id.clone(),
                     user: input.text,
                     messages: Vec::new(),
                     end: None,
                 });
+                self.trim();
                 self.open_turn = Some(OpenTurn {
                     turn_id,
                     ..OpenTurn::default()
@@ -232,10 +262,22 @@ impl SessionState {
 
     fn end_turn(&mut self, turn_id: &str, end: TurnEnd) {
         self.open_turn = None;
-        if let Some(t) = self.turns.last_mut()
+        if let Some(t) = self.turns.back_mut()
             && t.turn_id == turn_id
         {
             t.end = Some(end);
+        }
+        self.trim();
+    }
+
+    /// Forgets the oldest turns past the window (never the last one).
+    pub fn trim(&mut self) {
+        while self.turns.len() > 1
+            && (self.turns.len() > self.window.turns || self.turn_bytes > self.window.bytes)
+        {
+            if let Some(old) = self.turns.pop_front() {
+                self.turn_bytes = self.turn_bytes.saturating_sub(turn_bytes(&old));
+            }
         }
     }
 
@@ -249,7 +291,8 @@ impl SessionState {
     }
 
     fn push_message(&mut self, m: ChatMessage) {
-        if let Some(t) = self.turns.last_mut() {
+        if let Some(t) = self.turns.back_mut() {
+            self.turn_bytes += message_bytes(&m);
             t.messages.push(m);
         }
     }
@@ -268,7 +311,12 @@ impl SessionState {
                 .find(|i| i.event_id == event)
                 .map(|i| i.text.as_str())
         });
-        history::conversation(system, &self.turns, pending)
+        // A pending input is a turn too: the model sees at most `window.turns` of them.
+        let skip = match pending {
+            Some(_) => (self.turns.len() + 1).saturating_sub(self.window.turns),
+            None => 0,
+        };
+        history::conversation(system, self.turns.range(skip..), pending)
     }
 
     /// Whole-session idle: no turn, no open gate, nothing queued.
@@ -277,5 +325,33 @@ impl SessionState {
             && self.open_turn.is_none()
             && self.open_gates.is_empty()
             && self.inputs.is_empty()
+    }
+}
+
+/// About how much text a turn holds (its user message, replies, tool calls and results).
+pub(crate) fn turn_bytes(t: &TurnTranscript) -> usize {
+    t.user.len() + t.messages.iter().map(message_bytes).sum::<usize>()
+}
+
+fn message_bytes(m: &ChatMessage) -> usize {
+    match m {
+        ChatMessage::System { text } | ChatMessage::User { text } => text.len(),
+        ChatMessage::Assistant { text, tool_calls } => {
+            text.len()
+                + tool_calls
+                    .iter()
+                    .map(|c| {
+                        c.id.len()
+                            + c.name.len()
+                            + c.arguments.to_string().len()
+                            + c.arguments_error.as_ref().map_or(0, String::len)
+                    })
+                    .sum::<usize>()
+        }
+        ChatMessage::Tool {
+            call_id,
+            name,
+            content,
+        } => call_id.len() + name.len() + content.len(),
     }
 }

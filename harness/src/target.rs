@@ -15,6 +15,7 @@ use tokio::sync::{broadcast, watch};
 
 use crate::agent::{AgentConfig, AgentConfigError};
 use crate::session::{self, SessionHandle};
+use crate::snapshot::{SnapshotCounts, SnapshotStats};
 
 /// A harness agent as a department launch target.
 #[derive(Clone)]
@@ -23,6 +24,7 @@ pub struct HarnessTarget {
     agent: Arc<AgentConfig>,
     compatibility: CompatibilityId,
     capabilities: Capabilities,
+    snapshots: Arc<SnapshotStats>,
 }
 
 impl std::fmt::Debug for HarnessTarget {
@@ -53,6 +55,7 @@ impl HarnessTarget {
                 isolation: String::new(),
                 recovery: Recovery::full(),
             },
+            snapshots: Arc::default(),
         })
     }
 
@@ -63,6 +66,11 @@ impl HarnessTarget {
     }
 
     /// Launches and returns the session handle itself (for tests and embedding).
+    /// What this target's sessions did with journal snapshots since it was built.
+    pub fn snapshot_counts(&self) -> SnapshotCounts {
+        self.snapshots.counts()
+    }
+
     pub async fn launch_session(
         &self,
         request: LaunchRequest,
@@ -70,6 +78,7 @@ impl HarnessTarget {
         session::launch(
             self.store.clone(),
             self.agent.clone(),
+            self.snapshots.clone(),
             self.compatibility.to_string(),
             request,
         )

@@ -327,3 +327,16 @@ pub(crate) fn record_kind_tag(kind: &JournalEntry) -> RowKind {
         JournalEntry::Closure { .. } => RowKind::Closure,
     }
 }
+
+/// A runtime's checkpoint of its journal's fold: what the runtime derived from the records up
+/// to and including `seq`, in its own encoding (`format`, which the runtime versions). Not a
+/// journal record: it takes no sequence number and is never public.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct JournalSnapshot {
+    pub seq: u64,
+    /// The journal epoch of the lease that wrote it.
+    pub epoch: JournalEpoch,
+    pub format: u32,
+    pub body: Vec<u8>,
+    pub written_at_ms: Millis,
+}

@@ -26,6 +26,7 @@ pub mod placement;
 pub mod plans;
 mod postgres;
 pub mod runs;
+mod snapshots;
 mod sql;
 mod sqlite;
 mod statements;

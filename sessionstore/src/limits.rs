@@ -21,6 +21,8 @@ pub const MAX_REGISTRATION_TTL: Duration = Duration::from_secs(3600);
 pub const MAX_CLAIM_TTL: Duration = Duration::from_secs(3600);
 /// The longest a residency or journal lease may be granted for.
 pub const MAX_LEASE_TTL: Duration = Duration::from_secs(3600);
+/// The largest journal snapshot body a runtime may store (a larger fold is not checkpointed).
+pub const MAX_SNAPSHOT_BYTES: usize = 8 * 1024 * 1024;
 /// The most records one journal append may carry.
 pub const MAX_APPEND_RECORDS: usize = 1024;
 /// The largest page a list call returns.

@@ -38,6 +38,7 @@ pub(crate) const SQLITE: &[Migration] = migration_files!("sqlite":
     5 => "0005_fleet.sql",
     6 => "0006_public_offsets.sql",
     7 => "0007_run_pins.sql",
+    8 => "0008_journal_snapshots.sql",
 );
 
 /// The PostgreSQL migrations this binary knows, in version order.
@@ -49,6 +50,7 @@ pub(crate) const POSTGRES: &[Migration] = migration_files!("postgres":
     5 => "0005_fleet.sql",
     6 => "0006_public_offsets.sql",
     7 => "0007_run_pins.sql",
+    8 => "0008_journal_snapshots.sql",
 );
 
 /// What a backend does for the runner: each step in its own dialect, all of them inside the
@@ -162,7 +164,7 @@ mod tests {
     fn a_fresh_database_gets_every_migration_in_order() {
         assert_eq!(
             versions(&missing(SQLITE, &[]).unwrap()),
-            [1, 2, 3, 4, 5, 6, 7]
+            [1, 2, 3, 4, 5, 6, 7, 8]
         );
     }
 
@@ -170,9 +172,13 @@ mod tests {
     fn only_the_versions_not_yet_applied_are_applied_even_below_an_applied_one() {
         assert_eq!(
             versions(&missing(SQLITE, &[1, 2, 4]).unwrap()),
-            [3, 5, 6, 7]
+            [3, 5, 6, 7, 8]
         );
-        assert!(missing(SQLITE, &[1, 2, 3, 4, 5, 6, 7]).unwrap().is_empty());
+        assert!(
+            missing(SQLITE, &[1, 2, 3, 4, 5, 6, 7, 8])
+                .unwrap()
+                .is_empty()
+        );
     }
 
     #[test]
@@ -182,7 +188,7 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "state: schema is version 999: the database was written by a newer build (schema \
-             version 999); this binary knows up to 7. Upgrade hostd or use another database."
+             version 999); this binary knows up to 8. Upgrade hostd or use another database."
         );
     }
 }

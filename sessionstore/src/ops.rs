@@ -979,11 +979,11 @@ pub(crate) async fn resolve_gate<T: Tx>(
 
 // ---- journal --------------------------------------------------------------------------------
 
-fn journal_key(rs: RuntimeSessionId) -> String {
+pub(crate) fn journal_key(rs: RuntimeSessionId) -> String {
     format!("runtime session {rs}")
 }
 
-async fn own_journal<T: Tx>(
+pub(crate) async fn own_journal<T: Tx>(
     tx: &mut T,
     t: &TenantId,
     rs: RuntimeSessionId,
@@ -1048,7 +1048,7 @@ pub(crate) async fn journal_acquire<T: Tx>(
     })
 }
 
-fn check_writer(state: &JournalLeaseState, lease: &JournalLease) -> StoreResult<()> {
+pub(crate) fn check_writer(state: &JournalLeaseState, lease: &JournalLease) -> StoreResult<()> {
     if state.epoch != lease.epoch {
         return Err(StoreError::Epoch {
             field: "journal.epoch",
@@ -1638,4 +1638,16 @@ pub(crate) async fn put_object<T: Tx>(
     )
     .await?;
     Ok(reference)
+}
+
+pub(crate) async fn journal_has_effect<T: Tx>(
+    tx: &mut T,
+    t: &TenantId,
+    rs: RuntimeSessionId,
+    rc: RuntimeCommandId,
+) -> StoreResult<bool> {
+    if own_journal(tx, t, rs).await?.is_none() {
+        return Ok(false);
+    }
+    tx.has_effect(rs, rc).await
 }

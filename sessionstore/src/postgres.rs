@@ -54,6 +54,7 @@ const TABLES: &[&str] = &[
     "fleet_leaders",
     "placements",
     "journal_records",
+    "journal_snapshots",
     "runnable_packages",
     "run_programs",
     "run_status",

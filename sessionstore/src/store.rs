@@ -1440,3 +1440,4 @@ impl Store {
 }
 
 mod fleet;
+mod snapshots;

@@ -1642,6 +1642,188 @@ mod cases {
         assert_eq!(code(wrong), "invalid");
     }
 
+    // ---- journal snapshots ------------------------------------------------------------------
+
+    pub async fn a_snapshot_is_fenced_by_the_journal_lease_and_never_replaced_by_an_older_one(
+        ts: &TestStore,
+    ) {
+        let s = new_session(ts, "s1").await;
+        let rs = s.binding.runtime_session_id;
+        let mut lease = journal(ts, &s, "runtime-a").await;
+        append(ts, &mut lease, vec![event(1, None), event(2, None)])
+            .await
+            .unwrap();
+        assert_eq!(
+            ts.store.journal_snapshot(&s.tenant, rs).await.unwrap(),
+            None
+        );
+        assert!(
+            ts.store
+                .journal_put_snapshot(&lease, 3, 1, b"through three".to_vec())
+                .await
+                .unwrap()
+        );
+        // Not past the tip, not format 0.
+        assert_eq!(
+            code(
+                ts.store
+                    .journal_put_snapshot(&lease, 4, 1, b"x".to_vec())
+                    .await
+            ),
+            "invalid"
+        );
+        assert_eq!(
+            code(
+                ts.store
+                    .journal_put_snapshot(&lease, 3, 0, b"x".to_vec())
+                    .await
+            ),
+            "invalid"
+        );
+        // An older snapshot never replaces a newer one.
+        assert!(
+            !ts.store
+                .journal_put_snapshot(&lease, 2, 1, b"through two".to_vec())
+                .await
+                .unwrap()
+        );
+        let got = ts
+            .store
+            .journal_snapshot(&s.tenant, rs)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (got.seq, got.epoch, got.format, got.body.as_slice()),
+            (3, lease.epoch, 1, b"through three".as_slice())
+        );
+        // A successor's fence deposes the first writer: its snapshot is refused, and the
+        // snapshot and the journal's records and public offsets are untouched by either.
+        let tip = ts.store.journal_tip(&s.tenant, rs).await.unwrap();
+        let offset = ts
+            .store
+            .journal_public_offset(&s.tenant, rs, tip)
+            .await
+            .unwrap();
+        let mut next = journal(ts, &s, "runtime-b").await;
+        assert_eq!(
+            code(
+                ts.store
+                    .journal_put_snapshot(&lease, 3, 2, b"stale".to_vec())
+                    .await
+            ),
+            "epoch"
+        );
+        assert_eq!(next.tip, tip + 1, "a snapshot takes no sequence number");
+        assert_eq!(
+            ts.store
+                .journal_public_offset(&s.tenant, rs, next.tip)
+                .await
+                .unwrap(),
+            offset
+        );
+        append(ts, &mut next, vec![event(3, None)]).await.unwrap();
+        assert!(
+            ts.store
+                .journal_put_snapshot(&next, next.tip, 1, b"successor".to_vec())
+                .await
+                .unwrap()
+        );
+        assert_eq!(
+            ts.store
+                .journal_snapshot(&s.tenant, rs)
+                .await
+                .unwrap()
+                .unwrap()
+                .epoch,
+            next.epoch
+        );
+        // A released lease writes none either.
+        ts.store.journal_release(&next).await.unwrap();
+        assert_eq!(
+            code(
+                ts.store
+                    .journal_put_snapshot(&next, next.tip, 1, b"late".to_vec())
+                    .await
+            ),
+            "claim_lost"
+        );
+    }
+
+    pub async fn a_damaged_snapshot_reads_as_integrity_and_another_tenant_sees_none(
+        ts: &TestStore,
+    ) {
+        let s = new_session(ts, "s1").await;
+        let rs = s.binding.runtime_session_id;
+        let lease = journal(ts, &s, "runtime-a").await;
+        ts.store
+            .journal_put_snapshot(&lease, 1, 1, b"{\"fold\":1}".to_vec())
+            .await
+            .unwrap();
+        let other = TenantId::new("globex").unwrap();
+        assert_eq!(ts.store.journal_snapshot(&other, rs).await.unwrap(), None);
+        ts.exec_raw(&format!(
+            "UPDATE journal_snapshots SET sha256 = '{}' WHERE runtime_session_id = '{}'",
+            "0".repeat(64),
+            rs.to_text()
+        ))
+        .await;
+        assert_eq!(
+            code(ts.store.journal_snapshot(&s.tenant, rs).await),
+            "integrity"
+        );
+    }
+
+    pub async fn a_command_s_disposition_and_effects_are_read_from_the_journal_by_command(
+        ts: &TestStore,
+    ) {
+        let s = new_session(ts, "s1").await;
+        let rs = s.binding.runtime_session_id;
+        let mut lease = journal(ts, &s, "runtime-a").await;
+        let rec = admit(ts, &s, "c1").await;
+        let applying = to_applying(ts, &rec, 1, &lease).await;
+        let rc = applying.runtime_command;
+        assert_eq!(
+            ts.store
+                .journal_command_disposition(&s.tenant, rs, rc)
+                .await
+                .unwrap(),
+            None
+        );
+        assert!(
+            !ts.store
+                .journal_has_effect(&s.tenant, rs, rc)
+                .await
+                .unwrap()
+        );
+        let seq = apply_in_journal(ts, &mut lease, &applying, ApplicationOutcome::NoOp).await;
+        append(ts, &mut lease, vec![event(1, Some(rc))])
+            .await
+            .unwrap();
+        let frame = ts
+            .store
+            .journal_command_disposition(&s.tenant, rs, rc)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((frame.seq, frame.disposition), (seq, Disposition::NoOp));
+        assert!(
+            ts.store
+                .journal_has_effect(&s.tenant, rs, rc)
+                .await
+                .unwrap()
+        );
+        let other = TenantId::new("globex").unwrap();
+        assert_eq!(
+            ts.store
+                .journal_command_disposition(&other, rs, rc)
+                .await
+                .unwrap(),
+            None
+        );
+        assert!(!ts.store.journal_has_effect(&other, rs, rc).await.unwrap());
+    }
+
     pub async fn public_pages_hold_public_events_only_pinned_to_the_first_tip(ts: &TestStore) {
         let s = new_session(ts, "s1").await;
         let rs = s.binding.runtime_session_id;
@@ -2550,6 +2732,9 @@ sessionstore::both_backends!(cases =>
     appends_are_compare_and_set_on_the_writers_tip,
     a_command_has_at_most_one_disposition,
     a_closure_needs_a_later_epoch_and_no_effect_of_the_command,
+    a_snapshot_is_fenced_by_the_journal_lease_and_never_replaced_by_an_older_one,
+    a_damaged_snapshot_reads_as_integrity_and_another_tenant_sees_none,
+    a_command_s_disposition_and_effects_are_read_from_the_journal_by_command,
     public_pages_hold_public_events_only_pinned_to_the_first_tip,
     event_bodies_over_64_kib_are_offloaded_and_verified_on_read,
     a_corrupt_command_row_reads_as_integrity_not_a_panic,
