@@ -123,6 +123,10 @@ async fn main() {
                     "1000",
                     "--fleet-placements-per-host",
                     "200",
+                    // Idle sessions stay resident through the run: a warm release is work,
+                    // not the idle cost this measures.
+                    "--warm-ttl",
+                    "1h",
                 ],
             );
             (name, serve)
