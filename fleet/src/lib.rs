@@ -150,19 +150,29 @@ pub struct PassReport {
     pub deferred: usize,
 }
 
-/// One reconcile pass under `leadership`: scan, plan, assign, within half the leadership's TTL
-/// (what is left then is deferred to the next pass). An assignment refused because the
-/// session became resident meanwhile is skipped; one refused because the leadership is no
-/// longer current ends the pass with that error.
+/// One reconcile pass under `leadership`, ending by half the leadership's TTL from now (what
+/// is left then is deferred to the next pass). See [`reconcile_until`].
 pub async fn reconcile_once(
     store: &Store,
     leadership: &Leadership,
     options: &ReconcilerOptions,
 ) -> Result<PassReport, ReconcilerError> {
-    // A pass ends by half the leadership's TTL: the next pass renews the leadership first, so
-    // a long pass (a slow store, a busy machine, many placements) defers the rest instead of
-    // outliving the leadership it acts under and handing the fleet to another reconciler.
     let deadline = tokio::time::Instant::now() + options.leader_ttl / 2;
+    reconcile_until(store, leadership, options, deadline).await
+}
+
+/// One reconcile pass under `leadership`: scan, plan, assign, assigning nothing once
+/// `deadline` has passed (the rest is deferred to the next pass, which renews the leadership
+/// first). A long pass (a slow store, a busy machine, many placements) so never outlives the
+/// leadership it acts under and hands the fleet to another reconciler. An assignment refused
+/// because the session became resident meanwhile is skipped; one refused because the
+/// leadership is no longer current ends the pass with that error.
+pub async fn reconcile_until(
+    store: &Store,
+    leadership: &Leadership,
+    options: &ReconcilerOptions,
+    deadline: tokio::time::Instant,
+) -> Result<PassReport, ReconcilerError> {
     let scan_limit = options.placements_per_pass.saturating_mul(4);
     let orphans = store.orphans(scan_limit).await?;
     let mut report = PassReport {
@@ -268,6 +278,9 @@ impl Reconciler {
 
     /// Campaigns (acquire or renew), then runs a pass when leading.
     pub async fn pass(&mut self) -> Result<PassReport, ReconcilerError> {
+        // The leadership is renewed (or won) by the campaign below: the pass may act until
+        // half its TTL from before the campaign began.
+        let deadline = tokio::time::Instant::now() + self.options.leader_ttl / 2;
         let campaign = self
             .store
             .acquire_leadership(LeadershipRequest {
@@ -293,7 +306,7 @@ impl Reconciler {
                 return Err(e.into());
             }
         };
-        let result = reconcile_once(&self.store, &leadership, &self.options).await;
+        let result = reconcile_until(&self.store, &leadership, &self.options, deadline).await;
         if let Err(ReconcilerError::Store(e)) = &result
             && matches!(e.code(), ErrorCode::Epoch | ErrorCode::ClaimLost)
         {
