@@ -26,15 +26,9 @@ use futures::StreamExt as _;
 use sessionstore::wire::{CommandBodyV1, encode_command_body};
 use sessionstore::*;
 use sqlx::Row as _;
+use testkit::bench::{env_usize, load_average};
 use testkit::pg::FreshDatabase;
 use testkit::process::{Serve, http_get, tenant_credentials};
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 /// The value of an unlabelled counter in a `/metrics` body.
 fn counter(body: &str, name: &str) -> Option<f64> {
@@ -47,12 +41,6 @@ fn statements(port: u16) -> f64 {
     http_get(port, "/metrics")
         .and_then(|(_, body)| counter(&body, "host_store_statements_total"))
         .unwrap_or(f64::NAN)
-}
-
-fn load() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
 }
 
 async fn create(store: &Store, i: usize) {
@@ -92,8 +80,8 @@ async fn main() {
         eprintln!("HOST_TEST_DATABASE_URL is unset");
         return;
     };
-    let hosts: usize = env_or("FLEET_HOSTS", 10);
-    let window = Duration::from_secs(env_or("FLEET_WINDOW_SECS", 20));
+    let hosts = env_usize("FLEET_HOSTS", 10);
+    let window = Duration::from_secs(env_usize("FLEET_WINDOW_SECS", 20) as u64);
     let steps: Vec<usize> = std::env::var("FLEET_SESSIONS")
         .unwrap_or_else(|_| "0,1000,10000".into())
         .split(',')
@@ -138,7 +126,7 @@ async fn main() {
     let admin = sqlx::PgPool::connect(&db.url).await.unwrap();
     println!(
         "fleet cost: {hosts} Hosts on one PostgreSQL, heartbeat 1 s, expiry 3 s, idle window {window:?}; load {}",
-        load()
+        load_average()
     );
     let mut created = 0;
     let mut baseline: Option<f64> = None;
@@ -173,7 +161,10 @@ async fn main() {
         // Let the attach burst's writes settle before measuring idleness: a session runtime
         // that handled a message renews its journal lease once more within a third of its
         // TTL (20 s by default), and only then rests without writes.
-        tokio::time::sleep(Duration::from_secs(env_or("FLEET_SETTLE_SECS", 25))).await;
+        tokio::time::sleep(Duration::from_secs(
+            env_usize("FLEET_SETTLE_SECS", 25) as u64
+        ))
+        .await;
         let commits = |pool: sqlx::PgPool| async move {
             sqlx::query(
                 "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
@@ -222,7 +213,7 @@ async fn main() {
             "{target:>6} sessions (placed and applied in {:.1}s): statements/s per Host mean {mean:.1} max {max:.1} (x{ratio:.2} of the first step); database commits/s {:.1}; connections: {conn_total} in all, at most {conn_max} per Host; load {}",
             placed.as_secs_f64(),
             (commits_after - commits_before) as f64 / secs,
-            load()
+            load_average()
         );
     }
     for (_, s) in fleet {
