@@ -81,23 +81,37 @@ pub(crate) async fn heartbeat(host: Arc<Residency>, first_sent: Instant) {
                 give_up_at = sent + give_up_after;
                 given_up = false;
                 host.readiness().leases_renewed();
-                let renewed: HashSet<RenewedResidency> = report.renewed.into_iter().collect();
-                for r in before {
-                    if r.state() == ResidentState::Ended {
-                        continue;
+                match report.renewed {
+                    // An unbroken run of beats: every lease this Host held is still its own.
+                    None => {
+                        for r in before {
+                            if r.state() != ResidentState::Ended {
+                                r.set_lease_expiry(report.target.expires_at_ms);
+                            }
+                        }
                     }
-                    let key = RenewedResidency {
-                        tenant: r.key.tenant.clone(),
-                        session: r.key.session.clone(),
-                        epoch: r.epoch,
-                    };
-                    if renewed.contains(&key) {
-                        r.set_lease_expiry(report.target.expires_at_ms);
-                    } else if r.state() == ResidentState::Resident {
-                        host.end_later(
-                            r,
-                            EndReason::Lost("the heartbeat found the lease lapsed or taken".into()),
-                        );
+                    Some(renewed) => {
+                        let renewed: HashSet<RenewedResidency> = renewed.into_iter().collect();
+                        for r in before {
+                            if r.state() == ResidentState::Ended {
+                                continue;
+                            }
+                            let key = RenewedResidency {
+                                tenant: r.key.tenant.clone(),
+                                session: r.key.session.clone(),
+                                epoch: r.epoch,
+                            };
+                            if renewed.contains(&key) {
+                                r.set_lease_expiry(report.target.expires_at_ms);
+                            } else if r.state() == ResidentState::Resident {
+                                host.end_later(
+                                    r,
+                                    EndReason::Lost(
+                                        "the heartbeat found the lease lapsed or taken".into(),
+                                    ),
+                                );
+                            }
+                        }
                     }
                 }
                 if report.collected > 0 {

@@ -1,5 +1,6 @@
 //! A Host in a fleet, on SQLite and PostgreSQL: one heartbeat write keeps all its residencies
-//! alive, a residency whose lease another Host took is ended at the next heartbeat, and a
+//! alive, a residency whose lease another Host took while this one was frozen is ended at the
+//! next heartbeat, and a
 //! session the fleet reconciler assigned to this Host is attached and its admitted command
 //! applied with no client action.
 
@@ -61,7 +62,7 @@ mod cases {
         svc.stop().await;
     }
 
-    pub async fn a_residency_whose_lease_another_host_took_ends_at_the_next_heartbeat(
+    pub async fn a_residency_whose_lease_another_host_took_while_it_was_frozen_ends_at_the_next_heartbeat(
         ts: &TestStore,
     ) {
         let (svc, _) = started(ts, options("h-robbed")).await;
@@ -70,10 +71,19 @@ mod cases {
         let taken = c.session().await;
         c.attach(&svc, &kept).await;
         c.attach(&svc, &taken).await;
-        // The lease lapses (as if this Host had been frozen) and another Host takes it.
+        // As if this Host had been frozen past its expiry: its run of heartbeats ends, the
+        // lease it carried lapses, and another Host takes it. (The kept one was, as the first
+        // beat after a thaw finds a lease whose own expiry had not passed yet.)
+        ts.exec_raw("UPDATE host_targets SET beat_expires_at = 1 WHERE host_id = 'h-robbed'")
+            .await;
         ts.exec_raw(&format!(
             "UPDATE residency_leases SET expires_at = 1 WHERE session_id = '{}'",
             taken.session
+        ))
+        .await;
+        ts.exec_raw(&format!(
+            "UPDATE residency_leases SET expires_at = 9000000000000 WHERE session_id = '{}'",
+            kept.session
         ))
         .await;
         let successor = ts
@@ -208,7 +218,7 @@ mod cases {
 
 sessionstore::both_backends!(cases =>
     one_heartbeat_write_keeps_every_resident_session_alive,
-    a_residency_whose_lease_another_host_took_ends_at_the_next_heartbeat,
+    a_residency_whose_lease_another_host_took_while_it_was_frozen_ends_at_the_next_heartbeat,
     a_session_assigned_to_this_host_is_attached_and_its_command_applied_unasked,
     a_pass_whose_time_under_its_leadership_is_up_defers_the_rest_instead_of_writing_on,
 );

@@ -1,6 +1,6 @@
-//! The fleet's rows: a Host's one heartbeat (its advertisement, every residency lease and
-//! registration it holds, and the collection of long-expired advertisements, in one
-//! transaction), the reconciler's leadership lease, placement assignments written under a
+//! The fleet's rows: a Host's one heartbeat (its advertisement, which also carries every
+//! residency lease and registration of its generation, and the collection of long-expired
+//! advertisements, in one transaction), the reconciler's leadership lease, placement assignments written under a
 //! current leadership, and the reads placement and the views need (load per Host, sessions with
 //! work and no live residency). Owns the rules of these rows; the statements are written once
 //! for both backends over [`SqlTx`]. Never touches a command, a cursor or the journal, and
@@ -13,7 +13,9 @@ use crate::error::{StoreError, StoreResult};
 use crate::ids::*;
 use crate::machine;
 use crate::model::*;
-use crate::sql::{Conn, Dialect, Row, SqlTx, TARGET_COLS, decode_target, flag, int, ms, text};
+use crate::sql::{
+    Conn, Dialect, LEASE_EXPIRY, Row, SqlTx, TARGET_COLS, decode_target, flag, int, ms, text,
+};
 
 /// A Host's heartbeat: its advertisement (whose `ttl` is also how long every residency and
 /// registration it holds stays alive from now), the admission weight it has charged, and how
@@ -36,15 +38,26 @@ pub struct RenewedResidency {
 /// What one heartbeat did.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct HeartbeatReport {
-    /// The advertisement as stored (its `expires_at_ms` is also every renewed lease's expiry).
+    /// The advertisement as stored (its `expires_at_ms` is also every carried lease's expiry).
     pub target: HostTarget,
-    /// The live leases held by this Host and generation, each renewed to the target's expiry.
-    /// A lease this Host believes it holds and that is missing here is lost.
-    pub renewed: Vec<RenewedResidency>,
-    /// Registrations of this Host and generation refreshed.
-    pub registrations: u64,
+    /// `None` when this beat carried on an unbroken run of beats of this generation (each
+    /// before the previous one's expiry): every lease this Host and generation held at the
+    /// previous beat is still its own, now to the target's expiry, and nothing was read to say
+    /// so. `Some` when the beat began a new run (the generation's first beat, or one after the
+    /// previous beat's expiry): the leases still live and carried from now, read once; a lease
+    /// this Host believes it holds and that is missing here is lost.
+    pub renewed: Option<Vec<RenewedResidency>>,
     /// Other Hosts' advertisements collected (expired for longer than the retention).
     pub collected: u64,
+}
+
+/// The last heartbeat's columns of a Host's row (migration 0009).
+#[derive(Clone, Copy, Debug)]
+struct Beat {
+    generation: u64,
+    at: Millis,
+    expires_at: Millis,
+    since: Millis,
 }
 
 /// A request for the fleet reconciler's leadership (acquire, or renew when already held).
@@ -141,7 +154,11 @@ fn decode_key(r: &Row) -> StoreResult<(TenantId, SessionId)> {
 }
 
 impl<C: Conn> SqlTx<C> {
-    /// One heartbeat, inside the caller's write transaction.
+    /// One heartbeat, inside the caller's write transaction. It writes the Host's own row
+    /// only: the leases and registrations of its generation read their expiry from it (see
+    /// [`LEASE_EXPIRY`]), so a beat costs the same at 10 sessions and at 100,000. When the beat
+    /// ends a run (a new generation, or a beat after the run's expiry) it first writes the
+    /// run's expiry into the rows the run carried, so those rows read as they did.
     pub(crate) async fn heartbeat(
         &mut self,
         hb: &HostHeartbeat,
@@ -152,15 +169,37 @@ impl<C: Conn> SqlTx<C> {
         let a = &hb.advertisement;
         let existing = self
             .one(
-                &format!("SELECT {TARGET_COLS} FROM host_targets WHERE host_id = $1 FOR_UPDATE"),
+                &format!(
+                    "SELECT {TARGET_COLS}, beat_generation, beat_at, beat_expires_at, beat_since \
+                     FROM host_targets WHERE host_id = $1 FOR_UPDATE"
+                ),
                 vec![text(a.host.as_str())],
                 "host_target",
-                decode_target,
+                |r| {
+                    Ok((
+                        decode_target(r)?,
+                        Beat {
+                            generation: r.u64(10)?,
+                            at: r.i64(11)?,
+                            expires_at: r.i64(12)?,
+                            since: r.i64(13)?,
+                        },
+                    ))
+                },
             )
             .await?;
-        if let Some(existing) = &existing {
+        if let Some((existing, _)) = &existing {
             machine::fence("host_target.generation", existing.generation, a.generation)?;
         }
+        let last = existing.map(|(_, beat)| beat);
+        let unbroken = last.is_some_and(|b| b.generation == a.generation && b.expires_at > now);
+        if let Some(run) = last.filter(|b| !unbroken && b.generation > 0) {
+            self.end_run(&a.host, run).await?;
+        }
+        let since = match last {
+            Some(b) if unbroken => b.since,
+            _ => now,
+        };
         let expires = now.saturating_add(ttl_ms);
         let target = HostTarget {
             host: a.host.clone(),
@@ -176,12 +215,15 @@ impl<C: Conn> SqlTx<C> {
         };
         self.exec(
             &format!(
-                "INSERT INTO host_targets ({TARGET_COLS}) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10) \
+                "INSERT INTO host_targets ({TARGET_COLS}, beat_generation, beat_at, \
+                 beat_expires_at, beat_since) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$7,$8,$9,$11) \
                  ON CONFLICT (host_id) DO UPDATE SET endpoint = excluded.endpoint, \
                  placement = excluded.placement, isolation_class = excluded.isolation_class, \
                  capacity = excluded.capacity, accepting = excluded.accepting, \
                  generation = excluded.generation, observed_at = excluded.observed_at, \
-                 expires_at = excluded.expires_at, weight_used = excluded.weight_used"
+                 expires_at = excluded.expires_at, weight_used = excluded.weight_used, \
+                 beat_generation = excluded.beat_generation, beat_at = excluded.beat_at, \
+                 beat_expires_at = excluded.beat_expires_at, beat_since = excluded.beat_since"
             ),
             vec![
                 text(target.host.as_str()),
@@ -194,47 +236,35 @@ impl<C: Conn> SqlTx<C> {
                 ms(now),
                 ms(expires),
                 int(u64::from(target.weight_used)),
+                ms(since),
             ],
         )
         .await?;
-        // Only a lease still live and still this generation's is renewed: a lapsed one is lost
-        // for good, and one another holder took names another host or generation.
-        let renewed = self
-            .rows(
-                "UPDATE residency_leases SET expires_at = $3 \
-                 WHERE host_id = $1 AND host_generation = $2 AND holder IS NOT NULL \
-                 AND expires_at > $4 RETURNING tenant_id, session_id, epoch",
-                vec![
-                    text(a.host.as_str()),
-                    int(a.generation),
-                    ms(expires),
-                    ms(now),
-                ],
-                "residency_lease",
-            )
-            .await?
-            .iter()
-            .map(|r| {
-                Ok(RenewedResidency {
-                    tenant: r.id(0, TenantId::new)?,
-                    session: r.id(1, SessionId::new)?,
-                    epoch: ResidencyEpoch(r.u64(2)?),
+        // Only a new run reads the leases it carries: those live on their own now. A lapsed
+        // one is lost for good, and one another holder took names another host or generation.
+        let renewed = if unbroken {
+            None
+        } else {
+            Some(
+                self.rows(
+                    "SELECT tenant_id, session_id, epoch FROM residency_leases \
+                     WHERE host_id = $1 AND host_generation = $2 AND holder IS NOT NULL \
+                     AND expires_at > $3",
+                    vec![text(a.host.as_str()), int(a.generation), ms(now)],
+                    "residency_lease",
+                )
+                .await?
+                .iter()
+                .map(|r| {
+                    Ok(RenewedResidency {
+                        tenant: r.id(0, TenantId::new)?,
+                        session: r.id(1, SessionId::new)?,
+                        epoch: ResidencyEpoch(r.u64(2)?),
+                    })
                 })
-            })
-            .collect::<StoreResult<Vec<_>>>()?;
-        let registrations = self
-            .exec(
-                "UPDATE host_registrations SET observed_at = $3, expires_at = $4 \
-                 WHERE host_id = $1 AND host_generation = $2 \
-                 AND residency IN ('attaching','resident','releasing')",
-                vec![
-                    text(a.host.as_str()),
-                    int(a.generation),
-                    ms(now),
-                    ms(expires),
-                ],
+                .collect::<StoreResult<Vec<_>>>()?,
             )
-            .await?;
+        };
         // Never waits for a row another transaction holds (on PostgreSQL a stalled Host may
         // hold its own row): a row skipped now is collected by a later heartbeat.
         let collect = match self.conn.dialect() {
@@ -253,9 +283,41 @@ impl<C: Conn> SqlTx<C> {
         Ok(HeartbeatReport {
             target,
             renewed,
-            registrations,
             collected,
         })
+    }
+
+    /// Writes an ended run's expiry into the leases and registrations it carried (those of
+    /// its generation whose own expiry reached into it), so they read the same once the
+    /// Host's row describes another run. Rare: once per restart or lapse of a Host.
+    async fn end_run(&mut self, host: &HostId, run: Beat) -> StoreResult<()> {
+        self.exec(
+            "UPDATE residency_leases SET expires_at = $3 WHERE host_id = $1 \
+             AND host_generation = $2 AND holder IS NOT NULL AND expires_at > $4 \
+             AND expires_at < $3",
+            vec![
+                text(host.as_str()),
+                int(run.generation),
+                ms(run.expires_at),
+                ms(run.since),
+            ],
+        )
+        .await?;
+        self.exec(
+            "UPDATE host_registrations SET \
+             observed_at = CASE WHEN observed_at < $3 THEN $3 ELSE observed_at END, \
+             expires_at = CASE WHEN expires_at < $4 THEN $4 ELSE expires_at END \
+             WHERE host_id = $1 AND host_generation = $2 \
+             AND residency IN ('attaching','resident','releasing')",
+            vec![
+                text(host.as_str()),
+                int(run.generation),
+                ms(run.at),
+                ms(run.expires_at),
+            ],
+        )
+        .await?;
+        Ok(())
     }
 
     /// The highest generation this Host id ever held anywhere in the store (its advertisement,
@@ -411,7 +473,7 @@ impl<C: Conn> SqlTx<C> {
             &format!(
                 "SELECT l.tenant_id, l.session_id FROM residency_leases l \
                  WHERE l.host_id = $1 AND l.host_generation = $2 AND l.holder IS NOT NULL \
-                 AND l.expires_at > $3 AND EXISTS (SELECT 1 FROM commands c \
+                 AND {LEASE_EXPIRY} > $3 AND EXISTS (SELECT 1 FROM commands c \
                  WHERE c.tenant_id = l.tenant_id AND c.session_id = l.session_id \
                  AND c.state IN {OPEN})"
             ),
@@ -432,7 +494,7 @@ impl<C: Conn> SqlTx<C> {
                      WHERE c.state IN {OPEN} \
                      AND NOT EXISTS (SELECT 1 FROM residency_leases l \
                      WHERE l.tenant_id = c.tenant_id AND l.session_id = c.session_id \
-                     AND l.holder IS NOT NULL AND l.expires_at > $1) \
+                     AND l.holder IS NOT NULL AND {LEASE_EXPIRY} > $1) \
                      AND NOT EXISTS (SELECT 1 FROM placements p \
                      WHERE p.tenant_id = c.tenant_id AND p.session_id = c.session_id \
                      AND p.expires_at > $1) \
@@ -456,9 +518,12 @@ impl<C: Conn> SqlTx<C> {
     pub(crate) async fn loads(&mut self, now: Millis) -> StoreResult<Vec<HostLoad>> {
         let held = self
             .rows(
-                "SELECT host_id, tenant_id, COUNT(*) FROM residency_leases \
-                 WHERE holder IS NOT NULL AND expires_at > $1 AND host_id IS NOT NULL \
-                 GROUP BY host_id, tenant_id ORDER BY host_id, tenant_id",
+                &format!(
+                    "SELECT l.host_id, l.tenant_id, COUNT(*) FROM residency_leases l \
+                     WHERE l.holder IS NOT NULL AND {LEASE_EXPIRY} > $1 \
+                     AND l.host_id IS NOT NULL \
+                     GROUP BY l.host_id, l.tenant_id ORDER BY l.host_id, l.tenant_id"
+                ),
                 vec![ms(now)],
                 "residency_lease",
             )

@@ -26,9 +26,10 @@ use crate::journal::JournalLease;
 use crate::model::*;
 use crate::ops::{Admitted, Appended, CursorRead, Found, JournalRow, SettleRead, Transitioning};
 use crate::sql::{
-    COMMAND_COLS, ColType, Conn, JLEASE_COLS, JOURNAL_COLS, LEASE_COLS, Param, Row, SESSION_COLS,
-    SetStmt, SqlTx, command_params, decode_command, decode_journal_lease, decode_journal_row,
-    decode_lease, decode_session, int, ms, opt_int, opt_ms, opt_text, slot_params, text,
+    COMMAND_COLS, ColType, Conn, JLEASE_COLS, JOURNAL_COLS, LEASE_COLS, LEASE_READ, Param, Row,
+    SESSION_COLS, SetStmt, SqlTx, command_params, decode_command, decode_journal_lease,
+    decode_journal_row, decode_lease, decode_session, int, ms, opt_int, opt_ms, opt_text,
+    slot_params, text,
 };
 
 /// `list` ("a, b") with every name prefixed by `alias.`.
@@ -214,7 +215,7 @@ static TRANSITION: LazyLock<SetStmt> = LazyLock::new(|| {
         "old AS (SELECT r.op, {c} FROM req r CROSS JOIN LATERAL (SELECT {COMMAND_COLS} \
              FROM commands c WHERE c.tenant_id = r.tenant_id AND c.session_id = r.session_id \
              AND c.command_id = r.command_id FOR UPDATE) c), \
-         lz AS (SELECT r.op, {l} FROM req r CROSS JOIN LATERAL (SELECT {LEASE_COLS} \
+         lz AS (SELECT r.op, {l} FROM req r CROSS JOIN LATERAL (SELECT {lr} \
              FROM residency_leases l WHERE l.tenant_id = r.tenant_id \
              AND l.session_id = r.session_id AND r.kind IN ('claim','attempt') OFFSET 0) l), \
          upd AS (UPDATE commands w SET state = r.state, epoch_mark = r.epoch_mark, \
@@ -240,6 +241,7 @@ static TRANSITION: LazyLock<SetStmt> = LazyLock::new(|| {
              LEFT JOIN lz z ON z.op = o.op",
         c = qualified("c", COMMAND_COLS),
         l = qualified("l", LEASE_COLS),
+        lr = LEASE_READ.as_str(),
         zc = qualified("z", LEASE_COLS),
         w = qualified("w", STATE_COLS),
         oc = qualified("o", COMMAND_COLS),

@@ -319,6 +319,22 @@ pub(crate) fn decode_session(r: &Row) -> StoreResult<SessionRecord> {
 pub(crate) const LEASE_COLS: &str =
     "tenant_id, session_id, epoch, holder, host_id, host_generation, expires_at";
 
+/// A residency lease's expiry as read, for a lease row aliased `l`: its Host's last heartbeat
+/// carries it (see migration 0009) when the beat was for the lease's generation, gives a later
+/// expiry, and the lease's own expiry reached into the beat's unbroken run; otherwise the
+/// row's own. NULL for a released lease.
+pub(crate) const LEASE_EXPIRY: &str = "COALESCE((SELECT CASE WHEN t.beat_expires_at > l.expires_at \
+     AND l.expires_at > t.beat_since THEN t.beat_expires_at END FROM host_targets t \
+     WHERE t.host_id = l.host_id AND t.beat_generation = l.host_generation), l.expires_at)";
+
+/// [`LEASE_COLS`] as read from `residency_leases l` (the expiry as [`LEASE_EXPIRY`] gives it).
+pub(crate) static LEASE_READ: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "l.tenant_id, l.session_id, l.epoch, l.holder, l.host_id, l.host_generation, \
+         {LEASE_EXPIRY} AS expires_at"
+    )
+});
+
 pub(crate) fn decode_lease(r: &Row) -> StoreResult<ResidencyLease> {
     Ok(ResidencyLease {
         tenant: r.id(0, TenantId::new)?,
@@ -333,6 +349,26 @@ pub(crate) fn decode_lease(r: &Row) -> StoreResult<ResidencyLease> {
 
 pub(crate) const REG_COLS: &str = "tenant_id, session_id, host_id, host_generation, endpoint, residency, \
      accepting, lease_epoch, observed_at, expires_at";
+
+/// A registration's time and expiry as read, for a row aliased `r`: while it is in residence,
+/// the last heartbeat of its Host and generation refreshes both (see migration 0009).
+fn registration_beat(column: &str, beat: &str) -> String {
+    format!(
+        "COALESCE((SELECT CASE WHEN r.residency IN ('attaching','resident','releasing') \
+         AND t.{beat} > r.{column} THEN t.{beat} END FROM host_targets t \
+         WHERE t.host_id = r.host_id AND t.beat_generation = r.host_generation), r.{column})"
+    )
+}
+
+/// [`REG_COLS`] as read from `host_registrations r`.
+pub(crate) static REG_READ: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "r.tenant_id, r.session_id, r.host_id, r.host_generation, r.endpoint, r.residency, \
+         r.accepting, r.lease_epoch, {} AS observed_at, {} AS expires_at",
+        registration_beat("observed_at", "beat_at"),
+        registration_beat("expires_at", "beat_expires_at"),
+    )
+});
 
 pub(crate) fn decode_registration(r: &Row) -> StoreResult<HostRegistration> {
     Ok(HostRegistration {

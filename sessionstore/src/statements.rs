@@ -122,7 +122,8 @@ impl<C: Conn> Tx for SqlTx<C> {
 
     async fn lease(&mut self, t: &TenantId, s: &SessionId) -> StoreResult<Option<ResidencyLease>> {
         let q = format!(
-            "SELECT {LEASE_COLS} FROM residency_leases WHERE tenant_id = $1 AND session_id = $2 FOR_UPDATE"
+            "SELECT {} FROM residency_leases l WHERE l.tenant_id = $1 AND l.session_id = $2 FOR_UPDATE",
+            LEASE_READ.as_str()
         );
         self.one(&q, ts(t, s), "residency_lease", decode_lease)
             .await
@@ -157,7 +158,8 @@ impl<C: Conn> Tx for SqlTx<C> {
         s: &SessionId,
     ) -> StoreResult<Option<HostRegistration>> {
         let q = format!(
-            "SELECT {REG_COLS} FROM host_registrations WHERE tenant_id = $1 AND session_id = $2 FOR_UPDATE"
+            "SELECT {} FROM host_registrations r WHERE r.tenant_id = $1 AND r.session_id = $2 FOR_UPDATE",
+            REG_READ.as_str()
         );
         self.one(&q, ts(t, s), "host_registration", decode_registration)
             .await

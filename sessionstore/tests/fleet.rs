@@ -1,5 +1,5 @@
 //! The fleet's rows, on SQLite and PostgreSQL alike: a Host's one heartbeat keeps every lease
-//! it holds alive (and never one it lost), expired advertisements are collected without a
+//! it holds alive (and never one it lost) at a cost that does not grow with them, expired advertisements are collected without a
 //! generation ever repeating, one reconciler leads at a time and a deposed one cannot assign,
 //! and the reconciler's scan finds exactly the sessions with work and no live residency.
 
@@ -111,10 +111,19 @@ mod cases {
         let report = ts.store.heartbeat(heartbeat("h1", 1, LONG)).await.unwrap();
         let spent = ts.store.stats().since(&before);
         assert_eq!(spent.commits, 1, "one durable write, whatever the number");
-        assert_eq!(report.renewed.len(), 40);
-        assert!(report.renewed.iter().all(|r| r.session != other.session));
+        // The first beat of a generation begins a run: it reads the leases it carries, once.
+        let renewed = report.renewed.expect("a new run reads what it carries");
+        assert_eq!(renewed.len(), 40);
+        assert!(renewed.iter().all(|r| r.session != other.session));
         assert_eq!(report.target.weight_used, 3);
-        ts.advance(Duration::from_millis(3200)).await;
+        ts.advance(Duration::from_millis(1000)).await;
+        // The next beat carries the run on: it neither reads nor writes a lease.
+        let before = ts.store.stats();
+        let report = ts.store.heartbeat(heartbeat("h1", 1, LONG)).await.unwrap();
+        let spent = ts.store.stats().since(&before);
+        assert_eq!(report.renewed, None);
+        assert_eq!(spent.commits, 1);
+        ts.advance(Duration::from_millis(2200)).await;
         // Every lease of h1 outlived its own TTL; h2's lapsed.
         for g in &grants {
             let lease = ts
@@ -147,7 +156,7 @@ mod cases {
         let successor = reside(ts, &taken, "h2", 1, LONG).await;
         assert_eq!(successor.epoch, ResidencyEpoch(2));
         let report = ts.store.heartbeat(heartbeat("h1", 1, LONG)).await.unwrap();
-        assert!(report.renewed.is_empty(), "{:?}", report.renewed);
+        assert_eq!(report.renewed, Some(Vec::new()));
         let now = ts.store.now_ms().await.unwrap();
         let l = ts
             .store
@@ -207,7 +216,6 @@ mod cases {
                 .unwrap();
         }
         let report = ts.store.heartbeat(heartbeat("h1", 1, LONG)).await.unwrap();
-        assert_eq!(report.registrations, 1);
         let reg = |s: &SessionRecord| {
             let (t, s) = (s.tenant.clone(), s.session.clone());
             let store = ts.store.clone();
@@ -255,6 +263,118 @@ mod cases {
             ts.store.next_host_generation(&host("new")).await.unwrap(),
             1
         );
+    }
+
+    pub async fn a_heartbeat_costs_the_same_statements_at_three_leases_and_at_three_hundred(
+        ts: &TestStore,
+    ) {
+        let mut spent = Vec::new();
+        for (on, n) in [("small", 3), ("large", 300)] {
+            for i in 0..n {
+                let s = new_session(ts, &format!("{on}-{i}")).await;
+                reside(ts, &s, on, 1, LONG).await;
+            }
+            ts.store.heartbeat(heartbeat(on, 1, LONG)).await.unwrap();
+            ts.advance(Duration::from_millis(100)).await;
+            let before = ts.store.stats();
+            let report = ts.store.heartbeat(heartbeat(on, 1, LONG)).await.unwrap();
+            assert_eq!(report.renewed, None);
+            spent.push(ts.store.stats().since(&before).statements);
+        }
+        assert_eq!(
+            spent[0], spent[1],
+            "statements of a beat at 3 and at 300 leases"
+        );
+    }
+
+    pub async fn a_beat_after_its_run_lapsed_carries_only_leases_still_live_on_their_own(
+        ts: &TestStore,
+    ) {
+        let carried = new_session(ts, "carried").await;
+        let fresh = new_session(ts, "fresh").await;
+        let g = reside(ts, &carried, "h1", 1, SHORT).await;
+        let run = ts.store.heartbeat(heartbeat("h1", 1, SHORT)).await.unwrap();
+        // Kept alive by the run past its own expiry...
+        ts.advance(Duration::from_millis(200)).await;
+        let report = ts.store.heartbeat(heartbeat("h1", 1, SHORT)).await.unwrap();
+        assert_eq!(report.renewed, None);
+        ts.advance(Duration::from_millis(200)).await;
+        let now = ts.store.now_ms().await.unwrap();
+        assert!(now > g.expires_at_ms && now > run.target.expires_at_ms);
+        let lease = ts
+            .store
+            .residency(&carried.tenant, &carried.session)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(lease.is_live(now));
+        assert_eq!(lease.expires_at_ms, Some(report.target.expires_at_ms));
+        // ...then the Host is frozen past the run's expiry; a new lease is acquired meanwhile.
+        ts.advance(PAST_SHORT).await;
+        let young = reside(ts, &fresh, "h1", 1, LONG).await;
+        let lapsed_at = report.target.expires_at_ms;
+        let thawed = ts.store.heartbeat(heartbeat("h1", 1, LONG)).await.unwrap();
+        let renewed: Vec<SessionId> = thawed
+            .renewed
+            .expect("a beat after a lapse begins a new run")
+            .into_iter()
+            .map(|r| r.session)
+            .collect();
+        assert_eq!(renewed, vec![fresh.session.clone()]);
+        let now = ts.store.now_ms().await.unwrap();
+        let lease = ts
+            .store
+            .residency(&carried.tenant, &carried.session)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(!lease.is_live(now), "the thaw revived a lapsed lease");
+        assert_eq!(
+            lease.expires_at_ms,
+            Some(lapsed_at),
+            "it reads as the run left it"
+        );
+        let young_lease = ts
+            .store
+            .residency(&fresh.tenant, &fresh.session)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(young_lease.epoch, young.epoch);
+        assert_eq!(young_lease.expires_at_ms, Some(thawed.target.expires_at_ms));
+    }
+
+    pub async fn a_new_generation_leaves_the_old_ones_leases_as_its_last_beat_left_them(
+        ts: &TestStore,
+    ) {
+        let s = new_session(ts, "s").await;
+        let g = reside(ts, &s, "h1", 1, SHORT).await;
+        let last = ts.store.heartbeat(heartbeat("h1", 1, LONG)).await.unwrap();
+        ts.advance(PAST_SHORT).await;
+        ts.store.heartbeat(heartbeat("h1", 2, LONG)).await.unwrap();
+        let lease = ts
+            .store
+            .residency(&s.tenant, &s.session)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(lease.epoch, g.epoch);
+        assert_eq!(lease.host_generation, Some(1));
+        assert_eq!(lease.expires_at_ms, Some(last.target.expires_at_ms));
+        // Still the old incarnation's until that expiry: nobody else may take it yet.
+        let err = ts
+            .store
+            .acquire_residency(ResidencyRequest {
+                tenant: s.tenant.clone(),
+                session: s.session.clone(),
+                holder: "h2/1/x".into(),
+                host: host("h2"),
+                host_generation: 1,
+                ttl: LONG,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::ClaimHeld);
     }
 
     pub async fn one_reconciler_leads_at_a_time_and_a_deposed_one_cannot_assign(ts: &TestStore) {
@@ -427,6 +547,9 @@ sessionstore::both_backends!(cases =>
     a_heartbeat_never_revives_a_lapsed_lease_nor_one_another_host_took,
     a_heartbeat_of_an_older_generation_is_refused_and_renews_nothing,
     a_heartbeat_refreshes_its_registrations_only,
+    a_heartbeat_costs_the_same_statements_at_three_leases_and_at_three_hundred,
+    a_beat_after_its_run_lapsed_carries_only_leases_still_live_on_their_own,
+    a_new_generation_leaves_the_old_ones_leases_as_its_last_beat_left_them,
     expired_advertisements_are_collected_and_an_id_never_reuses_a_generation,
     one_reconciler_leads_at_a_time_and_a_deposed_one_cannot_assign,
     the_scan_finds_sessions_with_open_work_and_no_live_residency_nor_assignment,

@@ -195,6 +195,9 @@ struct ModelHost {
     generation: u64,
     /// The generation and expiry the registry holds for this Host.
     advertised: Option<(u64, i64)>,
+    /// The generation and expiry of this Host's last heartbeat (an advertisement alone does
+    /// not carry leases).
+    beat: Option<(u64, i64)>,
 }
 
 struct Model {
@@ -941,7 +944,9 @@ async fn heartbeat(w: &mut World, m: &mut Model, h: usize) {
         return;
     };
     let expires = m.now + TTL_MS;
+    let previous = m.hosts[h].beat;
     m.hosts[h].advertised = Some((generation, expires));
+    m.hosts[h].beat = Some((generation, expires));
     let mut renewed = Vec::new();
     for (s, ms) in m.sessions.iter_mut().enumerate() {
         if let Some(l) = &mut ms.lease
@@ -959,17 +964,29 @@ async fn heartbeat(w: &mut World, m: &mut Model, h: usize) {
             reg.expires = expires;
         }
     }
-    let mut reported: Vec<(String, u64)> = report
-        .renewed
-        .iter()
-        .map(|r| (r.session.as_str().to_owned(), r.epoch.0))
-        .collect();
-    reported.sort();
-    assert_eq!(reported, renewed, "the leases h{h}'s heartbeat renewed");
+    // A beat that carries on an unbroken run reads nothing (every lease the generation held is
+    // still its own); one that begins a run reads the leases it carries.
+    let unbroken = previous.is_some_and(|(g, e)| g == generation && e > m.now);
+    match &report.renewed {
+        None => assert!(unbroken, "h{h}'s beat began a run but read no lease"),
+        Some(list) => {
+            assert!(
+                !unbroken,
+                "h{h}'s beat carried on a run but read its leases"
+            );
+            let mut reported: Vec<(String, u64)> = list
+                .iter()
+                .map(|r| (r.session.as_str().to_owned(), r.epoch.0))
+                .collect();
+            reported.sort();
+            assert_eq!(reported, renewed, "the leases h{h}'s heartbeat renewed");
+        }
+    }
     let mut collected = 0;
     for (other, mh) in m.hosts.iter_mut().enumerate() {
         if other != h && mh.advertised.is_some_and(|(_, e)| e < m.now - RETENTION_MS) {
             mh.advertised = None;
+            mh.beat = None;
             collected += 1;
         }
     }
@@ -1309,6 +1326,7 @@ pub async fn run(backend: TestBackend, ops: Vec<Op>) {
             ModelHost {
                 generation: 1,
                 advertised: None,
+                beat: None,
             };
             HOSTS
         ],
