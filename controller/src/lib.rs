@@ -237,20 +237,36 @@ impl Controller {
         Err(last.unwrap_or(ControllerError::NoHost(String::new())))
     }
 
-    /// Attaches the session on one Host.
+    /// Attaches the session on one Host, over a link of its own.
     pub async fn attach_on(
         &self,
         record: &SessionRecord,
         target: &HostTarget,
     ) -> Result<Placed, ControllerError> {
-        let client = HostLinkClient::connect_with(
+        let client = Arc::new(self.connect(target).await?);
+        self.attach_over(&client, record, target).await
+    }
+
+    /// A HostLink link to one Host, as this controller's tenant.
+    pub async fn connect(&self, target: &HostTarget) -> Result<HostLinkClient, ControllerError> {
+        Ok(HostLinkClient::connect_with(
             &target.endpoint,
             &self.tenant,
             &self.token,
             &self.name,
             self.client,
         )
-        .await?;
+        .await?)
+    }
+
+    /// Attaches the session on `target` over a link already open to it (one link may carry
+    /// many sessions' attaches).
+    pub async fn attach_over(
+        &self,
+        client: &Arc<HostLinkClient>,
+        record: &SessionRecord,
+        target: &HostTarget,
+    ) -> Result<Placed, ControllerError> {
         let req = AttachRequest {
             version: V1,
             tenant_id: self.tenant.clone(),
@@ -268,7 +284,7 @@ impl Controller {
         };
         match client.attach(&req).await? {
             Ok(observation) => Ok(Placed {
-                client: Arc::new(client),
+                client: client.clone(),
                 observation,
             }),
             Err(refusal) => Err(ControllerError::Refused(refusal)),

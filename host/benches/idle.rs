@@ -16,27 +16,12 @@ use std::time::{Duration, Instant};
 
 use department::LaunchMode;
 use host::{AttachRequest, Options, Service};
-use testkit::bench::{BenchDatabase, attach_request, held, host_options, new_session, start_host};
+use testkit::bench::{
+    BenchDatabase, attach_request, cpu_seconds, held, host_options, new_session, start_host,
+};
 
 const SESSIONS: usize = 1000;
 const WINDOW: Duration = Duration::from_secs(20);
-const USER_HZ: f64 = 100.0;
-
-/// User + system CPU seconds of this process so far.
-fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // Fields after the command name (which is in parentheses and may hold spaces).
-    let after = stat.rsplit_once(") ").map_or("", |(_, rest)| rest);
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of the whole line: 11 and 12 after the name.
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    (ticks(11) + ticks(12)) / USER_HZ
-}
 
 /// This process's resident set, in KiB (0 when `/proc` does not say).
 fn rss_kib() -> u64 {
@@ -57,7 +42,7 @@ struct Idle {
 async fn measure(svc: &Service) -> Idle {
     let heartbeat = svc.config().registry_heartbeat;
     let before = svc.store().stats();
-    let cpu = cpu_seconds();
+    let cpu = cpu_seconds(None);
     let started = Instant::now();
     tokio::time::sleep(WINDOW).await;
     let elapsed = started.elapsed().as_secs_f64();
@@ -66,7 +51,7 @@ async fn measure(svc: &Service) -> Idle {
     Idle {
         writes_per_sec: writes / elapsed,
         writes_per_heartbeat: writes / (elapsed / heartbeat.as_secs_f64()),
-        core_share: (cpu_seconds() - cpu) / elapsed,
+        core_share: (cpu_seconds(None) - cpu) / elapsed,
     }
 }
 

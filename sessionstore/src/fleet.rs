@@ -462,7 +462,8 @@ impl<C: Conn> SqlTx<C> {
     }
 
     /// Sessions whose live lease this Host and generation hold and that have a command not
-    /// yet ended.
+    /// yet ended. Read from the open commands (a partial index), so an idle Host's pass costs
+    /// nothing per resident session.
     pub(crate) async fn sessions_with_work(
         &mut self,
         host: &HostId,
@@ -471,11 +472,11 @@ impl<C: Conn> SqlTx<C> {
     ) -> StoreResult<Vec<(TenantId, SessionId)>> {
         self.many(
             &format!(
-                "SELECT l.tenant_id, l.session_id FROM residency_leases l \
-                 WHERE l.host_id = $1 AND l.host_generation = $2 AND l.holder IS NOT NULL \
-                 AND {LEASE_EXPIRY} > $3 AND EXISTS (SELECT 1 FROM commands c \
-                 WHERE c.tenant_id = l.tenant_id AND c.session_id = l.session_id \
-                 AND c.state IN {OPEN})"
+                "SELECT c.tenant_id, c.session_id FROM (SELECT DISTINCT tenant_id, session_id \
+                 FROM commands WHERE state IN {OPEN}) c WHERE EXISTS (SELECT 1 \
+                 FROM residency_leases l WHERE l.tenant_id = c.tenant_id \
+                 AND l.session_id = c.session_id AND l.host_id = $1 \
+                 AND l.host_generation = $2 AND l.holder IS NOT NULL AND {LEASE_EXPIRY} > $3)"
             ),
             vec![text(host.as_str()), int(generation), ms(now)],
             "residency_lease",

@@ -1,28 +1,57 @@
 //! `cargo bench -p system-tests --bench resident_memory`
 //!
-//! What one resident session costs a real `hostd serve` (SQLite, the scripted agent): the
-//! server's resident set (VmRSS of the child process) with one session resident — the
-//! baseline, measured in the same run — then with `HOST_RESIDENT_SESSIONS` (default 1,000)
-//! sessions created and placed by a controller as `hostd session create` does, all idle and
-//! resident (the warm TTL is an hour). It prints the RSS delta per resident session (goal:
-//! ≤ 64 KiB) and the delta as a ratio of the baseline; descriptors and threads beside.
+//! What resident sessions cost a real `hostd serve` (SQLite, the scripted agent, the default
+//! 5 s heartbeat), as a curve: sessions are created and placed as `hostd session create` does
+//! (a catalog entry, its create command admitted, an attach, the command delivered), all idle
+//! and resident (the warm TTL is an hour), up to each level of `HOST_RESIDENT_CURVE` (default
+//! `1000`; the issue's curve is `1000,10000,100000`). At each level it prints:
+//!
+//! - the server's resident set (VmRSS) per resident session above the one-session baseline
+//!   measured in the same run (goal ≤ 16 KiB), and that growth as a ratio of the baseline;
+//! - attach latency, p50 and p99, of `HOST_RESIDENT_PROBES` (default 500) attaches made one
+//!   at a time with that many sessions resident (goal p99 < 20 ms at 100,000);
+//! - over an idle window of `HOST_RESIDENT_WINDOW_SECS` (default 20): the server's CPU as a
+//!   share of one core (goal < 5%) and its durable writes per heartbeat (the store's write
+//!   operations, from `/metrics`; goal ≤ 1), each beside the one-session baseline's.
+//!
+//! `HOST_RESIDENT_SESSIONS=N` is the curve `N` (kept for older scripts).
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use controller::Controller;
-use sessionstore::{AgentId, CommandId, CompatibilityId, SessionId, Store, StoreOptions, TenantId};
-use testkit::bench::{Held, held, load_average};
-use testkit::process::Serve;
+use controller::client::HostLinkClient;
+use controller::{Controller, Placed};
+use sessionstore::{
+    AgentId, CommandId, CompatibilityId, HostTarget, SessionId, Store, StoreOptions, TenantId,
+};
+use testkit::bench::{Held, cpu_seconds, held, load_average, metric_value, percentile};
+use testkit::process::{Serve, http_get};
 
-const DEFAULT_SESSIONS: usize = 1000;
-/// How many creations run at once (a handful of controllers, as a busy fleet would).
-const CONCURRENT: usize = 8;
+/// How many links create sessions at once (a handful of controllers, as a busy fleet would).
+const LINKS: usize = 8;
+const HEARTBEAT: Duration = Duration::from_secs(5);
+
+fn curve() -> Vec<usize> {
+    let parse = |v: &str| -> usize {
+        v.trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{v:?} is not a whole number of sessions"))
+    };
+    if let Ok(one) = std::env::var("HOST_RESIDENT_SESSIONS") {
+        return vec![parse(&one)];
+    }
+    let list = std::env::var("HOST_RESIDENT_CURVE").unwrap_or_else(|_| "1000".into());
+    let mut levels: Vec<usize> = list.split(',').map(parse).collect();
+    levels.sort_unstable();
+    levels
+}
 
 /// Waits until the server's RSS stops moving (two readings 1 s apart within 64 KiB), at most
-/// 20 s, and returns the last reading.
+/// 30 s, and returns the last reading.
 fn settled(pid: u32) -> Held {
     let mut last = held(Some(pid));
-    for _ in 0..20 {
+    for _ in 0..30 {
         std::thread::sleep(Duration::from_secs(1));
         let now = held(Some(pid));
         if (now.rss - last.rss).abs() < 64.0 * 1024.0 {
@@ -33,9 +62,37 @@ fn settled(pid: u32) -> Held {
     last
 }
 
-async fn create(c: &Controller, name: String) {
+/// What an idle window cost the server: CPU as a share of one core, and durable writes per
+/// heartbeat.
+struct Idle {
+    core_share: f64,
+    writes_per_beat: f64,
+}
+
+fn idle_window(pid: u32, port: u16, window: Duration) -> Idle {
+    let writes = || {
+        http_get(port, "/metrics")
+            .and_then(|(_, body)| metric_value(&body, "host_store_writes_total"))
+            .unwrap_or(f64::NAN)
+    };
+    let (cpu0, w0, t0) = (cpu_seconds(Some(pid)), writes(), Instant::now());
+    std::thread::sleep(window);
+    let (cpu1, w1, took) = (cpu_seconds(Some(pid)), writes(), t0.elapsed());
+    Idle {
+        core_share: (cpu1 - cpu0) / took.as_secs_f64(),
+        writes_per_beat: (w1 - w0) / (took.as_secs_f64() / HEARTBEAT.as_secs_f64()),
+    }
+}
+
+/// Creates session `name` and places it on `target` over `link`; the attach's own time.
+async fn create(
+    c: &Controller,
+    link: &Arc<HostLinkClient>,
+    target: &HostTarget,
+    name: String,
+) -> Duration {
     let session = SessionId::new(name).expect("a session id");
-    let (_, create) = c
+    let (record, create) = c
         .create_session(
             session.clone(),
             AgentId::new("assistant").expect("agent"),
@@ -45,25 +102,30 @@ async fn create(c: &Controller, name: String) {
         )
         .await
         .expect("the session is created");
-    let placed = c.place(&session).await.expect("the session is placed");
+    let started = Instant::now();
+    let placed: Placed = c
+        .attach_over(link, &record, target)
+        .await
+        .expect("the session is placed");
+    let took = started.elapsed();
     let _ = c.deliver(&placed, &create.command).await;
+    took
 }
 
 fn main() {
-    let n: usize = std::env::var("HOST_RESIDENT_SESSIONS")
-        .ok()
-        .map(|v| {
-            v.parse()
-                .expect("HOST_RESIDENT_SESSIONS must be a whole number")
-        })
-        .unwrap_or(DEFAULT_SESSIONS);
+    let levels = curve();
+    let top = *levels.last().expect("at least one level");
+    let probes = testkit::bench::env_usize("HOST_RESIDENT_PROBES", 500);
+    let window =
+        Duration::from_secs(testkit::bench::env_usize("HOST_RESIDENT_WINDOW_SECS", 20) as u64);
     println!(
-        "resident memory: {n} sessions; load average {}",
+        "resident memory: levels {levels:?}, {probes} probe attaches per level, idle window {} s; load average {}",
+        window.as_secs(),
         load_average()
     );
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path();
-    let capacity = (n + 16).to_string();
+    let capacity = (top + 16).to_string();
     let serve = Serve::start(
         dir,
         "resident-memory",
@@ -74,9 +136,11 @@ fn main() {
             &capacity,
             "--warm-ttl",
             "1h",
+            "--registry-heartbeat",
+            "5s",
         ],
     );
-    let pid = serve.pid();
+    let (pid, port) = (serve.pid(), serve.port);
     let token = std::fs::read_to_string(dir.join(".hostd").join("local.token"))
         .expect("hostd serve wrote the local token");
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -84,7 +148,7 @@ fn main() {
         .build()
         .expect("runtime");
     let url = format!("sqlite://{}", dir.join(".hostd").join("host.db").display());
-    let (baseline, loaded, took) = rt.block_on(async {
+    rt.block_on(async {
         let store = Store::open(StoreOptions::new(url))
             .await
             .expect("the store opens");
@@ -93,37 +157,84 @@ fn main() {
             TenantId::new("local").expect("tenant"),
             token.trim(),
         );
-        // One session first, so the baseline includes everything a first session warms up.
-        create(&c, "warm".into()).await;
-        let baseline = settled(pid);
-        let started = Instant::now();
-        let mut next = 0;
-        while next < n {
-            let batch = (next..(next + CONCURRENT).min(n)).map(|i| create(&c, format!("m-{i}")));
-            futures::future::join_all(batch).await;
-            next += CONCURRENT;
+        let target = store
+            .targets(true)
+            .await
+            .expect("the registry")
+            .into_iter()
+            .next()
+            .expect("the Host advertised itself");
+        let mut links = Vec::new();
+        for _ in 0..LINKS {
+            links.push(Arc::new(c.connect(&target).await.expect("a link")));
         }
-        let took = started.elapsed();
-        let loaded = settled(pid);
+        // One session first, so the baseline includes everything a first session warms up.
+        create(&c, &links[0], &target, "warm".into()).await;
+        let baseline = settled(pid);
+        let quiet = idle_window(pid, port, window);
+        println!(
+            "baseline (1 session): RSS {:.1} MB; idle CPU {:.2}% of a core, {:.2} durable writes per heartbeat",
+            baseline.rss / 1e6,
+            quiet.core_share * 100.0,
+            quiet.writes_per_beat
+        );
+        let mut resident = 0usize;
+        for &level in &levels {
+            // Fill to the level less the probes, many links at once.
+            let fill_to = level.saturating_sub(probes).max(resident);
+            let next = Arc::new(AtomicUsize::new(resident));
+            let started = Instant::now();
+            let workers = links.iter().map(|link| {
+                let (c, link, target, next) = (&c, link.clone(), &target, next.clone());
+                async move {
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= fill_to {
+                            return;
+                        }
+                        create(c, &link, target, format!("m-{i}")).await;
+                    }
+                }
+            });
+            futures::future::join_all(workers).await;
+            let filled = fill_to - resident;
+            let fill_rate = filled as f64 / started.elapsed().as_secs_f64();
+            // Then probe one at a time: the attach's own latency at this many resident.
+            let mut took = Vec::new();
+            for i in fill_to..level {
+                took.push(create(&c, &links[0], &target, format!("m-{i}")).await);
+            }
+            resident = level;
+            took.sort_unstable();
+            let loaded = settled(pid);
+            let idle = idle_window(pid, port, window);
+            let per = (loaded.rss - baseline.rss) / 1024.0 / level as f64;
+            let (p50, p99) = if took.is_empty() {
+                (Duration::ZERO, Duration::ZERO)
+            } else {
+                (percentile(&took, 0.5), percentile(&took, 0.99))
+            };
+            println!(
+                "{level} resident: {per:.1} KiB RSS per session (goal ≤ 16 KiB), RSS {:.1} MB ({:.2}x the baseline's growth ratio); \
+                 attach p50 {:.2} ms, p99 {:.2} ms over {} probes (goal p99 < 20 ms); filled at {fill_rate:.0} sessions/s; \
+                 idle CPU {:.2}% of a core ({:.1}x baseline), {:.2} durable writes per heartbeat ({:.2}x baseline); \
+                 descriptors {}, threads {}; load average {}",
+                loaded.rss / 1e6,
+                (loaded.rss - baseline.rss) / baseline.rss,
+                p50.as_secs_f64() * 1e3,
+                p99.as_secs_f64() * 1e3,
+                took.len(),
+                idle.core_share * 100.0,
+                idle.core_share / quiet.core_share,
+                idle.writes_per_beat,
+                idle.writes_per_beat / quiet.writes_per_beat,
+                loaded.fds,
+                loaded.threads,
+                load_average()
+            );
+        }
         store.close().await;
-        (baseline, loaded, took)
     });
-    let per = (loaded.rss - baseline.rss) / 1024.0 / n as f64;
-    println!(
-        "hostd serve (sqlite): {per:.1} KiB RSS per resident session (goal ≤ 64 KiB); {n} sessions placed in {:.1} s; RSS {:.1} MB → {:.1} MB, the delta {:.2}x the one-session baseline",
-        took.as_secs_f64(),
-        baseline.rss / 1e6,
-        loaded.rss / 1e6,
-        (loaded.rss - baseline.rss) / baseline.rss,
-    );
-    println!(
-        "hostd serve (sqlite): descriptors {} → {}, threads {} → {}; load average {}",
-        baseline.fds,
-        loaded.fds,
-        baseline.threads,
-        loaded.threads,
-        load_average()
-    );
     let (status, log) = serve.terminate();
     assert!(status.success(), "hostd serve exited {status}:\n{log}");
 }

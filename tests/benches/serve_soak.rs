@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use controller::Controller;
 use sessionstore::wire::CommandBodyV1;
 use sessionstore::{AgentId, CommandId, CompatibilityId, SessionId, Store, StoreOptions, TenantId};
-use testkit::bench::{Held, env_usize, held, least_squares, load_average};
+use testkit::bench::{Held, env_usize, held, least_squares, load_average, metric_value};
 use testkit::pg::FreshDatabase;
 use testkit::process::{Serve, http_get, tenant_credentials};
 
@@ -40,23 +40,17 @@ const WARM_UP_ROUNDS: usize = 4;
 
 /// One sample of a Prometheus text exposition (the first series whose name and labels start
 /// with `series`).
-fn metric(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find(|l| l.starts_with(series))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-}
 
 /// The server's own counts: restores so far, and sessions resident or on their way.
 fn counts(port: u16) -> (f64, f64) {
     let text = http_get(port, "/metrics")
         .map(|(_, b)| b)
         .unwrap_or_default();
-    let restores = metric(&text, "host_attach_seconds_count{mode=\"restore\"}").unwrap_or(0.0);
+    let restores =
+        metric_value(&text, "host_attach_seconds_count{mode=\"restore\"}").unwrap_or(0.0);
     let held: f64 = ["attaching", "resident", "releasing"]
         .iter()
-        .filter_map(|s| metric(&text, &format!("host_sessions{{state=\"{s}\"}}")))
+        .filter_map(|s| metric_value(&text, &format!("host_sessions{{state=\"{s}\"}}")))
         .sum();
     (restores, held)
 }

@@ -26,20 +26,13 @@ use futures::StreamExt as _;
 use sessionstore::wire::{CommandBodyV1, encode_command_body};
 use sessionstore::*;
 use sqlx::Row as _;
-use testkit::bench::{env_usize, load_average};
+use testkit::bench::{env_usize, load_average, metric_value};
 use testkit::pg::FreshDatabase;
 use testkit::process::{Serve, http_get, tenant_credentials};
 
-/// The value of an unlabelled counter in a `/metrics` body.
-fn counter(body: &str, name: &str) -> Option<f64> {
-    body.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse().ok())
-}
-
 fn statements(port: u16) -> f64 {
     http_get(port, "/metrics")
-        .and_then(|(_, body)| counter(&body, "host_store_statements_total"))
+        .and_then(|(_, body)| metric_value(&body, "host_store_statements_total"))
         .unwrap_or(f64::NAN)
 }
 

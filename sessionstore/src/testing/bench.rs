@@ -165,6 +165,34 @@ pub fn env_usize(name: &str, default: usize) -> usize {
     }
 }
 
+/// The value of one series in a Prometheus text body (`name` or `name{labels}` exactly as
+/// exposed), or `None` when the body has no such series.
+pub fn metric_value(body: &str, series: &str) -> Option<f64> {
+    body.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// User + system CPU seconds process `pid` (this process with `None`) has used so far, from
+/// `/proc/<pid>/stat` (USER_HZ = 100 ticks a second on Linux); NaN when it cannot be read.
+pub fn cpu_seconds(pid: Option<u32>) -> f64 {
+    const USER_HZ: f64 = 100.0;
+    let dir = pid.map_or_else(|| "/proc/self".to_owned(), |p| format!("/proc/{p}"));
+    let Ok(stat) = std::fs::read_to_string(format!("{dir}/stat")) else {
+        return f64::NAN;
+    };
+    // The fields after the command name (in parentheses, and it may hold spaces): utime and
+    // stime are the 14th and 15th of the line, the 12th and 13th after the name.
+    let after = stat.rsplit_once(") ").map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok());
+    match (ticks(11), ticks(12)) {
+        (Some(u), Some(s)) => (u + s) / USER_HZ,
+        _ => f64::NAN,
+    }
+}
+
 /// What a process holds now (bytes for memory).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Held {
