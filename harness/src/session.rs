@@ -446,9 +446,17 @@ impl Actor {
         self.resume_after_restore();
         self.publish_idle();
         let renew_every = (self.agent.lease_ttl / 3).max(Duration::from_millis(50));
-        let mut renew = tokio::time::interval(renew_every);
-        renew.tick().await;
+        // The renewal timer is armed only while the runtime is in use (see `renew`): an idle
+        // runtime has no timer at all, so a Host holding many idle sessions is not woken for
+        // them.
+        let mut renew_at: Option<tokio::time::Instant> = None;
         loop {
+            let due = async {
+                match renew_at {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 msg = self.rx.recv() => {
                     let Some(msg) = msg else { break };
@@ -456,8 +464,15 @@ impl Actor {
                     if !Box::pin(self.handle(*msg)).await {
                         break;
                     }
+                    if renew_at.is_none() {
+                        renew_at = Some(tokio::time::Instant::now() + renew_every);
+                    }
                 }
-                _ = renew.tick() => Box::pin(self.renew()).await,
+                _ = due => {
+                    Box::pin(self.renew()).await;
+                    renew_at = (self.turn.is_some() || self.used)
+                        .then(|| tokio::time::Instant::now() + renew_every);
+                }
             }
         }
         self.shared.alive.send_replace(false);

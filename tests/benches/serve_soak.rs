@@ -38,9 +38,6 @@ use testkit::process::{Serve, http_get, tenant_credentials};
 const WARM_TTL: &str = "300ms";
 const WARM_UP_ROUNDS: usize = 4;
 
-/// One sample of a Prometheus text exposition (the first series whose name and labels start
-/// with `series`).
-
 /// The server's own counts: restores so far, and sessions resident or on their way.
 fn counts(port: u16) -> (f64, f64) {
     let text = http_get(port, "/metrics")
