@@ -764,6 +764,7 @@ impl RunHost {
                 lease: self.inner.options.lease,
                 idempotency_key: req.idempotency_key,
                 pins,
+                started_by: None,
             })
             .await
             .map_err(|e| store_refusal(&e))?;

@@ -520,6 +520,7 @@ mod cases {
                 lease: Duration::from_secs(60),
                 idempotency_key: None,
                 pins: Vec::new(),
+                started_by: None,
             })
             .await
             .unwrap();
@@ -706,6 +707,7 @@ mod cases {
                 lease,
                 idempotency_key: None,
                 pins: Vec::new(),
+                started_by: None,
             })
             .await
             .unwrap();
@@ -752,6 +754,7 @@ mod cases {
                 lease: Duration::from_millis(300),
                 idempotency_key: None,
                 pins: Vec::new(),
+                started_by: None,
             })
             .await
             .unwrap();

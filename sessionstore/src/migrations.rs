@@ -40,6 +40,7 @@ pub(crate) const SQLITE: &[Migration] = migration_files!("sqlite":
     7 => "0007_run_pins.sql",
     8 => "0008_journal_snapshots.sql",
     9 => "0009_heartbeat_carries_leases.sql",
+    10 => "0010_actors.sql",
 );
 
 /// The PostgreSQL migrations this binary knows, in version order.
@@ -53,6 +54,7 @@ pub(crate) const POSTGRES: &[Migration] = migration_files!("postgres":
     7 => "0007_run_pins.sql",
     8 => "0008_journal_snapshots.sql",
     9 => "0009_heartbeat_carries_leases.sql",
+    10 => "0010_actors.sql",
 );
 
 /// What a backend does for the runner: each step in its own dialect, all of them inside the

@@ -284,6 +284,7 @@ impl Exec<'_> {
                 lease: options.lease,
                 idempotency_key: None,
                 pins,
+                started_by: None,
             })
             .await
             .context("recording the run")?;
