@@ -72,17 +72,39 @@ impl<C: Conn> SqlTx<C> {
         .await
     }
 
-    /// Every drain request recorded for a Host id, the newest incarnation first.
-    pub(crate) async fn drain_requests(&mut self, host: &HostId) -> StoreResult<Vec<DrainRecord>> {
-        self.many(
-            &format!(
-                "SELECT {DRAIN_COLS} FROM host_drains WHERE host_id = $1 \
-                 ORDER BY host_generation DESC"
-            ),
-            vec![text(host.as_str())],
-            "host_drains",
-            decode_drain,
-        )
-        .await
+    /// Drain requests, the newest first: one Host id's (every incarnation), or every Host's;
+    /// at most `limit`.
+    pub(crate) async fn drain_requests(
+        &mut self,
+        host: Option<&HostId>,
+        limit: usize,
+    ) -> StoreResult<Vec<DrainRecord>> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        match host {
+            Some(h) => {
+                self.many(
+                    &format!(
+                        "SELECT {DRAIN_COLS} FROM host_drains WHERE host_id = $1 \
+                         ORDER BY host_generation DESC LIMIT {limit}"
+                    ),
+                    vec![text(h.as_str())],
+                    "host_drains",
+                    decode_drain,
+                )
+                .await
+            }
+            None => {
+                self.many(
+                    &format!(
+                        "SELECT {DRAIN_COLS} FROM host_drains \
+                         ORDER BY requested_at DESC, host_id, host_generation DESC LIMIT {limit}"
+                    ),
+                    Vec::new(),
+                    "host_drains",
+                    decode_drain,
+                )
+                .await
+            }
+        }
     }
 }

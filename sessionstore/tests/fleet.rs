@@ -573,12 +573,23 @@ mod cases {
             ts.store.drain_request(&host("host-b"), 1).await.unwrap(),
             None
         );
-        let all = ts.store.drain_requests(&a).await.unwrap();
+        let all = ts.store.drain_requests(Some(&a)).await.unwrap();
         assert_eq!(
             all.iter()
                 .map(|d| (d.generation, d.requested_by.as_str()))
                 .collect::<Vec<_>>(),
             vec![(2, "signal:SIGTERM"), (1, "operator:alice")]
+        );
+        ts.store
+            .record_drain(&host("host-b"), 4, "tenant:acme")
+            .await
+            .unwrap();
+        let every = ts.store.drain_requests(None).await.unwrap();
+        assert_eq!(every.len(), 3);
+        assert!(
+            every
+                .iter()
+                .any(|d| d.host.as_str() == "host-b" && d.requested_by == "tenant:acme")
         );
         for (generation, by) in [(0, "x"), (3, "")] {
             let err = ts.store.record_drain(&a, generation, by).await.unwrap_err();

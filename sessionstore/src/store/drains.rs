@@ -31,9 +31,10 @@ impl Store {
         read_op!(self, |tx| tx.drain_request(&host, generation))
     }
 
-    /// Every drain request recorded for a Host id, the newest incarnation first.
-    pub async fn drain_requests(&self, host: &HostId) -> StoreResult<Vec<DrainRecord>> {
-        let host = host.clone();
-        read_op!(self, |tx| tx.drain_requests(&host))
+    /// Drain requests, the newest first: one Host id's (every incarnation), or every Host's
+    /// (`None`); at most [`MAX_PAGE`].
+    pub async fn drain_requests(&self, host: Option<&HostId>) -> StoreResult<Vec<DrainRecord>> {
+        let host = host.cloned();
+        read_op!(self, |tx| tx.drain_requests(host.as_ref(), MAX_PAGE))
     }
 }
