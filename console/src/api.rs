@@ -629,10 +629,8 @@ pub async fn answer_run(
 pub async fn drain(State(c): State<Console>, headers: HeaderMap) -> ApiResult {
     let op = operate(&c, &headers)?;
     tracing::warn!(operator = %op.name, "a drain was started from the console");
-    let (report, request) = tokio::join!(
-        c.service.drain(),
-        c.service.record_drain_request(&op.principal())
-    );
+    let by = op.principal();
+    let (report, request) = tokio::join!(c.service.drain(), c.service.record_drain_request(&by));
     let key = |k: &host::SessionKey| format!("{}/{}", k.tenant, k.session);
     ok(json!({
         "host_id": c.service.config().host_id.as_str(),
