@@ -109,7 +109,11 @@ fn dashboard_queries(dashboard: &Value) -> Vec<String> {
 fn exercised_host_metrics(dir: &Path) -> String {
     std::fs::write(dir.join("program.yaml"), PROGRAM).unwrap();
     let host = Serve::start(dir, "kit-host", &["--host-id", "kit-host"]);
-    let s = ok(hostd_run(dir, &["session", "create", "--message", "hi"], &[]));
+    let s = ok(hostd_run(
+        dir,
+        &["session", "create", "--message", "hi"],
+        &[],
+    ));
     ok(hostd_run(dir, &["session", "send", &s, "hello"], &[]));
     let run = ok(hostd_run(dir, &["run", "start", "program.yaml"], &[]));
     eventually_blocking("the run to complete", || {
@@ -151,7 +155,8 @@ fn every_metric_the_dashboard_and_the_alerts_query_is_one_a_real_host_exports() 
     let rules = read("prometheus/hostd-alerts.yaml");
     let from_rules = metric_names(&rules);
     assert!(
-        from_rules.contains("host_ready") && from_rules.contains("host_command_apply_seconds_bucket"),
+        from_rules.contains("host_ready")
+            && from_rules.contains("host_command_apply_seconds_bucket"),
         "{from_rules:?}"
     );
     used.extend(from_rules);
@@ -217,7 +222,9 @@ fn every_dashboard_query_is_promql_that_promtool_accepts() {
         .args(["check", "rules"])
         .arg(&file)
         .output()
-        .expect("promtool is required (.ci/run installs it; on Debian: apt-get install prometheus)");
+        .expect(
+            "promtool is required (.ci/run installs it; on Debian: apt-get install prometheus)",
+        );
     assert!(
         out.status.success(),
         "{}\n{}\n{rules}",
