@@ -1088,6 +1088,8 @@ mod cases {
             "host_store_transactions_total",
             "host_store_writes_total",
             "host_link_credential_refusals_total",
+            "host_ready",
+            "host_not_ready",
         ];
         let families: Vec<&str> = body
             .lines()
