@@ -95,7 +95,7 @@ pub struct RunStatus {
     pub created_at_ms: Millis,
     pub updated_at_ms: Millis,
     /// The actor who started the run; `None` for a run recorded before the store kept it
-    /// (schema version 9): unknown, never guessed.
+    /// (schema version 10): unknown, never guessed.
     pub started_by: Option<String>,
 }
 
