@@ -336,10 +336,15 @@ async fn stop_in_order(mut p: StopParts) -> DrainReport {
         }
     };
     let extensions = futures::future::join_all(p.extensions.iter().map(|e| e.shutdown(bounds)));
-    // Who asked is recorded beside the drain, never before it: a slow store delays no part.
+    // Who asked is recorded beside the drain, never before it, and within the drain's cut: a
+    // slow store delays neither the drain nor the stop's tail.
     let recorded = async {
-        if let Some(by) = &requested_by {
-            p.service.record_drain_request(by).await;
+        if let Some(by) = &requested_by
+            && tokio::time::timeout_at(bounds.cut, p.service.record_drain_request(by))
+                .await
+                .is_err()
+        {
+            tracing::warn!("who asked for the drain was not recorded within the stop bound");
         }
     };
     let (drained, _, _, _) = tokio::join!(p.service.drain(), extensions, placing, recorded);
