@@ -93,6 +93,13 @@ try {
   if (gateCommands.length !== 1 || gateCommands[0][4] !== "operator:admin") {
     throw new Error("the gate answer is not one command attributed to the operator: " + JSON.stringify(gateCommands));
   }
+  // The CLI's commands name the actor its token stands for (an opaque token: its tenant).
+  const cliCommands = await page.$$eval("#session-commands tr[data-command]", (rows) =>
+    rows.map((r) => [...r.children].map((td) => td.textContent)).filter((c) => c[1] !== "gate_response"),
+  );
+  if (cliCommands.length === 0 || cliCommands.some((c) => c[4] !== "tenant:acme")) {
+    throw new Error("the CLI's commands are not attributed to its tenant: " + JSON.stringify(cliCommands));
+  }
   await page.screenshot({ path: `${shots}/05-session-answered.png`, fullPage: true });
 
   step("gates, runs and charts views");
