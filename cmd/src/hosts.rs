@@ -1,6 +1,7 @@
 //! `hostd hosts` and `hostd controller`: the fleet as an operator sees it. `hosts ls` lists the
 //! Host registry (every advertisement not yet collected: id, endpoint, generation, last
-//! heartbeat, capacity used and free, draining, sessions held); `controller` runs the fleet
+//! heartbeat, capacity used and free, draining and who asked, sessions held); `hosts drains`
+//! lists who asked which Host incarnation to drain, and when; `controller` runs the fleet
 //! reconciler alone, for users who place sessions apart from their Hosts. Both read the store
 //! the location flags name (`--store`, else the data folder's; an operator's view: no tenant
 //! token); neither writes a command or a lease.
@@ -29,8 +30,15 @@ pub struct HostsArgs {
 #[derive(Debug, Subcommand)]
 enum HostsCommand {
     /// List every Host of the registry: id, endpoint, generation, last heartbeat, capacity
-    /// used/free, draining, sessions held (expired ones until they are collected).
+    /// used/free, draining (and who asked), sessions held (expired ones until they are
+    /// collected).
     Ls,
+    /// List who asked a Host to drain, and when: every incarnation of HOST, or of every Host,
+    /// the newest first (kept after the Host is gone).
+    Drains {
+        /// A Host id (default: every Host).
+        host: Option<String>,
+    },
 }
 
 /// Run the fleet reconciler alone: place sessions that have admitted work and no live Host
@@ -51,6 +59,13 @@ pub async fn hosts(args: HostsArgs, out: Output) -> Result<ExitCode> {
     let store = args.location.open_store("hostd hosts").await?;
     match args.command {
         HostsCommand::Ls => list(&store, &out).await?,
+        HostsCommand::Drains { host } => {
+            let host = host
+                .map(sessionstore::HostId::new)
+                .transpose()
+                .context("the Host id")?;
+            drains(&store, host.as_ref(), &out).await?
+        }
     }
     store.close().await;
     Ok(ExitCode::SUCCESS)
@@ -88,6 +103,11 @@ async fn list(store: &Store, out: &Output) -> Result<()> {
             (true, false) => "draining",
         };
         let since = (now - t.observed_at_ms).max(0);
+        let drain = store.drain_request(&t.host, t.generation).await?;
+        let state = match (&drain, state) {
+            (Some(d), "draining") => format!("draining (asked by {})", d.requested_by),
+            _ => state.to_owned(),
+        };
         if out.is_json() {
             out.line(serde_json::json!({
                 "host_id": t.host.as_str(),
@@ -100,6 +120,7 @@ async fn list(store: &Store, out: &Output) -> Result<()> {
                 "live": live,
                 "accepting": t.accepting,
                 "draining": live && !t.accepting,
+                "drain_requested_by": drain.as_ref().map(|d| d.requested_by.as_str()),
                 "capacity": t.capacity,
                 "capacity_used": used,
                 "capacity_free": free,
@@ -112,7 +133,7 @@ async fn list(store: &Store, out: &Output) -> Result<()> {
             t.host.to_string(),
             t.endpoint.clone(),
             t.generation.to_string(),
-            state.to_owned(),
+            state,
             format!("{:.1}s ago", since as f64 / 1000.0),
             format!("{used}/{}", t.capacity),
             free.to_string(),
@@ -127,6 +148,44 @@ async fn list(store: &Store, out: &Output) -> Result<()> {
         out.table(&table)?;
     }
     Ok(())
+}
+
+async fn drains(store: &Store, host: Option<&sessionstore::HostId>, out: &Output) -> Result<()> {
+    let records = store.drain_requests(host).await?;
+    if out.is_json() {
+        let rows: Vec<_> = records
+            .iter()
+            .map(|d| {
+                serde_json::json!({
+                    "host_id": d.host.as_str(),
+                    "generation": d.generation,
+                    "requested_by": d.requested_by,
+                    "requested_at_ms": d.requested_at_ms,
+                })
+            })
+            .collect();
+        return out.line(serde_json::json!({ "drains": rows }));
+    }
+    if records.is_empty() {
+        out.note("no drain was requested");
+        return Ok(());
+    }
+    let mut table = Table::new(&["HOST", "GENERATION", "REQUESTED BY", "REQUESTED AT"]).right(1);
+    for d in &records {
+        table.row([
+            d.host.to_string(),
+            d.generation.to_string(),
+            d.requested_by.clone(),
+            humantime::format_rfc3339_millis(
+                std::time::UNIX_EPOCH
+                    + std::time::Duration::from_millis(
+                        u64::try_from(d.requested_at_ms).unwrap_or(0),
+                    ),
+            )
+            .to_string(),
+        ]);
+    }
+    out.table(&table)
 }
 
 pub async fn controller(args: ControllerArgs, out: Output) -> Result<ExitCode> {

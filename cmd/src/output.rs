@@ -29,6 +29,13 @@ pub fn is_closed_pipe(e: &anyhow::Error) -> bool {
     })
 }
 
+/// How an actor (who admitted, answered, started or drained something) reads in human output:
+/// the recorded name, or `unknown` where the store holds none (a record written before it kept
+/// one, or by a caller that named nobody). Never a guess. JSON shows the same as `null`.
+pub fn actor_text(actor: Option<&str>) -> &str {
+    actor.unwrap_or("unknown")
+}
+
 /// How data is written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {

@@ -313,8 +313,12 @@ fn journal_lines(v: &RunView, after: u64) -> Vec<String> {
 
 fn status_text(v: &RunView) -> String {
     let mut s = format!(
-        "run {}\n  state   {}\n  holder  {}\n  epoch   {}\n",
-        v.run_id, v.state, v.holder, v.epoch
+        "run {}\n  state   {}\n  holder  {}\n  epoch   {}\n  started by {}\n",
+        v.run_id,
+        v.state,
+        v.holder,
+        v.epoch,
+        crate::output::actor_text(v.started_by.as_deref())
     );
     if let Some(step) = &v.step {
         s.push_str(&format!("  step    {step}\n"));
@@ -343,6 +347,14 @@ fn status_text(v: &RunView) -> String {
                 v.run_id, c.name
             ));
         }
+    }
+    for a in &v.answers {
+        s.push_str(&format!(
+            "  answered {} by {} at {}\n",
+            a.checkpoint,
+            a.answerer,
+            time(a.answered_at_ms)
+        ));
     }
     s.push_str("  journal\n");
     for l in journal_lines(v, 0) {

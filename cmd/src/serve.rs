@@ -301,24 +301,29 @@ pub async fn run(args: ServeArgs, matches: Option<&ArgMatches>, out: Output) -> 
     ));
 
     let mut fences = service.fences();
-    let fence = tokio::select! {
+    // A stop signal, or the fence (`None`: its announcer went away, a stop nobody asked for).
+    let stopped = tokio::select! {
         signal = stop.next() => {
             tracing::info!(signal, "draining");
-            None
+            Ok(signal)
         }
-        fence = fences.wait_for(|f| f.is_some()) => fence.ok().and_then(|f| f.clone()),
+        fence = fences.wait_for(|f| f.is_some()) => Err(fence.ok().and_then(|f| f.clone())),
     };
-    if let Some(fence) = fence {
-        // Serving on would only be refused: stop, and say so with a failing exit.
-        server.shutdown();
-        let _ = server.wait().await;
-        data.remove_runtime();
-        out.error(format_args!(
-            "host {host_id} is fenced: {fence}; exiting instead of serving fenced"
-        ));
-        return Ok(ExitCode::from(3));
+    match stopped {
+        // The signal is who asked: recorded in the store as the drain's requester.
+        Ok(signal) => server.shutdown_by(format!("signal:{signal}")),
+        Err(Some(fence)) => {
+            // Serving on would only be refused: stop, and say so with a failing exit.
+            server.shutdown();
+            let _ = server.wait().await;
+            data.remove_runtime();
+            out.error(format_args!(
+                "host {host_id} is fenced: {fence}; exiting instead of serving fenced"
+            ));
+            return Ok(ExitCode::from(3));
+        }
+        Err(None) => server.shutdown(),
     }
-    server.shutdown();
     // A second signal during the drain exits at once.
     let report = tokio::select! {
         r = server.wait() => r,

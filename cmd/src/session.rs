@@ -246,9 +246,11 @@ async fn context(
     // default (a Host serving another store records no local tenant).
     let embedded = location.store.is_none() && runtime.is_none_or(|r| !r.tenant.is_empty());
     let local_credentials = embedded.then(|| data.credentials_path());
-    authenticate(&store, &tenant, &token, local_credentials.as_deref()).await?;
+    let actor = authenticate(&store, &tenant, &token, local_credentials.as_deref()).await?;
     Ok(Ctx {
-        controller: Controller::new(store, tenant, token).with_client(flags.link.client_options()),
+        controller: Controller::new(store, tenant, token)
+            .with_client(flags.link.client_options())
+            .with_actor(actor),
         out,
         local,
     })
@@ -264,19 +266,20 @@ fn refused_token(tenant: &TenantId) -> anyhow::Error {
 
 /// Checks the token before anything is read or admitted: against the local Host's credential
 /// digests when they are at hand, else by a HostLink handshake with a live Host (which checks
-/// it against its own).
+/// it against its own). Returns the actor what this command admits is recorded as: the
+/// principal the token names (a JWT's `sub`), else `tenant:<tenant>`.
 async fn authenticate(
     store: &Store,
     tenant: &TenantId,
     token: &str,
     local_credentials: Option<&std::path::Path>,
-) -> Result<()> {
+) -> Result<String> {
     if let Some(path) = local_credentials.filter(|p| p.exists()) {
         let creds = CredentialStore::load(Some(path), None)
             .with_context(|| format!("reading the credentials in {}", path.display()))?;
         return creds
             .check(tenant, token)
-            .map(|_| ())
+            .map(|g| g.actor(tenant))
             .map_err(|_| refused_token(tenant));
     }
     let now = store.now_ms().await?;
@@ -288,7 +291,11 @@ async fn authenticate(
         match HostLinkClient::connect(&target.endpoint, tenant, token, "hostd-auth").await {
             Ok(link) => {
                 link.close();
-                return Ok(());
+                // The Host accepted the token: a JWT's `sub` is the principal it verified.
+                let principal = hostlink::jwt::decode_unverified(token)
+                    .ok()
+                    .and_then(|t| t.claims.sub);
+                return Ok(hostlink::auth::actor_of(tenant, principal.as_deref()));
             }
             Err(ClientError::Disconnected { code, .. })
                 if code == hostlink::Disconnect::AUTHENTICATION_FAILED.code =>

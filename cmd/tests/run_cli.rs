@@ -129,8 +129,8 @@ fn with_good_arguments_and_no_host_the_error_says_no_host_with_its_own_code() {
     assert_eq!(error(&out).0, "connect");
 }
 
-/// The answerer of a hosted run is the tenant of the link: `run answer` takes no `--by`, so a
-/// caller cannot name someone else as the one who answered.
+/// The answerer of a hosted run is the link's actor (its token's principal, else the tenant):
+/// `run answer` takes no `--by`, so a caller cannot name someone else as the one who answered.
 #[test]
 fn answer_takes_no_by_flag_naming_who_answered() {
     let tmp = tempfile::tempdir().unwrap();

@@ -591,6 +591,7 @@ fn prune_keeps_a_release_a_live_run_is_pinned_to_and_names_the_run() {
                     identity: "shop/wc@1.0.0".into(),
                     digest: digest.clone(),
                 }],
+                started_by: None,
             })
             .await
             .expect("a live run pinned to wc");

@@ -159,7 +159,8 @@ async function showHosts() {
       el("td", {}, h.generation),
       el("td", {}, ago(h.heartbeat_age_ms)),
       el("td", {}, `${h.used}/${h.free}`),
-      el("td", {}, !h.live ? badge("expired", "bad") : h.draining ? badge("draining", "warn") : badge("accepting", "ok")),
+      el("td", {}, !h.live ? badge("expired", "bad") : h.draining ? badge("draining", "warn") : badge("accepting", "ok"),
+        h.drain_requested_by ? el("span", { class: "muted", "data-drain-by": h.drain_requested_by }, ` asked by ${h.drain_requested_by}`) : ""),
       el("td", {}, h.sessions),
       el("td", { class: "wrap" }, h.this ? (h.ready ? badge("ready", "ok") : (h.reasons || []).map((x) => x.code).join(", ")) : ""),
     )));
@@ -186,6 +187,12 @@ async function drain() {
     status(e.message, true);
   }
   await showHosts();
+}
+
+// Who did something, as the store recorded it; where it recorded nobody (a record written
+// before it kept actors, or a caller that named nobody) the page says so, never a guess.
+function actor(name) {
+  return name ? name : badge("unknown", "muted");
 }
 
 function sessionRow(s) {
@@ -255,10 +262,10 @@ async function showSession() {
   $("session-title").textContent = `${tenant} / ${session}`;
   table("session-gates", ["Gate", "Kind", "Prompt", ""], r.gates.map((g) => el("tr", { "data-gate": g.gate_id },
     el("td", {}, g.gate_id), el("td", {}, g.kind), el("td", { class: "wrap" }, g.prompt), el("td", {}, gateActions(g)))));
-  table("session-commands", ["Command", "Kind", "State", "Outcome", "Principal", "Epoch", "Admitted", "Settled"],
+  table("session-commands", ["Command", "Kind", "State", "Outcome", "Actor", "Epoch", "Admitted", "Settled"],
     r.commands.map((c) => el("tr", { "data-command": c.command_id },
       el("td", {}, c.command_id), el("td", {}, c.kind), el("td", {}, c.state),
-      el("td", {}, c.outcome || ""), el("td", {}, c.principal || ""), el("td", {}, c.epoch),
+      el("td", {}, c.outcome || ""), el("td", { "data-actor": "" }, actor(c.actor)), el("td", {}, c.epoch),
       el("td", {}, time(c.admitted_at_ms)), el("td", {}, time(c.settled_at_ms)))));
   const list = $("session-journal");
   list.replaceChildren(...r.journal.events.map((e) => journalItem(e.body)));
@@ -349,6 +356,9 @@ async function showRun() {
       answerRun(v.checkpoint.name, value);
     } }, `Answer ${v.checkpoint.name}`));
   }
+  $("run-started-by").replaceChildren("Started by ", el("span", { "data-actor": "" }, actor(v.started_by)));
+  table("run-answers", ["Checkpoint", "Answered by", "Answered"], (v.answers || []).map((a) => el("tr", {},
+    el("td", {}, a.checkpoint), el("td", { "data-actor": "" }, actor(a.answerer)), el("td", {}, time(a.answered_at_ms)))));
   table("run-steps", ["Step", "Entry", "Attempt", "Outcome", "Epoch", "Recorded"], (v.journal || []).map((s) => el("tr", {},
     el("td", {}, s.step), el("td", {}, s.entry), el("td", {}, s.attempt), el("td", {}, s.outcome || ""),
     el("td", {}, s.epoch), el("td", {}, time(s.recorded_at_ms)))));

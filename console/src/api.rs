@@ -216,12 +216,13 @@ pub async fn hosts(State(c): State<Console>, headers: HeaderMap) -> ApiResult {
         .collect();
     let me = c.service.config().host_id.to_string();
     let readiness = c.service.readiness();
-    let rows: Vec<Value> = targets
-        .iter()
-        .map(|t| {
-            let id = t.host.to_string();
-            let this = id == me;
-            json!({
+    let mut rows: Vec<Value> = Vec::with_capacity(targets.len());
+    for t in &targets {
+        let id = t.host.to_string();
+        let this = id == me;
+        // Who asked this incarnation to drain (`null`: nobody did, or it was not recorded).
+        let drain = store.drain_request(&t.host, t.generation).await?;
+        rows.push(json!({
                 "host_id": id,
                 "endpoint": t.endpoint,
                 "generation": t.generation,
@@ -236,9 +237,9 @@ pub async fn hosts(State(c): State<Console>, headers: HeaderMap) -> ApiResult {
                 "this": this,
                 "ready": if this { json!(readiness.ready) } else { Value::Null },
                 "reasons": if this { json!(readiness.reasons) } else { Value::Null },
-            })
-        })
-        .collect();
+                "drain_requested_by": drain.map(|d| d.requested_by),
+        }));
+    }
     ok(json!({"host_id": me, "hosts": rows}))
 }
 
@@ -364,6 +365,8 @@ fn command_view(r: &CommandRecord) -> Value {
         "outcome": r.outcome.map(|o| o.as_str()),
         "reason": r.reason,
         "principal": r.principal,
+        // Who admitted it (a gate answer's is who answered); `null`: not recorded.
+        "actor": r.principal,
         "epoch": r.claim.as_ref().map(|cl| cl.epoch.0).unwrap_or(r.epoch_mark.0),
         "admitted_at_ms": r.admitted_at_ms,
         "apply_deadline_ms": r.apply_deadline_ms,
@@ -626,12 +629,15 @@ pub async fn answer_run(
 pub async fn drain(State(c): State<Console>, headers: HeaderMap) -> ApiResult {
     let op = operate(&c, &headers)?;
     tracing::warn!(operator = %op.name, "a drain was started from the console");
-    let report = c.service.drain().await;
+    let by = op.principal();
+    let (report, request) = tokio::join!(c.service.drain(), c.service.record_drain_request(&by));
     let key = |k: &host::SessionKey| format!("{}/{}", k.tenant, k.session);
     ok(json!({
         "host_id": c.service.config().host_id.as_str(),
         "generation": report.generation,
         "state": report.state.as_str(),
+        // The request that stands for this incarnation (the first one made), when recorded.
+        "requested_by": request.map(|r| r.requested_by),
         "released": report.released.iter().map(key).collect::<Vec<_>>(),
         "abandoned": report.abandoned.iter().map(key).collect::<Vec<_>>(),
         "parked": report.parked.iter().map(key).collect::<Vec<_>>(),

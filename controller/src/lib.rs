@@ -64,6 +64,9 @@ pub struct Controller {
     tenant: TenantId,
     token: String,
     name: String,
+    /// Who this controller acts for: recorded as the principal of every command it admits
+    /// and as the attach's actor. `None`: the controller itself (`controller:<name>`).
+    actor: Option<String>,
     /// How long an admitted command may wait before its apply deadline.
     pub apply_within: Duration,
     /// Warm public journal readers, shared by every clone.
@@ -88,6 +91,7 @@ impl Controller {
             tenant,
             token: token.into(),
             name: "hostd-controller".into(),
+            actor: None,
             apply_within: Duration::from_secs(600),
             journals: Arc::new(PublicJournals::new(PublicJournals::DEFAULT_CAPACITY)),
             client: ClientOptions::default(),
@@ -98,6 +102,20 @@ impl Controller {
     pub fn with_client(mut self, client: ClientOptions) -> Controller {
         self.client = client;
         self
+    }
+
+    /// The same controller acting for `actor` (an authenticated principal, say a JWT's `sub`,
+    /// or `tenant:<tenant>` for an opaque token): what it admits is recorded as `actor`'s.
+    pub fn with_actor(mut self, actor: impl Into<String>) -> Controller {
+        self.actor = Some(actor.into());
+        self
+    }
+
+    /// Who what this controller admits is recorded as done by.
+    pub fn actor(&self) -> String {
+        self.actor
+            .clone()
+            .unwrap_or_else(|| format!("controller:{}", self.name))
     }
 
     /// The store.
@@ -183,7 +201,7 @@ impl Controller {
                 command,
                 kind,
                 body,
-                principal: Some(format!("controller:{}", self.name)),
+                principal: Some(self.actor()),
                 metadata: None,
                 apply_within: self.apply_within,
             })
@@ -276,7 +294,7 @@ impl Controller {
             agent_id: record.agent.clone(),
             runtime_compatibility_id: Some(record.compatibility.clone()),
             mode: AttachMode::Create,
-            actor_id: ActorId::new(self.name.clone())
+            actor_id: ActorId::new(self.actor())
                 .map_err(|e| ControllerError::Invalid(e.to_string()))?,
             trace_id: None,
             idempotency_key: IdempotencyKey::new(idempotency_key())

@@ -30,10 +30,13 @@ pub trait Extension: Send + Sync + 'static {
     fn capability(&self) -> &'static str;
 
     /// Answers `method` for a link of `tenant` when it is one of this extension's methods;
-    /// [`ExtensionReply::NotFound`] otherwise, so the next extension may answer it.
+    /// [`ExtensionReply::NotFound`] otherwise, so the next extension may answer it. `actor`
+    /// is who the link acts as (see [`hostlink_server::backend::LinkCtx::actor`]): what the
+    /// call records as done by someone is recorded as done by it.
     async fn call(
         &self,
         tenant: &TenantId,
+        actor: &str,
         method: &str,
         data: Option<&RawValue>,
     ) -> ExtensionReply;

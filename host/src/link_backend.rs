@@ -220,7 +220,10 @@ impl LinkBackend for HostBackend {
         data: Option<&serde_json::value::RawValue>,
     ) -> hostlink_server::backend::ExtensionReply {
         for extension in &self.extensions {
-            match extension.call(&link.tenant, method, data).await {
+            match extension
+                .call(&link.tenant, &link.actor(), method, data)
+                .await
+            {
                 hostlink_server::backend::ExtensionReply::NotFound => continue,
                 reply => return reply,
             }
@@ -339,8 +342,10 @@ impl LinkBackend for HostBackend {
         }
         let service = self.service.clone();
         let slot = self.drain.clone();
+        let requested_by = link.actor();
         tokio::spawn(async move {
-            let report = service.drain().await;
+            let (report, _) =
+                tokio::join!(service.drain(), service.record_drain_request(&requested_by));
             tracing::info!(
                 clean = report.is_clean(),
                 state = report.state.as_str(),

@@ -29,6 +29,8 @@ pub const STORE_STATEMENTS: &str = "host_store_statements_total";
 pub const STORE_TRANSACTIONS: &str = "host_store_transactions_total";
 pub const STORE_WRITES: &str = "host_store_writes_total";
 pub const LINK_CREDENTIAL_REFUSALS: &str = "host_link_credential_refusals_total";
+pub const READY: &str = "host_ready";
+pub const NOT_READY: &str = "host_not_ready";
 
 /// The residency states `host_sessions` is labelled with.
 pub const SESSION_STATES: [&str; 3] = ["attaching", "resident", "releasing"];
@@ -45,7 +47,14 @@ pub struct GaugeSample {
     pub weight_capacity: i64,
     pub command_lag: i64,
     pub queue_depth: i64,
+    /// Whether `/readyz` answers ready.
+    pub ready: bool,
+    /// For each code of [`crate::readiness::REASON_CODES`], in order, whether it holds.
+    pub not_ready: [bool; REASONS],
 }
+
+/// How many not-ready reason codes there are.
+const REASONS: usize = crate::readiness::REASON_CODES.len();
 
 /// The state the gauges describe (the residency table). Sampled at scrape time, so no gauge
 /// is ever kept in step by hand.
@@ -77,6 +86,8 @@ struct Gauges {
     weight_capacity: IntGauge,
     command_lag: IntGauge,
     queue_depth: IntGauge,
+    ready: IntGauge,
+    not_ready: IntGaugeVec,
     descs: Vec<Desc>,
 }
 
@@ -110,9 +121,22 @@ impl Gauges {
             COMMAND_QUEUE_DEPTH,
             "Wake-ups queued for resident sessions' command consumers.",
         ))?;
+        let ready = m(IntGauge::new(
+            READY,
+            "1 when /readyz answers ready, else 0 (host_not_ready says why).",
+        ))?;
+        let not_ready = m(IntGaugeVec::new(
+            Opts::new(
+                NOT_READY,
+                "1 for each reason /readyz gives for not being ready (starting, draining, fenced, store_unreachable, persistence_fault), else 0.",
+            ),
+            &["reason"],
+        ))?;
         let mut descs = Vec::new();
         for c in [
             &sessions as &dyn Collector,
+            &ready,
+            &not_ready,
             &gate_waiting,
             &command_blocked,
             &weight_consumed,
@@ -131,6 +155,8 @@ impl Gauges {
             weight_capacity,
             command_lag,
             queue_depth,
+            ready,
+            not_ready,
             descs,
         })
     }
@@ -162,7 +188,14 @@ impl Collector for Gauges {
         self.weight_capacity.set(s.weight_capacity);
         self.command_lag.set(s.command_lag);
         self.queue_depth.set(s.queue_depth);
+        self.ready.set(i64::from(s.ready));
+        for (code, holds) in crate::readiness::REASON_CODES.iter().zip(s.not_ready) {
+            self.not_ready
+                .with_label_values(&[code])
+                .set(i64::from(holds));
+        }
         let mut out = self.sessions.collect();
+        out.extend(self.not_ready.collect());
         for g in [
             &self.gate_waiting,
             &self.command_blocked,
@@ -170,6 +203,7 @@ impl Collector for Gauges {
             &self.weight_capacity,
             &self.command_lag,
             &self.queue_depth,
+            &self.ready,
         ] {
             out.extend(g.collect());
         }

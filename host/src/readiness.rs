@@ -11,6 +11,16 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tokio::sync::watch;
 
+/// Every code a [`NotReady`] reason carries, in a fixed order (`/metrics` exports one
+/// `host_not_ready` series per code).
+pub const REASON_CODES: [&str; 5] = [
+    "starting",
+    "draining",
+    "fenced",
+    "store_unreachable",
+    "persistence_fault",
+];
+
 /// One reason the Host is not ready, with a stable code.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct NotReady {

@@ -559,6 +559,12 @@ impl Residency {
 
 impl GaugeSource for Residency {
     fn sample(&self) -> GaugeSample {
+        // Read before the table's locks: readiness takes only its own.
+        let readiness = self.readiness().report(self.started(), self.draining());
+        let mut not_ready = [false; crate::readiness::REASON_CODES.len()];
+        for (holds, code) in not_ready.iter_mut().zip(crate::readiness::REASON_CODES) {
+            *holds = readiness.reasons.iter().any(|r| r.code == code);
+        }
         let residents = lock(&self.residents);
         let admission = lock(&self.admission);
         let mut s = GaugeSample {
@@ -569,6 +575,8 @@ impl GaugeSource for Residency {
                 .charged()
                 .filter(|k| !residents.contains_key(*k))
                 .count() as i64,
+            ready: readiness.ready,
+            not_ready,
             ..GaugeSample::default()
         };
         for r in residents.values() {

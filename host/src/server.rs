@@ -104,7 +104,7 @@ pub struct HostBuilder {
 pub struct Host {
     local_addr: SocketAddr,
     service: Service,
-    trigger: watch::Sender<bool>,
+    trigger: watch::Sender<Option<StopRequest>>,
     task: JoinHandle<DrainReport>,
     links: HostLinkHandle,
     extensions: Vec<Arc<dyn Extension>>,
@@ -246,7 +246,7 @@ impl HostBuilder {
             .with_state(service.clone())
             .merge(hostlink)
             .merge(routes);
-        let (trigger, triggered) = watch::channel(false);
+        let (trigger, triggered) = watch::channel(None);
         let (listener_stop, listener_stopped) = watch::channel(false);
         let server = tokio::spawn(crate::listener::serve(
             listener,
@@ -283,7 +283,7 @@ impl HostBuilder {
 
 /// What the stop stops, in its order.
 struct StopParts {
-    triggered: watch::Receiver<bool>,
+    triggered: watch::Receiver<Option<StopRequest>>,
     service: Service,
     placing: Option<(CancellationToken, JoinHandle<()>)>,
     extensions: Vec<Arc<dyn Extension>>,
@@ -292,9 +292,19 @@ struct StopParts {
     links: HostLinkHandle,
 }
 
+/// What began a stop: who asked for it, when the caller knows (recorded in the store as the
+/// drain's requester).
+#[derive(Clone, Debug)]
+struct StopRequest {
+    requested_by: Option<String>,
+}
+
 /// The Host's whole stop, once triggered. The one place that orders it.
 async fn stop_in_order(mut p: StopParts) -> DrainReport {
-    let _ = p.triggered.wait_for(|t| *t).await;
+    let requested_by = match p.triggered.wait_for(Option::is_some).await {
+        Ok(r) => r.as_ref().and_then(|r| r.requested_by.clone()),
+        Err(_) => None,
+    };
     // `Host::shutdown` already did this at the trigger; repeated (idempotent) so the order
     // holds whoever triggered.
     stop_taking_new_work(&p.service, &p.extensions);
@@ -326,7 +336,18 @@ async fn stop_in_order(mut p: StopParts) -> DrainReport {
         }
     };
     let extensions = futures::future::join_all(p.extensions.iter().map(|e| e.shutdown(bounds)));
-    let (drained, _, _) = tokio::join!(p.service.drain(), extensions, placing);
+    // Who asked is recorded beside the drain, never before it, and within the drain's cut: a
+    // slow store delays neither the drain nor the stop's tail.
+    let recorded = async {
+        if let Some(by) = &requested_by
+            && tokio::time::timeout_at(bounds.cut, p.service.record_drain_request(by))
+                .await
+                .is_err()
+        {
+            tracing::warn!("who asked for the drain was not recorded within the stop bound");
+        }
+    };
+    let (drained, _, _, _) = tokio::join!(p.service.drain(), extensions, placing, recorded);
     // The tail after the drain is bounded as a whole: links and listener get half of it, the
     // Service's stop (tasks, then the store) the rest.
     let tail = crate::release::stop_tail(idle_boundary);
@@ -381,11 +402,29 @@ impl Host {
 
     /// Begins the stop (what SIGTERM does): from this instant new links are refused, `/readyz`
     /// answers 503 `draining`, and nothing new is admitted (sessions nor extension work);
-    /// then the stop runs in its order. Idempotent.
+    /// then the stop runs in its order. Idempotent. Records no requester: see
+    /// [`Host::shutdown_by`].
     pub fn shutdown(&self) {
+        self.begin_stop(None);
+    }
+
+    /// [`Host::shutdown`], asked by `requested_by` (an operator, or the signal that asked),
+    /// who is recorded in the store as the drain's requester. The first request of a stop
+    /// stands.
+    pub fn shutdown_by(&self, requested_by: impl Into<String>) {
+        self.begin_stop(Some(requested_by.into()));
+    }
+
+    fn begin_stop(&self, requested_by: Option<String>) {
         self.links.refuse_new_links();
         stop_taking_new_work(&self.service, &self.extensions);
-        let _ = self.trigger.send(true);
+        self.trigger.send_if_modified(|t| {
+            if t.is_some() {
+                return false;
+            }
+            *t = Some(StopRequest { requested_by });
+            true
+        });
     }
 
     /// Waits for the stop to complete and returns the drain's report.

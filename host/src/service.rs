@@ -377,6 +377,42 @@ impl Service {
         }
     }
 
+    /// Records in the store that `requested_by` asked this incarnation to drain (the first
+    /// request of an incarnation stands; see [`sessionstore::Store::record_drain`]) and returns
+    /// the request that stands. A store that refuses or fails is logged and answered with
+    /// `None`: who asked is kept where it can be, and a drain never waits on it.
+    pub async fn record_drain_request(
+        &self,
+        requested_by: &str,
+    ) -> Option<sessionstore::DrainRecord> {
+        let host = &self.config().host_id;
+        let generation = self.generation();
+        match self
+            .store()
+            .record_drain(host, generation, requested_by)
+            .await
+        {
+            Ok(r) => {
+                tracing::info!(
+                    host_generation = generation,
+                    requested_by = %r.requested_by,
+                    "drain requested"
+                );
+                Some(r)
+            }
+            Err(e) => {
+                tracing::warn!(
+                    host_generation = generation,
+                    requested_by,
+                    error = %e,
+                    code = e.code().as_str(),
+                    "who asked for the drain could not be recorded"
+                );
+                None
+            }
+        }
+    }
+
     /// Drains the whole Host (what SIGTERM does): admission off at once, advertisement
     /// withdrawn, every resident session released within the grace. Calling it again returns
     /// the first drain's report once it finishes.

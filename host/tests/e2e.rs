@@ -1325,6 +1325,17 @@ mod cases {
         }
         assert_eq!(metric(&svc, "host_admission_weight_capacity"), 16.0);
         assert_eq!(metric(&svc, "host_admission_weight_consumed"), 1.0);
+        // Readiness as /readyz gives it: ready, and every reason exported at 0; a drain turns
+        // ready off and says why.
+        let draining = r#"host_not_ready{reason="draining"}"#;
+        assert_eq!(metric(&svc, "host_ready"), 1.0);
+        for code in host::readiness::REASON_CODES {
+            let series = format!(r#"host_not_ready{{reason="{code}"}}"#);
+            assert_eq!(metric(&svc, &series), 0.0, "{series}");
+        }
+        svc.drain().await;
+        assert_eq!(metric(&svc, "host_ready"), 0.0);
+        assert_eq!(metric(&svc, draining), 1.0);
         svc.stop().await;
     }
 }

@@ -696,7 +696,7 @@ mod cases {
         s.server.wait().await;
     }
 
-    pub async fn a_fixed_session_drains_for_its_holder_and_a_reconnected_beginner_reads_drained(
+    pub async fn a_fixed_session_drains_for_its_holder_who_is_recorded_and_a_reconnected_beginner_reads_drained(
         ts: &TestStore,
     ) {
         let session = sid("fixed");
@@ -756,6 +756,14 @@ mod cases {
         })
         .await;
         assert!(s.service.residents().is_empty());
+        // Who asked is recorded: the link's actor (an opaque token acts as its tenant).
+        let asked = ts
+            .store
+            .drain_request(&s.service.config().host_id, s.service.generation())
+            .await
+            .unwrap()
+            .expect("the drain request is recorded");
+        assert_eq!(asked.requested_by, "tenant:acme");
         // The mutator stays attributed to a holder: after the release, even the link that
         // began the drain is refused.
         assert_eq!(
@@ -1088,6 +1096,8 @@ mod cases {
             "host_store_transactions_total",
             "host_store_writes_total",
             "host_link_credential_refusals_total",
+            "host_ready",
+            "host_not_ready",
         ];
         let families: Vec<&str> = body
             .lines()
@@ -1137,7 +1147,7 @@ sessionstore::both_backends!(cases =>
     stop_ends_within_the_grace_plus_two_idle_boundaries_when_a_link_never_closes,
     a_store_close_and_a_link_that_overrun_the_stop_are_failures_on_its_report,
     a_pooled_host_answers_no_hostlink_drain,
-    a_fixed_session_drains_for_its_holder_and_a_reconnected_beginner_reads_drained,
+    a_fixed_session_drains_for_its_holder_who_is_recorded_and_a_reconnected_beginner_reads_drained,
     a_hostlink_drain_abandons_a_fixed_session_parked_at_a_gate_for_the_next_host,
     placement_with_no_live_host_is_a_clear_refusal,
     the_host_advertises_its_capability_tokens_after_the_reserved_methods,

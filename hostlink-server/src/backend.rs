@@ -62,6 +62,13 @@ pub struct LinkCtx {
     pub client_version: Option<String>,
 }
 
+impl LinkCtx {
+    /// The actor what this link does is attributed to (see [`hostlink::auth::actor_of`]).
+    pub fn actor(&self) -> String {
+        hostlink::auth::actor_of(&self.tenant, self.principal.as_deref())
+    }
+}
+
 /// Why the backend did not do what was asked.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub enum Refusal {

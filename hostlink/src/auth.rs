@@ -88,6 +88,24 @@ pub struct Grant {
     pub leeway_secs: u64,
 }
 
+impl Grant {
+    /// The actor what this credential does is attributed to: the principal a JWT names, else
+    /// `tenant:<tenant>` (an opaque token stands for its tenant as a whole and names nobody
+    /// within it).
+    pub fn actor(&self, tenant: &TenantId) -> String {
+        actor_of(tenant, self.principal.as_deref())
+    }
+}
+
+/// The actor of a caller authenticated for `tenant` whose credential names `principal`: the
+/// principal itself, else `tenant:<tenant>`. One spelling for every record that keeps an actor.
+pub fn actor_of(tenant: &TenantId, principal: Option<&str>) -> String {
+    match principal {
+        Some(p) => p.to_owned(),
+        None => format!("tenant:{tenant}"),
+    }
+}
+
 /// Verifies the credential a link presents for the tenant in its path.
 #[async_trait]
 pub trait AuthVerifier: Send + Sync {

@@ -2,8 +2,9 @@
 //! `hostlink.run`). Requests decode strictly like every HostLink record: one JSON object, no
 //! unknown, duplicate or `null` members, no trailing data, `version` exactly 1 — a request
 //! that fails is Centrifuge error 107 and the link stays up. No request names a tenant, a
-//! host, a holder or an answerer: the link's authenticated tenant scopes every call and is
-//! recorded as the answerer.
+//! host, a holder or an answerer: the link's authenticated tenant scopes every call, and the
+//! link's actor (its credential's principal, else `tenant:<tenant>`, see
+//! [`crate::auth::actor_of`]) is recorded as the run's starter and as the answerer.
 //!
 //! | method | request members | result |
 //! |---|---|---|
@@ -239,6 +240,21 @@ pub struct RunView {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<CheckpointView>,
     pub journal: Vec<StepView>,
+    /// Who started the run; `None` when the store does not know (a run recorded before it
+    /// kept the starter).
+    #[serde(default)]
+    pub started_by: Option<String>,
+    /// Every answer recorded for the run, with who gave it, in checkpoint order.
+    #[serde(default)]
+    pub answers: Vec<AnswerView>,
+}
+
+/// One recorded answer of a run: the checkpoint, who answered and when.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AnswerView {
+    pub checkpoint: String,
+    pub answerer: String,
+    pub answered_at_ms: i64,
 }
 
 /// One line of `run.list`.

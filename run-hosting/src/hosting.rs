@@ -48,9 +48,9 @@ use workflow::{
 
 use crate::metrics::RunMetrics;
 use hostlink::runs::{
-    CheckpointView, ProblemView, RunAnswerRequest, RunAnswered, RunEvent, RunFailureView, RunList,
-    RunListRequest, RunRefusal, RunReply, RunRequest, RunStartRequest, RunStarted, RunSummary,
-    RunView, StepView, refusal_codes,
+    AnswerView, CheckpointView, ProblemView, RunAnswerRequest, RunAnswered, RunEvent,
+    RunFailureView, RunList, RunListRequest, RunRefusal, RunReply, RunRequest, RunStartRequest,
+    RunStarted, RunSummary, RunView, StepView, refusal_codes,
 };
 use hostlink_server::backend::{ExtensionReply, Refusal};
 use timing::duration_text;
@@ -644,21 +644,37 @@ impl RunHost {
         method: &str,
         data: Option<&RawValue>,
     ) -> ExtensionReply {
+        let actor = hostlink::auth::actor_of(tenant, None);
+        self.handle_as(tenant, &actor, method, data).await
+    }
+
+    /// [`RunHost::handle`] for a link that acts as `actor`: a start or an answer it makes is
+    /// recorded as `actor`'s.
+    pub async fn handle_as(
+        &self,
+        tenant: &TenantId,
+        actor: &str,
+        method: &str,
+        data: Option<&RawValue>,
+    ) -> ExtensionReply {
         use tracing::Instrument as _;
         let span = tracing::info_span!("run.rpc", %tenant, method);
-        self.dispatch(tenant, method, data).instrument(span).await
+        self.dispatch(tenant, actor, method, data)
+            .instrument(span)
+            .await
     }
 
     async fn dispatch(
         &self,
         tenant: &TenantId,
+        actor: &str,
         method: &str,
         data: Option<&RawValue>,
     ) -> ExtensionReply {
         let bytes = data.map(|d| d.get().as_bytes()).unwrap_or(b"{}");
         match method {
             "run.start" => match RunStartRequest::decode(bytes) {
-                Ok(req) => reply(self.start(tenant, req).await),
+                Ok(req) => reply(self.start(tenant, actor, req).await),
                 Err(_) => ExtensionReply::Done(Err(Refusal::BadRequest)),
             },
             "run.resume" => match RunRequest::decode(bytes) {
@@ -666,7 +682,7 @@ impl RunHost {
                 Err(_) => ExtensionReply::Done(Err(Refusal::BadRequest)),
             },
             "run.answer" => match RunAnswerRequest::decode(bytes) {
-                Ok(req) => reply(self.answer(tenant, req).await),
+                Ok(req) => reply(self.answer_as(tenant, req, actor).await),
                 Err(_) => ExtensionReply::Done(Err(Refusal::BadRequest)),
             },
             "run.status" => match RunRequest::decode(bytes) {
@@ -705,6 +721,7 @@ impl RunHost {
     pub async fn start(
         &self,
         tenant: &TenantId,
+        actor: &str,
         req: RunStartRequest,
     ) -> Result<RunStarted, RunRefusal> {
         self.gate("the start")?;
@@ -764,6 +781,7 @@ impl RunHost {
                 lease: self.inner.options.lease,
                 idempotency_key: req.idempotency_key,
                 pins,
+                started_by: Some(actor.to_owned()),
             })
             .await
             .map_err(|e| store_refusal(&e))?;
@@ -850,17 +868,18 @@ impl RunHost {
         })
     }
 
-    /// `run.answer`: the answerer is the link's tenant.
+    /// `run.answer` by a caller known only by its tenant (see [`hostlink::auth::actor_of`]).
     pub async fn answer(
         &self,
         tenant: &TenantId,
         req: RunAnswerRequest,
     ) -> Result<RunAnswered, RunRefusal> {
-        self.answer_as(tenant, req, tenant.as_str()).await
+        let actor = hostlink::auth::actor_of(tenant, None);
+        self.answer_as(tenant, req, &actor).await
     }
 
-    /// An answer to one of `tenant`'s runs recorded as `answerer`'s (an operator acting
-    /// from the console); otherwise exactly `run.answer`.
+    /// `run.answer`: an answer to one of `tenant`'s runs recorded as `answerer`'s (the link's
+    /// actor, or an operator acting from the console).
     pub async fn answer_as(
         &self,
         tenant: &TenantId,
@@ -1024,6 +1043,15 @@ impl RunHost {
                     epoch: e.epoch,
                     recorded_at_ms: e.recorded_at_ms,
                     body: serde_json::from_str(&e.body).unwrap_or(serde_json::Value::Null),
+                })
+                .collect(),
+            started_by: status.started_by.clone(),
+            answers: answers
+                .iter()
+                .map(|a| AnswerView {
+                    checkpoint: a.checkpoint.clone(),
+                    answerer: a.answerer.clone(),
+                    answered_at_ms: a.answered_at_ms,
                 })
                 .collect(),
         })

@@ -82,13 +82,14 @@ impl host::Extension for RunHost {
     async fn call(
         &self,
         tenant: &TenantId,
+        actor: &str,
         method: &str,
         data: Option<&RawValue>,
     ) -> ExtensionReply {
         if !method.starts_with("run.") {
             return ExtensionReply::NotFound;
         }
-        self.handle(tenant, method, data).await
+        self.handle_as(tenant, actor, method, data).await
     }
 
     async fn run_events(&self, tenant: &TenantId, run: &RunId) -> RunEvents {

@@ -488,8 +488,17 @@ mod cases {
             .await
             .unwrap();
         assert!(ok.recorded);
-        assert_eq!(ok.answerer, "acme");
+        assert_eq!(ok.answerer, "tenant:acme");
         let done = until(&h, &started.run_id, |v| v.state == "completed").await;
+        // A link with an opaque token acts as its tenant: the start and the answer are its.
+        assert_eq!(done.started_by.as_deref(), Some("tenant:acme"));
+        assert_eq!(
+            done.answers
+                .iter()
+                .map(|a| (a.checkpoint.as_str(), a.answerer.as_str()))
+                .collect::<Vec<_>>(),
+            [("approve", "tenant:acme")]
+        );
         // Parked with no driver, then taken over when the answer made it due.
         assert_eq!(done.epoch, 2);
         let last = done.journal.iter().find(|e| e.step == "last").unwrap();
@@ -520,6 +529,7 @@ mod cases {
                 lease: Duration::from_secs(60),
                 idempotency_key: None,
                 pins: Vec::new(),
+                started_by: None,
             })
             .await
             .unwrap();
@@ -706,6 +716,7 @@ mod cases {
                 lease,
                 idempotency_key: None,
                 pins: Vec::new(),
+                started_by: None,
             })
             .await
             .unwrap();
@@ -752,6 +763,7 @@ mod cases {
                 lease: Duration::from_millis(300),
                 idempotency_key: None,
                 pins: Vec::new(),
+                started_by: None,
             })
             .await
             .unwrap();

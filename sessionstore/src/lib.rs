@@ -6,6 +6,7 @@
 
 mod backend;
 pub mod clock;
+pub mod drains;
 pub mod error;
 pub mod evidence;
 pub mod fleet;
@@ -38,6 +39,7 @@ pub mod wire;
 
 pub use backend::Admission;
 pub use clock::{Clock, ClockShift, ManualClock, Millis, SharedClock, SystemClock};
+pub use drains::DrainRecord;
 pub use error::{ErrorCode, StoreError, StoreResult};
 pub use evidence::{EvidenceReader, EvidenceRouter, FixedEvidenceRouter};
 pub use fleet::{

@@ -61,6 +61,7 @@ const TABLES: &[&str] = &[
     "run_journal",
     "run_checkpoints",
     "run_answers",
+    "host_drains",
 ];
 const MAX_TX_ATTEMPTS: usize = 8;
 /// How the store's connections plan. Every statement the store runs reads or writes rows by

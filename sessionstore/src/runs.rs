@@ -94,6 +94,9 @@ pub struct RunStatus {
     pub revision: u64,
     pub created_at_ms: Millis,
     pub updated_at_ms: Millis,
+    /// The actor who started the run; `None` for a run recorded before the store kept it
+    /// (schema version 10): unknown, never guessed.
+    pub started_by: Option<String>,
 }
 
 impl RunStatus {
@@ -124,6 +127,9 @@ pub struct NewRun {
     /// The releases the run is pinned to, one per runnable its program invokes (recorded in
     /// the same transaction as the run).
     pub pins: Vec<RunPin>,
+    /// The actor who starts it (an authenticated principal, or what its caller is known as);
+    /// `None` only where nobody is known, which is then shown as unknown.
+    pub started_by: Option<String>,
 }
 
 /// The release a run invokes for one runnable: its identity (`workspace/name@version`) and
@@ -431,6 +437,9 @@ pub(crate) fn check_new_run(r: &NewRun) -> StoreResult<()> {
     if let Some(k) = &r.idempotency_key {
         check_opaque_id("idempotency_key", k)?;
     }
+    if let Some(a) = &r.started_by {
+        check_opaque_id("started_by", a)?;
+    }
     lease_ms(r.lease)?;
     Ok(())
 }
@@ -499,7 +508,7 @@ pub(crate) fn check_lease(lease: Duration) -> StoreResult<()> {
 
 const STATUS_COLS: &str = "run_id, tenant_id, state, holder, epoch, fencing_token, lease_expires_at, \
      idempotency_key, input, step, failure_code, failure_step, failure_message, revision, \
-     created_at, updated_at";
+     created_at, updated_at, started_by";
 
 fn bad(entity: &'static str, e: StoreError) -> StoreError {
     StoreError::integrity(entity, e.to_string())
@@ -529,6 +538,7 @@ fn decode_status(r: &Row) -> StoreResult<RunStatus> {
         revision: r.u64(13)?,
         created_at_ms: r.i64(14)?,
         updated_at_ms: r.i64(15)?,
+        started_by: r.opt_text(16)?,
     })
 }
 
@@ -674,8 +684,8 @@ pub(crate) async fn create<C: Conn>(
     let inserted = exec(
         tx,
         "INSERT INTO run_status (run_id, tenant_id, state, holder, epoch, fencing_token, \
-         lease_expires_at, idempotency_key, input, revision, created_at, updated_at) \
-         VALUES ($1, $2, 'running', $3, 1, $4, $5, $6, $7, 1, $8, $8) ON CONFLICT DO NOTHING",
+         lease_expires_at, idempotency_key, input, revision, created_at, updated_at, started_by) \
+         VALUES ($1, $2, 'running', $3, 1, $4, $5, $6, $7, 1, $8, $8, $9) ON CONFLICT DO NOTHING",
         vec![
             text(r.run_id.as_str()),
             text(r.tenant.as_str()),
@@ -685,6 +695,7 @@ pub(crate) async fn create<C: Conn>(
             opt_text(r.idempotency_key.clone()),
             text(&r.input),
             ms(now),
+            opt_text(r.started_by.clone()),
         ],
     )
     .await?;

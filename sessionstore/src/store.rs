@@ -1439,5 +1439,6 @@ impl Store {
     }
 }
 
+mod drains;
 mod fleet;
 mod snapshots;

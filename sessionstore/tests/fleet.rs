@@ -540,9 +540,66 @@ mod cases {
         );
         assert_eq!(ts.store.orphans(100).await.unwrap().len(), 1);
     }
+
+    pub async fn the_first_request_to_drain_an_incarnation_is_the_one_kept(ts: &TestStore) {
+        let a = host("host-a");
+        assert_eq!(ts.store.drain_request(&a, 1).await.unwrap(), None);
+        let first = ts
+            .store
+            .record_drain(&a, 1, "operator:alice")
+            .await
+            .unwrap();
+        assert_eq!(first.requested_by, "operator:alice");
+        assert_eq!((first.host.as_str(), first.generation), ("host-a", 1));
+        // A repeat (the drain is idempotent) joins the first and changes nothing.
+        let again = ts
+            .store
+            .record_drain(&a, 1, "signal:SIGTERM")
+            .await
+            .unwrap();
+        assert_eq!(again, first);
+        assert_eq!(
+            ts.store.drain_request(&a, 1).await.unwrap(),
+            Some(first.clone())
+        );
+        // The next incarnation is asked afresh; another Host is its own.
+        let next = ts
+            .store
+            .record_drain(&a, 2, "signal:SIGTERM")
+            .await
+            .unwrap();
+        assert_eq!(next.requested_by, "signal:SIGTERM");
+        assert_eq!(
+            ts.store.drain_request(&host("host-b"), 1).await.unwrap(),
+            None
+        );
+        let all = ts.store.drain_requests(Some(&a)).await.unwrap();
+        assert_eq!(
+            all.iter()
+                .map(|d| (d.generation, d.requested_by.as_str()))
+                .collect::<Vec<_>>(),
+            vec![(2, "signal:SIGTERM"), (1, "operator:alice")]
+        );
+        ts.store
+            .record_drain(&host("host-b"), 4, "tenant:acme")
+            .await
+            .unwrap();
+        let every = ts.store.drain_requests(None).await.unwrap();
+        assert_eq!(every.len(), 3);
+        assert!(
+            every
+                .iter()
+                .any(|d| d.host.as_str() == "host-b" && d.requested_by == "tenant:acme")
+        );
+        for (generation, by) in [(0, "x"), (3, "")] {
+            let err = ts.store.record_drain(&a, generation, by).await.unwrap_err();
+            assert_eq!(err.code(), ErrorCode::Invalid, "{err}");
+        }
+    }
 }
 
 sessionstore::both_backends!(cases =>
+    the_first_request_to_drain_an_incarnation_is_the_one_kept,
     one_heartbeat_renews_every_live_lease_of_its_host_in_one_commit,
     a_heartbeat_never_revives_a_lapsed_lease_nor_one_another_host_took,
     a_heartbeat_of_an_older_generation_is_refused_and_renews_nothing,

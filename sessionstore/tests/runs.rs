@@ -23,6 +23,7 @@ mod cases {
             lease: Duration::from_secs(60),
             idempotency_key: key.map(str::to_owned),
             pins: Vec::new(),
+            started_by: Some("user:ann".into()),
         }
     }
 
@@ -863,6 +864,39 @@ mod cases {
         assert_eq!(err.code(), ErrorCode::Invalid, "{err}");
     }
 
+    pub async fn a_run_keeps_who_started_it_and_one_started_by_nobody_known_reads_as_unknown(
+        ts: &TestStore,
+    ) {
+        let started = start(ts, "run-1").await;
+        assert_eq!(started.started_by.as_deref(), Some("user:ann"));
+        let mut anonymous = new_run("run-2", None);
+        anonymous.started_by = None;
+        ts.store.create_run(anonymous).await.unwrap();
+        let read = |id: &str| {
+            let store = ts.store.clone();
+            let id = RunId::new(id).unwrap();
+            async move { store.run_status(None, &id).await.unwrap().unwrap() }
+        };
+        assert_eq!(read("run-1").await.started_by.as_deref(), Some("user:ann"));
+        assert_eq!(read("run-2").await.started_by, None);
+        let listed = ts.store.runs(&tenant("acme")).await.unwrap();
+        let by: Vec<_> = listed.iter().map(|r| r.started_by.clone()).collect();
+        assert_eq!(by, vec![Some("user:ann".to_owned()), None]);
+        // A retried start with its key keeps the first starter.
+        let mut first = new_run("run-3", Some("k"));
+        first.started_by = Some("user:bob".into());
+        ts.store.create_run(first).await.unwrap();
+        let mut retry = new_run("run-4", Some("k"));
+        retry.started_by = Some("user:eve".into());
+        let again = ts.store.create_run(retry).await.unwrap();
+        assert!(!again.created);
+        assert_eq!(again.status.started_by.as_deref(), Some("user:bob"));
+        let mut empty = new_run("run-5", None);
+        empty.started_by = Some(String::new());
+        let err = ts.store.create_run(empty).await.unwrap_err();
+        assert_eq!(err.code(), ErrorCode::Invalid, "{err}");
+    }
+
     pub async fn bad_run_input_is_refused_with_a_typed_error(ts: &TestStore) {
         let mut no_json = new_run("run-1", None);
         no_json.input = "{not json".into();
@@ -896,6 +930,7 @@ sessionstore::both_backends!(cases =>
     status_and_list_reads_change_no_revision,
     running_runs_are_listed_across_tenants_for_reconcile,
     bad_run_input_is_refused_with_a_typed_error,
+    a_run_keeps_who_started_it_and_one_started_by_nobody_known_reads_as_unknown,
     a_run_is_recorded_with_the_releases_it_is_pinned_to,
     a_run_recorded_without_pins_is_pinned_once_under_its_fence,
     bad_pins_are_refused_with_a_typed_error,

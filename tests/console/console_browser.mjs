@@ -3,7 +3,8 @@
 //   -> STEP <name>           a step began (for the test's log)
 //   -> WANT_SESSION          the page is open on Sessions: create a session from the CLI now
 //   <- <session id>          ... the session the CLI created (with a gated message sent)
-//   -> DRAINED <report json> the drain button was pressed and its report is shown
+//   -> DRAINED <report json> the drain button was pressed and its report is shown (the
+//                            Hosts table then says the operator asked for it)
 //   <- MOVED                 ... a message was sent to the session, which now lives elsewhere
 //   -> DONE                  every check passed
 // Anything wrong ends the process non-zero with the reason on stderr.
@@ -92,6 +93,13 @@ try {
   if (gateCommands.length !== 1 || gateCommands[0][4] !== "operator:admin") {
     throw new Error("the gate answer is not one command attributed to the operator: " + JSON.stringify(gateCommands));
   }
+  // The CLI's commands name the actor its token stands for (an opaque token: its tenant).
+  const cliCommands = await page.$$eval("#session-commands tr[data-command]", (rows) =>
+    rows.map((r) => [...r.children].map((td) => td.textContent)).filter((c) => c[1] !== "gate_response"),
+  );
+  if (cliCommands.length === 0 || cliCommands.some((c) => c[4] !== "tenant:acme")) {
+    throw new Error("the CLI's commands are not attributed to its tenant: " + JSON.stringify(cliCommands));
+  }
   await page.screenshot({ path: `${shots}/05-session-answered.png`, fullPage: true });
 
   step("gates, runs and charts views");
@@ -119,7 +127,8 @@ try {
     const rows = [...document.querySelectorAll("#hosts-table tr[data-host]")];
     const other = rows.find((r) => !r.children[0].textContent.includes("(this)"));
     const me = rows.find((r) => r.children[0].textContent.includes("(this)"));
-    return other && other.children[5].textContent === "1" && me && me.children[4].textContent.includes("draining");
+    return other && other.children[5].textContent === "1" && me && me.children[4].textContent.includes("draining") &&
+      me.children[4].textContent.includes("asked by operator:admin");
   });
   await page.screenshot({ path: `${shots}/09-hosts-after-drain.png`, fullPage: true });
 

@@ -177,6 +177,17 @@ mod cases {
         let done = terminal(&ts.store, &s, &command).await;
         assert_eq!(done.outcome, Some(sessionstore::Outcome::Applied));
         assert_eq!(done.principal.as_deref(), Some("operator:alice"));
+        let (_, view) = f
+            .get(Some(&f.read), &format!("/sessions/acme/{}", s.session))
+            .await;
+        let answer = view["commands"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["command_id"] == command.as_str())
+            .cloned()
+            .unwrap();
+        assert_eq!(answer["actor"], "operator:alice", "{answer}");
         f.c.wait_events(&s, "the turn to end", |evs| count(evs, "turn_done") >= 1)
             .await;
         assert_eq!(f.rocket.runs.load(std::sync::atomic::Ordering::SeqCst), 1);
@@ -301,6 +312,7 @@ mod cases {
         let (status, report) = f.post(Some(&f.operate), "/drain", json!({})).await;
         assert_eq!(status, 200, "{report}");
         assert_eq!(report["state"], "drained", "{report}");
+        assert_eq!(report["requested_by"], "operator:alice", "{report}");
         assert_eq!(
             report["released"],
             json!([format!("acme/{}", s.session)]),
@@ -316,6 +328,14 @@ mod cases {
             .cloned()
             .unwrap();
         assert_eq!(me["ready"], false, "{me}");
+        assert_eq!(me["drain_requested_by"], "operator:alice", "{me}");
+        let recorded = ts
+            .store
+            .drain_request(&f.svc.config().host_id, f.svc.generation())
+            .await
+            .unwrap()
+            .expect("the drain request is recorded");
+        assert_eq!(recorded.requested_by, "operator:alice");
         f.stop().await;
     }
 }

@@ -125,6 +125,7 @@ async fn an_operator_signs_in_answers_a_gate_and_drains_a_host_in_a_real_browser
             } else if let Some(report) = line.strip_prefix("DRAINED ") {
                 let report: serde_json::Value = serde_json::from_str(report).unwrap();
                 assert_eq!(report["state"], "drained", "{report}");
+                assert_eq!(report["requested_by"], "operator:admin", "{report}");
                 assert_eq!(
                     report["released"],
                     serde_json::json!([format!("acme/{session}")]),

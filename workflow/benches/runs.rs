@@ -134,6 +134,7 @@ async fn drive_new(store: &Store, d: &Driver, id: String, program: &str) -> Driv
                 identity: "bench/echo@1.0.0".into(),
                 digest: format!("sha256:{}", "0".repeat(64)),
             }],
+            started_by: None,
         })
         .await
         .expect("a run")

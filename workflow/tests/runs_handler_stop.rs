@@ -164,6 +164,7 @@ steps:
                 lease,
                 idempotency_key: None,
                 pins,
+                started_by: None,
             })
             .await
             .unwrap()

@@ -133,6 +133,7 @@ steps:
                 lease: Duration::from_secs(60),
                 idempotency_key: None,
                 pins,
+                started_by: None,
             })
             .await
             .unwrap()

@@ -115,13 +115,14 @@ impl StepEvents for StepLines {
 }
 
 /// Checks the tenant's token against the data folder's credentials when it has any; a folder
-/// no Host has used yet holds none, and then only the local tenant may be named.
-fn authenticate(client: &ClientFlags, tenant: &sessionstore::TenantId) -> Result<()> {
+/// no Host has used yet holds none, and then only the local tenant may be named. Returns the
+/// actor the run is started as (the token's principal, else the tenant).
+fn authenticate(client: &ClientFlags, tenant: &sessionstore::TenantId) -> Result<String> {
     let data = client.location.data();
     let creds = data.credentials_path();
     if !creds.exists() {
         if tenant.as_str() == LOCAL_TENANT {
-            return Ok(());
+            return Ok(hostlink::auth::actor_of(tenant, None));
         }
         return Err(CliError::refused(
             "cannot_authenticate",
@@ -136,13 +137,16 @@ fn authenticate(client: &ClientFlags, tenant: &sessionstore::TenantId) -> Result
     let token = client.tenant.token(&data, tenant)?;
     let store = CredentialStore::load(Some(&creds), None)
         .with_context(|| format!("reading the credentials in {}", creds.display()))?;
-    store.check(tenant, &token).map(|_| ()).map_err(|_| {
-        CliError::refused(
-            "unauthenticated",
-            format!("the token was refused for tenant {tenant}: nothing was recorded"),
-        )
-        .into()
-    })
+    store
+        .check(tenant, &token)
+        .map(|g| g.actor(tenant))
+        .map_err(|_| {
+            CliError::refused(
+                "unauthenticated",
+                format!("the token was refused for tenant {tenant}: nothing was recorded"),
+            )
+            .into()
+        })
 }
 
 pub async fn run(args: ExecArgs, client: &ClientFlags, out: Output) -> Result<ExitCode> {
@@ -164,7 +168,7 @@ pub async fn run(args: ExecArgs, client: &ClientFlags, out: Output) -> Result<Ex
         .validate()
         .map_err(|e| CliError::usage(format!("--run-lease: {e}")))?;
     let tenant = client.tenant.tenant(None)?;
-    authenticate(client, &tenant)?;
+    let actor = authenticate(client, &tenant)?;
     // The workspace: --runnables, else this folder when it holds runnables/ (as for
     // `hostd runnable`), else none (a program that invokes is refused).
     let workspace = args.drive.runnables.clone().or_else(|| {
@@ -188,6 +192,7 @@ pub async fn run(args: ExecArgs, client: &ClientFlags, out: Output) -> Result<Ex
         source: &source,
         input,
         tenant,
+        actor,
         options,
         out,
     }
@@ -203,6 +208,8 @@ struct Exec<'a> {
     source: &'a str,
     input: serde_json::Value,
     tenant: sessionstore::TenantId,
+    /// Who starts the run (the token's principal, else the tenant).
+    actor: String,
     options: RunOptions,
     out: Output,
 }
@@ -220,6 +227,7 @@ impl Exec<'_> {
             source,
             input,
             tenant,
+            actor,
             options,
             out,
         } = self;
@@ -284,6 +292,7 @@ impl Exec<'_> {
                 lease: options.lease,
                 idempotency_key: None,
                 pins,
+                started_by: Some(actor),
             })
             .await
             .context("recording the run")?;

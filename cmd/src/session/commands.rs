@@ -1,5 +1,7 @@
 //! `hostd session commands <S>`: the session's command inbox as the store holds it — for each
-//! command its id, kind, state, outcome, the residency epoch attempting (or claiming) it and,
+//! command its id, kind, state, outcome, the actor who admitted it (its recorded principal; a
+//! `gate_response`'s is who answered the gate; `unknown` when none was recorded), the
+//! residency epoch attempting (or claiming) it and,
 //! when that epoch is the session's live lease, the Host holding it (the store keeps no Host
 //! for an older epoch). Read-only; never admits, claims or settles anything.
 
@@ -64,11 +66,12 @@ fn print(ctx: &Ctx, c: &CommandRecord, epoch: Option<u64>, host: Option<&HostId>
     let settled = c.settled_at_ms.map(millis_text).unwrap_or_default();
     ctx.out.record(
         format_args!(
-            "{}\t{}\t{}\t{}\thost {}\tepoch {}{}",
+            "{}\t{}\t{}\t{}\tby {}\thost {}\tepoch {}{}",
             c.command,
             c.kind.as_str(),
             c.state.as_str(),
             outcome,
+            crate::output::actor_text(c.principal.as_deref()),
             host_text,
             epoch_text,
             if settled.is_empty() {
@@ -85,6 +88,7 @@ fn print(ctx: &Ctx, c: &CommandRecord, epoch: Option<u64>, host: Option<&HostId>
                 "state": c.state.as_str(),
                 "outcome": c.outcome.map(|o| o.as_str()),
                 "reason": c.reason,
+                "actor": c.principal,
                 "attempting_host": host.map(|h| h.as_str()),
                 "epoch": epoch,
                 "attempted": c.attempt.is_some(),

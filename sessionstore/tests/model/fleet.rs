@@ -788,6 +788,7 @@ async fn start_run(w: &mut World, m: &mut Model, h: usize) {
             lease: ttl(),
             idempotency_key: None,
             pins: Vec::new(),
+            started_by: None,
         })
         .await
         .expect("a new run is recorded");

@@ -367,6 +367,7 @@ async fn record(
             lease: Duration::from_secs(30),
             idempotency_key: None,
             pins,
+            started_by: None,
         })
         .await
         .unwrap()
