@@ -243,7 +243,8 @@ pub fn truncate_preview(text: &str, max: usize) -> &str {
 
 /// Committed events (durable; hints for publishers) and previews (ephemeral).
 pub trait EventSource: Send + Sync {
-    fn committed(&self) -> broadcast::Receiver<CommittedEvent>;
+    /// Each event is shared (`Arc`): the buffer holds a pointer per slot, not the event.
+    fn committed(&self) -> broadcast::Receiver<Arc<CommittedEvent>>;
     fn previews(&self) -> broadcast::Receiver<Preview>;
 }
 

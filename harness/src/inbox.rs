@@ -2,6 +2,7 @@
 //! The actor (`session`) is the one receiver and handles every message; a turn or a handle
 //! only sends. Plain message and channel types: nothing here acts on them.
 
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
 use department::{
@@ -80,12 +81,84 @@ impl Msg {
     }
 }
 
+/// How many committed events and previews a slow subscriber may fall behind.
+pub(crate) const EVENT_BUFFER: usize = 64;
+
+/// A broadcast whose buffer exists only while someone subscribes: made by the first
+/// subscriber, dropped by the first send that finds nobody listening. An idle session nobody
+/// watches holds none (each buffer is [`EVENT_BUFFER`] slots, several KiB).
+pub(crate) struct LazyFanout<T> {
+    tx: std::sync::Mutex<Option<broadcast::Sender<T>>>,
+}
+
+impl<T: Clone> LazyFanout<T> {
+    pub fn new() -> LazyFanout<T> {
+        LazyFanout {
+            tx: std::sync::Mutex::new(None),
+        }
+    }
+
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<broadcast::Sender<T>>> {
+        match self.tx.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    pub fn subscribe(&self) -> broadcast::Receiver<T> {
+        self.slot()
+            .get_or_insert_with(|| broadcast::channel(EVENT_BUFFER).0)
+            .subscribe()
+    }
+
+    /// Sends to whoever listens; with nobody left, the buffer is dropped.
+    pub fn send(&self, item: T) {
+        let mut slot = self.slot();
+        if let Some(tx) = slot.as_ref() {
+            if tx.receiver_count() == 0 || tx.send(item).is_err() {
+                *slot = None;
+            }
+        }
+    }
+
+    /// Whether a buffer is held now.
+    #[cfg(test)]
+    pub fn allocated(&self) -> bool {
+        self.slot().is_some()
+    }
+}
+
 /// Channels shared by the actor, its turns and the handle.
 pub(crate) struct Shared {
-    pub committed: broadcast::Sender<CommittedEvent>,
-    pub previews: broadcast::Sender<Preview>,
+    pub committed: broadcast::Sender<Arc<CommittedEvent>>,
+    pub previews: LazyFanout<Preview>,
     pub idle: watch::Sender<bool>,
     pub faults: watch::Sender<Option<PersistenceFault>>,
     pub alive: watch::Sender<bool>,
     pub epoch: AtomicU64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fanout_holds_a_buffer_only_while_someone_listens() {
+        let f: LazyFanout<u32> = LazyFanout::new();
+        f.send(1);
+        assert!(!f.allocated(), "nobody listened: no buffer");
+        let mut rx = f.subscribe();
+        assert!(f.allocated());
+        f.send(2);
+        assert_eq!(rx.try_recv().ok(), Some(2));
+        drop(rx);
+        f.send(3);
+        assert!(
+            !f.allocated(),
+            "the last listener left: the buffer is dropped"
+        );
+        let mut again = f.subscribe();
+        f.send(4);
+        assert_eq!(again.try_recv().ok(), Some(4));
+    }
 }

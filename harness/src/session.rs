@@ -26,7 +26,7 @@ use uuid::Uuid;
 
 use crate::agent::AgentConfig;
 use crate::events::{Cause, GateKind, HarnessEvent};
-use crate::inbox::{Msg, Shared, StopReason, TurnMsg};
+use crate::inbox::{EVENT_BUFFER, LazyFanout, Msg, Shared, StopReason, TurnMsg};
 use crate::snapshot::{self, SnapshotStats};
 use crate::state::{Resolution, SessionState, Window};
 use crate::turn::{self, TurnPlan};
@@ -56,8 +56,6 @@ impl std::fmt::Debug for SessionHandle {
 
 /// How deep the actor's inbox is.
 const INBOX: usize = 64;
-/// How many committed events and previews a slow subscriber may fall behind.
-const EVENT_BUFFER: usize = 64;
 /// The size of a journal page read at restore. Small on purpose: a restore without a usable
 /// snapshot folds the whole journal, and pages sized to a long journal are large short-lived
 /// buffers that grow with it and scatter the allocator's heap (memory a recycling Host never
@@ -158,7 +156,7 @@ impl SessionHandle {
     }
 
     /// Committed events.
-    pub fn committed(&self) -> broadcast::Receiver<CommittedEvent> {
+    pub fn committed(&self) -> broadcast::Receiver<Arc<CommittedEvent>> {
         self.shared.committed.subscribe()
     }
 
@@ -235,13 +233,12 @@ pub(crate) async fn launch(
         LaunchMode::Create => {}
     }
     let (committed, _) = broadcast::channel(EVENT_BUFFER);
-    let (previews, _) = broadcast::channel(EVENT_BUFFER);
     let (idle, _) = watch::channel(false);
     let (faults, _) = watch::channel(None);
     let (alive, _) = watch::channel(true);
     let shared = Arc::new(Shared {
         committed,
-        previews,
+        previews: LazyFanout::new(),
         idle,
         faults,
         alive,
@@ -767,11 +764,11 @@ impl Actor {
             event, public_body, ..
         } = &record.kind
         {
-            let _ = self.shared.committed.send(CommittedEvent {
+            let _ = self.shared.committed.send(Arc::new(CommittedEvent {
                 seq,
                 event: event.clone(),
                 body: Arc::from(public_body.as_slice()),
-            });
+            }));
         }
         if let Err(e) = self.state.fold(&record) {
             // Our own writes always decode; if one does not, stop writing rather than diverge.

@@ -150,7 +150,7 @@ impl GracefulRelease for SessionHandle {
 }
 
 impl EventSource for SessionHandle {
-    fn committed(&self) -> broadcast::Receiver<CommittedEvent> {
+    fn committed(&self) -> broadcast::Receiver<Arc<CommittedEvent>> {
         SessionHandle::committed(self)
     }
 

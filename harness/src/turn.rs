@@ -479,7 +479,7 @@ impl Run<'_> {
 
     /// Offers a live preview to whoever relays them (dropped when nobody listens).
     fn preview(&self, delta: String, kind: PreviewKind) {
-        let _ = self.ctx.shared.previews.send(Preview {
+        self.ctx.shared.previews.send(Preview {
             turn: self.ctx.turn_id.clone(),
             delta,
             kind,

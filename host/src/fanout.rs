@@ -17,6 +17,9 @@ pub const RELAY_BUFFER: usize = 1024;
 #[derive(Default)]
 pub(crate) struct Relay {
     tx: Mutex<Option<broadcast::Sender<FeedItem>>>,
+    /// Told of each new viewer, so the relay starts taking the runtime's previews (which it
+    /// takes only while someone watches: the runtime's preview buffer exists only then).
+    viewers: tokio::sync::Notify,
 }
 
 impl Relay {
@@ -29,9 +32,17 @@ impl Relay {
 
     /// A new viewer of the feed from now on (allocating the buffer when it is the first).
     pub fn subscribe(&self) -> broadcast::Receiver<FeedItem> {
-        self.slot()
+        let rx = self
+            .slot()
             .get_or_insert_with(|| broadcast::channel(RELAY_BUFFER).0)
-            .subscribe()
+            .subscribe();
+        self.viewers.notify_one();
+        rx
+    }
+
+    /// Waits for a viewer to subscribe (at once when one did since the last wait).
+    pub async fn viewer_arrived(&self) {
+        self.viewers.notified().await;
     }
 
     /// The sender while anyone listens; with nobody left, the buffer is dropped.

@@ -23,7 +23,7 @@ use tokio::sync::broadcast;
 use crate::failpoints::{self, steps};
 pub use crate::fanout::RELAY_BUFFER;
 use crate::residency::SessionCtx;
-use department::PreviewKind;
+use department::{Preview, PreviewKind};
 use hostlink::public_journal::PublicJournal;
 use hostlink::records::{
     EnduringPublication, EphemeralPublication, PreviewStream, ToolPhase, ToolStepPreview,
@@ -43,7 +43,9 @@ const MAPPING_RETRY: Backoff = Backoff::new(MAPPING_RETRY_FIRST, MAPPING_RETRY_M
 pub(crate) async fn relay(ctx: SessionCtx) {
     let r = ctx.resident().clone();
     let mut committed = r.runtime.events.committed();
-    let mut previews = r.runtime.events.previews();
+    // Taken only while someone watches (see `Relay`): a session nobody watches holds no
+    // preview buffer in its runtime.
+    let mut previews: Option<broadcast::Receiver<Preview>> = None;
     let mut journal = PublicJournal::new(
         ctx.store().clone(),
         r.key.tenant.clone(),
@@ -54,9 +56,14 @@ pub(crate) async fn relay(ctx: SessionCtx) {
     // The offset of the last committed public event, once learned from the journal.
     let mut last_offset: Option<u64> = None;
     loop {
+        let watched = r.relay.allocated();
+        if watched != previews.is_some() {
+            previews = watched.then(|| r.runtime.events.previews());
+        }
         tokio::select! {
             biased;
             _ = r.cancel.cancelled() => return,
+            _ = r.relay.viewer_arrived() => continue,
             event = committed.recv() => {
                 let event = match event {
                     Ok(e) => e,
@@ -149,13 +156,13 @@ pub(crate) async fn relay(ctx: SessionCtx) {
                     }
                 }
             }
-            preview = previews.recv() => {
+            preview = next_preview(&mut previews) => {
                 let preview = match preview {
                     Ok(p) => p,
                     // Previews are never retried: a lag just loses text.
                     Err(broadcast::error::RecvError::Lagged(_)) => continue,
                     Err(broadcast::error::RecvError::Closed) => {
-                        previews = r.runtime.events.previews();
+                        previews = None;
                         continue;
                     }
                 };
@@ -221,5 +228,15 @@ mod tests {
         assert_eq!(seen[1], MAPPING_RETRY_FIRST * 2);
         assert!(seen.windows(2).all(|w| w[1] >= w[0]));
         assert_eq!(*seen.last().unwrap(), MAPPING_RETRY_MAX);
+    }
+}
+
+/// The next preview, or never while none is taken.
+async fn next_preview(
+    previews: &mut Option<broadcast::Receiver<Preview>>,
+) -> Result<Preview, broadcast::error::RecvError> {
+    match previews {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
     }
 }

@@ -707,7 +707,7 @@ mod tests {
     /// A runtime that runs nothing: enough for a record in the table.
     struct Inert {
         idle: tokio::sync::watch::Sender<bool>,
-        committed: broadcast::Sender<department::CommittedEvent>,
+        committed: broadcast::Sender<Arc<department::CommittedEvent>>,
         previews: broadcast::Sender<department::Preview>,
     }
 
@@ -747,7 +747,7 @@ mod tests {
     }
 
     impl department::EventSource for Inert {
-        fn committed(&self) -> broadcast::Receiver<department::CommittedEvent> {
+        fn committed(&self) -> broadcast::Receiver<Arc<department::CommittedEvent>> {
             self.committed.subscribe()
         }
         fn previews(&self) -> broadcast::Receiver<department::Preview> {
