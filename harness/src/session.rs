@@ -297,6 +297,8 @@ pub(crate) async fn launch(
         stats,
     };
     let span = tracing::info_span!(
+        target: trace_context::span::LONG_LIVED,
+        parent: None,
         "harness_session",
         tenant = %actor.tenant,
         session = %actor.session,

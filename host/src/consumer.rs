@@ -54,6 +54,8 @@ enum Check {
 pub(crate) async fn run(ctx: SessionCtx, mut hints: mpsc::Receiver<()>) {
     let resident = ctx.resident().clone();
     let span = tracing::info_span!(
+        target: trace_context::span::LONG_LIVED,
+        parent: None,
         "consumer",
         tenant = %resident.key.tenant,
         session = %resident.key.session,

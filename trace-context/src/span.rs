@@ -14,6 +14,12 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::{TraceContext, TraceParent, TraceState};
 
+/// The target of a span that lives as long as a task (a link, a session's consumer or gate
+/// publisher): it gives log lines their fields but is never exported, since a trace is one
+/// piece of work. Such a span is made with `parent: None`, so what runs inside it starts or
+/// continues traces of its own instead of hanging off whatever created the task.
+pub const LONG_LIVED: &str = "hostd::long_lived";
+
 /// The OpenTelemetry context that names the caller's span as a remote parent.
 pub fn otel_context(ctx: &TraceContext) -> opentelemetry::Context {
     let state = ctx

