@@ -198,6 +198,7 @@ impl Controller {
                 principal: Some(format!("controller:{}", self.name)),
                 metadata: None,
                 apply_within: self.apply_within,
+                trace: self.trace.clone(),
             })
             .await?)
     }

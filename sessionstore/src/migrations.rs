@@ -39,6 +39,7 @@ pub(crate) const SQLITE: &[Migration] = migration_files!("sqlite":
     6 => "0006_public_offsets.sql",
     7 => "0007_run_pins.sql",
     8 => "0008_journal_snapshots.sql",
+    9 => "0009_command_trace.sql",
 );
 
 /// The PostgreSQL migrations this binary knows, in version order.
@@ -51,6 +52,7 @@ pub(crate) const POSTGRES: &[Migration] = migration_files!("postgres":
     6 => "0006_public_offsets.sql",
     7 => "0007_run_pins.sql",
     8 => "0008_journal_snapshots.sql",
+    9 => "0009_command_trace.sql",
 );
 
 /// What a backend does for the runner: each step in its own dialect, all of them inside the

@@ -56,7 +56,8 @@ async fn wait_for_span(c: &Collector, trace_id: &str, name: &str) -> collector::
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_attach_carrying_a_traceparent_is_exported_as_a_child_of_the_callers_span() {
+async fn one_trace_runs_from_the_controllers_traceparent_through_attach_command_steps_turn_and_model_call()
+ {
     let collector = Collector::start();
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path();
@@ -96,8 +97,87 @@ async fn an_attach_carrying_a_traceparent_is_exported_as_a_child_of_the_callers_
             .map(String::as_str),
         Some("traced-a")
     );
+
+    // A command admitted under the trace is applied in it: command → claim, attempt,
+    // dispatch, settle; the runtime's apply under the dispatch; the turn under that; the
+    // model call under the turn.
+    let _feed = c.bind_and_stream(&_placed, false).await.expect("bound");
+    let cmd = c
+        .admit(
+            &session,
+            CommandId::new("say-1").unwrap(),
+            CommandBodyV1::Input {
+                text: "hello".into(),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(cmd.trace, trace);
+    c.deliver(&_placed, &cmd.command).await.unwrap();
+    let record = store
+        .session(&TenantId::new("acme").unwrap(), &session)
+        .await
+        .unwrap();
+    assert_eq!(
+        terminal(&store, &record, &cmd.command).await.outcome,
+        Some(Outcome::Applied)
+    );
+    let apply = eventually("the command's span", async || {
+        c_spans(&collector, &trace_id, "command.apply")
+            .into_iter()
+            .find(|s| s.attr("command") == Some("say-1"))
+            .ok_or_else(|| "not yet".to_owned())
+    })
+    .await;
+    assert_eq!(apply.parent_span_id, caller, "{apply:?}");
+    assert_eq!(apply.attr("tenant"), Some("acme"));
+    assert_eq!(apply.attr("session"), Some("traced-1"));
+    assert_eq!(apply.attr("outcome"), Some("applied"));
+    assert!(apply.attr("epoch").is_some());
+    for step in [
+        "command.claim",
+        "command.attempt",
+        "command.dispatch",
+        "command.settle",
+    ] {
+        let s = wait_for_child(&collector, &trace_id, step, &apply.span_id).await;
+        assert_eq!(s.status_code, 0, "{s:?}");
+    }
+    let dispatch = wait_for_child(&collector, &trace_id, "command.dispatch", &apply.span_id).await;
+    let runtime = wait_for_child(&collector, &trace_id, "runtime.apply", &dispatch.span_id).await;
+    let turn = wait_for_child(&collector, &trace_id, "turn", &runtime.span_id).await;
+    wait_for_child(&collector, &trace_id, "model.call", &turn.span_id).await;
     drop(host);
     store.close().await;
+}
+
+fn c_spans(c: &Collector, trace_id: &str, name: &str) -> Vec<collector::Span> {
+    c.trace(trace_id)
+        .into_iter()
+        .filter(|s| s.name == name)
+        .collect()
+}
+
+async fn wait_for_child(
+    c: &Collector,
+    trace_id: &str,
+    name: &str,
+    parent: &str,
+) -> collector::Span {
+    eventually(&format!("{name} under {parent}"), async || {
+        c_spans(c, trace_id, name)
+            .into_iter()
+            .find(|s| s.parent_span_id == parent)
+            .ok_or_else(|| {
+                let seen: Vec<String> = c
+                    .trace(trace_id)
+                    .iter()
+                    .map(|s| format!("{} {} <- {}", s.name, s.span_id, s.parent_span_id))
+                    .collect();
+                format!("{seen:?}")
+            })
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
