@@ -235,3 +235,191 @@ async fn a_malformed_traceparent_is_refused_with_107_and_a_good_one_is_not() {
         .expect("an answer, not a refusal of the request");
     assert!(answered.contains("\"code\""), "{answered}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_collector_down_commands_still_apply_and_the_dropped_spans_are_counted() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let (token, credentials) = tenant_credentials(dir, "acme");
+    // Nothing listens on this port: every export fails, and a queue of 4 fills at once.
+    let nowhere = format!("http://127.0.0.1:{}", testkit::process::free_port());
+    let (host, store_url) = traced_host(
+        dir,
+        "traced-c",
+        &credentials,
+        &nowhere,
+        &[
+            "--trace-queue-size",
+            "4",
+            "--trace-export-batch",
+            "2",
+            "--trace-export-timeout",
+            "200ms",
+        ],
+    );
+    let store = Store::open(StoreOptions::new(store_url))
+        .await
+        .expect("the store");
+    let (header, _) = traceparent();
+    let trace = TraceContext::from_headers(Some(&header), None).unwrap();
+    let c =
+        Controller::new(store.clone(), TenantId::new("acme").unwrap(), &token).with_trace(trace);
+    let session = SessionId::new("traced-3").unwrap();
+    let (record, create) = c
+        .create_session(
+            session.clone(),
+            AgentId::new(AGENT).unwrap(),
+            CompatibilityId::new(BUILD).unwrap(),
+            None,
+            CommandId::new("create").unwrap(),
+        )
+        .await
+        .unwrap();
+    let placed = c.place(&session).await.expect("placed");
+    let _feed = c.bind_and_stream(&placed, false).await.expect("bound");
+    assert_eq!(
+        terminal(&store, &record, &create.command).await.outcome,
+        Some(Outcome::Applied)
+    );
+    for i in 0..5 {
+        let cmd = c
+            .admit(
+                &session,
+                CommandId::new(format!("say-{i}")).unwrap(),
+                CommandBodyV1::Input {
+                    text: format!("hello {i}"),
+                },
+            )
+            .await
+            .unwrap();
+        c.deliver(&placed, &cmd.command).await.unwrap();
+        assert_eq!(
+            terminal(&store, &record, &cmd.command).await.outcome,
+            Some(Outcome::Applied)
+        );
+    }
+    let dropped = eventually("dropped spans in /metrics", async || {
+        let (status, text) =
+            testkit::process::http_get(host.port, "/metrics").ok_or("no answer")?;
+        if status != 200 {
+            return Err(format!("status {status}"));
+        }
+        let n: u64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("host_trace_spans_dropped_total "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        if n > 0 { Ok(n) } else { Err(text) }
+    })
+    .await;
+    assert!(dropped > 0);
+    drop(placed);
+    drop(host);
+    store.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_kill_and_failover_the_successor_applies_a_command_in_its_admissions_trace() {
+    let Some(db) = testkit::pg::FreshDatabase::create("trace_failover").await else {
+        return;
+    };
+    let collector = Collector::start();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let (token, credentials) = tenant_credentials(dir, "acme");
+    let member = |name: &str| {
+        Serve::fleet_member(
+            dir,
+            name,
+            &db.url,
+            &credentials,
+            &[
+                "--otlp-endpoint",
+                &collector.endpoint(),
+                "--registry-heartbeat",
+                "300ms",
+                "--registry-expiry",
+                "1200ms",
+                "--reconcile-interval",
+                "200ms",
+                "--claim-ttl",
+                "2s",
+            ],
+        )
+    };
+    let hosts = [member("trace-a"), member("trace-b")];
+    let store = Store::open(StoreOptions::new(db.url.clone()))
+        .await
+        .expect("the fleet's store");
+    let (header, trace_id) = traceparent();
+    let trace = TraceContext::from_headers(Some(&header), None).unwrap();
+    let c =
+        Controller::new(store.clone(), TenantId::new("acme").unwrap(), &token).with_trace(trace);
+    let session = SessionId::new("failover-traced").unwrap();
+    let (record, create) = c
+        .create_session(
+            session.clone(),
+            AgentId::new(AGENT).unwrap(),
+            CompatibilityId::new(BUILD).unwrap(),
+            None,
+            CommandId::new("create").unwrap(),
+        )
+        .await
+        .unwrap();
+    let placed = c.place(&session).await.expect("placed");
+    let resident = placed.observation.host_id.to_string();
+    assert_eq!(
+        terminal(&store, &record, &create.command).await.outcome,
+        Some(Outcome::Applied)
+    );
+    let [a, b] = hosts;
+    let (victim, survivor) = if resident == "trace-a" {
+        (a, b)
+    } else {
+        (b, a)
+    };
+    // The resident Host is frozen, so the command admitted now is not applied before it dies.
+    victim.freeze();
+    let cmd = c
+        .admit(
+            &session,
+            CommandId::new("after-the-kill").unwrap(),
+            CommandBodyV1::Input {
+                text: "still here".into(),
+            },
+        )
+        .await
+        .unwrap();
+    let _ = victim.kill_dead();
+    drop(placed);
+    let taken = eventually("the survivor to take the session over", async || {
+        c.place(&session).await.map_err(|e| e.to_string())
+    })
+    .await;
+    assert_ne!(taken.observation.host_id.to_string(), resident);
+    let _feed = c.bind_and_stream(&taken, false).await.expect("bound");
+    c.deliver(&taken, &cmd.command).await.unwrap();
+    assert_eq!(
+        terminal(&store, &record, &cmd.command).await.outcome,
+        Some(Outcome::Applied)
+    );
+    let survivor_id = taken.observation.host_id.to_string();
+    let apply = eventually("the successor's command span", async || {
+        c_spans(&collector, &trace_id, "command.apply")
+            .into_iter()
+            .find(|s| s.attr("command") == Some("after-the-kill"))
+            .ok_or_else(|| "not yet".to_owned())
+    })
+    .await;
+    assert_eq!(
+        apply.resource.get("service.instance.id"),
+        Some(&survivor_id),
+        "{apply:?}"
+    );
+    assert_eq!(apply.parent_span_id, header[36..52].to_owned());
+    assert_eq!(apply.attr("outcome"), Some("applied"));
+    drop(taken);
+    drop(survivor);
+    store.close().await;
+    db.drop_now().await;
+}
