@@ -187,7 +187,7 @@ pub fn main() -> ExitCode {
                     .as_ref()
                     .map(|h| h.as_str().to_owned())
                     .unwrap_or_default();
-                export = telemetry::TraceExport::start(&e.options.trace, &host_id)?;
+                export = telemetry::start(&e.options.trace, &host_id)?;
             }
             Ok(e)
         })),

@@ -22,7 +22,8 @@ use crate::config::{Effective, ServeFlags, SyncMode, load};
 use crate::local::{DEFAULT_DATA_DIR, DataDir, LOCAL_TENANT, Runtime, redacted};
 use crate::output::Output;
 use crate::signals::{Hangups, StopSignals};
-use crate::telemetry::ExportCounts;
+use crate::telemetry::ExportSeries;
+use trace_export::ExportCounts;
 
 /// Run a Host: HostLink, /readyz, /healthz and /metrics on one listener.
 #[derive(Debug, Args)]
@@ -280,7 +281,9 @@ pub async fn run(
     if let Some(counts) = export {
         service
             .metrics()
-            .register(host::metrics::TraceExportSeries::new(counts)?)?;
+            .register(host::metrics::TraceExportSeries::new(Arc::new(
+                ExportSeries(counts),
+            ))?)?;
     }
     let mut builder = Host::builder(service.clone())
         .auth(Box::new(live))

@@ -1,28 +1,21 @@
 //! Trace export for `hostd serve`: the `[trace]` options ([`TraceOptions`], off unless an OTLP
 //! endpoint is given), the OpenTelemetry pipeline they build (a ratio sampler that follows a
 //! caller's sampled flag, the resource naming this Host, the OTLP/gRPC exporter of the
-//! `opentelemetry-otlp` crate behind the bounded [`queue::DroppingQueue`]), and the layer that
-//! turns the process's `tracing` spans into exported spans. A slow or absent collector costs
+//! `opentelemetry-otlp` crate behind the bounded queue of the `trace-export` crate), and the
+//! format that puts trace ids on log lines. A slow or absent collector costs
 //! dropped spans, counted for `/metrics`, never a slower command. This module writes no
 //! exporter and owns no span: the crates that do the work name their spans.
 
 pub mod log_ids;
-pub mod queue;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
-use opentelemetry::KeyValue;
-use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_otlp::WithExportConfig;
-use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider, SpanExporter as _};
+use anyhow::{Result, bail};
 use serde::{Deserialize, Serialize};
 use timing::duration_text;
-
-use self::queue::{DroppingQueue, QueueOptions};
+use trace_export::ExportConfig;
+pub use trace_export::TraceExport;
 
 /// `[trace]`: OpenTelemetry trace export over OTLP/gRPC.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -86,75 +79,34 @@ impl TraceOptions {
     }
 }
 
-/// Spans the export queue dropped and exported; shared with `/metrics`.
-#[derive(Debug, Default)]
-pub struct ExportCounts {
-    pub dropped: AtomicU64,
-    pub exported: AtomicU64,
-}
+/// `/metrics` reads the pipeline's own counts.
+pub struct ExportSeries(pub Arc<trace_export::ExportCounts>);
 
-impl host::metrics::TraceExportSource for ExportCounts {
+impl host::metrics::TraceExportSource for ExportSeries {
     fn dropped(&self) -> u64 {
-        self.dropped.load(Ordering::Relaxed)
+        self.0.dropped()
     }
 
     fn exported(&self) -> u64 {
-        self.exported.load(Ordering::Relaxed)
+        self.0.exported()
     }
 }
 
-/// The running export pipeline: its provider (to flush at exit) and its counts.
-pub struct TraceExport {
-    provider: SdkTracerProvider,
-    pub counts: Arc<ExportCounts>,
-}
-
-impl TraceExport {
-    /// Builds the pipeline; call inside the tokio runtime (the exporter's channel and the
-    /// queue's task live on it). `None` when no endpoint is set.
-    pub fn start(options: &TraceOptions, host_id: &str) -> Result<Option<TraceExport>> {
-        let Some(endpoint) = &options.otlp_endpoint else {
-            return Ok(None);
-        };
-        let resource = Resource::builder()
-            .with_service_name(options.service_name.clone())
-            .with_attribute(KeyValue::new("service.instance.id", host_id.to_owned()))
-            .build();
-        let mut exporter = opentelemetry_otlp::SpanExporter::builder()
-            .with_tonic()
-            .with_endpoint(endpoint.clone())
-            .with_timeout(options.export_timeout)
-            .build()
-            .context("the OTLP exporter")?;
-        // The queue owns the exporter from here on, so it learns the resource now.
-        exporter.set_resource(&resource);
-        let counts = Arc::new(ExportCounts::default());
-        let queue = DroppingQueue::start(
-            exporter,
-            QueueOptions {
-                capacity: options.queue_size,
-                batch: options.export_batch,
-                timeout: options.export_timeout,
-            },
-            counts.clone(),
-        );
-        let provider = SdkTracerProvider::builder()
-            .with_span_processor(queue)
-            .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
-                options.sampling_ratio,
-            ))))
-            .with_resource(resource)
-            .build();
-        Ok(Some(TraceExport { provider, counts }))
-    }
-
-    /// The tracer the `tracing` layer records into.
-    pub fn tracer(&self) -> opentelemetry_sdk::trace::Tracer {
-        self.provider.tracer("hostd")
-    }
-
-    /// Exports what is queued (bounded by the export timeout), then stops.
-    pub fn shutdown(self) {
-        let _ = self.provider.shutdown();
-    }
+/// Starts the export pipeline `options` describe for the Host `host_id`; `None` when no
+/// endpoint is set. Call inside the tokio runtime.
+pub fn start(options: &TraceOptions, host_id: &str) -> Result<Option<TraceExport>> {
+    let Some(endpoint) = &options.otlp_endpoint else {
+        return Ok(None);
+    };
+    let export = TraceExport::start(&ExportConfig {
+        endpoint: endpoint.clone(),
+        sampling_ratio: options.sampling_ratio,
+        service_name: options.service_name.clone(),
+        instance: host_id.to_owned(),
+        queue_size: options.queue_size,
+        export_batch: options.export_batch,
+        export_timeout: options.export_timeout,
+    })
+    .map_err(|e| anyhow::anyhow!("{e} [{}]", e.code()))?;
+    Ok(Some(export))
 }

@@ -80,7 +80,7 @@ async fn one_trace_runs_from_the_controllers_traceparent_through_attach_command_
     )
     .await
     .unwrap();
-    let _placed = c.place(&session).await.expect("placed");
+    let placed = c.place(&session).await.expect("placed");
 
     let attach = wait_for_span(&collector, &trace_id, "hostlink.attach").await;
     let caller = trace.as_ref().unwrap().parent.parent_id_hex();
@@ -101,7 +101,7 @@ async fn one_trace_runs_from_the_controllers_traceparent_through_attach_command_
     // A command admitted under the trace is applied in it: command → claim, attempt,
     // dispatch, settle; the runtime's apply under the dispatch; the turn under that; the
     // model call under the turn.
-    let _feed = c.bind_and_stream(&_placed, false).await.expect("bound");
+    let _feed = c.bind_and_stream(&placed, false).await.expect("bound");
     let cmd = c
         .admit(
             &session,
@@ -113,7 +113,7 @@ async fn one_trace_runs_from_the_controllers_traceparent_through_attach_command_
         .await
         .unwrap();
     assert_eq!(cmd.trace, trace);
-    c.deliver(&_placed, &cmd.command).await.unwrap();
+    c.deliver(&placed, &cmd.command).await.unwrap();
     let record = store
         .session(&TenantId::new("acme").unwrap(), &session)
         .await

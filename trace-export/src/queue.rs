@@ -14,7 +14,7 @@ use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::trace::{Span, SpanData, SpanExporter, SpanProcessor};
 use tokio::sync::mpsc;
 
-use super::ExportCounts;
+use crate::ExportCounts;
 
 /// The queue's bounds.
 #[derive(Clone, Copy, Debug)]
