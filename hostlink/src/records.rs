@@ -161,7 +161,7 @@ fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Optio
 
 /// A `tracestate` is refused without the `traceparent` it belongs to.
 fn check_trace(parent: &Option<TraceParent>, state: &Option<TraceState>) -> Result<(), String> {
-    TraceContext::from_parts(parent.clone(), state.clone())
+    TraceContext::from_parts(*parent, state.clone())
         .map(|_| ())
         .map_err(|e| e.to_string())
 }
