@@ -31,6 +31,7 @@ use sessionstore::{HostId, Placement, SessionId, StoreLocation};
 use timing::duration_text;
 
 use crate::local::{DEFAULT_DATA_DIR, DataDir};
+use crate::telemetry::TraceOptions;
 
 /// SQLite durability.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
@@ -239,6 +240,7 @@ pub struct ServeOptions {
     pub fleet: FleetOptions,
     pub runs: RunOptions,
     pub console: ConsoleOptions,
+    pub trace: TraceOptions,
 }
 
 /// The operator console (`/console` on the listener).
@@ -275,6 +277,7 @@ impl Default for ServeOptions {
             fleet: FleetOptions::default(),
             runs: RunOptions::default(),
             console: ConsoleOptions::default(),
+            trace: TraceOptions::default(),
         }
     }
 }
@@ -689,6 +692,46 @@ pub struct ServeFlags {
         env = "HOST_CONSOLE_CREDENTIALS_FILE"
     )]
     console_credentials_file: Option<PathBuf>,
+
+    /// Export traces over OTLP/gRPC to this collector (http://host:4317); off unless given.
+    #[arg(
+        id = "trace.otlp_endpoint",
+        long = "otlp-endpoint",
+        env = "HOST_OTLP_ENDPOINT"
+    )]
+    otlp_endpoint: Option<String>,
+    /// The share of new traces recorded, 0 to 1 (a caller's sampled flag decides for its own).
+    #[arg(
+        id = "trace.sampling_ratio",
+        long = "trace-sampling-ratio",
+        env = "HOST_TRACE_SAMPLING_RATIO"
+    )]
+    trace_sampling_ratio: Option<f64>,
+    /// The service.name of exported spans (service.instance.id is the host id).
+    #[arg(
+        id = "trace.service_name",
+        long = "trace-service-name",
+        env = "HOST_TRACE_SERVICE_NAME"
+    )]
+    trace_service_name: Option<String>,
+    /// The most finished spans waiting for export; past it spans are dropped and counted in
+    /// host_trace_spans_dropped_total, never waited for.
+    #[arg(
+        id = "trace.queue_size",
+        long = "trace-queue-size",
+        env = "HOST_TRACE_QUEUE_SIZE"
+    )]
+    trace_queue_size: Option<usize>,
+    /// The most spans in one export request (at most the queue size).
+    #[arg(
+        id = "trace.export_batch",
+        long = "trace-export-batch",
+        env = "HOST_TRACE_EXPORT_BATCH"
+    )]
+    trace_export_batch: Option<usize>,
+    /// How long one export request may take before its spans are dropped (10ms to 5m).
+    #[arg(id = "trace.export_timeout", long = "trace-export-timeout", env = "HOST_TRACE_EXPORT_TIMEOUT", value_parser = duration)]
+    trace_export_timeout: Option<Duration>,
     #[command(flatten)]
     fleet: FleetFlags,
     #[command(flatten)]
@@ -797,6 +840,11 @@ impl ServeFlags {
             run_max_active => runs.max_active;
             run_scan_interval => runs.scan_interval;
             run_poll => runs.poll;
+            trace_sampling_ratio => trace.sampling_ratio;
+            trace_service_name => trace.service_name;
+            trace_queue_size => trace.queue_size;
+            trace_export_batch => trace.export_batch;
+            trace_export_timeout => trace.export_timeout;
         }
         if let Some(lanes) = self.pg_write_lanes {
             // The flag's range (1 to 64) fits any usize.
@@ -812,6 +860,7 @@ impl ServeFlags {
             openai_endpoint => agents.openai_endpoint;
             model_max_tokens => model.max_tokens;
             model_temperature => model.temperature;
+            otlp_endpoint => trace.otlp_endpoint;
         }
     }
 }
@@ -914,6 +963,10 @@ pub fn load(
         .validate()
         .map_err(anyhow::Error::msg)
         .context("the run hosting options ([runs])")?;
+    options
+        .trace
+        .validate()
+        .context("the trace export options ([trace])")?;
     let mut sources = BTreeMap::new();
     for path in in_file {
         sources.insert(path, Source::File);
@@ -1153,6 +1206,7 @@ mod tests {
         o.model.max_tokens = Some(1);
         o.model.temperature = Some(0.5);
         o.console.credentials_file = Some("o".into());
+        o.trace.otlp_endpoint = Some("http://c:4317".into());
         o
     }
 

@@ -18,6 +18,7 @@ mod runnable;
 mod serve;
 mod session;
 mod signals;
+mod telemetry;
 mod token;
 mod wait;
 
@@ -161,12 +162,6 @@ pub fn main() -> ExitCode {
     };
     let out = output::Output::new(cli.json)
         .with_json_diagnostics(matches!(cli.log_format, LogFormat::Json));
-    init_tracing(
-        cli.log.as_deref(),
-        cli.log_format,
-        default_level,
-        out.colour_stderr(),
-    );
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -177,13 +172,44 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // `serve`'s options are read first: their `[trace]` section decides whether spans are
+    // exported, which the subscriber must know when it is installed.
+    let serve_matches = matches.subcommand_matches("serve");
+    let mut export = None;
+    let serve_effective = match &cli.command {
+        Command::Serve(args) => Some(args.effective(serve_matches).and_then(|e| {
+            if !args.prints_config() {
+                let _in_runtime = runtime.enter();
+                let host_id = e
+                    .options
+                    .host
+                    .host_id
+                    .as_ref()
+                    .map(|h| h.as_str().to_owned())
+                    .unwrap_or_default();
+                export = telemetry::start(&e.options.trace, &host_id)?;
+            }
+            Ok(e)
+        })),
+        _ => None,
+    };
+    init_tracing(
+        cli.log.as_deref(),
+        cli.log_format,
+        default_level,
+        out.colour_stderr(),
+        export.as_ref().map(telemetry::TraceExport::tracer),
+    );
+    let export_counts = export.as_ref().map(|x| x.counts.clone());
     let result = runtime.block_on(async {
         match cli.command {
             Command::Flow(args) => flow::run(args, out.is_json()).await,
             Command::Runnable(args) => runnable::run(args, out.is_json()).await,
-            Command::Serve(args) => {
-                serve::run(*args, matches.subcommand_matches("serve"), out).await
-            }
+            Command::Serve(args) => match serve_effective {
+                Some(Ok(effective)) => serve::run(*args, effective, export_counts, out).await,
+                Some(Err(e)) => Err(e),
+                None => Err(anyhow::anyhow!("serve's options were not read")),
+            },
             Command::Session(args) => session::run(args, out).await,
             Command::Run(args) => run::run(args, out).await,
             Command::Hosts(args) => hosts::hosts(args, out).await,
@@ -196,6 +222,10 @@ pub fn main() -> ExitCode {
             }
         }
     });
+    if let Some(export) = export {
+        // Outside the runtime's tasks: the flush waits for the exporting task.
+        export.shutdown();
+    }
     match result {
         Ok(code) => code,
         // The reader went away (`hostd session ls | head -1`): nothing more to say.
@@ -213,20 +243,52 @@ pub fn main() -> ExitCode {
     }
 }
 
-fn init_tracing(filter: Option<&str>, format: LogFormat, default_level: &str, colour: bool) {
+fn init_tracing(
+    filter: Option<&str>,
+    format: LogFormat,
+    default_level: &str,
+    colour: bool,
+    tracer: Option<opentelemetry_sdk::trace::Tracer>,
+) {
     use tracing_subscriber::EnvFilter;
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let filter = match filter {
         Some(f) => EnvFilter::new(f),
         None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level)),
     };
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    // Spans that live as long as a task are logged, never exported (see `trace_context::span`).
+    let otel = tracer.map(|t| {
+        tracing_opentelemetry::layer().with_tracer(t).with_filter(
+            tracing_subscriber::filter::filter_fn(|m| {
+                m.target() != trace_context::span::LONG_LIVED
+            }),
+        )
+    });
+    let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(colour)
         .with_target(false);
+    let registry = tracing_subscriber::registry().with(filter).with(otel);
     let _ = match format {
-        LogFormat::Human => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Human => registry
+            .with(
+                fmt.event_format(telemetry::log_ids::WithTraceIds::new(
+                    tracing_subscriber::fmt::format()
+                        .with_target(false)
+                        .with_ansi(colour),
+                )),
+            )
+            .try_init(),
+        LogFormat::Json => registry
+            .with(
+                fmt.json()
+                    .event_format(telemetry::log_ids::WithTraceIds::new(
+                        tracing_subscriber::fmt::format().json(),
+                    )),
+            )
+            .try_init(),
     };
 }
 

@@ -18,17 +18,19 @@ use hostlink::live_credentials::{LiveCredentials, POLL_INTERVAL};
 use sessionstore::{StoreLocation, StoreOptions, Synchronous};
 
 use crate::agents::DefaultDepartment;
-use crate::config::{ServeFlags, SyncMode, load};
+use crate::config::{Effective, ServeFlags, SyncMode, load};
 use crate::local::{DEFAULT_DATA_DIR, DataDir, LOCAL_TENANT, Runtime, redacted};
 use crate::output::Output;
 use crate::signals::{Hangups, StopSignals};
+use crate::telemetry::ExportSeries;
+use trace_export::ExportCounts;
 
 /// Run a Host: HostLink, /readyz, /healthz and /metrics on one listener.
 #[derive(Debug, Args)]
 #[command(after_help = after_help())]
 pub struct ServeArgs {
     /// A TOML config file: top-level process options and the sections [host], [link],
-    /// [listener], [agents] and [model], named as --print-config prints them.
+    /// [listener], [agents], [model] and [trace], named as --print-config prints them.
     #[arg(long, env = "HOST_CONFIG", value_name = "FILE")]
     config: Option<PathBuf>,
     /// Print the effective value of every option and where it came from (as a config file),
@@ -91,8 +93,25 @@ fn lock_data_dir(root: &Path) -> Result<std::fs::File> {
     Ok(file)
 }
 
-pub async fn run(args: ServeArgs, matches: Option<&ArgMatches>, out: Output) -> Result<ExitCode> {
-    let effective = load(args.config.as_deref(), args.flags, matches)?;
+impl ServeArgs {
+    /// The layered options (read before the process's tracing is set up, which the `[trace]`
+    /// section configures).
+    pub fn effective(&self, matches: Option<&ArgMatches>) -> Result<Effective> {
+        load(self.config.as_deref(), self.flags.clone(), matches)
+    }
+
+    /// True when the options are only printed (nothing is served, nothing exported).
+    pub fn prints_config(&self) -> bool {
+        self.print_config
+    }
+}
+
+pub async fn run(
+    args: ServeArgs,
+    effective: Effective,
+    export: Option<Arc<ExportCounts>>,
+    out: Output,
+) -> Result<ExitCode> {
     if args.print_config {
         out.partial(&effective.render()?)?;
         return Ok(ExitCode::SUCCESS);
@@ -259,6 +278,13 @@ pub async fn run(args: ServeArgs, matches: Option<&ArgMatches>, out: Output) -> 
     };
     tokio::spawn(live.clone().follow(POLL_INTERVAL));
     tokio::spawn(reload_on_hangup(live.clone(), Hangups::listen()?));
+    if let Some(counts) = export {
+        service
+            .metrics()
+            .register(host::metrics::TraceExportSeries::new(Arc::new(
+                ExportSeries(counts),
+            ))?)?;
+    }
     let mut builder = Host::builder(service.clone())
         .auth(Box::new(live))
         .link(link)

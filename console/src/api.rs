@@ -495,6 +495,7 @@ pub async fn answer_gate(
             principal: Some(op.principal()),
             metadata: None,
             apply_within: ANSWER_APPLY_WITHIN,
+            trace: None,
         })
         .await?;
     // A wake-up for the consumer when the session is resident here; elsewhere its Host's own

@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use hostlink::channel::session_channel;
 use hostlink::records::{
-    AttachRequest, BindRequest, DrainObservation, DrainRequest, EnduringPublication,
+    AttachRequest, BindRequest, Delivery, DrainObservation, DrainRequest, EnduringPublication,
     EphemeralPublication, HostLinkError, RegistryObservation, SubscribeOptions, UnbindRequest, V1,
 };
 
@@ -497,13 +497,27 @@ impl HostLinkClient {
         session: &SessionId,
         command: &CommandId,
     ) -> Result<(), ClientError> {
+        self.deliver_traced(session, command, None).await
+    }
+
+    /// A delivery carrying the caller's W3C trace context, when it has one.
+    pub async fn deliver_traced(
+        &self,
+        session: &SessionId,
+        command: &CommandId,
+        trace: Option<&trace_context::TraceContext>,
+    ) -> Result<(), ClientError> {
         let channel = session_channel(&self.tenant, session);
-        self.request(
-            "publish",
-            json!({"channel": channel, "data": {"command_id": command.as_str()}}),
-        )
-        .await
-        .map(|_| ())
+        let mut delivery = Delivery::of(command.clone());
+        if let Some(t) = trace {
+            delivery.traceparent = Some(t.parent);
+            delivery.tracestate = t.state.clone();
+        }
+        let data: Value = serde_json::from_str(&delivery.encode())
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        self.request("publish", json!({"channel": channel, "data": data}))
+            .await
+            .map(|_| ())
     }
 
     /// Subscribes to a bound session's channel; `previews` opts into live text.

@@ -21,6 +21,7 @@ use sessionstore::{
     SessionBinding, SessionId, SessionRecord, Store, StoreError, TenantId, local_binding,
 };
 use tokio::sync::mpsc;
+use trace_context::TraceContext;
 
 use crate::client::{
     ClientError, ClientOptions, HostLinkClient, Publication, idempotency_key, nonzero,
@@ -73,6 +74,10 @@ pub struct Controller {
     journals: Arc<PublicJournals>,
     /// The HostLink client's connect and request timeouts for every dial.
     pub client: ClientOptions,
+    /// The W3C trace context this controller's work continues: sent with each attach and
+    /// delivery, and stored with each admitted command so the Host that applies it (whichever
+    /// it is) continues the same trace.
+    pub trace: Option<TraceContext>,
 }
 
 impl std::fmt::Debug for Controller {
@@ -95,7 +100,14 @@ impl Controller {
             apply_within: Duration::from_secs(600),
             journals: Arc::new(PublicJournals::new(PublicJournals::DEFAULT_CAPACITY)),
             client: ClientOptions::default(),
+            trace: None,
         }
+    }
+
+    /// The same controller continuing `trace` (see [`Controller::trace`]).
+    pub fn with_trace(mut self, trace: Option<TraceContext>) -> Controller {
+        self.trace = trace;
+        self
     }
 
     /// The same controller dialling Hosts with `client`'s timeouts.
@@ -204,6 +216,7 @@ impl Controller {
                 principal: Some(self.actor()),
                 metadata: None,
                 apply_within: self.apply_within,
+                trace: self.trace.clone(),
             })
             .await?)
     }
@@ -297,6 +310,8 @@ impl Controller {
             actor_id: ActorId::new(self.actor())
                 .map_err(|e| ControllerError::Invalid(e.to_string()))?,
             trace_id: None,
+            traceparent: self.trace.as_ref().map(|t| t.parent),
+            tracestate: self.trace.as_ref().and_then(|t| t.state.clone()),
             idempotency_key: IdempotencyKey::new(idempotency_key())
                 .map_err(|e| ControllerError::Invalid(e.to_string()))?,
         };
@@ -341,7 +356,7 @@ impl Controller {
     ) -> Result<(), ControllerError> {
         Ok(placed
             .client
-            .deliver(&placed.observation.session_id, command)
+            .deliver_traced(&placed.observation.session_id, command, self.trace.as_ref())
             .await?)
     }
 

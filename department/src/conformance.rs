@@ -133,6 +133,7 @@ impl Fixture {
                     principal: Some(KIT_PRINCIPAL.into()),
                     metadata: Some(KIT_METADATA.into()),
                     apply_within: Duration::from_secs(600),
+                    trace: None,
                 })
                 .await,
         )

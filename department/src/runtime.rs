@@ -27,6 +27,9 @@ pub struct RuntimeCommand {
     pub principal: Option<String>,
     /// Controller metadata (JSON object text), kept byte for byte.
     pub metadata: Option<String>,
+    /// The trace this dispatch belongs to (the Host's span for it, else the admission's): the
+    /// runtime's turn continues it.
+    pub trace: Option<sessionstore::TraceContext>,
 }
 
 impl RuntimeCommand {
@@ -46,6 +49,7 @@ impl RuntimeCommand {
             journal_epoch,
             body,
             principal: rec.principal.clone(),
+            trace: rec.trace.clone(),
             metadata: rec.metadata.clone(),
         }
     }

@@ -167,6 +167,7 @@ impl Bench {
                 principal: None,
                 metadata: None,
                 apply_within: Duration::from_secs(3600),
+                trace: None,
             })
             .await
             .expect("admit");

@@ -5,6 +5,7 @@
 //! together with its effects. A failed append latches a persistence fault: nothing is written
 //! after it, and every later command is refused.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -81,7 +82,13 @@ struct Actor {
     /// The journal sequence the newest snapshot (written or restored from) folds through.
     snapshot_seq: u64,
     stats: Arc<SnapshotStats>,
+    /// The trace each accepted, not yet started input was dispatched under, by command id
+    /// (memory only, bounded): its turn continues it. A restored input starts a new trace.
+    input_traces: VecDeque<(String, trace_context::TraceContext)>,
 }
+
+/// The most input traces an actor keeps for turns not yet started.
+const INPUT_TRACES: usize = 64;
 
 impl SessionHandle {
     /// The runtime session id this runtime runs under.
@@ -292,8 +299,11 @@ pub(crate) async fn launch(
         used: false,
         snapshot_seq,
         stats,
+        input_traces: VecDeque::new(),
     };
     let span = tracing::info_span!(
+        target: trace_context::span::LONG_LIVED,
+        parent: None,
         "harness_session",
         tenant = %actor.tenant,
         session = %actor.session,
@@ -786,13 +796,32 @@ impl Actor {
     }
 
     async fn apply(&mut self, cmd: RuntimeCommand) -> Result<Recorded, RuntimeError> {
-        let span = tracing::debug_span!(
-            "apply",
+        let span = tracing::info_span!(
+            parent: None,
+            "runtime.apply",
+            tenant = %cmd.tenant,
+            session = %cmd.session,
             command = %cmd.identity.command,
             kind = %cmd.identity.kind,
             attempt = %cmd.attempt
         );
+        trace_context::span::continue_if(&span, cmd.trace.as_ref());
+        if let Some(trace) = trace_context::span::for_callee(&span, cmd.trace.as_ref()) {
+            let command = cmd.identity.command.to_string();
+            self.input_traces.retain(|(c, _)| *c != command);
+            if self.input_traces.len() >= INPUT_TRACES {
+                self.input_traces.pop_front();
+            }
+            self.input_traces.push_back((command, trace));
+        }
         tracing::Instrument::instrument(self.apply_inner(cmd), span).await
+    }
+
+    /// The trace the input that caused a turn was applied under (taken: one turn per input).
+    fn take_input_trace(&mut self, cause: Option<&Cause>) -> Option<trace_context::TraceContext> {
+        let command = &cause?.command_id;
+        let at = self.input_traces.iter().position(|(c, _)| c == command)?;
+        self.input_traces.remove(at).map(|(_, t)| t)
     }
 
     async fn apply_inner(&mut self, cmd: RuntimeCommand) -> Result<Recorded, RuntimeError> {
@@ -1081,7 +1110,20 @@ impl Actor {
         }
     }
 
-    fn spawn_turn(&mut self, turn_id: String, plan: TurnPlan) {
+    fn spawn_turn(
+        &mut self,
+        turn_id: String,
+        plan: TurnPlan,
+        trace: Option<trace_context::TraceContext>,
+    ) {
+        let span = tracing::info_span!(
+            parent: None,
+            "turn",
+            tenant = %self.tenant,
+            session = %self.session,
+            turn_id = %turn_id,
+        );
+        trace_context::span::continue_if(&span, trace.as_ref());
         let cancel = CancellationToken::new();
         let reason = Arc::new(std::sync::Mutex::new(None));
         self.turn = Some(TurnHandle {
@@ -1097,7 +1139,7 @@ impl Actor {
             cancel,
             reason,
         };
-        tokio::spawn(turn::run(ctx, plan));
+        tokio::spawn(tracing::Instrument::instrument(turn::run(ctx, plan), span));
     }
 
     /// Starts the next queued input's turn when no turn is running.
@@ -1109,12 +1151,14 @@ impl Actor {
             return;
         };
         let turn_id = Uuid::now_v7().to_string();
+        let trace = self.take_input_trace(input.cause.as_ref());
         self.spawn_turn(
             turn_id,
             TurnPlan::Fresh {
                 input_event: input.event_id,
                 cause: input.cause,
             },
+            trace,
         );
     }
 
@@ -1137,6 +1181,7 @@ impl Actor {
                 steps: open.steps,
                 point,
             },
+            None,
         );
     }
 }

@@ -426,8 +426,28 @@ impl Run<'_> {
         rx.await.map_err(|_| Stop::Refused)
     }
 
-    /// One model step: streams deltas as previews, collects text and tool calls.
+    /// One model step in a `model.call` span of its own (its error status is the model
+    /// error's code).
     async fn model_step(
+        &self,
+    ) -> Result<Result<(String, Vec<ToolCall>), crate::model::ModelError>, Stop> {
+        let span = tracing::info_span!(
+            "model.call",
+            model = %self.ctx.agent.model.name(),
+            step = self.step,
+            otel.status_code = tracing::field::Empty,
+            otel.status_message = tracing::field::Empty,
+        );
+        let result = tracing::Instrument::instrument(self.model_step_inner(), span.clone()).await;
+        if let Ok(Err(e)) = &result {
+            span.record("otel.status_code", "ERROR");
+            span.record("otel.status_message", e.code());
+        }
+        result
+    }
+
+    /// One model step: streams deltas as previews, collects text and tool calls.
+    async fn model_step_inner(
         &self,
     ) -> Result<Result<(String, Vec<ToolCall>), crate::model::ModelError>, Stop> {
         let request = ModelRequest {
@@ -595,9 +615,28 @@ impl Run<'_> {
             step: self.step,
             call_id: call.id.clone(),
         };
+        let span = tracing::info_span!(
+            "tool.call",
+            tool = %call.name,
+            call_id = %call.id,
+            outcome = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+            otel.status_message = tracing::field::Empty,
+        );
         let outcome = tokio::select! {
-            r = tool.call_in(&context, call.arguments.clone()) => r,
+            r = tracing::Instrument::instrument(
+                tool.call_in(&context, call.arguments.clone()),
+                span.clone(),
+            ) => r,
             _ = cancel.cancelled() => return Err(Stop::Cancelled),
+        };
+        match &outcome {
+            Ok(_) => span.record("outcome", "ok"),
+            Err(_) => {
+                span.record("otel.status_code", "ERROR");
+                span.record("otel.status_message", "tool_error");
+                span.record("outcome", "error")
+            }
         };
         match outcome {
             Ok(content) => self.result(call, content, false).await,

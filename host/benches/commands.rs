@@ -10,20 +10,33 @@
 //! sessions: 0.6x); and attach latency p50/p99 for create and for restore. PostgreSQL runs when
 //! `HOST_TEST_DATABASE_URL` is set.
 //!
+//! Then, for each backend, the end-to-end rate with trace export off and on in the same run
+//! (the OpenTelemetry layer switched on for the second phase, sampling 1.0, exporting over
+//! OTLP/gRPC to a collector served in this process), and their ratio (goal: at least 0.9x).
+//!
 //! The bench learns that commands were applied from the Host itself: the sample count of its
 //! `host_command_apply_seconds` histogram (an in-memory counter, looked at every 5 ms), then
 //! one read per session confirms the last command is terminal. It reads nothing from the
 //! database while the Host works.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use department::LaunchMode;
 use host::{Options, Service};
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
 use sessionstore::*;
 use testkit::bench::{
     BenchDatabase, admit_input, attach_request, bench_postgres_url, chosen_backends, host_options,
     inputs_applied, load_average, new_session, percentile, runtime, start_host,
 };
+use trace_export::{ExportConfig, TraceExport};
 
 const ONE_SESSION: usize = 150;
 const MANY: usize = 64;
@@ -180,6 +193,104 @@ async fn attach_latency(
     (create, restore)
 }
 
+/// Whether the OpenTelemetry layer records (the traced phase) or not.
+static TRACING: AtomicBool = AtomicBool::new(false);
+
+/// An OTLP collector in this process that counts the spans it receives.
+#[derive(Clone, Default)]
+struct CountingCollector(Arc<AtomicU64>);
+
+#[tonic::async_trait]
+impl TraceService for CountingCollector {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let n: usize = request
+            .into_inner()
+            .resource_spans
+            .iter()
+            .flat_map(|r| &r.scope_spans)
+            .map(|s| s.spans.len())
+            .sum();
+        self.0.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(tonic::Response::new(ExportTraceServiceResponse {
+            partial_success: None,
+        }))
+    }
+}
+
+/// Serves the collector, builds the export pipeline to it and installs the subscriber whose
+/// OpenTelemetry layer records only while [`TRACING`] is set.
+fn install_tracing(rt: &tokio::runtime::Runtime) -> (TraceExport, Arc<AtomicU64>) {
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let _in = rt.enter();
+    let incoming = tonic::transport::server::TcpIncoming::bind(([127, 0, 0, 1], 0).into())
+        .expect("the collector binds");
+    let addr = incoming.local_addr().expect("an address");
+    let collector = CountingCollector::default();
+    let received = collector.0.clone();
+    rt.spawn(
+        tonic::transport::Server::builder()
+            .add_service(TraceServiceServer::new(collector))
+            .serve_with_incoming(incoming),
+    );
+    let export = TraceExport::start(&ExportConfig {
+        endpoint: format!("http://{addr}"),
+        sampling_ratio: 1.0,
+        service_name: "hostd-bench".into(),
+        instance: "bench".into(),
+        queue_size: 4096,
+        export_batch: 512,
+        export_timeout: Duration::from_secs(5),
+    })
+    .expect("the export pipeline");
+    let layer = tracing_opentelemetry::layer()
+        .with_tracer(export.tracer())
+        // Decided at each span (never cached per callsite): the switch flips between phases.
+        .with_filter(tracing_subscriber::filter::dynamic_filter_fn(|m, _| {
+            TRACING.load(Ordering::Relaxed)
+                && *m.level() <= tracing::Level::INFO
+                && m.target() != trace_context::span::LONG_LIVED
+        }));
+    tracing_subscriber::registry()
+        .with(layer)
+        .try_init()
+        .expect("the subscriber");
+    (export, received)
+}
+
+/// The end-to-end rate at 64 sessions with trace export off, then on (same Host options).
+async fn traced(backend: &str, options: StoreOptions, export: &TraceExport, received: &AtomicU64) {
+    let store = Store::open(options.clone()).await.expect("store");
+    TRACING.store(false, Ordering::Relaxed);
+    let svc = host(options.clone(), &format!("untraced-{backend}")).await;
+    let off = host_rate(&svc, &store, MANY, PER_SESSION, "untraced").await;
+    svc.stop().await;
+    TRACING.store(true, Ordering::Relaxed);
+    let before = (received.load(Ordering::Relaxed), export.counts.dropped());
+    let svc = host(options, &format!("traced-{backend}")).await;
+    let on = host_rate(&svc, &store, MANY, PER_SESSION, "traced").await;
+    svc.stop().await;
+    TRACING.store(false, Ordering::Relaxed);
+    // Let the queue's last batch reach the collector before counting.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    println!(
+        "{backend}: host end to end, {MANY} sessions, export off: {:>8.0} commands/s",
+        off.rate
+    );
+    println!(
+        "{backend}: host end to end, {MANY} sessions, export on:  {:>8.0} commands/s  ({:.2}x untraced, goal 0.9x; {} spans received, {} dropped)",
+        on.rate,
+        on.rate / off.rate,
+        received.load(Ordering::Relaxed) - before.0,
+        export.counts.dropped() - before.1,
+    );
+    store.close().await;
+}
+
 async fn bench(backend: &str, options: StoreOptions) {
     let store = Store::open(options.clone()).await.expect("store");
     let raw_one = raw_rate(&store, 1, ONE_SESSION, "one").await;
@@ -229,10 +340,14 @@ async fn bench(backend: &str, options: StoreOptions) {
 fn main() {
     let chosen = chosen_backends();
     let rt = runtime();
+    let (export, received) = install_tracing(&rt);
     println!("load average {}", load_average());
     if chosen.sqlite {
         let db = BenchDatabase::sqlite("host.db");
         rt.block_on(bench("sqlite", db.options.clone()));
+        println!("load average {}", load_average());
+        let db = BenchDatabase::sqlite("traced.db");
+        rt.block_on(traced("sqlite", db.options.clone(), &export, &received));
         println!("load average {}", load_average());
     }
     if !chosen.postgres {
@@ -242,6 +357,8 @@ fn main() {
         let mut db = BenchDatabase::postgres(&url, "bench_host");
         db.options.pg_max_connections = 32;
         rt.block_on(bench("postgres", db.options.clone()));
+        println!("load average {}", load_average());
+        rt.block_on(traced("postgres", db.options.clone(), &export, &received));
         println!("load average {}", load_average());
         rt.block_on(db.finish());
     }

@@ -36,6 +36,35 @@ enum Stop {
     Retry(String),
 }
 
+impl Stop {
+    /// The stable code a span's error status carries.
+    fn code(&self) -> &'static str {
+        match self {
+            Stop::Blocked(_) => "blocked",
+            Stop::End(_) => "residency_ended",
+            Stop::Retry(_) => "retry",
+        }
+    }
+}
+
+/// A child span of a command's for one step (claim, dispatch, settle) under `epoch`.
+fn step_span(name: &'static str, epoch: u64) -> tracing::Span {
+    tracing::info_span!(
+        "command.step",
+        otel.name = name,
+        epoch,
+        outcome = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+        otel.status_message = tracing::field::Empty,
+    )
+}
+
+/// Marks `span` failed with a stable code (its OpenTelemetry status).
+fn span_failed(span: &tracing::Span, code: &str) {
+    span.record("otel.status_code", "ERROR");
+    span.record("otel.status_message", code);
+}
+
 /// A body that passed the strict check, with the attribution the runtime receives.
 struct Checked {
     body: CommandBodyV1,
@@ -54,6 +83,8 @@ enum Check {
 pub(crate) async fn run(ctx: SessionCtx, mut hints: mpsc::Receiver<()>) {
     let resident = ctx.resident().clone();
     let span = tracing::info_span!(
+        target: trace_context::span::LONG_LIVED,
+        parent: None,
         "consumer",
         tenant = %resident.key.tenant,
         session = %resident.key.session,
@@ -235,8 +266,29 @@ impl Consumer {
 
     /// Drives one command to a terminal state, or stops the pass.
     async fn apply(&mut self, rec: CommandRecord) -> Result<(), Stop> {
-        let span = tracing::debug_span!("command", command = %rec.command, kind = %rec.kind, state = %rec.state);
-        async move {
+        if matches!(rec.state, CommandState::Applied | CommandState::Rejected) {
+            return Ok(());
+        }
+        // One span per command this Host drives, continuing the trace it was admitted under
+        // (whichever Host admitted or first tried it); claim, attempt, dispatch and settle
+        // are its children.
+        let span = tracing::info_span!(
+            parent: None,
+            "command",
+            otel.name = "command.apply",
+            tenant = %rec.tenant,
+            session = %rec.session,
+            command = %rec.command,
+            kind = %rec.kind,
+            state = %rec.state,
+            epoch = self.resident.epoch.0,
+            outcome = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+            otel.status_message = tracing::field::Empty,
+        );
+        trace_context::span::continue_if(&span, rec.trace.as_ref());
+        let inner = span.clone();
+        let result = async move {
             match rec.state {
                 CommandState::Applied | CommandState::Rejected => Ok(()),
                 CommandState::Applying => self.settle_or_recover(rec).await,
@@ -244,7 +296,11 @@ impl Consumer {
             }
         }
         .instrument(span)
-        .await
+        .await;
+        if let Err(stop) = &result {
+            span_failed(&inner, stop.code());
+        }
+        result
     }
 
     fn token(&mut self, command: &CommandId) -> Uuid {
@@ -258,6 +314,7 @@ impl Consumer {
         let r = self.resident.clone();
         let store = self.ctx.store().clone();
         let token = self.token(&rec.command);
+        let claim_span = step_span("command.claim", r.epoch.0);
         let claimed = match store
             .claim(ClaimRequest {
                 tenant: rec.tenant.clone(),
@@ -268,7 +325,9 @@ impl Consumer {
                 ttl: self.ctx.config().claim_ttl,
                 expected_revision: rec.revision,
             })
+            .instrument(claim_span.clone())
             .await
+            .inspect_err(|e| span_failed(&claim_span, e.code().as_str()))
         {
             Ok(c) => c,
             Err(StoreError::Deadline { .. }) => {
@@ -293,6 +352,14 @@ impl Consumer {
         };
         let attempt = AttemptId::mint();
         let journal_epoch = r.runtime.epoch.journal_epoch();
+        let attempt_span = tracing::info_span!(
+            "command.attempt",
+            epoch = r.epoch.0,
+            attempt = %attempt,
+            journal_epoch = journal_epoch.0,
+            otel.status_code = tracing::field::Empty,
+            otel.status_message = tracing::field::Empty,
+        );
         let applying = match store
             .begin_attempt(AttemptRequest {
                 tenant: claimed.tenant.clone(),
@@ -304,7 +371,9 @@ impl Consumer {
                 journal_epoch,
                 expected_revision: claimed.revision,
             })
+            .instrument(attempt_span.clone())
             .await
+            .inspect_err(|e| span_failed(&attempt_span, e.code().as_str()))
         {
             Ok(a) => a,
             Err(StoreError::ClaimLost {
@@ -336,11 +405,20 @@ impl Consumer {
         checked: Checked,
     ) -> Result<(), Stop> {
         let r = &self.resident;
+        let dispatch_span = step_span("command.dispatch", r.epoch.0);
         let mut command =
             RuntimeCommand::for_attempt(applying, attempt, journal_epoch, checked.body);
         command.principal = checked.principal;
         command.metadata = checked.metadata;
-        let recorded: Recorded = match r.runtime.applier.apply(command).await {
+        // The runtime's turn is a child of this dispatch.
+        command.trace = trace_context::span::for_callee(&dispatch_span, applying.trace.as_ref());
+        let recorded: Recorded = match r
+            .runtime
+            .applier
+            .apply(command)
+            .instrument(dispatch_span.clone())
+            .await
+        {
             Ok(rec) => rec,
             Err(RuntimeError::Store(e)) if e.is_transient() => {
                 // The runtime wrote nothing and its store may be back in a moment: the next
@@ -377,6 +455,7 @@ impl Consumer {
     }
 
     async fn settle(&self, rec: &CommandRecord) -> Result<(), Stop> {
+        let settle_span = step_span("command.settle", self.resident.epoch.0);
         match self
             .ctx
             .store()
@@ -387,9 +466,17 @@ impl Consumer {
                 epoch: self.resident.epoch,
                 expected_revision: rec.revision,
             })
+            .instrument(settle_span.clone())
             .await
+            .inspect_err(|e| span_failed(&settle_span, e.code().as_str()))
         {
-            Ok(_) => Ok(()),
+            Ok(settled) => {
+                if let Some(outcome) = settled.outcome {
+                    settle_span.record("outcome", outcome.as_str());
+                    tracing::Span::current().record("outcome", outcome.as_str());
+                }
+                Ok(())
+            }
             Err(e) if e.code() == ErrorCode::Evidence => Err(Stop::End(EndReason::Fault(format!(
                 "the runtime reported a disposition the journal does not hold: {e}"
             )))),
@@ -483,6 +570,7 @@ impl Consumer {
         {
             Ok(_) => {
                 self.tokens.remove(&rec.command);
+                tracing::Span::current().record("outcome", "rejected");
                 Ok(())
             }
             Err(e) if e.code() == ErrorCode::Conflict => Err(Stop::Retry(e.to_string())),

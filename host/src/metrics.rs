@@ -31,6 +31,8 @@ pub const STORE_WRITES: &str = "host_store_writes_total";
 pub const LINK_CREDENTIAL_REFUSALS: &str = "host_link_credential_refusals_total";
 pub const READY: &str = "host_ready";
 pub const NOT_READY: &str = "host_not_ready";
+pub const TRACE_SPANS_DROPPED: &str = "host_trace_spans_dropped_total";
+pub const TRACE_SPANS_EXPORTED: &str = "host_trace_spans_exported_total";
 
 /// The residency states `host_sessions` is labelled with.
 pub const SESSION_STATES: [&str; 3] = ["attaching", "resident", "releasing"];
@@ -486,9 +488,90 @@ impl Collector for CredentialRefusals {
     }
 }
 
+/// What the trace export pipeline counted (it owns the counting; `/metrics` only reads it).
+pub trait TraceExportSource: Send + Sync {
+    /// Finished spans given up: the export queue was full, or their export failed.
+    fn dropped(&self) -> u64;
+    /// Finished spans a collector accepted.
+    fn exported(&self) -> u64;
+}
+
+/// `host_trace_spans_dropped_total` and `host_trace_spans_exported_total`, read from the
+/// export pipeline at each scrape.
+#[derive(Clone)]
+pub struct TraceExportSeries {
+    source: Arc<dyn TraceExportSource>,
+    dropped: IntCounter,
+    exported: IntCounter,
+}
+
+impl TraceExportSeries {
+    pub fn new(source: Arc<dyn TraceExportSource>) -> Result<TraceExportSeries, MetricsError> {
+        Ok(TraceExportSeries {
+            source,
+            dropped: m(IntCounter::new(
+                TRACE_SPANS_DROPPED,
+                "Finished trace spans dropped rather than exported (the export queue was full or the collector failed).",
+            ))?,
+            exported: m(IntCounter::new(
+                TRACE_SPANS_EXPORTED,
+                "Finished trace spans the OTLP collector accepted.",
+            ))?,
+        })
+    }
+}
+
+impl Collector for TraceExportSeries {
+    fn desc(&self) -> Vec<&Desc> {
+        let mut d = self.dropped.desc();
+        d.extend(self.exported.desc());
+        d
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        for (series, total) in [
+            (&self.dropped, self.source.dropped()),
+            (&self.exported, self.source.exported()),
+        ] {
+            let shown = series.get();
+            if total > shown {
+                series.inc_by(total - shown);
+            }
+        }
+        let mut out = self.dropped.collect();
+        out.extend(self.exported.collect());
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    struct Fixed(u64, u64);
+
+    impl TraceExportSource for Fixed {
+        fn dropped(&self) -> u64 {
+            self.0
+        }
+        fn exported(&self) -> u64 {
+            self.1
+        }
+    }
+
+    #[test]
+    fn trace_export_counts_are_read_from_their_source_at_each_scrape() {
+        let metrics = Metrics::with_memory_budget(None).unwrap();
+        metrics
+            .register(TraceExportSeries::new(Arc::new(Fixed(7, 40))).unwrap())
+            .unwrap();
+        let text = metrics.render();
+        assert!(text.contains("host_trace_spans_dropped_total 7"), "{text}");
+        assert!(
+            text.contains("host_trace_spans_exported_total 40"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn the_memory_budget_is_exported_only_when_a_limit_is_known() {

@@ -50,6 +50,8 @@ struct Fold {
 pub(crate) async fn run(ctx: SessionCtx) {
     let r = ctx.resident().clone();
     let span = tracing::info_span!(
+        target: trace_context::span::LONG_LIVED,
+        parent: None,
         "gate_publisher",
         tenant = %r.key.tenant,
         session = %r.key.session,

@@ -10,6 +10,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
+use tracing::Instrument;
 
 use hostlink::records::DrainState;
 use sessionstore::{ResidencyState, SessionProjection};
@@ -137,10 +138,21 @@ pub(crate) async fn warm_watch(ctx: SessionCtx) {
         if !fired || r.state() != ResidentState::Resident || ctx.draining() {
             continue;
         }
+        let span = tracing::info_span!(
+            parent: None,
+            "residency.warm_release",
+            tenant = %r.key.tenant,
+            session = %r.key.session,
+            epoch = r.epoch.0,
+            otel.status_code = tracing::field::Empty,
+            otel.status_message = tracing::field::Empty,
+        );
         // Boxed: the countdown task rests small until the release runs.
-        match Box::pin(warm_release(&ctx)).await {
+        match Box::pin(warm_release(&ctx)).instrument(span.clone()).await {
             Ok(()) => return,
             Err(reason) => {
+                span.record("otel.status_code", "ERROR");
+                span.record("otel.status_message", "release_aborted");
                 tracing::info!(reason = %reason, "warm release aborted; the session stays resident")
             }
         }
@@ -486,6 +498,11 @@ fn whole_host_failure(report: &std::sync::Mutex<DrainReport>, step: &'static str
 /// withdrawn, every resident session released within the grace. Calling it again returns the
 /// first drain's report once it finishes.
 pub(crate) async fn drain(host: &Arc<Residency>, once: &DrainOnce) -> DrainReport {
+    let span = tracing::info_span!(parent: None, "residency.drain", generation = host.generation());
+    drain_in_span(host, once).instrument(span).await
+}
+
+async fn drain_in_span(host: &Arc<Residency>, once: &DrainOnce) -> DrainReport {
     host.begin_drain();
     if !host.claim_drain() {
         return once.wait().await;

@@ -209,6 +209,8 @@ mod cases {
             mode: AttachMode::Create,
             actor_id: ActorId::new("probe").unwrap(),
             trace_id: None,
+            traceparent: None,
+            tracestate: None,
             idempotency_key: IdempotencyKey::new(uuid::Uuid::now_v7().to_string()).unwrap(),
         };
         // Omitted: the Host's own build is used and reported.
@@ -253,6 +255,8 @@ mod cases {
             mode: AttachMode::Create,
             actor_id: ActorId::new("probe").unwrap(),
             trace_id: None,
+            traceparent: None,
+            tracestate: None,
             idempotency_key: IdempotencyKey::new(uuid::Uuid::now_v7().to_string()).unwrap(),
         };
         let existing = globex.attach(&attach(&session)).await.unwrap();
@@ -394,6 +398,8 @@ mod cases {
             mode: AttachMode::Restore,
             actor_id: ActorId::new("probe").unwrap(),
             trace_id: None,
+            traceparent: None,
+            tracestate: None,
             idempotency_key: IdempotencyKey::new(uuid::Uuid::now_v7().to_string()).unwrap(),
         };
         let bind = BindRequest {
@@ -974,6 +980,8 @@ mod cases {
             mode: AttachMode::Create,
             actor_id: ActorId::new("probe").unwrap(),
             trace_id: None,
+            traceparent: None,
+            tracestate: None,
             idempotency_key: IdempotencyKey::new(uuid::Uuid::now_v7().to_string()).unwrap(),
         };
         let this = s.service.config().host_id.clone();

@@ -60,6 +60,9 @@ pub struct LinkCtx {
     /// The connect command's `name` and `version` (the client's own words; informative only).
     pub client_name: Option<String>,
     pub client_version: Option<String>,
+    /// The trace context the connect data named: every request of the link that names none
+    /// of its own continues it.
+    pub trace: Option<trace_context::TraceContext>,
 }
 
 impl LinkCtx {

@@ -17,6 +17,7 @@ use tokio::sync::{Notify, broadcast, mpsc, watch};
 use tokio::time::{Instant, sleep_until, timeout};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::task_tracker::TaskTrackerToken;
+use trace_context::TraceContext;
 use tracing::Instrument;
 
 use super::Core;
@@ -199,7 +200,12 @@ pub(crate) async fn run_link<B: LinkBackend>(
     _tracked: TaskTrackerToken,
 ) {
     let link_id = LinkId::mint();
-    let span = tracing::info_span!("hostlink_link", tenant = %tenant, link = %link_id);
+    let span = tracing::info_span!(
+        target: trace_context::span::LONG_LIVED,
+        "hostlink_link",
+        tenant = %tenant,
+        link = %link_id
+    );
     run_link_inner(core, backend, socket, tenant, link_id)
         .instrument(span)
         .await
@@ -273,15 +279,35 @@ async fn run_link_inner<B: LinkBackend>(
             id,
             request: Request::Connect(connect),
         }) => {
+            // The connect span continues the link's trace when its data names one (read
+            // strictly again, and refused if malformed, by the handshake).
+            let span = tracing::info_span!(
+                parent: None,
+                "hostlink.connect",
+                tenant = %tenant,
+                link = %link_id,
+                otel.status_code = tracing::field::Empty,
+                otel.status_message = tracing::field::Empty,
+            );
+            let link_trace = connect
+                .data
+                .as_deref()
+                .and_then(|raw| ConnectData::decode(raw.get().as_bytes()).ok())
+                .and_then(|d| d.trace());
+            trace_context::span::continue_if(&span, link_trace.as_ref());
             // A closing link stops waiting for the credential check too.
-            tokio::select! {
-                biased;
-                _ = closer.closed() => None,
-                connected = handshake(
-                    &core, &backend, &closer, &out_tx, &heartbeat, &wake, link_id, &tenant, id,
-                    connect,
-                ) => connected,
+            async {
+                tokio::select! {
+                    biased;
+                    _ = closer.closed() => None,
+                    connected = handshake(
+                        &core, &backend, &closer, &out_tx, &heartbeat, &wake, link_id, &tenant,
+                        id, connect,
+                    ) => connected,
+                }
             }
+            .instrument(span)
+            .await
         }
         Some(_) => {
             tracing::debug!("the first command is not connect");
@@ -347,6 +373,7 @@ async fn handshake<B: LinkBackend>(
     let grant = match backend.auth().verify(tenant, &token).await {
         Ok(grant) => grant,
         Err(refused) if refused.expired() => {
+            span_failed(refused.reason().as_str());
             // Centrifuge's way: the SDK asks its `getToken` for a fresh token and reconnects.
             tracing::info!(
                 reason = refused.reason().as_str(),
@@ -360,6 +387,7 @@ async fn handshake<B: LinkBackend>(
             return None;
         }
         Err(refused) => {
+            span_failed(refused.reason().as_str());
             tracing::info!(
                 reason = refused.reason().as_str(),
                 "the tenant credential was refused"
@@ -372,18 +400,20 @@ async fn handshake<B: LinkBackend>(
         Some(raw) => ConnectData::decode(raw.get().as_bytes()),
         None => ConnectData::decode(b""),
     };
-    match data {
-        Ok(d) if d.offers_wire_version() => {}
+    let link_trace = match data {
+        Ok(d) if d.offers_wire_version() => d.trace(),
         Ok(_) => {
+            span_failed("unsupported_wire_version");
             closer.close(Disconnect::UNSUPPORTED_WIRE_VERSION);
             return None;
         }
         Err(e) => {
+            span_failed("bad_request");
             tracing::debug!(error = %e, "malformed connect data");
             closer.close(Disconnect::BAD_REQUEST);
             return None;
         }
-    }
+    };
     match core
         .registry
         .admit(link_id, tenant.clone(), closer.clone(), wake.clone())
@@ -441,6 +471,7 @@ async fn handshake<B: LinkBackend>(
         principal: grant.principal,
         client_name: connect.name,
         client_version: connect.version,
+        trace: link_trace,
     };
     Some((ctx, tokens, credential))
 }
@@ -453,6 +484,35 @@ fn foreign_or_unknown() -> Refusal {
 /// Names the session a request is about on the current (`rpc`) span.
 fn record_session(session: &SessionId) {
     tracing::Span::current().record("session", tracing::field::display(session));
+}
+
+/// Marks the current span failed with a stable code (its OpenTelemetry status).
+fn span_failed(code: &str) {
+    let span = tracing::Span::current();
+    span.record("otel.status_code", "ERROR");
+    span.record("otel.status_message", code);
+}
+
+/// The trace context a request's data names, read before the request is decoded so that its
+/// span can continue it. Only data that mentions a trace member is looked at; a malformed
+/// context is an error here and the request is refused (107) before anything runs.
+fn peek_trace(data: &[u8]) -> Result<Option<TraceContext>, ()> {
+    #[derive(serde::Deserialize)]
+    struct TraceMembers<'a> {
+        #[serde(borrow, default)]
+        traceparent: Option<&'a str>,
+        #[serde(borrow, default)]
+        tracestate: Option<&'a str>,
+    }
+    if !contains(data, b"tracepa") && !contains(data, b"tracest") {
+        return Ok(None);
+    }
+    let m: TraceMembers<'_> = serde_json::from_slice(data).map_err(|_| ())?;
+    TraceContext::from_headers(m.traceparent, m.tracestate).map_err(|_| ())
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 fn data_bytes(data: &Option<Box<RawValue>>) -> &[u8] {
@@ -516,6 +576,7 @@ impl<B: LinkBackend> Link<B> {
     }
 
     async fn reply_error(&self, id: u32, error: &ReplyError) -> Flow {
+        span_failed(error.message);
         self.send(encode_error(id, error)).await
     }
 
@@ -523,8 +584,12 @@ impl<B: LinkBackend> Link<B> {
     async fn reply_rpc(&self, id: u32, result: Result<String, Refusal>) -> Flow {
         match result {
             Ok(data) => self.send(encode_rpc_reply(id, &data)).await,
-            Err(Refusal::HostLink(e)) => self.send(encode_rpc_reply(id, &e.encode())).await,
+            Err(Refusal::HostLink(e)) => {
+                span_failed(e.code().as_str());
+                self.send(encode_rpc_reply(id, &e.encode())).await
+            }
             Err(Refusal::Internal(detail)) => {
+                span_failed("internal");
                 tracing::warn!(detail = %detail, "the backend failed a request");
                 self.reply_error(id, &ReplyError::INTERNAL).await
             }
@@ -639,11 +704,23 @@ impl<B: LinkBackend> Link<B> {
     }
 
     async fn rpc(&mut self, id: u32, rpc: RpcRequest) -> Flow {
-        let span = tracing::debug_span!(
-            "rpc",
+        let Ok(trace) = peek_trace(data_bytes(&rpc.data)) else {
+            return self.reply_error(id, &ReplyError::BAD_REQUEST).await;
+        };
+        // Each call is a span of its own trace: the request's context, else the link's, else
+        // a new one (never the link's long-lived span, which would make one trace of a link).
+        let span = tracing::info_span!(
+            parent: None,
+            "hostlink.rpc",
+            otel.name = %rpc.method,
             method = %rpc.method,
-            session = tracing::field::Empty
+            tenant = %self.ctx.tenant,
+            link = %self.ctx.link,
+            session = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+            otel.status_message = tracing::field::Empty,
         );
+        trace_context::span::continue_if(&span, trace.as_ref().or(self.ctx.trace.as_ref()));
         self.rpc_in_span(id, rpc).instrument(span).await
     }
 
@@ -1191,7 +1268,20 @@ impl<B: LinkBackend> Link<B> {
         let Ok(delivery) = Delivery::decode(data_bytes(&p.data)) else {
             return self.reply_error(id, &ReplyError::BAD_REQUEST).await;
         };
-        let span = tracing::debug_span!("delivery", session = %session);
+        let span = tracing::info_span!(
+            parent: None,
+            "hostlink.delivery",
+            tenant = %self.ctx.tenant,
+            link = %self.ctx.link,
+            session = %session,
+            command = %delivery.command_id,
+            otel.status_code = tracing::field::Empty,
+            otel.status_message = tracing::field::Empty,
+        );
+        trace_context::span::continue_if(
+            &span,
+            delivery.trace().as_ref().or(self.ctx.trace.as_ref()),
+        );
         self.deliver(id, tenant, session, delivery)
             .instrument(span)
             .await

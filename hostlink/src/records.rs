@@ -8,18 +8,22 @@
 //!
 //! | record | members, in wire order |
 //! |---|---|
-//! | [`ConnectData`] | `supported_versions` |
-//! | [`AttachRequest`] | `version`, `tenant_id`, `session_id`, `host_id`, `host_generation`, `agent_id`, `runtime_compatibility_id`?, `mode`, `actor_id`, `trace_id`?, `idempotency_key` |
+//! | [`ConnectData`] | `supported_versions`, `traceparent`?, `tracestate`? (the link's trace context) |
+//! | [`AttachRequest`] | `version`, `tenant_id`, `session_id`, `host_id`, `host_generation`, `agent_id`, `runtime_compatibility_id`?, `mode`, `actor_id`, `trace_id`?, `traceparent`?, `tracestate`?, `idempotency_key` |
 //! | [`BindRequest`] | `version`, `tenant_id`, `session_id`, `host_id`, `host_generation`, `lease_epoch`, `runtime_compatibility_id`, `idempotency_key` |
 //! | [`UnbindRequest`] | the bind members minus `runtime_compatibility_id` |
 //! | [`DrainRequest`] | `version`, `host_id`, `host_generation`, `idempotency_key`, [`tenant_id`, `session_id`] |
-//! | [`Delivery`] | `command_id` (a `version` of 1 is accepted, never written) |
+//! | [`Delivery`] | `command_id`, `traceparent`?, `tracestate`? (a `version` of 1 is accepted, never written) |
 //! | [`RegistryObservation`] | `version`, `tenant_id`, `session_id`, `host_id`, `host_generation`, `agent_id`, `runtime_compatibility_id`, `placement`, `internal_endpoint`, `residency`, `accepting`, `lease_epoch`, `observed_at`, `expires_at` |
 //! | [`DrainObservation`] | `host_id`, `host_generation`, `drain_generation`, `state`, [`tenant_id`, `session_id`] |
 //! | [`HostLinkError`] | `code`, and `current_lease_epoch` (only with `epoch_mismatch`, absent when the holder's epoch was unreadable) or `runtime_compatibility_id` (only and always with `runtime_mismatch`) |
 //! | [`SubscribeOptions`] | `version`, `ephemeral`?, `reasoning`?, `tool_steps`? (these two need `ephemeral`), `bind`? (a [`BindRequest`]) |
 //! | [`EnduringPublication`] | `tenant_id`, `session_id`, `event_id`, `journal_seq`, `covered_through`, `body` |
 //! | [`EphemeralPublication`] | `tenant_id`, `session_id`, `stream`, `text`, `gap`, `tool` (only and always with stream `tool_step`: `call_id`, `name`, `phase`, `is_error`?) |
+//!
+//! `traceparent` and `tracestate` are W3C trace context (the `trace-context` crate parses
+//! them): a malformed one refuses the whole record, and a `tracestate` without a
+//! `traceparent` is refused. A request's own context wins over its link's.
 //!
 //! `SubscribeOptions` and `EphemeralPublication` are this module's design (HOSTLINK.md names
 //! the opt-in and the preview but not their members): a client opts in to previews with
@@ -41,6 +45,7 @@ use sessionstore::{
     AgentId, CommandId, CompatibilityId, EventId, HostId, Placement, ResidencyState, SessionId,
     TenantId,
 };
+use trace_context::{TraceContext, TraceParent, TraceState};
 use wire_enum::wire_enum;
 
 use super::codes::HostLinkErrorCode;
@@ -154,6 +159,20 @@ fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Optio
     T::deserialize(d).map(Some)
 }
 
+/// A `tracestate` is refused without the `traceparent` it belongs to.
+fn check_trace(parent: &Option<TraceParent>, state: &Option<TraceState>) -> Result<(), String> {
+    TraceContext::from_parts(*parent, state.clone())
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+fn trace_of(parent: &Option<TraceParent>, state: &Option<TraceState>) -> Option<TraceContext> {
+    parent.map(|parent| TraceContext {
+        parent,
+        state: state.clone(),
+    })
+}
+
 macro_rules! opaque_text_id {
     ($(#[$doc:meta])* $name:ident, $field:literal) => {
         $(#[$doc])*
@@ -215,9 +234,29 @@ opaque_text_id!(
 pub struct ConnectData {
     /// Non-empty, no 0, no duplicates, in the client's order.
     pub supported_versions: Vec<NonZeroU64>,
+    /// W3C trace context: the caller's span every request of this link continues unless the request names its own (strictly parsed; a
+    /// malformed one refuses the whole record).
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub traceparent: Option<TraceParent>,
+    /// W3C vendor trace state; only with a `traceparent`.
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub tracestate: Option<TraceState>,
 }
 
 impl ConnectData {
+    /// The link's trace context, if the client gave one.
+    pub fn trace(&self) -> Option<TraceContext> {
+        trace_of(&self.traceparent, &self.tracestate)
+    }
+
     /// Whether the client offers this build's wire version.
     pub fn offers_wire_version(&self) -> bool {
         self.supported_versions
@@ -240,7 +279,7 @@ impl Record for ConnectData {
         if v.iter().enumerate().any(|(i, x)| v[..i].contains(x)) {
             return Err("supported_versions has a duplicate".into());
         }
-        Ok(())
+        check_trace(&self.traceparent, &self.tracestate)
     }
 }
 
@@ -280,11 +319,37 @@ pub struct AttachRequest {
         skip_serializing_if = "Option::is_none"
     )]
     pub trace_id: Option<TraceId>,
+    /// W3C trace context: the caller's span this work continues (strictly parsed; a
+    /// malformed one refuses the whole record).
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub traceparent: Option<TraceParent>,
+    /// W3C vendor trace state; only with a `traceparent`.
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub tracestate: Option<TraceState>,
     pub idempotency_key: IdempotencyKey,
+}
+
+impl AttachRequest {
+    /// The caller's trace context, if it gave one.
+    pub fn trace(&self) -> Option<TraceContext> {
+        trace_of(&self.traceparent, &self.tracestate)
+    }
 }
 
 impl Record for AttachRequest {
     const NAME: &'static str = "attach_request";
+
+    fn check(&self) -> Result<(), String> {
+        check_trace(&self.traceparent, &self.tracestate)
+    }
 }
 
 /// `hostlink.bind`: route this link to a resident session. Grants nothing.
@@ -422,10 +487,46 @@ pub struct Delivery {
     #[serde(default, skip_serializing)]
     pub version: V1,
     pub command_id: CommandId,
+    /// W3C trace context: the caller's span this work continues (strictly parsed; a
+    /// malformed one refuses the whole record).
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub traceparent: Option<TraceParent>,
+    /// W3C vendor trace state; only with a `traceparent`.
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub tracestate: Option<TraceState>,
+}
+
+impl Delivery {
+    /// A delivery of `command_id` carrying no trace context.
+    pub fn of(command_id: CommandId) -> Delivery {
+        Delivery {
+            version: V1,
+            command_id,
+            traceparent: None,
+            tracestate: None,
+        }
+    }
+
+    /// The caller's trace context, if it gave one.
+    pub fn trace(&self) -> Option<TraceContext> {
+        trace_of(&self.traceparent, &self.tracestate)
+    }
 }
 
 impl Record for Delivery {
     const NAME: &'static str = "delivery";
+
+    fn check(&self) -> Result<(), String> {
+        check_trace(&self.traceparent, &self.tracestate)
+    }
 }
 
 /// What `hostlink.attach` answers: the session's registration as this Host sees it.

@@ -177,6 +177,7 @@ impl ServiceAgents {
                 principal: Some(PRINCIPAL.into()),
                 metadata: None,
                 apply_within: self.apply_within,
+                trace: None,
             })
             .await?)
     }

@@ -9,7 +9,9 @@
 //! "deadline": "<RFC 3339 UTC>", "deadline_unix_ms": <n>, "input": <value>}`.
 //! The same ids are in the environment as `HOSTD_RUNNABLE`, `HOSTD_RUNNABLE_DIGEST`,
 //! `HOSTD_INVOCATION_ID`, `HOSTD_INTENT_ID`, `HOSTD_EFFECT_ID` and `HOSTD_DEADLINE`, beside
-//! the declared `env` and the dependency addresses. The handler runs in the unpacked package
+//! the declared `env` and the dependency addresses. Under a trace, the request also carries
+//! `traceparent` (and `tracestate`) naming the invocation's span, and the environment
+//! `TRACEPARENT` (and `TRACESTATE`). The handler runs in the unpacked package
 //! folder. Its stderr goes to a log file (bounded), whose path the result names.
 //!
 //! **Ids.** `intent_id` is the caller's (a fresh `int-<uuid>` when none is given): reuse it
@@ -174,10 +176,31 @@ pub async fn invoke(
     cancel: &CancellationToken,
 ) -> Result<Invocation, RunnableError> {
     use tracing::Instrument as _;
-    let span = tracing::info_span!("runnable.invoke", runnable = %release.identity());
-    invoke_once(release, request, options, cancel)
-        .instrument(span)
-        .await
+    let span = tracing::info_span!(
+        "runnable.invoke",
+        runnable = %release.identity(),
+        digest = %release.digest(),
+        outcome = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+        otel.status_message = tracing::field::Empty,
+    );
+    let result = invoke_once(release, request, options, cancel)
+        .instrument(span.clone())
+        .await;
+    match &result {
+        Ok(invocation) => {
+            span.record("outcome", invocation.outcome.as_str());
+            if invocation.outcome != OutcomeClass::Succeeded {
+                span.record("otel.status_code", "ERROR");
+                span.record("otel.status_message", invocation.outcome.as_str());
+            }
+        }
+        Err(e) => {
+            span.record("otel.status_code", "ERROR");
+            span.record("otel.status_message", e.code());
+        }
+    }
+    result
 }
 
 async fn invoke_once(
@@ -233,6 +256,16 @@ async fn invoke_once(
         "deadline_unix_ms": deadline_unix_ms,
         "input": request.input,
     });
+    // The handler continues the invocation's trace: `traceparent` (and `tracestate`) in the
+    // request document and TRACEPARENT (TRACESTATE) in its environment.
+    let trace = trace_context::span::current_for_callee(None);
+    let mut request_doc = request_doc;
+    if let Some(t) = &trace {
+        request_doc["traceparent"] = json!(t.parent.to_string());
+        if let Some(state) = &t.state {
+            request_doc["tracestate"] = json!(state.as_str());
+        }
+    }
     let mut request_bytes = serde_json::to_vec(&request_doc).unwrap_or_default();
     request_bytes.push(b'\n');
 
@@ -266,6 +299,12 @@ async fn invoke_once(
         .env("HOSTD_INTENT_ID", &intent_id)
         .env("HOSTD_EFFECT_ID", &effect_id)
         .env("HOSTD_DEADLINE", &deadline_text)
+        .envs(trace.iter().map(|t| ("TRACEPARENT", t.parent.to_string())))
+        .envs(trace.iter().filter_map(|t| {
+            t.state
+                .as_ref()
+                .map(|s| ("TRACESTATE", s.as_str().to_owned()))
+        }))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

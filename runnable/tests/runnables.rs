@@ -446,6 +446,47 @@ fn a_workspace_with_no_runnables_lists_nothing() {
 }
 
 #[tokio::test]
+async fn a_handler_invoked_under_a_trace_receives_its_traceparent_in_env_and_request() {
+    use opentelemetry::trace::TracerProvider as _;
+    use tracing::Instrument as _;
+    use tracing_subscriber::layer::SubscriberExt;
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+    let _default = tracing::subscriber::set_default(subscriber);
+    let ws = Ws::new();
+    let marker = ws.marker();
+    let script = format!(
+        "cat > {m}.req; echo \"$TRACEPARENT\" > {m}; echo '{{\"ok\":true,\"output\":{{\"n\":1}}}}'\n",
+        m = marker.display()
+    );
+    ws.shell("traced", "1", "read_only", "5s", &script);
+    let caller = trace_context::TraceContext::from_headers(
+        Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+        None,
+    )
+    .unwrap()
+    .unwrap();
+    let span = tracing::info_span!("caller");
+    trace_context::span::continue_trace(&span, &caller);
+    let done = run(&ws, "traced", json!({"n": 1}))
+        .instrument(span)
+        .await
+        .unwrap();
+    assert_eq!(done.outcome, OutcomeClass::Succeeded);
+    let env = ws.marker_lines().join("");
+    let got: trace_context::TraceParent = env.parse().expect("TRACEPARENT is a traceparent");
+    // The handler's parent is the invocation's own span, in the caller's trace.
+    assert_eq!(got.trace_id(), caller.parent.trace_id());
+    assert_ne!(got.parent_id(), caller.parent.parent_id());
+    let request: Value = serde_json::from_str(
+        &std::fs::read_to_string(format!("{}.req", marker.display())).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(request["traceparent"], json!(env));
+}
+
+#[tokio::test]
 async fn two_versions_coexist_and_a_bare_name_is_ambiguous_everywhere() {
     let ws = Ws::new();
     let marker = ws.marker();

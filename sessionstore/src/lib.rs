@@ -59,3 +59,4 @@ pub use runs::{
 };
 pub use stats::StoreStats;
 pub use store::{BackendKind, Store};
+pub use trace_context::TraceContext;

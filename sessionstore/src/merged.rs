@@ -65,7 +65,7 @@ fn written(before: &Row, r: &Row, at: usize) -> StoreResult<CommandRecord> {
 }
 
 /// The command columns as request columns, in `COMMAND_COLS` order.
-const COMMAND_REQ: [(&str, ColType); 28] = [
+const COMMAND_REQ: [(&str, ColType); 30] = [
     ("tenant_id", Text),
     ("session_id", Text),
     ("command_id", Text),
@@ -80,6 +80,8 @@ const COMMAND_REQ: [(&str, ColType); 28] = [
     ("runtime_command_id", Text),
     ("admitted_at", Int),
     ("apply_deadline", Int),
+    ("traceparent", Text),
+    ("tracestate", Text),
     ("state", Text),
     ("revision", Int),
     ("epoch_mark", Int),

@@ -41,6 +41,7 @@ pub(crate) const SQLITE: &[Migration] = migration_files!("sqlite":
     8 => "0008_journal_snapshots.sql",
     9 => "0009_heartbeat_carries_leases.sql",
     10 => "0010_actors.sql",
+    11 => "0011_command_trace.sql",
 );
 
 /// The PostgreSQL migrations this binary knows, in version order.
@@ -55,6 +56,7 @@ pub(crate) const POSTGRES: &[Migration] = migration_files!("postgres":
     8 => "0008_journal_snapshots.sql",
     9 => "0009_heartbeat_carries_leases.sql",
     10 => "0010_actors.sql",
+    11 => "0011_command_trace.sql",
 );
 
 /// What a backend does for the runner: each step in its own dialect, all of them inside the
@@ -168,7 +170,7 @@ mod tests {
     fn a_fresh_database_gets_every_migration_in_order() {
         assert_eq!(
             versions(&missing(SQLITE, &[]).unwrap()),
-            [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+            [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
         );
     }
 
@@ -176,10 +178,10 @@ mod tests {
     fn only_the_versions_not_yet_applied_are_applied_even_below_an_applied_one() {
         assert_eq!(
             versions(&missing(SQLITE, &[1, 2, 4]).unwrap()),
-            [3, 5, 6, 7, 8, 9, 10]
+            [3, 5, 6, 7, 8, 9, 10, 11]
         );
         assert!(
-            missing(SQLITE, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
+            missing(SQLITE, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11])
                 .unwrap()
                 .is_empty()
         );
@@ -192,7 +194,7 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "state: schema is version 999: the database was written by a newer build (schema \
-             version 999); this binary knows up to 10. Upgrade hostd or use another database."
+             version 999); this binary knows up to 11. Upgrade hostd or use another database."
         );
     }
 }

@@ -308,6 +308,9 @@ pub struct NewCommand {
     pub metadata: Option<String>,
     /// The apply deadline, from admission.
     pub apply_within: Duration,
+    /// The W3C trace the admission belongs to: the Host that applies the command continues
+    /// it. Not part of the command's identity (a retried admission is the same command).
+    pub trace: Option<trace_context::TraceContext>,
 }
 
 /// A claim on a command by one residency.
@@ -344,6 +347,8 @@ pub struct CommandRecord {
     pub accepted_order: u64,
     pub admitted_at_ms: Millis,
     pub apply_deadline_ms: Millis,
+    /// The trace the command was admitted under (see [`NewCommand::trace`]).
+    pub trace: Option<trace_context::TraceContext>,
     pub state: CommandState,
     pub revision: u64,
     /// The highest residency epoch that has written this record.

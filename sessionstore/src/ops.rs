@@ -529,6 +529,7 @@ pub(crate) async fn admit<T: Tx>(
         accepted_order: 0,
         admitted_at_ms: now,
         apply_deadline_ms: now.saturating_add(within),
+        trace: c.trace.clone(),
         state: CommandState::Pending,
         revision: 1,
         epoch_mark: ResidencyEpoch(0),

@@ -9,6 +9,7 @@
 
 use std::str::FromStr;
 use std::sync::LazyLock;
+use trace_context::TraceContext;
 
 use crate::clock::Millis;
 use crate::error::{StoreError, StoreResult};
@@ -407,7 +408,7 @@ pub(crate) fn decode_target(r: &Row) -> StoreResult<HostTarget> {
 
 pub(crate) const COMMAND_COLS: &str = "tenant_id, session_id, command_id, accepted_order, kind, body, \
      object_id, body_digest, body_size, principal, metadata, runtime_command_id, admitted_at, \
-     apply_deadline, state, revision, epoch_mark, claim_epoch, claim_token, claim_expires_at, \
+     apply_deadline, traceparent, tracestate, state, revision, epoch_mark, claim_epoch, claim_token, claim_expires_at, \
      attempt_id, attempt_journal_epoch, attempt_residency_epoch, attempt_at, outcome, reason, \
      evidence_seq, settled_at";
 
@@ -429,7 +430,7 @@ pub(crate) fn decode_command(r: &Row) -> StoreResult<CommandRecord> {
             ));
         }
     };
-    let claim = match (r.opt_u64(17)?, r.opt_text(18)?, r.opt_i64(19)?) {
+    let claim = match (r.opt_u64(19)?, r.opt_text(20)?, r.opt_i64(21)?) {
         (None, None, None) => None,
         (Some(epoch), Some(token), Some(expires)) => Some(Claim {
             epoch: ResidencyEpoch(epoch),
@@ -440,10 +441,10 @@ pub(crate) fn decode_command(r: &Row) -> StoreResult<CommandRecord> {
         _ => return Err(StoreError::integrity("command", "partial claim")),
     };
     let attempt = match (
-        r.opt_id(20, |t: String| AttemptId::parse(&t))?,
-        r.opt_u64(21)?,
-        r.opt_u64(22)?,
-        r.opt_i64(23)?,
+        r.opt_id(22, |t: String| AttemptId::parse(&t))?,
+        r.opt_u64(23)?,
+        r.opt_u64(24)?,
+        r.opt_i64(25)?,
     ) {
         (None, None, None, None) => None,
         (Some(id), Some(je), Some(re), Some(at)) => Some(Attempt {
@@ -454,7 +455,7 @@ pub(crate) fn decode_command(r: &Row) -> StoreResult<CommandRecord> {
         }),
         _ => return Err(StoreError::integrity("command", "partial attempt")),
     };
-    let outcome = match r.opt_text(24)? {
+    let outcome = match r.opt_text(26)? {
         None => None,
         Some(o) => Some(o.parse::<Outcome>()?),
     };
@@ -472,15 +473,17 @@ pub(crate) fn decode_command(r: &Row) -> StoreResult<CommandRecord> {
         runtime_command: r.id(11, |t: String| RuntimeCommandId::parse(&t))?,
         admitted_at_ms: r.i64(12)?,
         apply_deadline_ms: r.i64(13)?,
-        state: r.enumv(14)?,
-        revision: r.u64(15)?,
-        epoch_mark: ResidencyEpoch(r.u64(16)?),
+        trace: TraceContext::from_headers(r.opt_text(14)?.as_deref(), r.opt_text(15)?.as_deref())
+            .map_err(|e| StoreError::integrity("command", e.to_string()))?,
+        state: r.enumv(16)?,
+        revision: r.u64(17)?,
+        epoch_mark: ResidencyEpoch(r.u64(18)?),
         claim,
         attempt,
         outcome,
-        reason: r.opt_text(25)?,
-        evidence_seq: r.opt_u64(26)?,
-        settled_at_ms: r.opt_i64(27)?,
+        reason: r.opt_text(27)?,
+        evidence_seq: r.opt_u64(28)?,
+        settled_at_ms: r.opt_i64(29)?,
     };
     check_command_shape(&rec)?;
     Ok(rec)
@@ -553,6 +556,12 @@ pub(crate) fn command_params(rec: &CommandRecord) -> Vec<Param> {
         text(rec.runtime_command.to_text()),
         ms(rec.admitted_at_ms),
         ms(rec.apply_deadline_ms),
+        opt_text(rec.trace.as_ref().map(|t| t.parent.to_string())),
+        opt_text(
+            rec.trace
+                .as_ref()
+                .and_then(|t| t.state.as_ref().map(|s| s.as_str().to_owned())),
+        ),
         text(rec.state.as_str()),
         int(rec.revision),
         int(rec.epoch_mark.0),

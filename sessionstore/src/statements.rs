@@ -260,7 +260,7 @@ impl<C: Conn> Tx for SqlTx<C> {
     async fn insert_command(&mut self, rec: &CommandRecord) -> StoreResult<()> {
         let q = format!(
             "INSERT INTO commands ({COMMAND_COLS}) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,\
-             $15,$16,$17,$18,$19,$20,$21,$22,$23,$24,$25,$26,$27,$28)"
+             $15,$16,$17,$18,$19,$20,$21,$22,$23,$24,$25,$26,$27,$28,$29,$30)"
         );
         self.exec(&q, command_params(rec)).await?;
         Ok(())
@@ -271,10 +271,10 @@ impl<C: Conn> Tx for SqlTx<C> {
         old_revision: u64,
         rec: &CommandRecord,
     ) -> StoreResult<bool> {
-        // Identity columns never change; only the state-machine columns (14..28) are written.
+        // Identity columns never change; only the state-machine columns (16..30) are written.
         let all = command_params(rec);
         let mut p: Vec<Param> = all[..3].to_vec();
-        p.extend_from_slice(&all[14..28]);
+        p.extend_from_slice(&all[16..30]);
         p.push(int(old_revision));
         let n = self
             .exec(

@@ -388,6 +388,7 @@ pub async fn run_lifecycle_as(
                 principal: None,
                 metadata: None,
                 apply_within: Duration::from_secs(3600),
+                trace: None,
             })
             .await?;
         let (applying, attempt) = begin_attempt(store, &rec, epoch, lease.epoch).await?;

@@ -40,6 +40,7 @@ mod cases {
             principal: Some("user:1".into()),
             metadata: Some("{\"a\":1}".into()),
             apply_within: Duration::from_secs(3600),
+            trace: None,
         }
     }
 
@@ -234,6 +235,47 @@ mod cases {
         assert_eq!(first, second);
         assert_eq!(first.state, CommandState::Pending);
         assert_eq!(first.revision, 1);
+    }
+
+    pub async fn a_command_keeps_the_trace_it_was_admitted_under_through_its_claim(ts: &TestStore) {
+        let s = new_session(ts, "s1").await;
+        let trace = trace_context::TraceContext::from_headers(
+            Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+            Some("rojo=00f067aa0ba902b7"),
+        )
+        .unwrap();
+        let mut c = new_command(&s, "c1", CommandKind::Input, b"{\"text\":\"hi\"}");
+        c.trace = trace.clone();
+        let admitted = ts.store.admit(c.clone()).await.unwrap();
+        assert_eq!(admitted.trace, trace);
+        let read = ts
+            .store
+            .command(&s.tenant, &s.session, &c.command)
+            .await
+            .unwrap();
+        assert_eq!(read.trace, trace);
+        // A retried admission under another trace is the same command, with its first trace.
+        let mut retry = c.clone();
+        retry.trace = None;
+        let again = ts.store.admit(retry).await.unwrap();
+        assert_eq!(again.trace, trace);
+        let claimed = ts
+            .store
+            .claim(claim_req(&admitted, 1, Uuid::now_v7()))
+            .await
+            .unwrap();
+        assert_eq!(claimed.trace, trace);
+        let untraced = ts
+            .store
+            .admit(new_command(
+                &s,
+                "c2",
+                CommandKind::Input,
+                b"{\"text\":\"hi\"}",
+            ))
+            .await
+            .unwrap();
+        assert_eq!(untraced.trace, None);
     }
 
     pub async fn an_admission_retry_that_differs_is_a_command_mismatch(ts: &TestStore) {
@@ -2685,6 +2727,7 @@ sessionstore::both_backends!(cases =>
     another_tenant_never_sees_a_session,
     admitting_to_a_session_that_is_not_bound_is_not_found,
     admission_is_idempotent_by_command_id,
+    a_command_keeps_the_trace_it_was_admitted_under_through_its_claim,
     an_admission_retry_that_differs_is_a_command_mismatch,
     acceptance_order_is_gap_free_and_monotonic_per_session,
     a_body_over_64_kib_must_be_stored_by_reference,

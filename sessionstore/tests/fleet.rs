@@ -49,6 +49,7 @@ mod cases {
                 principal: None,
                 metadata: None,
                 apply_within: Duration::from_secs(3600),
+                trace: None,
             })
             .await
             .unwrap()

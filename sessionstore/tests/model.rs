@@ -155,6 +155,7 @@ async fn step(w: &mut World, m: &mut Model, op: &Op) {
                         principal: None,
                         metadata: None,
                         apply_within: Duration::from_secs(3600),
+                        trace: None,
                     })
                     .await;
             r.expect("admission always succeeds (idempotent)");

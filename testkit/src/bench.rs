@@ -106,6 +106,7 @@ pub async fn admit_input(store: &Store, s: &SessionRecord, command: CommandId) -
             principal: None,
             metadata: None,
             apply_within: Duration::from_secs(3600),
+            trace: None,
         })
         .await
         .expect("admit")

@@ -161,6 +161,7 @@ impl Controller {
                 principal: Some("user:1".into()),
                 metadata: None,
                 apply_within: Duration::from_secs(600),
+                trace: None,
             })
             .await
             .unwrap()

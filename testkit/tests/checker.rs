@@ -71,6 +71,7 @@ impl<'a> World<'a> {
                 principal: None,
                 metadata: None,
                 apply_within: Duration::from_secs(600),
+                trace: None,
             })
             .await
             .unwrap();

@@ -116,6 +116,7 @@ async fn admit(
             principal: None,
             metadata: None,
             apply_within: Duration::from_secs(600),
+            trace: None,
         })
         .await
         .unwrap();

@@ -62,6 +62,7 @@ async fn create(store: &Store, i: usize) {
             principal: None,
             metadata: None,
             apply_within: Duration::from_secs(3600),
+            trace: None,
         })
         .await
         .unwrap();

@@ -197,6 +197,7 @@ fn anonymous_command(store: &str, session: &str) -> String {
                 body: sessionstore::CommandBody::Inline(body),
                 principal: None,
                 metadata: None,
+                trace: None,
                 apply_within: std::time::Duration::from_secs(600),
             })
             .await

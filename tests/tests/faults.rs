@@ -71,6 +71,7 @@ fn load(
                 principal: Some("user:load".into()),
                 metadata: None,
                 apply_within: Duration::from_secs(600),
+                trace: None,
             });
             match tokio::time::timeout(Duration::from_secs(2), admit).await {
                 Ok(Ok(_)) => {

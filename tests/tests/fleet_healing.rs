@@ -133,6 +133,7 @@ impl Fleet {
                 principal: Some("test".into()),
                 metadata: None,
                 apply_within: std::time::Duration::from_secs(600),
+                trace: None,
             })
             .await
             .unwrap()

@@ -159,6 +159,7 @@ async fn hostd_controller_alone_places_what_hosts_without_a_reconciler_leave() {
             principal: None,
             metadata: None,
             apply_within: std::time::Duration::from_secs(600),
+            trace: None,
         })
         .await
         .unwrap();

@@ -303,6 +303,13 @@ impl OpenAiModel {
             .post(self.url.clone())
             .header(ACCEPT, "text/event-stream")
             .json(body);
+        // The endpoint sees the model call's span as its caller.
+        if let Some(trace) = trace_context::span::current_for_callee(None) {
+            builder = builder.header("traceparent", trace.parent.to_string());
+            if let Some(state) = &trace.state {
+                builder = builder.header("tracestate", state.as_str());
+            }
+        }
         if !self.config.api_key.is_empty() {
             builder = builder.bearer_auth(&self.config.api_key);
         }

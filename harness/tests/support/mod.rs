@@ -174,6 +174,7 @@ impl Fx {
                 principal: None,
                 metadata: None,
                 apply_within: Duration::from_secs(600),
+                trace: None,
             })
             .await
             .unwrap()

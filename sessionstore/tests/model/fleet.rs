@@ -752,6 +752,7 @@ async fn admit(w: &mut World, m: &mut Model, s: usize, c: usize) {
             principal: None,
             metadata: None,
             apply_within: LONG,
+            trace: None,
         })
         .await
         .expect("admission always succeeds (idempotent)");

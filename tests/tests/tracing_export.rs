@@ -1,0 +1,425 @@
+//! Traces a real `hostd serve` exports over OTLP, received by a test collector built on the
+//! official OTLP protobuf service: a controller's W3C `traceparent` is continued by the Host
+//! (HostLink call → admission → claim, attempt, settle → turn), a malformed one is refused
+//! with 107, and with the collector down commands still apply while the drops are counted.
+
+mod collector;
+
+use std::path::Path;
+
+use collector::{Collector, traceparent};
+use controller::Controller;
+use serde_json::json;
+use sessionstore::wire::CommandBodyV1;
+use sessionstore::{
+    AgentId, CommandId, CompatibilityId, Outcome, SessionId, Store, StoreOptions, TenantId,
+};
+use testkit::process::{Serve, tenant_credentials};
+use testkit::{eventually, terminal};
+use trace_context::TraceContext;
+
+const AGENT: &str = "assistant";
+const BUILD: &str = "hostd-scripted-1";
+
+/// One Host on a SQLite store in `dir`, exporting to `endpoint`.
+fn traced_host(
+    dir: &Path,
+    name: &str,
+    credentials: &Path,
+    endpoint: &str,
+    extra: &[&str],
+) -> (Serve, String) {
+    let store = format!("sqlite://{}", dir.join(format!("{name}.db")).display());
+    let mut args = vec!["--otlp-endpoint", endpoint];
+    args.extend_from_slice(extra);
+    (
+        Serve::fleet_member(dir, name, &store, credentials, &args),
+        store,
+    )
+}
+
+async fn wait_for_span(c: &Collector, trace_id: &str, name: &str) -> collector::Span {
+    eventually(&format!("a span {name} in trace {trace_id}"), async || {
+        c.trace(trace_id)
+            .into_iter()
+            .find(|s| s.name == name)
+            .ok_or_else(|| {
+                let seen: Vec<String> = c
+                    .spans()
+                    .iter()
+                    .map(|s| format!("{} {}", s.trace_id, s.name))
+                    .collect();
+                format!("seen: {seen:?}")
+            })
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_trace_runs_from_the_controllers_traceparent_through_attach_command_steps_turn_and_model_call()
+ {
+    let collector = Collector::start();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let (token, credentials) = tenant_credentials(dir, "acme");
+    let (host, store_url) = traced_host(dir, "traced-a", &credentials, &collector.endpoint(), &[]);
+    let store = Store::open(StoreOptions::new(store_url))
+        .await
+        .expect("the store");
+    let (header, trace_id) = traceparent();
+    let trace = TraceContext::from_headers(Some(&header), None).unwrap();
+    let c = Controller::new(store.clone(), TenantId::new("acme").unwrap(), &token)
+        .with_trace(trace.clone());
+    let session = SessionId::new("traced-1").unwrap();
+    c.create_session(
+        session.clone(),
+        AgentId::new(AGENT).unwrap(),
+        CompatibilityId::new(BUILD).unwrap(),
+        None,
+        CommandId::new("create").unwrap(),
+    )
+    .await
+    .unwrap();
+    let placed = c.place(&session).await.expect("placed");
+
+    let attach = wait_for_span(&collector, &trace_id, "hostlink.attach").await;
+    let caller = trace.as_ref().unwrap().parent.parent_id_hex();
+    assert_eq!(attach.parent_span_id, caller, "{attach:?}");
+    assert_eq!(attach.attr("session"), Some("traced-1"));
+    assert_eq!(
+        attach.resource.get("service.name").map(String::as_str),
+        Some("hostd")
+    );
+    assert_eq!(
+        attach
+            .resource
+            .get("service.instance.id")
+            .map(String::as_str),
+        Some("traced-a")
+    );
+
+    // A command admitted under the trace is applied in it: command → claim, attempt,
+    // dispatch, settle; the runtime's apply under the dispatch; the turn under that; the
+    // model call under the turn.
+    let _feed = c.bind_and_stream(&placed, false).await.expect("bound");
+    let cmd = c
+        .admit(
+            &session,
+            CommandId::new("say-1").unwrap(),
+            CommandBodyV1::Input {
+                text: "hello".into(),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(cmd.trace, trace);
+    c.deliver(&placed, &cmd.command).await.unwrap();
+    let record = store
+        .session(&TenantId::new("acme").unwrap(), &session)
+        .await
+        .unwrap();
+    assert_eq!(
+        terminal(&store, &record, &cmd.command).await.outcome,
+        Some(Outcome::Applied)
+    );
+    let apply = eventually("the command's span", async || {
+        c_spans(&collector, &trace_id, "command.apply")
+            .into_iter()
+            .find(|s| s.attr("command") == Some("say-1"))
+            .ok_or_else(|| "not yet".to_owned())
+    })
+    .await;
+    assert_eq!(apply.parent_span_id, caller, "{apply:?}");
+    assert_eq!(apply.attr("tenant"), Some("acme"));
+    assert_eq!(apply.attr("session"), Some("traced-1"));
+    assert_eq!(apply.attr("outcome"), Some("applied"));
+    assert!(apply.attr("epoch").is_some());
+    for step in [
+        "command.claim",
+        "command.attempt",
+        "command.dispatch",
+        "command.settle",
+    ] {
+        let s = wait_for_child(&collector, &trace_id, step, &apply.span_id).await;
+        assert_eq!(s.status_code, 0, "{s:?}");
+    }
+    let dispatch = wait_for_child(&collector, &trace_id, "command.dispatch", &apply.span_id).await;
+    let runtime = wait_for_child(&collector, &trace_id, "runtime.apply", &dispatch.span_id).await;
+    let turn = wait_for_child(&collector, &trace_id, "turn", &runtime.span_id).await;
+    wait_for_child(&collector, &trace_id, "model.call", &turn.span_id).await;
+    drop(host);
+    store.close().await;
+}
+
+fn c_spans(c: &Collector, trace_id: &str, name: &str) -> Vec<collector::Span> {
+    c.trace(trace_id)
+        .into_iter()
+        .filter(|s| s.name == name)
+        .collect()
+}
+
+async fn wait_for_child(
+    c: &Collector,
+    trace_id: &str,
+    name: &str,
+    parent: &str,
+) -> collector::Span {
+    eventually(&format!("{name} under {parent}"), async || {
+        c_spans(c, trace_id, name)
+            .into_iter()
+            .find(|s| s.parent_span_id == parent)
+            .ok_or_else(|| {
+                let seen: Vec<String> = c
+                    .trace(trace_id)
+                    .iter()
+                    .map(|s| format!("{} {} <- {}", s.name, s.span_id, s.parent_span_id))
+                    .collect();
+                format!("{seen:?}")
+            })
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_traceparent_is_refused_with_107_and_a_good_one_is_not() {
+    let collector = Collector::start();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let (token, credentials) = tenant_credentials(dir, "acme");
+    let (host, _) = traced_host(dir, "traced-b", &credentials, &collector.endpoint(), &[]);
+    let client = controller::client::HostLinkClient::connect(
+        &format!("ws://127.0.0.1:{}", host.port),
+        &TenantId::new("acme").unwrap(),
+        &token,
+        "trace-test",
+    )
+    .await
+    .expect("connected");
+    let attach = |trace: serde_json::Value| {
+        let mut data = json!({
+            "version": 1, "tenant_id": "acme", "session_id": "nowhere", "host_id": "traced-b",
+            "host_generation": 1, "agent_id": AGENT, "mode": "create", "actor_id": "t",
+            "idempotency_key": "k1"
+        });
+        for (k, v) in trace.as_object().unwrap() {
+            data[k] = v.clone();
+        }
+        data
+    };
+    let (good, _) = traceparent();
+    for bad in [
+        json!({"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-0"}),
+        json!({"traceparent": good.to_uppercase()}),
+        json!({"traceparent": "00-00000000000000000000000000000000-b7ad6b7169203331-01"}),
+        json!({"traceparent": 7}),
+        json!({"tracestate": "a=b"}),
+        json!({"traceparent": good, "tracestate": "=broken"}),
+    ] {
+        match client
+            .run_rpc("hostlink.attach", &attach(bad.clone()))
+            .await
+        {
+            Err(controller::client::ClientError::Reply { code, .. }) => {
+                assert_eq!(code, 107, "{bad}")
+            }
+            other => panic!("{bad} was answered {other:?}"),
+        }
+    }
+    // A well-formed one reaches the Host's own checks (here: no such session).
+    let answered = client
+        .run_rpc(
+            "hostlink.attach",
+            &attach(json!({"traceparent": good, "tracestate": "k=v"})),
+        )
+        .await
+        .expect("an answer, not a refusal of the request");
+    assert!(answered.contains("\"code\""), "{answered}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_collector_down_commands_still_apply_and_the_dropped_spans_are_counted() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let (token, credentials) = tenant_credentials(dir, "acme");
+    // Nothing listens on this port: every export fails, and a queue of 4 fills at once.
+    let nowhere = format!("http://127.0.0.1:{}", testkit::process::free_port());
+    let (host, store_url) = traced_host(
+        dir,
+        "traced-c",
+        &credentials,
+        &nowhere,
+        &[
+            "--trace-queue-size",
+            "4",
+            "--trace-export-batch",
+            "2",
+            "--trace-export-timeout",
+            "200ms",
+        ],
+    );
+    let store = Store::open(StoreOptions::new(store_url))
+        .await
+        .expect("the store");
+    let (header, _) = traceparent();
+    let trace = TraceContext::from_headers(Some(&header), None).unwrap();
+    let c =
+        Controller::new(store.clone(), TenantId::new("acme").unwrap(), &token).with_trace(trace);
+    let session = SessionId::new("traced-3").unwrap();
+    let (record, create) = c
+        .create_session(
+            session.clone(),
+            AgentId::new(AGENT).unwrap(),
+            CompatibilityId::new(BUILD).unwrap(),
+            None,
+            CommandId::new("create").unwrap(),
+        )
+        .await
+        .unwrap();
+    let placed = c.place(&session).await.expect("placed");
+    let _feed = c.bind_and_stream(&placed, false).await.expect("bound");
+    assert_eq!(
+        terminal(&store, &record, &create.command).await.outcome,
+        Some(Outcome::Applied)
+    );
+    for i in 0..5 {
+        let cmd = c
+            .admit(
+                &session,
+                CommandId::new(format!("say-{i}")).unwrap(),
+                CommandBodyV1::Input {
+                    text: format!("hello {i}"),
+                },
+            )
+            .await
+            .unwrap();
+        c.deliver(&placed, &cmd.command).await.unwrap();
+        assert_eq!(
+            terminal(&store, &record, &cmd.command).await.outcome,
+            Some(Outcome::Applied)
+        );
+    }
+    let dropped = eventually("dropped spans in /metrics", async || {
+        let (status, text) =
+            testkit::process::http_get(host.port, "/metrics").ok_or("no answer")?;
+        if status != 200 {
+            return Err(format!("status {status}"));
+        }
+        let n: u64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("host_trace_spans_dropped_total "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        if n > 0 { Ok(n) } else { Err(text) }
+    })
+    .await;
+    assert!(dropped > 0);
+    drop(placed);
+    drop(host);
+    store.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_kill_and_failover_the_successor_applies_a_command_in_its_admissions_trace() {
+    let Some(db) = testkit::pg::FreshDatabase::create("trace_failover").await else {
+        return;
+    };
+    let collector = Collector::start();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let (token, credentials) = tenant_credentials(dir, "acme");
+    let member = |name: &str| {
+        Serve::fleet_member(
+            dir,
+            name,
+            &db.url,
+            &credentials,
+            &[
+                "--otlp-endpoint",
+                &collector.endpoint(),
+                "--registry-heartbeat",
+                "300ms",
+                "--registry-expiry",
+                "1200ms",
+                "--reconcile-interval",
+                "200ms",
+                "--claim-ttl",
+                "2s",
+            ],
+        )
+    };
+    let hosts = [member("trace-a"), member("trace-b")];
+    let store = Store::open(StoreOptions::new(db.url.clone()))
+        .await
+        .expect("the fleet's store");
+    let (header, trace_id) = traceparent();
+    let trace = TraceContext::from_headers(Some(&header), None).unwrap();
+    let c =
+        Controller::new(store.clone(), TenantId::new("acme").unwrap(), &token).with_trace(trace);
+    let session = SessionId::new("failover-traced").unwrap();
+    let (record, create) = c
+        .create_session(
+            session.clone(),
+            AgentId::new(AGENT).unwrap(),
+            CompatibilityId::new(BUILD).unwrap(),
+            None,
+            CommandId::new("create").unwrap(),
+        )
+        .await
+        .unwrap();
+    let placed = c.place(&session).await.expect("placed");
+    let resident = placed.observation.host_id.to_string();
+    assert_eq!(
+        terminal(&store, &record, &create.command).await.outcome,
+        Some(Outcome::Applied)
+    );
+    let [a, b] = hosts;
+    let (victim, survivor) = if resident == "trace-a" {
+        (a, b)
+    } else {
+        (b, a)
+    };
+    // The resident Host is frozen, so the command admitted now is not applied before it dies.
+    victim.freeze();
+    let cmd = c
+        .admit(
+            &session,
+            CommandId::new("after-the-kill").unwrap(),
+            CommandBodyV1::Input {
+                text: "still here".into(),
+            },
+        )
+        .await
+        .unwrap();
+    let _ = victim.kill_dead();
+    drop(placed);
+    let taken = eventually("the survivor to take the session over", async || {
+        c.place(&session).await.map_err(|e| e.to_string())
+    })
+    .await;
+    assert_ne!(taken.observation.host_id.to_string(), resident);
+    let _feed = c.bind_and_stream(&taken, false).await.expect("bound");
+    c.deliver(&taken, &cmd.command).await.unwrap();
+    assert_eq!(
+        terminal(&store, &record, &cmd.command).await.outcome,
+        Some(Outcome::Applied)
+    );
+    let survivor_id = taken.observation.host_id.to_string();
+    let apply = eventually("the successor's command span", async || {
+        c_spans(&collector, &trace_id, "command.apply")
+            .into_iter()
+            .find(|s| s.attr("command") == Some("after-the-kill"))
+            .ok_or_else(|| "not yet".to_owned())
+    })
+    .await;
+    assert_eq!(
+        apply.resource.get("service.instance.id"),
+        Some(&survivor_id),
+        "{apply:?}"
+    );
+    assert_eq!(apply.parent_span_id, header[36..52].to_owned());
+    assert_eq!(apply.attr("outcome"), Some("applied"));
+    drop(taken);
+    drop(survivor);
+    store.close().await;
+    db.drop_now().await;
+}
