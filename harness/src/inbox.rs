@@ -114,10 +114,10 @@ impl<T: Clone> LazyFanout<T> {
     /// Sends to whoever listens; with nobody left, the buffer is dropped.
     pub fn send(&self, item: T) {
         let mut slot = self.slot();
-        if let Some(tx) = slot.as_ref() {
-            if tx.receiver_count() == 0 || tx.send(item).is_err() {
-                *slot = None;
-            }
+        if let Some(tx) = slot.as_ref()
+            && (tx.receiver_count() == 0 || tx.send(item).is_err())
+        {
+            *slot = None;
         }
     }
 

@@ -216,6 +216,16 @@ pub(crate) async fn relay(ctx: SessionCtx) {
     }
 }
 
+/// The next preview, or never while none is taken.
+async fn next_preview(
+    previews: &mut Option<broadcast::Receiver<Preview>>,
+) -> Result<Preview, broadcast::error::RecvError> {
+    match previews {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -228,15 +238,5 @@ mod tests {
         assert_eq!(seen[1], MAPPING_RETRY_FIRST * 2);
         assert!(seen.windows(2).all(|w| w[1] >= w[0]));
         assert_eq!(*seen.last().unwrap(), MAPPING_RETRY_MAX);
-    }
-}
-
-/// The next preview, or never while none is taken.
-async fn next_preview(
-    previews: &mut Option<broadcast::Receiver<Preview>>,
-) -> Result<Preview, broadcast::error::RecvError> {
-    match previews {
-        Some(rx) => rx.recv().await,
-        None => std::future::pending().await,
     }
 }
