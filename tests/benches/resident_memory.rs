@@ -133,7 +133,9 @@ fn main() {
     );
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path();
-    let capacity = (top + 16).to_string();
+    // A level counts every resident session, the warm-up one included (the Host's capacity is
+    // at most 100,000).
+    let capacity = top.to_string();
     let serve = Serve::start(
         dir,
         "resident-memory",
@@ -189,7 +191,7 @@ fn main() {
         let mut resident = 0usize;
         for &level in &levels {
             // Fill to the level less the probes, many links at once.
-            let fill_to = level.saturating_sub(probes).max(resident);
+            let fill_to = (level - 1).saturating_sub(probes).max(resident);
             let next = Arc::new(AtomicUsize::new(resident));
             let started = Instant::now();
             let workers = links.iter().map(|link| {
@@ -209,10 +211,10 @@ fn main() {
             let fill_rate = filled as f64 / started.elapsed().as_secs_f64();
             // Then probe one at a time: the attach's own latency at this many resident.
             let mut took = Vec::new();
-            for i in fill_to..level {
+            for i in fill_to..level - 1 {
                 took.push(create(&c, &links[0], &target, format!("m-{i}")).await);
             }
-            resident = level;
+            resident = level - 1;
             took.sort_unstable();
             let loaded = settled(pid);
             let idle = idle_window(pid, port, window);
