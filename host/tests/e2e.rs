@@ -1222,7 +1222,10 @@ mod cases {
         c.attach(&svc, &s).await;
         let i = c.send(&svc, &s, input("before")).await;
         c.terminal(&s, &i).await;
-        // Another holder takes the lease row.
+        // As after a freeze past the Host's expiry: its run of heartbeats ends, and another
+        // holder takes the lease row meanwhile.
+        ts.exec_raw("UPDATE host_targets SET beat_expires_at = 1 WHERE host_id = 'h-lost'")
+            .await;
         ts.exec_raw(&format!(
             "UPDATE residency_leases SET epoch = epoch + 1, holder = 'thief' WHERE session_id = '{}'",
             s.session
