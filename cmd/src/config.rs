@@ -639,6 +639,16 @@ pub struct ServeFlags {
         env = "HOST_MODEL_TEMPERATURE"
     )]
     model_temperature: Option<f32>,
+    /// Model client: ask the endpoint to report each step's token usage (sends
+    /// stream_options.include_usage; the counts go on the model call's trace span). `false`
+    /// for an endpoint that refuses stream_options.
+    #[arg(
+        id = "model.stream_usage",
+        long = "model-stream-usage",
+        env = "HOST_MODEL_STREAM_USAGE",
+        value_name = "BOOL"
+    )]
+    model_stream_usage: Option<bool>,
     /// When this process runs the fleet reconciler (auto: with a PostgreSQL store).
     #[arg(
         id = "fleet.reconciler",
@@ -834,6 +844,7 @@ impl ServeFlags {
             model_max_retries => model.max_retries;
             model_backoff_initial => model.backoff_initial;
             model_backoff_max => model.backoff_max;
+            model_stream_usage => model.stream_usage;
             fleet_reconciler => fleet.reconciler;
             runs_enabled => runs.enabled;
             console_enabled => console.enabled;

@@ -592,6 +592,7 @@ fn prune_keeps_a_release_a_live_run_is_pinned_to_and_names_the_run() {
                     digest: digest.clone(),
                 }],
                 started_by: None,
+                trace: None,
             })
             .await
             .expect("a live run pinned to wc");

@@ -614,6 +614,8 @@ pub async fn answer_run(
                 run_id: r,
                 checkpoint: body.checkpoint,
                 value,
+                traceparent: None,
+                tracestate: None,
             },
             &op.principal(),
         )

@@ -435,6 +435,8 @@ impl Run<'_> {
             "model.call",
             model = %self.ctx.agent.model.name(),
             step = self.step,
+            gen_ai.usage.input_tokens = tracing::field::Empty,
+            gen_ai.usage.output_tokens = tracing::field::Empty,
             otel.status_code = tracing::field::Empty,
             otel.status_message = tracing::field::Empty,
         );
@@ -479,6 +481,16 @@ impl Run<'_> {
                     self.preview(d, PreviewKind::Reasoning);
                 }
                 Some(Ok(ModelEvent::ToolCall(c))) => calls.push(c),
+                Some(Ok(ModelEvent::Usage(u))) => {
+                    // On the `model.call` span this step runs in.
+                    let span = tracing::Span::current();
+                    if let Some(n) = u.input_tokens {
+                        span.record("gen_ai.usage.input_tokens", n);
+                    }
+                    if let Some(n) = u.output_tokens {
+                        span.record("gen_ai.usage.output_tokens", n);
+                    }
+                }
                 Some(Ok(ModelEvent::Finished(reason))) => {
                     if reason == FinishReason::Length && calls.is_empty() && text.is_empty() {
                         return Ok(Err(crate::model::ModelError::Protocol(

@@ -15,7 +15,7 @@ use futures::stream::BoxStream;
 use futures::{StreamExt, stream};
 use harness::model::{
     ChatMessage, FinishReason, Model, ModelError, ModelEvent, ModelRequest, OpenAiConfig,
-    OpenAiModel, ToolCall, ToolSpec,
+    OpenAiModel, TokenUsage, ToolCall, ToolSpec,
 };
 use serde_json::{Value, json};
 
@@ -372,6 +372,7 @@ async fn the_request_carries_auth_stream_flag_and_mapped_messages_and_tools() {
                 {"role": "assistant", "content": "It says hi."},
             ],
             "stream": true,
+            "stream_options": {"include_usage": true},
             "tools": [{
                 "type": "function",
                 "function": {
@@ -775,4 +776,51 @@ async fn the_first_body_byte_is_awaited_up_to_the_request_timeout_not_the_idle_t
     assert_eq!(events, vec![Err(ModelError::Timeout(300))]);
     assert!(started.elapsed() >= Duration::from_millis(250));
     assert_eq!(server.request_count(), 1);
+}
+
+#[tokio::test]
+async fn the_token_usage_a_provider_reports_at_the_end_of_its_stream_is_passed_on_before_the_finish()
+ {
+    let usage = data(json!({
+        "choices": [],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15},
+    }));
+    let server = TestServer::start(vec![Reply::sse(
+        text("ok") + &finish("stop") + &usage + DONE,
+    )])
+    .await;
+    let events = collect(&OpenAiModel::new(server.config()).unwrap(), hello()).await;
+    assert_eq!(
+        events,
+        vec![
+            delta("ok"),
+            Ok(ModelEvent::Usage(TokenUsage {
+                input_tokens: Some(12),
+                output_tokens: Some(3),
+            })),
+            finished(FinishReason::Stop),
+        ]
+    );
+    let received = server.shared.received.lock().unwrap();
+    assert_eq!(
+        received[0].body["stream_options"],
+        json!({"include_usage": true})
+    );
+}
+
+#[tokio::test]
+async fn with_stream_usage_off_no_stream_options_are_sent_and_a_stream_without_usage_has_none() {
+    let server = TestServer::start(vec![Reply::sse(text("ok") + &finish("stop") + DONE)]).await;
+    let mut config = server.config();
+    config.options.stream_usage = false;
+    let events = collect(&OpenAiModel::new(config).unwrap(), hello()).await;
+    assert_eq!(events, vec![delta("ok"), finished(FinishReason::Stop)]);
+    let received = server.shared.received.lock().unwrap();
+    assert!(
+        !received[0]
+            .body
+            .as_object()
+            .unwrap()
+            .contains_key("stream_options")
+    );
 }

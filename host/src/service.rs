@@ -811,7 +811,17 @@ impl Inner {
             } else {
                 LaunchMode::Create
             };
-            // 6. Launch under the binding's runtime session id (verified).
+            // 6. Launch under the binding's runtime session id (verified), in a span of its
+            // own: a restore's cost (snapshot plus tail) is what an operator looks for.
+            let launch_span = tracing::info_span!(
+                "residency.launch",
+                otel.name = if mode == LaunchMode::Restore { "residency.restore" } else { "residency.create" },
+                tenant = %key.tenant,
+                session = %key.session,
+                epoch = epoch.0,
+                otel.status_code = tracing::field::Empty,
+                otel.status_message = tracing::field::Empty,
+            );
             let runtime = launch_verified(
                 target.as_ref(),
                 LaunchRequest {
@@ -823,8 +833,13 @@ impl Inner {
                     holder: holder.clone(),
                 },
             )
+            .instrument(launch_span.clone())
             .await
-            .map_err(|e| HostError::internal(format!("launch ({mode:?}) failed: {e}")).at("launch"))?;
+            .map_err(|e| {
+                launch_span.record("otel.status_code", "ERROR");
+                launch_span.record("otel.status_message", "launch_failed");
+                HostError::internal(format!("launch ({mode:?}) failed: {e}")).at("launch")
+            })?;
             unwind.runtime = Some(runtime.clone());
             // What this runtime cannot do is an operator's to know now, not at the first
             // stranded attempt or the first journal fault.

@@ -160,13 +160,19 @@ fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Optio
 }
 
 /// A `tracestate` is refused without the `traceparent` it belongs to.
-fn check_trace(parent: &Option<TraceParent>, state: &Option<TraceState>) -> Result<(), String> {
+pub(crate) fn check_trace(
+    parent: &Option<TraceParent>,
+    state: &Option<TraceState>,
+) -> Result<(), String> {
     TraceContext::from_parts(*parent, state.clone())
         .map(|_| ())
         .map_err(|e| e.to_string())
 }
 
-fn trace_of(parent: &Option<TraceParent>, state: &Option<TraceState>) -> Option<TraceContext> {
+pub(crate) fn trace_of(
+    parent: &Option<TraceParent>,
+    state: &Option<TraceState>,
+) -> Option<TraceContext> {
     parent.map(|parent| TraceContext {
         parent,
         state: state.clone(),

@@ -8,12 +8,17 @@
 //!
 //! | method | request members | result |
 //! |---|---|---|
-//! | `run.start` | `version`, `program`, `input`?, `idempotency_key`? | [`RunStarted`] |
-//! | `run.resume` | `version`, `run_id` | [`RunStarted`] |
-//! | `run.answer` | `version`, `run_id`, `checkpoint`, `value` | [`RunAnswered`] |
-//! | `run.status` | `version`, `run_id` | [`RunView`] |
-//! | `run.list` (alias `run.ps`) | `version` | [`RunList`] |
-//! | `run.cancel` | `version`, `run_id` | [`RunView`] |
+//! | `run.start` | `version`, `program`, `input`?, `idempotency_key`?, `traceparent`?, `tracestate`? | [`RunStarted`] |
+//! | `run.resume` | `version`, `run_id`, `traceparent`?, `tracestate`? | [`RunStarted`] |
+//! | `run.answer` | `version`, `run_id`, `checkpoint`, `value`, `traceparent`?, `tracestate`? | [`RunAnswered`] |
+//! | `run.status` | `version`, `run_id`, `traceparent`?, `tracestate`? | [`RunView`] |
+//! | `run.list` (alias `run.ps`) | `version`, `traceparent`?, `tracestate`? | [`RunList`] |
+//! | `run.cancel` | `version`, `run_id`, `traceparent`?, `tracestate`? | [`RunView`] |
+//!
+//! `traceparent`/`tracestate` are W3C trace context, parsed strictly like everywhere in HostLink
+//! (a malformed one, or a `tracestate` alone, is 107). The call's span continues it; a run
+//! started under a trace records the start call's context, and every step of the run, on
+//! whichever Host drives it, continues that one trace.
 //!
 //! Every reply is a successful RPC reply whose data is `{"version":1,"result":…}` or
 //! `{"version":1,"error":`[`RunRefusal`]`}`. Refusal codes ([`refusal_codes`]) are stable.
@@ -27,7 +32,9 @@ use serde_json::value::RawValue;
 use sessionstore::ids::check_opaque_id;
 use sessionstore::{RunId, TenantId};
 
-use crate::records::{RecordError, V1, decode_object};
+use trace_context::{TraceContext, TraceParent, TraceState};
+
+use crate::records::{RecordError, V1, check_trace, decode_object, trace_of};
 
 /// The capability token a Host serving runs advertises.
 pub const RUN_CAPABILITY: &str = "hostlink.run";
@@ -105,11 +112,26 @@ pub struct RunStartRequest {
         skip_serializing_if = "Option::is_none"
     )]
     pub idempotency_key: Option<String>,
+    /// W3C trace context of the caller (see the module documentation).
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub traceparent: Option<TraceParent>,
+    /// W3C vendor trace state; only with a `traceparent`.
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub tracestate: Option<TraceState>,
 }
 
 impl RunStartRequest {
     pub fn decode(bytes: &[u8]) -> Result<Self, RecordError> {
         let r: RunStartRequest = decode_object("run_start", bytes)?;
+        check_trace(&r.traceparent, &r.tracestate).map_err(|e| fail("run_start", e))?;
         if let Some(i) = &r.input {
             no_null("run_start", i)?;
         }
@@ -117,6 +139,11 @@ impl RunStartRequest {
             check_opaque_id("idempotency_key", k).map_err(|e| fail("run_start", e.to_string()))?;
         }
         Ok(r)
+    }
+
+    /// The caller's trace context, if it gave one.
+    pub fn trace(&self) -> Option<TraceContext> {
+        trace_of(&self.traceparent, &self.tracestate)
     }
 }
 
@@ -126,11 +153,27 @@ impl RunStartRequest {
 pub struct RunRequest {
     pub version: V1,
     pub run_id: RunId,
+    /// W3C trace context of the caller (see the module documentation).
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub traceparent: Option<TraceParent>,
+    /// W3C vendor trace state; only with a `traceparent`.
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub tracestate: Option<TraceState>,
 }
 
 impl RunRequest {
     pub fn decode(bytes: &[u8]) -> Result<Self, RecordError> {
-        decode_object("run_request", bytes)
+        let r: RunRequest = decode_object("run_request", bytes)?;
+        check_trace(&r.traceparent, &r.tracestate).map_err(|e| fail("run_request", e))?;
+        Ok(r)
     }
 }
 
@@ -142,11 +185,26 @@ pub struct RunAnswerRequest {
     pub run_id: RunId,
     pub checkpoint: String,
     pub value: Box<RawValue>,
+    /// W3C trace context of the caller (see the module documentation).
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub traceparent: Option<TraceParent>,
+    /// W3C vendor trace state; only with a `traceparent`.
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub tracestate: Option<TraceState>,
 }
 
 impl RunAnswerRequest {
     pub fn decode(bytes: &[u8]) -> Result<Self, RecordError> {
         let r: RunAnswerRequest = decode_object("run_answer", bytes)?;
+        check_trace(&r.traceparent, &r.tracestate).map_err(|e| fail("run_answer", e))?;
         no_null("run_answer", &r.value)?;
         if r.checkpoint.is_empty() || r.checkpoint.len() > 128 {
             return Err(fail("run_answer", "checkpoint must be 1-128 bytes"));
@@ -160,11 +218,27 @@ impl RunAnswerRequest {
 #[serde(deny_unknown_fields)]
 pub struct RunListRequest {
     pub version: V1,
+    /// W3C trace context of the caller (see the module documentation).
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub traceparent: Option<TraceParent>,
+    /// W3C vendor trace state; only with a `traceparent`.
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub tracestate: Option<TraceState>,
 }
 
 impl RunListRequest {
     pub fn decode(bytes: &[u8]) -> Result<Self, RecordError> {
-        decode_object("run_list", bytes)
+        let r: RunListRequest = decode_object("run_list", bytes)?;
+        check_trace(&r.traceparent, &r.tracestate).map_err(|e| fail("run_list", e))?;
+        Ok(r)
     }
 }
 

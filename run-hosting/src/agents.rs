@@ -177,7 +177,8 @@ impl ServiceAgents {
                 principal: Some(PRINCIPAL.into()),
                 metadata: None,
                 apply_within: self.apply_within,
-                trace: None,
+                // The turn is applied in the run's trace, under the step that asked for it.
+                trace: trace_context::span::current_for_callee(None),
             })
             .await?)
     }

@@ -761,6 +761,10 @@ impl RunHost {
                 ));
             }
         };
+        // The run's steps continue this call's trace (its span's context when spans are
+        // exported, else the caller's own), on this Host or whichever takes the run over.
+        let trace =
+            trace_context::span::for_callee(&tracing::Span::current(), req.trace().as_ref());
         let input = req
             .input
             .map(|r| r.get().to_owned())
@@ -782,6 +786,7 @@ impl RunHost {
                 idempotency_key: req.idempotency_key,
                 pins,
                 started_by: Some(actor.to_owned()),
+                trace,
             })
             .await
             .map_err(|e| store_refusal(&e))?;

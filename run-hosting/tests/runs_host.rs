@@ -530,6 +530,7 @@ mod cases {
                 idempotency_key: None,
                 pins: Vec::new(),
                 started_by: None,
+                trace: None,
             })
             .await
             .unwrap();
@@ -717,6 +718,7 @@ mod cases {
                 idempotency_key: None,
                 pins: Vec::new(),
                 started_by: None,
+                trace: None,
             })
             .await
             .unwrap();
@@ -764,6 +766,7 @@ mod cases {
                 idempotency_key: None,
                 pins: Vec::new(),
                 started_by: None,
+                trace: None,
             })
             .await
             .unwrap();

@@ -42,6 +42,7 @@ pub(crate) const SQLITE: &[Migration] = migration_files!("sqlite":
     9 => "0009_heartbeat_carries_leases.sql",
     10 => "0010_actors.sql",
     11 => "0011_command_trace.sql",
+    12 => "0012_run_trace.sql",
 );
 
 /// The PostgreSQL migrations this binary knows, in version order.
@@ -57,6 +58,7 @@ pub(crate) const POSTGRES: &[Migration] = migration_files!("postgres":
     9 => "0009_heartbeat_carries_leases.sql",
     10 => "0010_actors.sql",
     11 => "0011_command_trace.sql",
+    12 => "0012_run_trace.sql",
 );
 
 /// What a backend does for the runner: each step in its own dialect, all of them inside the

@@ -12,6 +12,7 @@
 use std::str::FromStr;
 use std::time::Duration;
 
+use trace_context::TraceContext;
 use wire_enum::wire_enum;
 
 use crate::clock::Millis;
@@ -97,6 +98,9 @@ pub struct RunStatus {
     /// The actor who started the run; `None` for a run recorded before the store kept it
     /// (schema version 10): unknown, never guessed.
     pub started_by: Option<String>,
+    /// The trace the run's steps continue, recorded at its start (schema version 12); `None`
+    /// for a run started outside any trace.
+    pub trace: Option<TraceContext>,
 }
 
 impl RunStatus {
@@ -130,6 +134,8 @@ pub struct NewRun {
     /// The actor who starts it (an authenticated principal, or what its caller is known as);
     /// `None` only where nobody is known, which is then shown as unknown.
     pub started_by: Option<String>,
+    /// The trace its steps continue on whichever Host drives them; never changed.
+    pub trace: Option<TraceContext>,
 }
 
 /// The release a run invokes for one runnable: its identity (`workspace/name@version`) and
@@ -508,7 +514,7 @@ pub(crate) fn check_lease(lease: Duration) -> StoreResult<()> {
 
 const STATUS_COLS: &str = "run_id, tenant_id, state, holder, epoch, fencing_token, lease_expires_at, \
      idempotency_key, input, step, failure_code, failure_step, failure_message, revision, \
-     created_at, updated_at, started_by";
+     created_at, updated_at, started_by, traceparent, tracestate";
 
 fn bad(entity: &'static str, e: StoreError) -> StoreError {
     StoreError::integrity(entity, e.to_string())
@@ -539,6 +545,8 @@ fn decode_status(r: &Row) -> StoreResult<RunStatus> {
         created_at_ms: r.i64(14)?,
         updated_at_ms: r.i64(15)?,
         started_by: r.opt_text(16)?,
+        trace: TraceContext::from_headers(r.opt_text(17)?.as_deref(), r.opt_text(18)?.as_deref())
+            .map_err(|e| StoreError::integrity("run_status", e.to_string()))?,
     })
 }
 
@@ -684,8 +692,10 @@ pub(crate) async fn create<C: Conn>(
     let inserted = exec(
         tx,
         "INSERT INTO run_status (run_id, tenant_id, state, holder, epoch, fencing_token, \
-         lease_expires_at, idempotency_key, input, revision, created_at, updated_at, started_by) \
-         VALUES ($1, $2, 'running', $3, 1, $4, $5, $6, $7, 1, $8, $8, $9) ON CONFLICT DO NOTHING",
+         lease_expires_at, idempotency_key, input, revision, created_at, updated_at, started_by, \
+         traceparent, tracestate) \
+         VALUES ($1, $2, 'running', $3, 1, $4, $5, $6, $7, 1, $8, $8, $9, $10, $11) \
+         ON CONFLICT DO NOTHING",
         vec![
             text(r.run_id.as_str()),
             text(r.tenant.as_str()),
@@ -696,6 +706,13 @@ pub(crate) async fn create<C: Conn>(
             text(&r.input),
             ms(now),
             opt_text(r.started_by.clone()),
+            opt_text(r.trace.as_ref().map(|t| t.parent.to_string())),
+            opt_text(
+                r.trace
+                    .as_ref()
+                    .and_then(|t| t.state.as_ref())
+                    .map(|s| s.as_str().to_owned()),
+            ),
         ],
     )
     .await?;

@@ -24,6 +24,7 @@ mod cases {
             idempotency_key: key.map(str::to_owned),
             pins: Vec::new(),
             started_by: Some("user:ann".into()),
+            trace: None,
         }
     }
 
@@ -864,6 +865,45 @@ mod cases {
         assert_eq!(err.code(), ErrorCode::Invalid, "{err}");
     }
 
+    pub async fn a_run_keeps_the_trace_it_was_started_in_through_a_takeover(ts: &TestStore) {
+        let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let trace = TraceContext::from_headers(Some(parent), Some("vendor=1")).unwrap();
+        let mut traced = new_run("run-1", Some("k"));
+        traced.trace = trace.clone();
+        let s = ts.store.create_run(traced).await.unwrap().status;
+        assert_eq!(s.trace, trace);
+        let untraced = start(ts, "run-2").await;
+        assert_eq!(untraced.trace, None);
+        // A retried start under another trace keeps the first one.
+        let mut retry = new_run("run-3", Some("k"));
+        retry.trace = TraceContext::from_headers(
+            Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+            None,
+        )
+        .unwrap();
+        let again = ts.store.create_run(retry).await.unwrap();
+        assert!(!again.created);
+        assert_eq!(again.status.trace, trace);
+        // Whoever takes the run over reads the same trace.
+        let taken = ts
+            .store
+            .take_run(Takeover {
+                run_id: s.run_id.clone(),
+                expected_epoch: 1,
+                holder: "host-b/attempt-1".into(),
+                fencing_token: "token-b".into(),
+                lease: Duration::from_secs(60),
+                rule: TakeoverRule::HeldByOrExpired("host-a/".into()),
+            })
+            .await
+            .unwrap();
+        assert_eq!(taken.epoch, 2);
+        assert_eq!(taken.trace, trace);
+        let listed = ts.store.runs(&tenant("acme")).await.unwrap();
+        let traces: Vec<_> = listed.iter().map(|r| r.trace.clone()).collect();
+        assert_eq!(traces, vec![trace, None]);
+    }
+
     pub async fn a_run_keeps_who_started_it_and_one_started_by_nobody_known_reads_as_unknown(
         ts: &TestStore,
     ) {
@@ -931,6 +971,7 @@ sessionstore::both_backends!(cases =>
     running_runs_are_listed_across_tenants_for_reconcile,
     bad_run_input_is_refused_with_a_typed_error,
     a_run_keeps_who_started_it_and_one_started_by_nobody_known_reads_as_unknown,
+    a_run_keeps_the_trace_it_was_started_in_through_a_takeover,
     a_run_is_recorded_with_the_releases_it_is_pinned_to,
     a_run_recorded_without_pins_is_pinned_once_under_its_fence,
     bad_pins_are_refused_with_a_typed_error,

@@ -7,6 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -209,6 +210,24 @@ impl Serve {
     pub fn terminate(self) -> (ExitStatus, String) {
         kill(Pid::from_raw(self.pid() as i32), Signal::SIGTERM).expect("SIGTERM");
         self.wait_exit("hostd serve to exit after SIGTERM")
+    }
+
+    /// SIGTERM (a drain), then the exit status, the log and how long the exit took, waiting
+    /// at most `bound` (a drain of many sessions may take longer than [`crate::WAIT`]).
+    pub fn terminate_timed(mut self, bound: Duration) -> (ExitStatus, String, Duration) {
+        let asked = std::time::Instant::now();
+        kill(Pid::from_raw(self.pid() as i32), Signal::SIGTERM).expect("SIGTERM");
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return (status, self.log_text(), asked.elapsed());
+            }
+            assert!(
+                asked.elapsed() < bound,
+                "hostd serve did not exit within {bound:?} of SIGTERM:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// SIGSTOP: the process freezes where it is (its sockets stay open, nothing answers).

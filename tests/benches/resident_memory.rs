@@ -16,6 +16,9 @@
 //!   store's write operations, from `/metrics`; goal ≤ 1), each beside the one-session
 //!   baseline's.
 //!
+//! At the end it drains the Host with SIGTERM and prints how long the exit took with every
+//! level's sessions resident, and what the drain reported (released, abandoned, parked).
+//!
 //! `HOST_RESIDENT_SESSIONS=N` is the curve `N` (kept for older scripts).
 
 use std::sync::Arc;
@@ -245,6 +248,38 @@ fn main() {
         }
         store.close().await;
     });
-    let (status, log) = serve.terminate();
+    // The drain of the top level: SIGTERM releases every resident session (the README's
+    // termination bound is drain grace + 2 × idle boundary, 45 s by default).
+    let (status, log, took) = serve.terminate_timed(Duration::from_secs(120));
+    let drained = log
+        .lines()
+        .rev()
+        .find(|l| l.contains("drain finished"))
+        .unwrap_or("no drain line");
+    println!(
+        "drain of {top} resident: exited in {:.1} s ({status}); {}",
+        took.as_secs_f64(),
+        drain_counts(drained)
+    );
     assert!(status.success(), "hostd serve exited {status}:\n{log}");
+}
+
+/// The counts of the Host's `drain finished` log line.
+fn drain_counts(line: &str) -> String {
+    ["released", "abandoned", "parked", "failures"]
+        .iter()
+        .map(|k| {
+            let v = line
+                .split(|c: char| c == ',' || c == ' ' || c == '{' || c == '}')
+                .find_map(|part| {
+                    part.trim()
+                        .trim_start_matches('"')
+                        .strip_prefix(k)
+                        .map(|rest| rest.trim_start_matches(['"', ':', '=']).to_owned())
+                })
+                .unwrap_or_else(|| "?".into());
+            format!("{k} {v}")
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }

@@ -98,6 +98,11 @@ async fn one_trace_runs_from_the_controllers_traceparent_through_attach_command_
         Some("traced-a")
     );
 
+    // The attach made the session resident in the same trace: a create, not a restore.
+    let create = wait_for_span(&collector, &trace_id, "residency.create").await;
+    assert_eq!(create.attr("session"), Some("traced-1"), "{create:?}");
+    assert_eq!(create.status_code, 0, "{create:?}");
+
     // A command admitted under the trace is applied in it: command → claim, attempt,
     // dispatch, settle; the runtime's apply under the dispatch; the turn under that; the
     // model call under the turn.
@@ -422,4 +427,170 @@ async fn after_a_kill_and_failover_the_successor_applies_a_command_in_its_admiss
     drop(survivor);
     store.close().await;
     db.drop_now().await;
+}
+
+const RUN_PROGRAM: &str = "\
+steps:
+  - name: first
+    sleep: 0s
+  - name: approve
+    ask: \"Ship it?\"
+    answer: {type: boolean}
+  - name: last
+    sleep: 0s
+";
+
+/// The `result` of a `run.*` reply, or a panic naming the refusal.
+fn run_result(reply: &str) -> serde_json::Value {
+    let v: serde_json::Value = serde_json::from_str(reply).expect("a JSON reply");
+    match v.get("result") {
+        Some(r) => r.clone(),
+        None => panic!("refused: {reply}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runs_steps_share_the_trace_it_was_started_in_across_its_park_and_takeover() {
+    let collector = Collector::start();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let (token, credentials) = tenant_credentials(dir, "acme");
+    let (host, _) = traced_host(dir, "traced-run", &credentials, &collector.endpoint(), &[]);
+    let client = controller::client::HostLinkClient::connect(
+        &format!("ws://127.0.0.1:{}", host.port),
+        &TenantId::new("acme").unwrap(),
+        &token,
+        "trace-test",
+    )
+    .await
+    .expect("connected");
+    let (header, trace_id) = traceparent();
+    let caller = header[36..52].to_owned();
+
+    // A malformed context on a run request is refused with 107 and starts nothing.
+    for bad in [
+        json!({"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-0"}),
+        json!({"tracestate": "a=b"}),
+    ] {
+        let mut data = json!({"version": 1, "program": RUN_PROGRAM});
+        for (k, v) in bad.as_object().unwrap() {
+            data[k] = v.clone();
+        }
+        match client.run_rpc("run.start", &data).await {
+            Err(controller::client::ClientError::Reply { code, .. }) => {
+                assert_eq!(code, 107, "{bad}")
+            }
+            other => panic!("{bad} was answered {other:?}"),
+        }
+    }
+    let listed = run_result(
+        &client
+            .run_rpc("run.list", &json!({"version": 1}))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(listed["runs"].as_array().map(Vec::len), Some(0), "{listed}");
+
+    let started = run_result(
+        &client
+            .run_rpc(
+                "run.start",
+                &json!({"version": 1, "program": RUN_PROGRAM, "traceparent": header}),
+            )
+            .await
+            .unwrap(),
+    );
+    let run = started["run_id"].as_str().expect("a run id").to_owned();
+    let start = eventually("the start call's span", async || {
+        c_spans(&collector, &trace_id, "run.rpc")
+            .into_iter()
+            .find(|s| s.attr("method") == Some("run.start"))
+            .ok_or_else(|| "not yet".to_owned())
+    })
+    .await;
+    let first = wait_for_span(&collector, &trace_id, "run.step").await;
+    assert_eq!(first.attr("step"), Some("first"), "{first:?}");
+    assert_eq!(first.attr("run"), Some(run.as_str()));
+    assert_eq!(first.attr("outcome"), Some("finished"));
+    assert_eq!(first.attr("epoch"), Some("1"));
+
+    // The ask parks the run; answering it (in a trace of the answerer's own) hands the run
+    // back, and the drive that takes it over continues the run's trace, not the answer's.
+    eventually("the run to park at its ask", async || {
+        let status = run_result(
+            &client
+                .run_rpc("run.status", &json!({"version": 1, "run_id": run}))
+                .await
+                .map_err(|e| e.to_string())?,
+        );
+        match status["checkpoint"]["name"].as_str() {
+            Some("approve") => Ok(()),
+            _ => Err(status.to_string()),
+        }
+    })
+    .await;
+    let (answer_header, answer_trace) = traceparent();
+    run_result(
+        &client
+            .run_rpc(
+                "run.answer",
+                &json!({"version": 1, "run_id": run, "checkpoint": "approve", "value": true,
+                        "traceparent": answer_header}),
+            )
+            .await
+            .unwrap(),
+    );
+    let last = eventually("the last step's span", async || {
+        c_spans(&collector, &trace_id, "run.step")
+            .into_iter()
+            .find(|s| s.attr("step") == Some("last"))
+            .ok_or_else(|| "not yet".to_owned())
+    })
+    .await;
+    assert_eq!(last.attr("outcome"), Some("finished"), "{last:?}");
+    let steps = c_spans(&collector, &trace_id, "run.step");
+    let names: std::collections::BTreeSet<_> =
+        steps.iter().filter_map(|s| s.attr("step")).collect();
+    assert_eq!(
+        names,
+        ["approve", "first", "last"].into_iter().collect(),
+        "{steps:?}"
+    );
+    // Every drive of the run (the first, and the one after the answer) hangs off the start
+    // call, and every step off a drive.
+    let drives = eventually("both drives to end", async || {
+        let d = c_spans(&collector, &trace_id, "run.drive");
+        if d.len() >= 2 {
+            Ok(d)
+        } else {
+            Err(format!("{d:?}"))
+        }
+    })
+    .await;
+    for d in &drives {
+        assert_eq!(d.parent_span_id, start.span_id, "{d:?}");
+    }
+    let epochs: std::collections::BTreeSet<_> =
+        drives.iter().filter_map(|d| d.attr("epoch")).collect();
+    assert!(
+        epochs.len() >= 2,
+        "a takeover took the run at a new epoch: {drives:?}"
+    );
+    for s in &steps {
+        assert!(
+            drives.iter().any(|d| d.span_id == s.parent_span_id),
+            "{s:?} under {drives:?}"
+        );
+    }
+    // The answer's own call is traced in the answerer's trace, and no step is.
+    let answer = wait_for_span(&collector, &answer_trace, "run.rpc").await;
+    assert_eq!(answer.attr("method"), Some("run.answer"));
+    assert!(c_spans(&collector, &answer_trace, "run.step").is_empty());
+    // The start call continued the caller's span.
+    let rpc = c_spans(&collector, &trace_id, "run.start")
+        .into_iter()
+        .find(|s| s.span_id == start.parent_span_id)
+        .expect("the HostLink call's span");
+    assert_eq!(rpc.parent_span_id, caller, "{rpc:?}");
+    drop(host);
 }

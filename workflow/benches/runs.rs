@@ -135,6 +135,7 @@ async fn drive_new(store: &Store, d: &Driver, id: String, program: &str) -> Driv
                 digest: format!("sha256:{}", "0".repeat(64)),
             }],
             started_by: None,
+            trace: None,
         })
         .await
         .expect("a run")

@@ -43,6 +43,7 @@ use sessionstore::{
 };
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::pinning::{self, PinnedEnvironment};
 use crate::program::{self, Environment, Program, Step, StepKind, Supervise};
@@ -275,13 +276,15 @@ impl Driver {
         stop: CancellationToken,
         halt: CancellationToken,
     ) -> Result<DriveEnd, DriveError> {
-        use tracing::Instrument as _;
+        // The drive continues the trace the run was started in (recorded with the run), so
+        // its steps share one trace on whichever Host drives them.
         let span = tracing::info_span!(
             "run.drive",
             tenant = %status.tenant,
             run = %status.run_id,
             epoch = status.epoch,
         );
+        trace_context::span::continue_if(&span, status.trace.as_ref());
         self.drive_inner(status, wake, stop, halt)
             .instrument(span)
             .await
@@ -483,23 +486,37 @@ impl Drive<'_> {
             }
             let started = Instant::now();
             self.event(step, "started", None, None);
-            let flow = match &step.kind {
-                StepKind::Invoke { .. } => self.invoke(step).await?,
-                StepKind::Ask { question, schema } => {
-                    self.ask(step, question, &schema.to_json()).await?
+            let span = step_span(&self.status, step);
+            let flow = self.step(step).instrument(span.clone()).await;
+            let flow = match flow {
+                Ok(flow) => flow,
+                Err(e) => {
+                    span_failed(&span, e.code());
+                    return Err(e);
                 }
-                StepKind::Sleep { duration } => self.sleep(step, *duration).await?,
-                StepKind::Agent { agent, prompt } => self.agent(step, agent, prompt).await?,
             };
             match flow {
                 Flow::Next(output) => {
+                    span.record("outcome", "finished");
                     self.event(step, "finished", None, Some(started));
                     self.outputs.insert(step.name.clone(), output);
                 }
                 Flow::End(end) => {
                     let phase = match &end {
-                        DriveEnd::Failed { .. } => "failed",
+                        DriveEnd::Failed { code, .. } => {
+                            span_failed(&span, code);
+                            "failed"
+                        }
                         DriveEnd::NeedsAttention { .. } => "attention",
+                        DriveEnd::Parked { .. } => "parked",
+                        DriveEnd::Fenced => "fenced",
+                        DriveEnd::Stopped => "stopped",
+                        DriveEnd::Cancelled => "cancelled",
+                        DriveEnd::Completed => "completed",
+                    };
+                    span.record("outcome", phase);
+                    let phase = match phase {
+                        "failed" | "attention" => phase,
                         _ => "parked",
                     };
                     self.event(step, phase, None, Some(started));
@@ -509,6 +526,16 @@ impl Drive<'_> {
         }
         self.d.journal.end(&self.fence, RunEnd::Completed).await?;
         Ok(DriveEnd::Completed)
+    }
+
+    /// Runs one step to its flow (inside the step's span).
+    async fn step(&mut self, step: &Step) -> Result<Flow, DriveError> {
+        match &step.kind {
+            StepKind::Invoke { .. } => self.invoke(step).await,
+            StepKind::Ask { question, schema } => self.ask(step, question, &schema.to_json()).await,
+            StepKind::Sleep { duration } => self.sleep(step, *duration).await,
+            StepKind::Agent { agent, prompt } => self.agent(step, agent, prompt).await,
+        }
     }
 
     /// Fails the run for a program that does not validate: at the first problem's step.
@@ -772,6 +799,7 @@ impl Drive<'_> {
                 .copied()
                 .unwrap_or(0)
                 + 1;
+            tracing::Span::current().record("attempt", attempt);
             if !replay_safe {
                 self.record(
                     step,
@@ -1108,6 +1136,30 @@ impl Drive<'_> {
             }
         }
     }
+}
+
+/// The span of one step's execution on this drive: a child of the drive (and so of the
+/// run's trace). `attempt` is the invoke attempt it made last; `outcome` how the step left.
+fn step_span(status: &RunStatus, step: &Step) -> tracing::Span {
+    tracing::info_span!(
+        "run.step",
+        tenant = %status.tenant,
+        run = %status.run_id,
+        step = %step.name,
+        kind = step.kind.as_str(),
+        epoch = status.epoch,
+        attempt = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+        otel.status_message = tracing::field::Empty,
+    )
+}
+
+/// Marks a step's span failed with a stable code (its OpenTelemetry status).
+fn span_failed(span: &tracing::Span, code: &str) {
+    span.record("outcome", "failed");
+    span.record("otel.status_code", "ERROR");
+    span.record("otel.status_message", code);
 }
 
 fn result_output(body: &str) -> Result<Value, DriveError> {

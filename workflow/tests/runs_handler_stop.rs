@@ -165,6 +165,7 @@ steps:
                 idempotency_key: None,
                 pins,
                 started_by: None,
+                trace: None,
             })
             .await
             .unwrap()

@@ -293,6 +293,7 @@ impl Exec<'_> {
                 idempotency_key: None,
                 pins,
                 started_by: Some(actor),
+                trace: None,
             })
             .await
             .context("recording the run")?;

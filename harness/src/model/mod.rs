@@ -94,7 +94,7 @@ pub enum FinishReason {
 }
 
 /// One streamed event of a model step. A step is a run of `TextDelta`s, `ReasoningDelta`s and
-/// `ToolCall`s ending in exactly one `Finished`.
+/// `ToolCall`s (and a `Usage` when the provider reports one) ending in exactly one `Finished`.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ModelEvent {
     TextDelta(String),
@@ -102,7 +102,17 @@ pub enum ModelEvent {
     /// and never sent back to the model.
     ReasoningDelta(String),
     ToolCall(ToolCall),
+    /// The tokens the step used, when the provider reports them (before `Finished`).
+    Usage(TokenUsage),
     Finished(FinishReason),
+}
+
+/// A model step's token counts as its provider reported them; a count it did not give is
+/// `None`, never guessed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TokenUsage {
+    pub input_tokens: Option<u64>,
+    pub output_tokens: Option<u64>,
 }
 
 /// A model failure. `code()` is stable.

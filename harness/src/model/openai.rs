@@ -40,7 +40,7 @@ use tokio::time::Instant;
 
 use super::{
     ChatMessage, FinishReason, Model, ModelError, ModelEvent, ModelRequest, ModelStream,
-    OpenAiOptions, ToolCall, ToolSpec,
+    OpenAiOptions, TokenUsage, ToolCall, ToolSpec,
 };
 
 use super::openai_options::OpenAiOptionsError;
@@ -213,6 +213,9 @@ impl OpenAiModel {
             Value::Array(request.messages.iter().map(message_json).collect()),
         );
         body.insert("stream".into(), Value::Bool(true));
+        if self.config.options.stream_usage {
+            body.insert("stream_options".into(), json!({"include_usage": true}));
+        }
         if !request.tools.is_empty() {
             body.insert(
                 "tools".into(),
@@ -628,6 +631,14 @@ fn line_too_long() -> ModelError {
 struct ChunkWire {
     choices: Option<Vec<ChoiceWire>>,
     error: Option<Value>,
+    /// The step's token counts (the last chunk, when the provider reports them).
+    usage: Option<UsageWire>,
+}
+
+#[derive(Deserialize)]
+struct UsageWire {
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -683,6 +694,12 @@ impl StepAssembler {
         })?;
         if let Some(error) = chunk.error {
             return Err(provider_error(&error));
+        }
+        if let Some(usage) = chunk.usage {
+            events.push(ModelEvent::Usage(TokenUsage {
+                input_tokens: usage.prompt_tokens,
+                output_tokens: usage.completion_tokens,
+            }));
         }
         for choice in chunk.choices.unwrap_or_default() {
             if choice.index.unwrap_or(0) != 0 {

@@ -80,6 +80,10 @@ pub struct OpenAiOptions {
     /// The sampling temperature sent with each request, from 0 to 2; unset sends nothing and
     /// leaves the endpoint's default. Default unset.
     pub temperature: Option<f32>,
+    /// Asks the endpoint to report each step's token usage at the end of its stream (sends
+    /// `stream_options: {"include_usage": true}`); the counts go on the model call's trace
+    /// span. Turn it off for an endpoint that refuses `stream_options`. Default true.
+    pub stream_usage: bool,
 }
 
 impl Default for OpenAiOptions {
@@ -93,6 +97,7 @@ impl Default for OpenAiOptions {
             backoff_max: Duration::from_secs(10),
             max_tokens: None,
             temperature: None,
+            stream_usage: true,
         }
     }
 }

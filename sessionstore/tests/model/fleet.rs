@@ -790,6 +790,7 @@ async fn start_run(w: &mut World, m: &mut Model, h: usize) {
             idempotency_key: None,
             pins: Vec::new(),
             started_by: None,
+            trace: None,
         })
         .await
         .expect("a new run is recorded");

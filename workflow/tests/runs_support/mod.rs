@@ -368,6 +368,7 @@ async fn record(
             idempotency_key: None,
             pins,
             started_by: None,
+            trace: None,
         })
         .await
         .unwrap()
