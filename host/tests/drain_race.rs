@@ -2,6 +2,7 @@
 //! release is held until the drain has begun, then refused, so the warm release has to be
 //! taken back while the Host drains: the drain must wait for it instead of skipping the
 //! session, the consumer it halted must stay halted, and the drain must release the lease.
+//! And a drain of many idle sessions releases them a bounded number at a time.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -89,6 +90,80 @@ impl Registrar for HeldRegistrar {
     }
 }
 
+/// Counts graceful releases in flight (and the most at once); each takes a moment, so
+/// releases that run together overlap.
+#[derive(Default)]
+pub struct CountedReleases {
+    now: std::sync::atomic::AtomicUsize,
+    pub most: std::sync::atomic::AtomicUsize,
+}
+
+struct CountedRelease {
+    inner: Arc<dyn GracefulRelease>,
+    releases: Arc<CountedReleases>,
+}
+
+#[async_trait::async_trait]
+impl GracefulRelease for CountedRelease {
+    async fn release(&self) -> Result<(), RuntimeError> {
+        let now = self.releases.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.releases.most.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        let done = self.inner.release().await;
+        self.releases.now.fetch_sub(1, Ordering::SeqCst);
+        done
+    }
+}
+
+struct CountedTarget {
+    inner: Arc<dyn LaunchTarget>,
+    releases: Arc<CountedReleases>,
+}
+
+#[async_trait::async_trait]
+impl LaunchTarget for CountedTarget {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn compatibility(&self) -> CompatibilityId {
+        self.inner.compatibility()
+    }
+    async fn launch(&self, request: LaunchRequest) -> Result<Runtime, LaunchError> {
+        let mut runtime = self.inner.launch(request).await?;
+        runtime.release = Arc::new(CountedRelease {
+            inner: runtime.release.clone(),
+            releases: self.releases.clone(),
+        });
+        Ok(runtime)
+    }
+}
+
+/// The harness agent, its releases counted.
+pub struct CountedRegistrar {
+    pub releases: Arc<CountedReleases>,
+}
+
+#[async_trait::async_trait]
+impl Registrar for CountedRegistrar {
+    async fn register(&self, store: &Store) -> Result<Vec<Registration>, String> {
+        let inner = HarnessRegistrar {
+            rocket: Default::default(),
+        };
+        Ok(inner
+            .register(store)
+            .await?
+            .into_iter()
+            .map(|r| Registration {
+                agent: r.agent,
+                target: Arc::new(CountedTarget {
+                    inner: r.target,
+                    releases: self.releases.clone(),
+                }),
+            })
+            .collect())
+    }
+}
+
 mod cases {
     use std::sync::Arc;
     use std::time::Duration;
@@ -97,7 +172,7 @@ mod cases {
     use sessionstore::*;
     use testkit::*;
 
-    use super::{HeldRegistrar, ReleaseGate};
+    use super::{CountedRegistrar, CountedReleases, HeldRegistrar, ReleaseGate};
 
     pub async fn a_drain_waits_for_a_warm_release_in_flight_and_releases_the_session_it_gives_back(
         ts: &TestStore,
@@ -173,8 +248,60 @@ mod cases {
         svc.stop().await;
         next.stop().await;
     }
+
+    pub async fn a_drain_releases_idle_sessions_a_bounded_number_at_a_time_and_each_whole(
+        ts: &TestStore,
+    ) {
+        let count = host::DRAIN_PARALLELISM + 36;
+        let releases = Arc::new(CountedReleases::default());
+        let mut o = options("h-bounded-drain");
+        o.capacity = u32::try_from(count).unwrap() + 4;
+        let svc = host::Composition {
+            options: o,
+            store: ts.options(),
+            registrar: Box::new(CountedRegistrar {
+                releases: releases.clone(),
+            }),
+            profile: department::RuntimeProfile::Durable,
+            version: "test".into(),
+        }
+        .build()
+        .await
+        .expect("the Host composes");
+        svc.start().await.expect("the Host starts");
+        let c = Controller::new(ts);
+        let mut sessions = Vec::new();
+        for _ in 0..count {
+            let s = c.session().await;
+            c.attach(&svc, &s).await;
+            sessions.push(s);
+        }
+        let report = svc.drain().await;
+        assert_eq!(report.released.len(), count, "{report:?}");
+        assert!(report.is_clean(), "{report:?}");
+        // Releases overlapped, but never more than the bound: the rest waited their turn
+        // rather than all starting at once and all being half-done together.
+        let most = releases.most.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(most >= 2, "the drain releases in parallel: {most}");
+        assert!(
+            most <= host::DRAIN_PARALLELISM,
+            "at most {} at once, saw {most}",
+            host::DRAIN_PARALLELISM
+        );
+        for s in &sessions {
+            let reg = c
+                .store
+                .registration(&s.tenant, &s.session)
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(reg.residency, ResidencyState::Released, "{reg:?}");
+        }
+        svc.stop().await;
+    }
 }
 
 sessionstore::both_backends!(cases =>
     a_drain_waits_for_a_warm_release_in_flight_and_releases_the_session_it_gives_back,
+    a_drain_releases_idle_sessions_a_bounded_number_at_a_time_and_each_whole,
 );
