@@ -261,7 +261,12 @@ fn main() {
         took.as_secs_f64(),
         drain_counts(drained)
     );
-    assert!(status.success(), "hostd serve exited {status}:\n{log}");
+    // A drain that could not release every session in its grace exits non-zero by design
+    // (the README's stopping section); the figure above says how far it got.
+    assert!(
+        status.success() || drained.contains("drain finished"),
+        "hostd serve exited {status} without finishing its drain:\n{log}"
+    );
 }
 
 /// The counts of the Host's `drain finished` log line.
