@@ -41,55 +41,6 @@ impl GracefulRelease for HeldRelease {
     }
 }
 
-struct HeldTarget {
-    inner: Arc<dyn LaunchTarget>,
-    gate: Arc<ReleaseGate>,
-}
-
-#[async_trait::async_trait]
-impl LaunchTarget for HeldTarget {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    fn compatibility(&self) -> CompatibilityId {
-        self.inner.compatibility()
-    }
-    async fn launch(&self, request: LaunchRequest) -> Result<Runtime, LaunchError> {
-        let mut runtime = self.inner.launch(request).await?;
-        runtime.release = Arc::new(HeldRelease {
-            inner: runtime.release.clone(),
-            gate: self.gate.clone(),
-        });
-        Ok(runtime)
-    }
-}
-
-/// The harness agent, with its release held by `gate`.
-pub struct HeldRegistrar {
-    pub gate: Arc<ReleaseGate>,
-}
-
-#[async_trait::async_trait]
-impl Registrar for HeldRegistrar {
-    async fn register(&self, store: &Store) -> Result<Vec<Registration>, String> {
-        let inner = HarnessRegistrar {
-            rocket: Default::default(),
-        };
-        Ok(inner
-            .register(store)
-            .await?
-            .into_iter()
-            .map(|r| Registration {
-                agent: r.agent,
-                target: Arc::new(HeldTarget {
-                    inner: r.target,
-                    gate: self.gate.clone(),
-                }),
-            })
-            .collect())
-    }
-}
-
 /// Counts graceful releases in flight (and the most at once); each takes a moment, so
 /// releases that run together overlap.
 #[derive(Default)]
@@ -115,13 +66,16 @@ impl GracefulRelease for CountedRelease {
     }
 }
 
-struct CountedTarget {
+/// Wraps each launched runtime's graceful release.
+type WrapRelease = dyn Fn(Arc<dyn GracefulRelease>) -> Arc<dyn GracefulRelease> + Send + Sync;
+
+struct WrappedTarget {
     inner: Arc<dyn LaunchTarget>,
-    releases: Arc<CountedReleases>,
+    wrap: Arc<WrapRelease>,
 }
 
 #[async_trait::async_trait]
-impl LaunchTarget for CountedTarget {
+impl LaunchTarget for WrappedTarget {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
@@ -130,21 +84,44 @@ impl LaunchTarget for CountedTarget {
     }
     async fn launch(&self, request: LaunchRequest) -> Result<Runtime, LaunchError> {
         let mut runtime = self.inner.launch(request).await?;
-        runtime.release = Arc::new(CountedRelease {
-            inner: runtime.release.clone(),
-            releases: self.releases.clone(),
-        });
+        runtime.release = (self.wrap)(runtime.release.clone());
         Ok(runtime)
     }
 }
 
-/// The harness agent, its releases counted.
-pub struct CountedRegistrar {
-    pub releases: Arc<CountedReleases>,
+/// The harness agent, each runtime's release wrapped by `wrap`.
+pub struct WrappedRegistrar {
+    wrap: Arc<WrapRelease>,
+}
+
+impl WrappedRegistrar {
+    /// Releases held by `gate` (see [`ReleaseGate`]).
+    pub fn held(gate: Arc<ReleaseGate>) -> Self {
+        WrappedRegistrar {
+            wrap: Arc::new(move |inner| {
+                Arc::new(HeldRelease {
+                    inner,
+                    gate: gate.clone(),
+                })
+            }),
+        }
+    }
+
+    /// Releases counted by `releases` (see [`CountedReleases`]).
+    pub fn counted(releases: Arc<CountedReleases>) -> Self {
+        WrappedRegistrar {
+            wrap: Arc::new(move |inner| {
+                Arc::new(CountedRelease {
+                    inner,
+                    releases: releases.clone(),
+                })
+            }),
+        }
+    }
 }
 
 #[async_trait::async_trait]
-impl Registrar for CountedRegistrar {
+impl Registrar for WrappedRegistrar {
     async fn register(&self, store: &Store) -> Result<Vec<Registration>, String> {
         let inner = HarnessRegistrar {
             rocket: Default::default(),
@@ -155,9 +132,9 @@ impl Registrar for CountedRegistrar {
             .into_iter()
             .map(|r| Registration {
                 agent: r.agent,
-                target: Arc::new(CountedTarget {
+                target: Arc::new(WrappedTarget {
                     inner: r.target,
-                    releases: self.releases.clone(),
+                    wrap: self.wrap.clone(),
                 }),
             })
             .collect())
@@ -172,7 +149,7 @@ mod cases {
     use sessionstore::*;
     use testkit::*;
 
-    use super::{CountedRegistrar, CountedReleases, HeldRegistrar, ReleaseGate};
+    use super::{CountedReleases, ReleaseGate, WrappedRegistrar};
 
     pub async fn a_drain_waits_for_a_warm_release_in_flight_and_releases_the_session_it_gives_back(
         ts: &TestStore,
@@ -183,7 +160,7 @@ mod cases {
         let svc = host::Composition {
             options: o,
             store: ts.options(),
-            registrar: Box::new(HeldRegistrar { gate: gate.clone() }),
+            registrar: Box::new(WrappedRegistrar::held(gate.clone())),
             profile: department::RuntimeProfile::Durable,
             version: "test".into(),
         }
@@ -259,9 +236,7 @@ mod cases {
         let svc = host::Composition {
             options: o,
             store: ts.options(),
-            registrar: Box::new(CountedRegistrar {
-                releases: releases.clone(),
-            }),
+            registrar: Box::new(WrappedRegistrar::counted(releases.clone())),
             profile: department::RuntimeProfile::Durable,
             version: "test".into(),
         }
