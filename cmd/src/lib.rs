@@ -200,7 +200,9 @@ pub fn main() -> ExitCode {
         out.colour_stderr(),
         export.as_ref().map(telemetry::TraceExport::tracer),
     );
-    let export_counts = export.as_ref().map(|x| x.counts.clone());
+    let export_counts = export
+        .as_ref()
+        .map(|x| (x.counts.clone(), x.incarnation.clone()));
     let result = runtime.block_on(async {
         match cli.command {
             Command::Flow(args) => flow::run(args, out.is_json()).await,

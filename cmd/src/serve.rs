@@ -23,7 +23,7 @@ use crate::local::{DEFAULT_DATA_DIR, DataDir, LOCAL_TENANT, Runtime, redacted};
 use crate::output::Output;
 use crate::signals::{Hangups, StopSignals};
 use crate::telemetry::ExportSeries;
-use trace_export::ExportCounts;
+use trace_export::{ExportCounts, Incarnation};
 
 /// Run a Host: HostLink, /readyz, /healthz and /metrics on one listener.
 #[derive(Debug, Args)]
@@ -109,7 +109,7 @@ impl ServeArgs {
 pub async fn run(
     args: ServeArgs,
     effective: Effective,
-    export: Option<Arc<ExportCounts>>,
+    export: Option<(Arc<ExportCounts>, Incarnation)>,
     out: Output,
 ) -> Result<ExitCode> {
     if args.print_config {
@@ -278,7 +278,8 @@ pub async fn run(
     };
     tokio::spawn(live.clone().follow(POLL_INTERVAL));
     tokio::spawn(reload_on_hangup(live.clone(), Hangups::listen()?));
-    if let Some(counts) = export {
+    if let Some((counts, _)) = &export {
+        let counts = counts.clone();
         service
             .metrics()
             .register(host::metrics::TraceExportSeries::new(Arc::new(
@@ -301,6 +302,10 @@ pub async fn run(
         .serve(listener)
         .await
         .map_err(|e| anyhow::anyhow!("{e} [{}]", e.code()))?;
+    // Spans are exported under this incarnation's generation from now on.
+    if let Some((_, incarnation)) = &export {
+        incarnation.set_generation(service.generation());
+    }
     let tenant = if embedded {
         LOCAL_TENANT.to_owned()
     } else {

@@ -97,6 +97,14 @@ async fn one_trace_runs_from_the_controllers_traceparent_through_attach_command_
             .map(String::as_str),
         Some("traced-a")
     );
+    assert_eq!(
+        attach
+            .resource
+            .get("hostd.host.generation")
+            .map(String::as_str),
+        Some("1"),
+        "the Host generation, issued at start, names the exporting incarnation"
+    );
 
     // The attach made the session resident in the same trace: a create, not a restore.
     let create = wait_for_span(&collector, &trace_id, "residency.create").await;

@@ -74,19 +74,51 @@ impl ExportCounts {
 pub struct TraceExport {
     provider: SdkTracerProvider,
     pub counts: Arc<ExportCounts>,
+    /// Names the Host generation on the exported resource once it is issued.
+    pub incarnation: Incarnation,
+}
+
+/// Sets the Host generation on the resource spans are exported under (the generation is
+/// issued when the Host starts, after the pipeline is built). Cloneable; cheap.
+#[derive(Clone, Debug)]
+pub struct Incarnation {
+    service_name: String,
+    instance: String,
+    updates: tokio::sync::mpsc::UnboundedSender<Resource>,
+}
+
+impl Incarnation {
+    /// From now on every export names `hostd.host.generation` = `generation` beside
+    /// `service.name` and `service.instance.id` (spans still queued are exported with it
+    /// too: they come from the same incarnation).
+    pub fn set_generation(&self, generation: u64) {
+        let _ = self.updates.send(resource(
+            &self.service_name,
+            &self.instance,
+            Some(generation),
+        ));
+    }
+}
+
+/// The resource spans are exported under.
+fn resource(service_name: &str, instance: &str, generation: Option<u64>) -> Resource {
+    let mut builder = Resource::builder()
+        .with_service_name(service_name.to_owned())
+        .with_attribute(KeyValue::new("service.instance.id", instance.to_owned()));
+    if let Some(g) = generation {
+        builder = builder.with_attribute(KeyValue::new(
+            "hostd.host.generation",
+            i64::try_from(g).unwrap_or(i64::MAX),
+        ));
+    }
+    builder.build()
 }
 
 impl TraceExport {
     /// Builds the pipeline; call inside a tokio runtime (the exporter's channel and the
     /// queue's task live on it).
     pub fn start(config: &ExportConfig) -> Result<TraceExport, ExportError> {
-        let resource = Resource::builder()
-            .with_service_name(config.service_name.clone())
-            .with_attribute(KeyValue::new(
-                "service.instance.id",
-                config.instance.clone(),
-            ))
-            .build();
+        let resource = resource(&config.service_name, &config.instance, None);
         let mut exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_tonic()
             .with_endpoint(config.endpoint.clone())
@@ -96,8 +128,15 @@ impl TraceExport {
         // The queue owns the exporter from here on, so it learns the resource now.
         exporter.set_resource(&resource);
         let counts = Arc::new(ExportCounts::default());
+        let (updates, resources) = tokio::sync::mpsc::unbounded_channel();
+        let incarnation = Incarnation {
+            service_name: config.service_name.clone(),
+            instance: config.instance.clone(),
+            updates,
+        };
         let queue = DroppingQueue::start(
             exporter,
+            resources,
             QueueOptions {
                 capacity: config.queue_size,
                 batch: config.export_batch,
@@ -112,7 +151,11 @@ impl TraceExport {
             ))))
             .with_resource(resource)
             .build();
-        Ok(TraceExport { provider, counts })
+        Ok(TraceExport {
+            provider,
+            counts,
+            incarnation,
+        })
     }
 
     /// The tracer a `tracing` layer records into.

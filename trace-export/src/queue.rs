@@ -10,6 +10,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use opentelemetry::Context;
+use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::trace::{Span, SpanData, SpanExporter, SpanProcessor};
 use tokio::sync::mpsc;
@@ -42,14 +43,23 @@ pub struct DroppingQueue {
 
 impl DroppingQueue {
     /// Starts the exporting task on the current tokio runtime.
+    /// `resources`: a new resource for the exporter (a Host generation issued later).
     pub fn start<E: SpanExporter + 'static>(
         exporter: E,
+        resources: mpsc::UnboundedReceiver<Resource>,
         options: QueueOptions,
         counts: Arc<ExportCounts>,
     ) -> DroppingQueue {
         let (spans, rx) = mpsc::channel(options.capacity.max(1));
         let (flush, flush_rx) = mpsc::unbounded_channel();
-        tokio::spawn(export_loop(exporter, rx, flush_rx, options, counts.clone()));
+        tokio::spawn(export_loop(
+            exporter,
+            rx,
+            flush_rx,
+            resources,
+            options,
+            counts.clone(),
+        ));
         DroppingQueue {
             spans,
             flush,
@@ -77,15 +87,21 @@ async fn export<E: SpanExporter>(
 }
 
 async fn export_loop<E: SpanExporter>(
-    exporter: E,
+    mut exporter: E,
     mut spans: mpsc::Receiver<SpanData>,
     mut flushes: mpsc::UnboundedReceiver<std::sync::mpsc::SyncSender<()>>,
+    mut resources: mpsc::UnboundedReceiver<Resource>,
     options: QueueOptions,
     counts: Arc<ExportCounts>,
 ) {
     let mut batch: Vec<SpanData> = Vec::with_capacity(options.batch);
+    let mut resources_open = true;
     loop {
         tokio::select! {
+            resource = resources.recv(), if resources_open => match resource {
+                Some(r) => exporter.set_resource(&r),
+                None => resources_open = false,
+            },
             first = spans.recv() => {
                 let Some(first) = first else { break };
                 batch.push(first);
