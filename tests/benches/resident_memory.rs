@@ -275,7 +275,7 @@ fn drain_counts(line: &str) -> String {
         .iter()
         .map(|k| {
             let v = line
-                .split(|c: char| c == ',' || c == ' ' || c == '{' || c == '}')
+                .split([',', ' ', '{', '}'])
                 .find_map(|part| {
                     part.trim()
                         .trim_start_matches('"')
