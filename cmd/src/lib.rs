@@ -262,11 +262,16 @@ fn init_tracing(
     };
     // Spans that live as long as a task are logged, never exported (see `trace_context::span`).
     let otel = tracer.map(|t| {
-        tracing_opentelemetry::layer().with_tracer(t).with_filter(
-            tracing_subscriber::filter::filter_fn(|m| {
+        tracing_opentelemetry::layer()
+            .with_tracer(t)
+            // Per-span extras nobody reads, which every span would pay for (attributes to
+            // build and encode, clock reads at each poll): see the tracing decision note.
+            .with_location(false)
+            .with_threads(false)
+            .with_tracked_inactivity(false)
+            .with_filter(tracing_subscriber::filter::filter_fn(|m| {
                 m.target() != trace_context::span::LONG_LIVED
-            }),
-        )
+            }))
     });
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)

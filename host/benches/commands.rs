@@ -250,6 +250,10 @@ fn install_tracing(rt: &tokio::runtime::Runtime) -> (TraceExport, Arc<AtomicU64>
     .expect("the export pipeline");
     let layer = tracing_opentelemetry::layer()
         .with_tracer(export.tracer())
+        // As `hostd serve` installs it (cmd's init_tracing).
+        .with_location(false)
+        .with_threads(false)
+        .with_tracked_inactivity(false)
         // Decided at each span (never cached per callsite): the switch flips between phases.
         .with_filter(tracing_subscriber::filter::dynamic_filter_fn(|m, _| {
             TRACING.load(Ordering::Relaxed)

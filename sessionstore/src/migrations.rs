@@ -172,7 +172,7 @@ mod tests {
     fn a_fresh_database_gets_every_migration_in_order() {
         assert_eq!(
             versions(&missing(SQLITE, &[]).unwrap()),
-            [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+            [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
         );
     }
 
@@ -180,10 +180,10 @@ mod tests {
     fn only_the_versions_not_yet_applied_are_applied_even_below_an_applied_one() {
         assert_eq!(
             versions(&missing(SQLITE, &[1, 2, 4]).unwrap()),
-            [3, 5, 6, 7, 8, 9, 10, 11]
+            [3, 5, 6, 7, 8, 9, 10, 11, 12]
         );
         assert!(
-            missing(SQLITE, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11])
+            missing(SQLITE, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12])
                 .unwrap()
                 .is_empty()
         );
@@ -196,7 +196,7 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "state: schema is version 999: the database was written by a newer build (schema \
-             version 999); this binary knows up to 11. Upgrade hostd or use another database."
+             version 999); this binary knows up to 12. Upgrade hostd or use another database."
         );
     }
 }
