@@ -438,12 +438,12 @@ impl Run<'_> {
             gen_ai.usage.input_tokens = tracing::field::Empty,
             gen_ai.usage.output_tokens = tracing::field::Empty,
             otel.status_code = tracing::field::Empty,
-            otel.status_message = tracing::field::Empty,
+            otel.status_description = tracing::field::Empty,
         );
         let result = tracing::Instrument::instrument(self.model_step_inner(), span.clone()).await;
         if let Ok(Err(e)) = &result {
             span.record("otel.status_code", "ERROR");
-            span.record("otel.status_message", e.code());
+            span.record("otel.status_description", e.code());
         }
         result
     }
@@ -633,7 +633,7 @@ impl Run<'_> {
             call_id = %call.id,
             outcome = tracing::field::Empty,
             otel.status_code = tracing::field::Empty,
-            otel.status_message = tracing::field::Empty,
+            otel.status_description = tracing::field::Empty,
         );
         let outcome = tokio::select! {
             r = tracing::Instrument::instrument(
@@ -646,7 +646,7 @@ impl Run<'_> {
             Ok(_) => span.record("outcome", "ok"),
             Err(_) => {
                 span.record("otel.status_code", "ERROR");
-                span.record("otel.status_message", "tool_error");
+                span.record("otel.status_description", "tool_error");
                 span.record("outcome", "error")
             }
         };

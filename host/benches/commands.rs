@@ -12,8 +12,8 @@
 //!
 //! Then, for each backend, the end-to-end rate with trace export off and on in the same run
 //! (the OpenTelemetry layer switched on for the traced rounds, sampling 1.0, exporting over
-//! OTLP/gRPC to a collector served in this process), the two alternating over eight rounds,
-//! and the ratio of their medians (goal: at least 0.9x).
+//! OTLP/gRPC to a collector served in this process), the two alternating over twelve rounds
+//! of 100 inputs per session, and the ratio of their medians (goal: at least 0.9x).
 //!
 //! The bench learns that commands were applied from the Host itself: the sample count of its
 //! `host_command_apply_seconds` histogram (an in-memory counter, looked at every 5 ms), then
@@ -267,9 +267,15 @@ fn install_tracing(rt: &tokio::runtime::Runtime) -> (TraceExport, Arc<AtomicU64>
     (export, received)
 }
 
-/// The order of the export comparison's rounds: off and on alternate (ABBA, twice), so that
+/// The order of the export comparison's rounds: off and on alternate (ABBA, three times), so that
 /// neither mode always runs on the larger database or the warmer cache.
-const TRACE_ROUNDS: [bool; 8] = [false, true, true, false, false, true, true, false];
+const TRACE_ROUNDS: [bool; 12] = [
+    false, true, true, false, false, true, true, false, false, true, true, false,
+];
+
+/// Inputs per session in each round of the export comparison: about two seconds of work per
+/// round, long enough that a scheduling hiccup on a shared machine is a small part of it.
+const TRACED_PER_SESSION: usize = 100;
 
 /// The end-to-end rate at 64 sessions with trace export off and on (same Host options), each
 /// the median of its rounds.
@@ -281,7 +287,7 @@ async fn traced(backend: &str, options: StoreOptions, export: &TraceExport, rece
         TRACING.store(traced, Ordering::Relaxed);
         let tag = format!("{}-{round}", if traced { "traced" } else { "untraced" });
         let svc = host(options.clone(), &format!("{tag}-{backend}")).await;
-        let m = host_rate(&svc, &store, MANY, PER_SESSION, &tag).await;
+        let m = host_rate(&svc, &store, MANY, TRACED_PER_SESSION, &tag).await;
         svc.stop().await;
         TRACING.store(false, Ordering::Relaxed);
         if traced {
@@ -292,6 +298,17 @@ async fn traced(backend: &str, options: StoreOptions, export: &TraceExport, rece
     }
     // Let the queue's last batch reach the collector before counting.
     tokio::time::sleep(Duration::from_millis(500)).await;
+    let rounds = |r: &[f64]| {
+        r.iter()
+            .map(|x| format!("{x:.0}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    println!(
+        "{backend}: rounds, export off: {}; export on: {}",
+        rounds(&off),
+        rounds(&on)
+    );
     let (off, on) = (median(&mut off), median(&mut on));
     println!(
         "{backend}: host end to end, {MANY} sessions, export off: {off:>8.0} commands/s (median of {} rounds)",

@@ -47,7 +47,7 @@ impl Stop {
     }
 }
 
-/// A child span of a command's for one step (claim, dispatch, settle) under `epoch`.
+/// A child span of a command's for one step (claim, settle) under `epoch`.
 fn step_span(name: &'static str, epoch: u64) -> tracing::Span {
     tracing::info_span!(
         "command.step",
@@ -55,14 +55,14 @@ fn step_span(name: &'static str, epoch: u64) -> tracing::Span {
         epoch,
         outcome = tracing::field::Empty,
         otel.status_code = tracing::field::Empty,
-        otel.status_message = tracing::field::Empty,
+        otel.status_description = tracing::field::Empty,
     )
 }
 
 /// Marks `span` failed with a stable code (its OpenTelemetry status).
 fn span_failed(span: &tracing::Span, code: &str) {
     span.record("otel.status_code", "ERROR");
-    span.record("otel.status_message", code);
+    span.record("otel.status_description", code);
 }
 
 /// A body that passed the strict check, with the attribution the runtime receives.
@@ -270,8 +270,8 @@ impl Consumer {
             return Ok(());
         }
         // One span per command this Host drives, continuing the trace it was admitted under
-        // (whichever Host admitted or first tried it); claim, attempt, dispatch and settle
-        // are its children.
+        // (whichever Host admitted or first tried it); claim, attempt, settle and the
+        // runtime's apply are its children.
         let span = tracing::info_span!(
             parent: None,
             "command",
@@ -284,7 +284,7 @@ impl Consumer {
             epoch = self.resident.epoch.0,
             outcome = tracing::field::Empty,
             otel.status_code = tracing::field::Empty,
-            otel.status_message = tracing::field::Empty,
+            otel.status_description = tracing::field::Empty,
         );
         trace_context::span::continue_if(&span, rec.trace.as_ref());
         let inner = span.clone();
@@ -358,7 +358,7 @@ impl Consumer {
             attempt = %attempt,
             journal_epoch = journal_epoch.0,
             otel.status_code = tracing::field::Empty,
-            otel.status_message = tracing::field::Empty,
+            otel.status_description = tracing::field::Empty,
         );
         let applying = match store
             .begin_attempt(AttemptRequest {
@@ -405,20 +405,15 @@ impl Consumer {
         checked: Checked,
     ) -> Result<(), Stop> {
         let r = &self.resident;
-        let dispatch_span = step_span("command.dispatch", r.epoch.0);
         let mut command =
             RuntimeCommand::for_attempt(applying, attempt, journal_epoch, checked.body);
         command.principal = checked.principal;
         command.metadata = checked.metadata;
-        // The runtime's turn is a child of this dispatch.
-        command.trace = trace_context::span::for_callee(&dispatch_span, applying.trace.as_ref());
-        let recorded: Recorded = match r
-            .runtime
-            .applier
-            .apply(command)
-            .instrument(dispatch_span.clone())
-            .await
-        {
+        // The runtime's own `runtime.apply` span (and the turn under it) is a child of the
+        // command's span: the dispatch has no span of its own, since the runtime's span
+        // covers the same interval from the other side (one span fewer per command).
+        command.trace = trace_context::span::current_for_callee(applying.trace.as_ref());
+        let recorded: Recorded = match r.runtime.applier.apply(command).await {
             Ok(rec) => rec,
             Err(RuntimeError::Store(e)) if e.is_transient() => {
                 // The runtime wrote nothing and its store may be back in a moment: the next

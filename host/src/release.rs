@@ -145,14 +145,14 @@ pub(crate) async fn warm_watch(ctx: SessionCtx) {
             session = %r.key.session,
             epoch = r.epoch.0,
             otel.status_code = tracing::field::Empty,
-            otel.status_message = tracing::field::Empty,
+            otel.status_description = tracing::field::Empty,
         );
         // Boxed: the countdown task rests small until the release runs.
         match Box::pin(warm_release(&ctx)).instrument(span.clone()).await {
             Ok(()) => return,
             Err(reason) => {
                 span.record("otel.status_code", "ERROR");
-                span.record("otel.status_message", "release_aborted");
+                span.record("otel.status_description", "release_aborted");
                 tracing::info!(reason = %reason, "warm release aborted; the session stays resident")
             }
         }

@@ -820,7 +820,7 @@ impl Inner {
                 session = %key.session,
                 epoch = epoch.0,
                 otel.status_code = tracing::field::Empty,
-                otel.status_message = tracing::field::Empty,
+                otel.status_description = tracing::field::Empty,
             );
             let runtime = launch_verified(
                 target.as_ref(),
@@ -837,7 +837,7 @@ impl Inner {
             .await
             .map_err(|e| {
                 launch_span.record("otel.status_code", "ERROR");
-                launch_span.record("otel.status_message", "launch_failed");
+                launch_span.record("otel.status_description", "launch_failed");
                 HostError::internal(format!("launch ({mode:?}) failed: {e}")).at("launch")
             })?;
             unwind.runtime = Some(runtime.clone());

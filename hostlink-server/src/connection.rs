@@ -287,7 +287,7 @@ async fn run_link_inner<B: LinkBackend>(
                 tenant = %tenant,
                 link = %link_id,
                 otel.status_code = tracing::field::Empty,
-                otel.status_message = tracing::field::Empty,
+                otel.status_description = tracing::field::Empty,
             );
             let link_trace = connect
                 .data
@@ -490,7 +490,7 @@ fn record_session(session: &SessionId) {
 fn span_failed(code: &str) {
     let span = tracing::Span::current();
     span.record("otel.status_code", "ERROR");
-    span.record("otel.status_message", code);
+    span.record("otel.status_description", code);
 }
 
 /// The trace context a request's data names, read before the request is decoded so that its
@@ -718,7 +718,7 @@ impl<B: LinkBackend> Link<B> {
             link = %self.ctx.link,
             session = tracing::field::Empty,
             otel.status_code = tracing::field::Empty,
-            otel.status_message = tracing::field::Empty,
+            otel.status_description = tracing::field::Empty,
         );
         trace_context::span::continue_if(&span, trace.as_ref().or(self.ctx.trace.as_ref()));
         self.rpc_in_span(id, rpc).instrument(span).await
@@ -1276,7 +1276,7 @@ impl<B: LinkBackend> Link<B> {
             session = %session,
             command = %delivery.command_id,
             otel.status_code = tracing::field::Empty,
-            otel.status_message = tracing::field::Empty,
+            otel.status_description = tracing::field::Empty,
         );
         trace_context::span::continue_if(
             &span,

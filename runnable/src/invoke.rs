@@ -182,7 +182,7 @@ pub async fn invoke(
         digest = %release.digest(),
         outcome = tracing::field::Empty,
         otel.status_code = tracing::field::Empty,
-        otel.status_message = tracing::field::Empty,
+        otel.status_description = tracing::field::Empty,
     );
     let result = invoke_once(release, request, options, cancel)
         .instrument(span.clone())
@@ -192,12 +192,12 @@ pub async fn invoke(
             span.record("outcome", invocation.outcome.as_str());
             if invocation.outcome != OutcomeClass::Succeeded {
                 span.record("otel.status_code", "ERROR");
-                span.record("otel.status_message", invocation.outcome.as_str());
+                span.record("otel.status_description", invocation.outcome.as_str());
             }
         }
         Err(e) => {
             span.record("otel.status_code", "ERROR");
-            span.record("otel.status_message", e.code());
+            span.record("otel.status_description", e.code());
         }
     }
     result

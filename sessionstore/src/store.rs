@@ -475,16 +475,47 @@ impl Store {
     }
 
     /// As [`Store::admit`], also saying whether this call created the record.
-    pub async fn admit_reporting(&self, c: NewCommand) -> StoreResult<(CommandRecord, bool)> {
-        self.check_new_command(&c)?;
-        let runtime_command = RuntimeCommandId::mint();
-        write_op!(
-            self,
-            WriteKey::session(&c.tenant, &c.session),
-            [c],
-            |tx, now| ops::admit(tx, &c, runtime_command, now),
-            announce = admission_of
-        )
+    ///
+    /// The admission is a `command.admit` span in the caller's trace (`c.trace`, else the
+    /// current span's), when the process records spans; the command then carries the
+    /// admission span's own context, so whichever Host applies it continues under it.
+    pub async fn admit_reporting(&self, mut c: NewCommand) -> StoreResult<(CommandRecord, bool)> {
+        use tracing::Instrument as _;
+        let span = tracing::info_span!(
+            "command.admit",
+            tenant = %c.tenant,
+            session = %c.session,
+            command = %c.command,
+            kind = %c.kind,
+            created = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+            otel.status_description = tracing::field::Empty,
+        );
+        trace_context::span::continue_if(&span, c.trace.as_ref());
+        c.trace = trace_context::span::for_callee(&span, c.trace.as_ref());
+        let result = async {
+            self.check_new_command(&c)?;
+            let runtime_command = RuntimeCommandId::mint();
+            write_op!(
+                self,
+                WriteKey::session(&c.tenant, &c.session),
+                [c],
+                |tx, now| ops::admit(tx, &c, runtime_command, now),
+                announce = admission_of
+            )
+        }
+        .instrument(span.clone())
+        .await;
+        match &result {
+            Ok((_, created)) => {
+                span.record("created", *created);
+            }
+            Err(e) => {
+                span.record("otel.status_code", "ERROR");
+                span.record("otel.status_description", e.code().as_str());
+            }
+        }
+        result
     }
 
     fn check_new_command(&self, c: &NewCommand) -> StoreResult<()> {

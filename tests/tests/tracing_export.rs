@@ -147,17 +147,11 @@ async fn one_trace_runs_from_the_controllers_traceparent_through_attach_command_
     assert_eq!(apply.attr("session"), Some("traced-1"));
     assert_eq!(apply.attr("outcome"), Some("applied"));
     assert!(apply.attr("epoch").is_some());
-    for step in [
-        "command.claim",
-        "command.attempt",
-        "command.dispatch",
-        "command.settle",
-    ] {
+    for step in ["command.claim", "command.attempt", "command.settle"] {
         let s = wait_for_child(&collector, &trace_id, step, &apply.span_id).await;
         assert_eq!(s.status_code, 0, "{s:?}");
     }
-    let dispatch = wait_for_child(&collector, &trace_id, "command.dispatch", &apply.span_id).await;
-    let runtime = wait_for_child(&collector, &trace_id, "runtime.apply", &dispatch.span_id).await;
+    let runtime = wait_for_child(&collector, &trace_id, "runtime.apply", &apply.span_id).await;
     let turn = wait_for_child(&collector, &trace_id, "turn", &runtime.span_id).await;
     wait_for_child(&collector, &trace_id, "model.call", &turn.span_id).await;
     drop(host);
@@ -219,7 +213,7 @@ async fn a_malformed_traceparent_is_refused_with_107_and_a_good_one_is_not() {
         }
         data
     };
-    let (good, _) = traceparent();
+    let (good, trace_id) = traceparent();
     for bad in [
         json!({"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-0"}),
         json!({"traceparent": good.to_uppercase()}),
@@ -246,7 +240,21 @@ async fn a_malformed_traceparent_is_refused_with_107_and_a_good_one_is_not() {
         )
         .await
         .expect("an answer, not a refusal of the request");
-    assert!(answered.contains("\"code\""), "{answered}");
+    let reply: serde_json::Value = serde_json::from_str(&answered).expect("a JSON reply");
+    let code = reply["code"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{answered}"));
+    // Its call span is in the caller's trace, failed, with the reply's stable code as the
+    // status description (not an attribute of the same name).
+    let call = eventually("the attach's call span", async || {
+        c_spans(&collector, &trace_id, "hostlink.attach")
+            .into_iter()
+            .next()
+            .ok_or_else(|| "not yet".to_owned())
+    })
+    .await;
+    assert_eq!(call.status_code, 2, "{call:?}");
+    assert_eq!(call.status_message, code, "{call:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1151,7 +1151,7 @@ fn step_span(status: &RunStatus, step: &Step) -> tracing::Span {
         attempt = tracing::field::Empty,
         outcome = tracing::field::Empty,
         otel.status_code = tracing::field::Empty,
-        otel.status_message = tracing::field::Empty,
+        otel.status_description = tracing::field::Empty,
     )
 }
 
@@ -1159,7 +1159,7 @@ fn step_span(status: &RunStatus, step: &Step) -> tracing::Span {
 fn span_failed(span: &tracing::Span, code: &str) {
     span.record("outcome", "failed");
     span.record("otel.status_code", "ERROR");
-    span.record("otel.status_message", code);
+    span.record("otel.status_description", code);
 }
 
 fn result_output(body: &str) -> Result<Value, DriveError> {
