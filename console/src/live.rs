@@ -3,7 +3,8 @@
 //!
 //! - `events`: a `metrics` sample every second (what the charts draw) and a `changed` notice
 //!   whenever what the views show moved (sessions resident here, commands applied, gates, the
-//!   fleet's sessions per Host, this Host's readiness), so the page re-reads the view it shows.
+//!   fleet's sessions per Host, the listed tenants' runs, this Host's readiness), so the page
+//!   re-reads the view it shows.
 //! - `sessions/{tenant}/{session}/live`: each committed public record of a session resident on
 //!   this Host, as the Host relays it to HostLink subscribers (the same projection).
 
@@ -49,9 +50,17 @@ async fn fingerprint(c: &Console, values: &Value) -> Value {
             .collect(),
         Err(_) => Vec::new(),
     };
+    // Runs change on any Host (a step, a park, an answer): one aggregate read per tenant.
+    let mut runs = Vec::new();
+    for t in c.tenants.iter() {
+        if let Ok(m) = c.service.store().runs_mark(t).await {
+            runs.push(json!([t.as_str(), m.runs, m.revisions]));
+        }
+    }
     json!({
         "here": here,
         "fleet": fleet,
+        "runs": runs,
         "applied": values.get("applied_total"),
         "gates": values.get("gate_waiting"),
         "ready": c.service.ready(),

@@ -55,7 +55,7 @@ pub use packages::{NewPackage, PackageSummary, Publication, StoredPackage};
 pub use runs::{
     AnswerRecorded, Checkpoint, CheckpointKind, NewCheckpoint, NewRun, NewStepEntry, PARKED_HOLDER,
     ParkUntil, RunAnswer, RunCreated, RunEnd, RunFailure, RunFence, RunPin, RunProgram, RunState,
-    RunStatus, StepEntry, StepEntryKind, Takeover, TakeoverRule, holder_host,
+    RunStatus, RunsMark, StepEntry, StepEntryKind, Takeover, TakeoverRule, holder_host,
 };
 pub use stats::StoreStats;
 pub use store::{BackendKind, Store};

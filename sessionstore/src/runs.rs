@@ -75,6 +75,16 @@ pub struct RunFailure {
     pub message: String,
 }
 
+/// A cheap summary of a tenant's runs that changes whenever what a view of them shows does:
+/// a run is added, or a status record is rewritten (a step, a park, a takeover, an answer,
+/// an end). Lease renewals do not change it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RunsMark {
+    pub runs: u64,
+    /// The sum of the status records' revisions.
+    pub revisions: u64,
+}
+
 /// A run's status record.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RunStatus {
@@ -784,6 +794,25 @@ pub(crate) async fn list<C: Conn>(
         .iter()
         .map(decode_status)
         .collect()
+}
+
+/// The tenant's [`RunsMark`].
+pub(crate) async fn mark<C: Conn>(tx: &mut SqlTx<C>, tenant: &TenantId) -> StoreResult<RunsMark> {
+    let found = rows(
+        tx,
+        "SELECT COUNT(*), CAST(COALESCE(SUM(revision), 0) AS BIGINT) FROM run_status \
+         WHERE tenant_id = $1",
+        vec![text(tenant.as_str())],
+        "run_status",
+    )
+    .await?;
+    match found.first() {
+        Some(r) => Ok(RunsMark {
+            runs: r.u64(0)?,
+            revisions: r.u64(1)?,
+        }),
+        None => Ok(RunsMark::default()),
+    }
 }
 
 /// Every run in `state`, across tenants, oldest first (at most `limit`).

@@ -1241,6 +1241,13 @@ impl Store {
         read_op!(self, |tx| crate::runs::list(tx, &t))
     }
 
+    /// A tenant's [`crate::RunsMark`]: one aggregate read, for a view that follows runs to
+    /// tell that they changed without reading them all.
+    pub async fn runs_mark(&self, tenant: &TenantId) -> StoreResult<crate::runs::RunsMark> {
+        let t = tenant.clone();
+        read_op!(self, |tx| crate::runs::mark(tx, &t))
+    }
+
     /// Every tenant's runs in `state`, oldest first, at most `limit` (for reconcile scans).
     pub async fn runs_in_state(
         &self,

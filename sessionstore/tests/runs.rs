@@ -107,6 +107,42 @@ mod cases {
         assert_eq!(ts.store.runs(&tenant("acme")).await.unwrap().len(), 1);
     }
 
+    pub async fn a_tenants_runs_mark_moves_with_each_status_change_and_only_its_own(
+        ts: &TestStore,
+    ) {
+        let acme = tenant("acme");
+        let mark = |t: TenantId| async move { ts.store.runs_mark(&t).await.unwrap() };
+        assert_eq!(mark(acme.clone()).await, RunsMark::default());
+        let s = start(ts, "run-1").await;
+        let started = mark(acme.clone()).await;
+        assert_eq!(started.runs, 1);
+        let fence = s.fence();
+        ts.store
+            .append_run_step(&fence, result("one", "1"))
+            .await
+            .unwrap();
+        let stepped = mark(acme.clone()).await;
+        assert_eq!(stepped.runs, 1);
+        assert!(
+            stepped.revisions > started.revisions,
+            "{stepped:?} {started:?}"
+        );
+        // A renewal changes nothing a view shows, and so not the mark.
+        ts.store
+            .renew_run(&fence, std::time::Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert_eq!(mark(acme.clone()).await, stepped);
+        // Another tenant's run moves its own mark, not this one's.
+        let mut theirs = new_run("run-2", None);
+        theirs.tenant = tenant("globex");
+        ts.store.create_run(theirs).await.unwrap();
+        assert_eq!(mark(acme.clone()).await, stepped);
+        assert_eq!(mark(tenant("globex")).await.runs, 1);
+        ts.store.end_run(&fence, RunEnd::Completed).await.unwrap();
+        assert!(mark(acme).await.revisions > stepped.revisions);
+    }
+
     pub async fn another_tenants_run_reads_exactly_like_an_unknown_one(ts: &TestStore) {
         let s = start(ts, "run-1").await;
         let other = tenant("globex");
@@ -951,6 +987,7 @@ mod cases {
 }
 
 sessionstore::both_backends!(cases =>
+    a_tenants_runs_mark_moves_with_each_status_change_and_only_its_own,
     only_live_runs_count_as_pinned_to_a_release,
     a_run_is_recorded_with_its_exact_program_and_a_first_status_at_epoch_one,
     a_start_retried_with_its_idempotency_key_returns_the_first_run,

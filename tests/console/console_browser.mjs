@@ -3,6 +3,8 @@
 //   -> STEP <name>           a step began (for the test's log)
 //   -> WANT_SESSION          the page is open on Sessions: create a session from the CLI now
 //   <- <session id>          ... the session the CLI created (with a gated message sent)
+//   -> WANT_RUN              start a run that asks a yes/no question, from the CLI
+//   <- <run id>              ... the run the CLI started
 //   -> DRAINED <report json> the drain button was pressed and its report is shown (the
 //                            Hosts table then says the operator asked for it)
 //   <- MOVED                 ... a message was sent to the session, which now lives elsewhere
@@ -45,7 +47,9 @@ try {
       errors.push("console error: " + m.text());
     }
   });
-  page.on("dialog", (d) => d.accept());
+  // A prompt (a run's answer) is given `promptAnswer`; a confirmation is accepted.
+  let promptAnswer;
+  page.on("dialog", (d) => d.accept(d.type() === "prompt" ? promptAnswer : undefined));
 
   step("login");
   await page.goto(url);
@@ -106,9 +110,28 @@ try {
   await page.click("nav a[data-view=gates]");
   await page.waitForSelector("#gates-table thead");
   await page.screenshot({ path: `${shots}/06-gates.png`, fullPage: true });
+
+  step("a run started from the CLI: who started it, and its ask answered from the page");
+  say("WANT_RUN");
+  const run = (await nextLine()).trim();
   await page.click("nav a[data-view=runs]");
-  await page.waitForSelector("#runs-table thead");
-  await page.screenshot({ path: `${shots}/07-runs.png`, fullPage: true });
+  await page.waitForSelector(`#runs-table tr[data-run="${run}"]`);
+  await page.click(`#runs-table tr[data-run="${run}"]`);
+  await page.waitForSelector("#run-started-by [data-actor]:text-is('tenant:acme')");
+  // The run parks at its ask on whichever Host drives it; the page hears of the change
+  // without a reload and offers the answer.
+  const answer = "#run-actions button:has-text('Answer approve')";
+  await page.waitForSelector(answer);
+  await page.screenshot({ path: `${shots}/07-run-asking.png`, fullPage: true });
+  promptAnswer = "true";
+  await page.click(answer);
+  await page.waitForFunction(() =>
+    [...document.querySelectorAll("#run-answers tbody tr")].some((r) =>
+      r.children.length === 3 && r.children[0].textContent === "approve" &&
+      r.children[1].textContent === "operator:admin"));
+  promptAnswer = undefined;
+  await page.waitForFunction(() => document.querySelector("#run-title").textContent.includes("completed"));
+  await page.screenshot({ path: `${shots}/07-run-answered.png`, fullPage: true });
   await page.click("nav a[data-view=charts]");
   await page.waitForTimeout(2500);
   await page.screenshot({ path: `${shots}/08-charts.png`, fullPage: true });

@@ -2,8 +2,10 @@
 //! from `tests/console`; `.ci/run` installs both): two `hostd serve` on one PostgreSQL, the
 //! first with `--console` and the operator credential it makes on first start. The page logs
 //! in, sees a session appear when the CLI creates it (no reload), answers its gate so the tool
-//! runs once, shows gates, runs and charts, drains its Host and sees the session held by the
-//! other Host once a message moves it, then renders on a narrow screen — with no script error.
+//! runs once, shows gates and charts, follows a run the CLI started (its starter, its ask
+//! answered from the page and attributed to the operator), drains its Host and sees the
+//! session held by the other Host once a message moves it, then renders on a narrow screen —
+//! with no script error.
 //! Screenshots of each view go to `<target>/tmp/console-screenshots`.
 
 use std::io::{BufRead, BufReader, Write};
@@ -13,6 +15,14 @@ use std::time::{Duration, Instant};
 
 use testkit::pg::FreshDatabase;
 use testkit::process::{Serve, hostd_run, ok, tenant_credentials};
+
+/// A run that asks one yes/no question and ends.
+const RUN_PROGRAM: &str = "\
+steps:
+  - name: approve
+    ask: \"Ship it?\"
+    answer: {type: boolean}
+";
 
 fn host(dir: &Path, name: &str, store: &str, credentials: &Path, console: bool) -> Serve {
     let mut args = vec![
@@ -122,6 +132,25 @@ async fn an_operator_signs_in_answers_a_gate_and_drains_a_host_in_a_real_browser
                 );
                 b = Some(host(&dir, "console-b", &store, &credentials, false));
                 writeln!(stdin, "{session}").unwrap();
+            } else if line == "WANT_RUN" {
+                std::fs::write(dir.join("program.yaml"), RUN_PROGRAM).unwrap();
+                let run = ok(hostd_run(
+                    &dir,
+                    &[
+                        "run",
+                        "start",
+                        "program.yaml",
+                        "--store",
+                        &store,
+                        "--tenant",
+                        "acme",
+                    ],
+                    &[("HOST_TENANT_TOKEN", &tenant_token)],
+                ))
+                .trim()
+                .to_owned();
+                assert!(run.starts_with("run-"), "{run}");
+                writeln!(stdin, "{run}").unwrap();
             } else if let Some(report) = line.strip_prefix("DRAINED ") {
                 let report: serde_json::Value = serde_json::from_str(report).unwrap();
                 assert_eq!(report["state"], "drained", "{report}");
