@@ -703,13 +703,22 @@ pub struct ServeFlags {
     )]
     console_credentials_file: Option<PathBuf>,
 
-    /// Export traces over OTLP/gRPC to this collector (http://host:4317); off unless given.
+    /// Export traces over OTLP to this collector (http://host:4317 for gRPC, http://host:4318
+    /// for HTTP/protobuf); off unless given.
     #[arg(
         id = "trace.otlp_endpoint",
         long = "otlp-endpoint",
         env = "HOST_OTLP_ENDPOINT"
     )]
     otlp_endpoint: Option<String>,
+    /// The OTLP transport: grpc, or http/protobuf (spans posted to <endpoint>/v1/traces).
+    #[arg(
+        id = "trace.otlp_protocol",
+        long = "otlp-protocol",
+        env = "HOST_OTLP_PROTOCOL",
+        value_enum
+    )]
+    otlp_protocol: Option<crate::telemetry::OtlpProtocol>,
     /// The share of new traces recorded, 0 to 1 (a caller's sampled flag decides for its own).
     #[arg(
         id = "trace.sampling_ratio",
@@ -851,6 +860,7 @@ impl ServeFlags {
             run_max_active => runs.max_active;
             run_scan_interval => runs.scan_interval;
             run_poll => runs.poll;
+            otlp_protocol => trace.otlp_protocol;
             trace_sampling_ratio => trace.sampling_ratio;
             trace_service_name => trace.service_name;
             trace_queue_size => trace.queue_size;

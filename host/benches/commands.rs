@@ -240,6 +240,7 @@ fn install_tracing(rt: &tokio::runtime::Runtime) -> (TraceExport, Arc<AtomicU64>
     );
     let export = TraceExport::start(&ExportConfig {
         endpoint: format!("http://{addr}"),
+        protocol: trace_export::Protocol::Grpc,
         sampling_ratio: 1.0,
         service_name: "hostd-bench".into(),
         instance: "bench".into(),

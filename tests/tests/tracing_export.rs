@@ -112,8 +112,8 @@ async fn one_trace_runs_from_the_controllers_traceparent_through_attach_command_
     assert_eq!(create.status_code, 0, "{create:?}");
 
     // A command admitted under the trace is applied in it: command → claim, attempt,
-    // dispatch, settle; the runtime's apply under the dispatch; the turn under that; the
-    // model call under the turn.
+    // settle and the runtime's apply; the turn under the apply; the model call under the
+    // turn.
     let _feed = c.bind_and_stream(&placed, false).await.expect("bound");
     let cmd = c
         .admit(
@@ -185,6 +185,63 @@ async fn wait_for_child(
             })
     })
     .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_otlp_http_protobuf_a_commands_spans_reach_the_collector_in_the_callers_trace() {
+    let collector = Collector::start_http();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let (token, credentials) = tenant_credentials(dir, "acme");
+    let (host, store_url) = traced_host(
+        dir,
+        "traced-h",
+        &credentials,
+        &collector.endpoint(),
+        &["--otlp-protocol", "http/protobuf"],
+    );
+    let store = Store::open(StoreOptions::new(store_url))
+        .await
+        .expect("the store");
+    let (header, trace_id) = traceparent();
+    let trace = TraceContext::from_headers(Some(&header), None).unwrap();
+    let c = Controller::new(store.clone(), TenantId::new("acme").unwrap(), &token)
+        .with_trace(trace.clone());
+    let session = SessionId::new("traced-h").unwrap();
+    let (record, create) = c
+        .create_session(
+            session.clone(),
+            AgentId::new(AGENT).unwrap(),
+            CompatibilityId::new(BUILD).unwrap(),
+            None,
+            CommandId::new("create").unwrap(),
+        )
+        .await
+        .unwrap();
+    let placed = c.place(&session).await.expect("placed");
+    let _feed = c.bind_and_stream(&placed, false).await.expect("bound");
+    assert_eq!(
+        terminal(&store, &record, &create.command).await.outcome,
+        Some(Outcome::Applied)
+    );
+    let apply = eventually("the command's span, posted over HTTP", async || {
+        c_spans(&collector, &trace_id, "command.apply")
+            .into_iter()
+            .find(|s| s.attr("command") == Some("create"))
+            .ok_or_else(|| format!("{} spans so far", collector.spans().len()))
+    })
+    .await;
+    assert_eq!(apply.parent_span_id, header[36..52].to_owned(), "{apply:?}");
+    assert_eq!(
+        apply
+            .resource
+            .get("service.instance.id")
+            .map(String::as_str),
+        Some("traced-h")
+    );
+    wait_for_child(&collector, &trace_id, "command.settle", &apply.span_id).await;
+    drop(host);
+    store.close().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,6 +1,6 @@
 //! The OpenTelemetry trace export pipeline a Host process installs ([`TraceExport::start`]):
-//! spans go through the bounded [`queue::DroppingQueue`] to the OTLP/gRPC exporter of the
-//! `opentelemetry-otlp` crate, sampled by a ratio that follows a caller's sampled flag, under
+//! spans go through the bounded [`queue::DroppingQueue`] to the OTLP exporter of the
+//! `opentelemetry-otlp` crate (gRPC, or HTTP with protobuf bodies: [`Protocol`]), sampled by a ratio that follows a caller's sampled flag, under
 //! a resource naming the service and the Host. A slow or absent collector costs dropped
 //! spans, counted in [`ExportCounts`], never a slower command. This crate writes no exporter,
 //! owns no option parsing (the binary's config does) and installs no subscriber.
@@ -21,11 +21,27 @@ use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider, SpanExporter as _};
 
 use self::queue::{DroppingQueue, QueueOptions};
 
+/// How spans travel to the collector.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Protocol {
+    /// OTLP/gRPC (a collector's port 4317).
+    #[default]
+    Grpc,
+    /// OTLP/HTTP with protobuf bodies, `POST <endpoint>/v1/traces` (a collector's port 4318);
+    /// plain `http://` only.
+    HttpProtobuf,
+}
+
+/// The path OTLP/HTTP serves traces on.
+pub const HTTP_TRACES_PATH: &str = "/v1/traces";
+
 /// What the pipeline is built from (validated by whoever owns the options).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ExportConfig {
-    /// The OTLP/gRPC collector, `http://host:port`.
+    /// The collector, `http://host:port`: for gRPC the service address, for HTTP the base
+    /// that [`HTTP_TRACES_PATH`] is added to (unless the endpoint already ends with it).
     pub endpoint: String,
+    pub protocol: Protocol,
     /// The share of new traces recorded (0 to 1).
     pub sampling_ratio: f64,
     /// `service.name`.
@@ -100,6 +116,17 @@ impl Incarnation {
     }
 }
 
+/// The URL OTLP/HTTP traces are posted to: `endpoint` with [`HTTP_TRACES_PATH`] added, unless
+/// it already ends with it.
+pub fn http_traces_url(endpoint: &str) -> String {
+    let base = endpoint.trim_end_matches('/');
+    if base.ends_with(HTTP_TRACES_PATH) {
+        base.to_owned()
+    } else {
+        format!("{base}{HTTP_TRACES_PATH}")
+    }
+}
+
 /// The resource spans are exported under.
 fn resource(service_name: &str, instance: &str, generation: Option<u64>) -> Resource {
     let mut builder = Resource::builder()
@@ -119,12 +146,20 @@ impl TraceExport {
     /// queue's task live on it).
     pub fn start(config: &ExportConfig) -> Result<TraceExport, ExportError> {
         let resource = resource(&config.service_name, &config.instance, None);
-        let mut exporter = opentelemetry_otlp::SpanExporter::builder()
-            .with_tonic()
-            .with_endpoint(config.endpoint.clone())
-            .with_timeout(config.export_timeout)
-            .build()
-            .map_err(|e| ExportError(e.to_string()))?;
+        let built = match config.protocol {
+            Protocol::Grpc => opentelemetry_otlp::SpanExporter::builder()
+                .with_tonic()
+                .with_endpoint(config.endpoint.clone())
+                .with_timeout(config.export_timeout)
+                .build(),
+            Protocol::HttpProtobuf => opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                .with_endpoint(http_traces_url(&config.endpoint))
+                .with_timeout(config.export_timeout)
+                .build(),
+        };
+        let mut exporter = built.map_err(|e| ExportError(e.to_string()))?;
         // The queue owns the exporter from here on, so it learns the resource now.
         exporter.set_resource(&resource);
         let counts = Arc::new(ExportCounts::default());
@@ -167,5 +202,21 @@ impl TraceExport {
     /// runtime's tasks: it waits for the exporting task.
     pub fn shutdown(self) {
         let _ = self.provider.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::http_traces_url;
+
+    #[test]
+    fn the_http_traces_path_is_added_to_a_base_endpoint_once() {
+        assert_eq!(http_traces_url("http://c:4318"), "http://c:4318/v1/traces");
+        assert_eq!(http_traces_url("http://c:4318/"), "http://c:4318/v1/traces");
+        assert_eq!(
+            http_traces_url("http://c:4318/v1/traces"),
+            "http://c:4318/v1/traces"
+        );
+        assert_eq!(http_traces_url("http://c/otel"), "http://c/otel/v1/traces");
     }
 }

@@ -1,6 +1,7 @@
 //! A test OTLP collector: the official `TraceService` (generated from the OpenTelemetry
 //! protobuf definitions by the `opentelemetry-proto` crate) served by tonic on a free local
-//! port, keeping every span a `hostd serve` exports so a test can look at its traces.
+//! port — or the same messages as OTLP/HTTP protobuf bodies on `POST /v1/traces`, served by
+//! axum — keeping every span a `hostd serve` exports so a test can look at its traces.
 
 #![allow(dead_code)]
 
@@ -68,14 +69,11 @@ struct Sink {
     spans: Arc<Mutex<Vec<Span>>>,
 }
 
-#[tonic::async_trait]
-impl TraceService for Sink {
-    async fn export(
-        &self,
-        request: Request<ExportTraceServiceRequest>,
-    ) -> Result<Response<ExportTraceServiceResponse>, Status> {
+impl Sink {
+    /// Keeps every span of one export request.
+    fn keep(&self, request: ExportTraceServiceRequest) {
         let mut got = Vec::new();
-        for rs in request.into_inner().resource_spans {
+        for rs in request.resource_spans {
             let resource = rs
                 .resource
                 .as_ref()
@@ -101,9 +99,54 @@ impl TraceService for Sink {
             }
         }
         self.spans.lock().expect("the span list").extend(got);
+    }
+}
+
+#[tonic::async_trait]
+impl TraceService for Sink {
+    async fn export(
+        &self,
+        request: Request<ExportTraceServiceRequest>,
+    ) -> Result<Response<ExportTraceServiceResponse>, Status> {
+        self.keep(request.into_inner());
         Ok(Response::new(ExportTraceServiceResponse {
             partial_success: None,
         }))
+    }
+}
+
+/// OTLP/HTTP: `POST /v1/traces` with a protobuf `ExportTraceServiceRequest` body, answered
+/// with a protobuf `ExportTraceServiceResponse` (an undecodable body is a 400).
+async fn http_export(
+    axum::extract::State(sink): axum::extract::State<Sink>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    use prost::Message;
+    let protobuf = headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes() == b"application/x-protobuf");
+    if !protobuf {
+        return (
+            axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "protobuf only",
+        )
+            .into_response();
+    }
+    match ExportTraceServiceRequest::decode(body) {
+        Ok(request) => {
+            sink.keep(request);
+            let reply = ExportTraceServiceResponse {
+                partial_success: None,
+            };
+            (
+                [(axum::http::header::CONTENT_TYPE, "application/x-protobuf")],
+                reply.encode_to_vec(),
+            )
+                .into_response()
+        }
+        Err(e) => (axum::http::StatusCode::BAD_REQUEST, e.to_string()).into_response(),
     }
 }
 
@@ -142,7 +185,34 @@ impl Collector {
         }
     }
 
-    /// The endpoint to give `--otlp-endpoint`.
+    /// Serves OTLP/HTTP (protobuf) on a free port of 127.0.0.1 (on the current tokio runtime).
+    pub fn start_http() -> Collector {
+        let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).expect("the collector binds");
+        listener
+            .set_nonblocking(true)
+            .expect("a non-blocking listener");
+        let addr = listener.local_addr().expect("the collector's address");
+        let listener = tokio::net::TcpListener::from_std(listener).expect("a tokio listener");
+        let sink = Sink::default();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let app = axum::Router::new()
+            .route("/v1/traces", axum::routing::post(http_export))
+            .with_state(sink.clone());
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(async {
+                    let _ = stopped.await;
+                })
+                .await;
+        });
+        Collector {
+            addr,
+            sink,
+            stop: Some(stop),
+        }
+    }
+
+    /// The endpoint to give `--otlp-endpoint` (for OTLP/HTTP, the base `/v1/traces` is added to).
     pub fn endpoint(&self) -> String {
         format!("http://{}", self.addr)
     }
