@@ -38,6 +38,52 @@ fn traced_host(
     )
 }
 
+/// A controller of tenant `acme` admitting under a fresh trace, and the session `name` it
+/// created, placed, bound and whose creation the Host applied.
+struct TracedSession {
+    c: Controller,
+    session: SessionId,
+    record: sessionstore::SessionRecord,
+    placed: controller::Placed,
+    /// The caller's `traceparent` and its trace id.
+    header: String,
+    trace_id: String,
+    _feed: tokio::sync::mpsc::Receiver<controller::client::Publication>,
+}
+
+async fn traced_session(store: &Store, token: &str, name: &str) -> TracedSession {
+    let (header, trace_id) = traceparent();
+    let trace = TraceContext::from_headers(Some(&header), None).unwrap();
+    let c = Controller::new(store.clone(), TenantId::new("acme").unwrap(), token).with_trace(trace);
+    let session = SessionId::new(name).unwrap();
+    let (record, create) = c
+        .create_session(
+            session.clone(),
+            AgentId::new(AGENT).unwrap(),
+            CompatibilityId::new(BUILD).unwrap(),
+            None,
+            CommandId::new("create").unwrap(),
+        )
+        .await
+        .unwrap();
+    let placed = c.place(&session).await.expect("placed");
+    let feed = c.bind_and_stream(&placed, false).await.expect("bound");
+
+    assert_eq!(
+        terminal(store, &record, &create.command).await.outcome,
+        Some(Outcome::Applied)
+    );
+    TracedSession {
+        c,
+        session,
+        record,
+        placed,
+        header,
+        trace_id,
+        _feed: feed,
+    }
+}
+
 async fn wait_for_span(c: &Collector, trace_id: &str, name: &str) -> collector::Span {
     eventually(&format!("a span {name} in trace {trace_id}"), async || {
         c.trace(trace_id)
@@ -203,27 +249,9 @@ async fn over_otlp_http_protobuf_a_commands_spans_reach_the_collector_in_the_cal
     let store = Store::open(StoreOptions::new(store_url))
         .await
         .expect("the store");
-    let (header, trace_id) = traceparent();
-    let trace = TraceContext::from_headers(Some(&header), None).unwrap();
-    let c = Controller::new(store.clone(), TenantId::new("acme").unwrap(), &token)
-        .with_trace(trace.clone());
-    let session = SessionId::new("traced-h").unwrap();
-    let (record, create) = c
-        .create_session(
-            session.clone(),
-            AgentId::new(AGENT).unwrap(),
-            CompatibilityId::new(BUILD).unwrap(),
-            None,
-            CommandId::new("create").unwrap(),
-        )
-        .await
-        .unwrap();
-    let placed = c.place(&session).await.expect("placed");
-    let _feed = c.bind_and_stream(&placed, false).await.expect("bound");
-    assert_eq!(
-        terminal(&store, &record, &create.command).await.outcome,
-        Some(Outcome::Applied)
-    );
+    let TracedSession {
+        header, trace_id, ..
+    } = traced_session(&store, &token, "traced-h").await;
     let apply = eventually("the command's span, posted over HTTP", async || {
         c_spans(&collector, &trace_id, "command.apply")
             .into_iter()
@@ -338,27 +366,14 @@ async fn with_the_collector_down_commands_still_apply_and_the_dropped_spans_are_
     let store = Store::open(StoreOptions::new(store_url))
         .await
         .expect("the store");
-    let (header, _) = traceparent();
-    let trace = TraceContext::from_headers(Some(&header), None).unwrap();
-    let c =
-        Controller::new(store.clone(), TenantId::new("acme").unwrap(), &token).with_trace(trace);
-    let session = SessionId::new("traced-3").unwrap();
-    let (record, create) = c
-        .create_session(
-            session.clone(),
-            AgentId::new(AGENT).unwrap(),
-            CompatibilityId::new(BUILD).unwrap(),
-            None,
-            CommandId::new("create").unwrap(),
-        )
-        .await
-        .unwrap();
-    let placed = c.place(&session).await.expect("placed");
-    let _feed = c.bind_and_stream(&placed, false).await.expect("bound");
-    assert_eq!(
-        terminal(&store, &record, &create.command).await.outcome,
-        Some(Outcome::Applied)
-    );
+    let TracedSession {
+        c,
+        session,
+        record,
+        placed,
+        _feed,
+        ..
+    } = traced_session(&store, &token, "traced-3").await;
     for i in 0..5 {
         let cmd = c
             .admit(
