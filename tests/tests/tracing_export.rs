@@ -102,7 +102,7 @@ async fn wait_for_span(c: &Collector, trace_id: &str, name: &str) -> collector::
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_trace_runs_from_the_controllers_traceparent_through_attach_command_steps_turn_and_model_call()
+async fn one_trace_runs_from_the_controllers_traceparent_through_attach_command_steps_turn_model_call_and_tool_call()
  {
     let collector = Collector::start();
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -158,8 +158,8 @@ async fn one_trace_runs_from_the_controllers_traceparent_through_attach_command_
     assert_eq!(create.status_code, 0, "{create:?}");
 
     // A command admitted under the trace is applied in it: command → claim, attempt,
-    // settle and the runtime's apply; the turn under the apply; the model call under the
-    // turn.
+    // settle and the runtime's apply; the turn under the apply; the model call (and, below,
+    // a tool call) under the turn.
     let _feed = c.bind_and_stream(&placed, false).await.expect("bound");
     let cmd = c
         .admit(
@@ -200,6 +200,37 @@ async fn one_trace_runs_from_the_controllers_traceparent_through_attach_command_
     let runtime = wait_for_child(&collector, &trace_id, "runtime.apply", &apply.span_id).await;
     let turn = wait_for_child(&collector, &trace_id, "turn", &runtime.span_id).await;
     wait_for_child(&collector, &trace_id, "model.call", &turn.span_id).await;
+
+    // A tool the model calls is a span of the same trace under its turn: the tool's name and
+    // the call's outcome.
+    let cmd = c
+        .admit(
+            &session,
+            CommandId::new("tool-1").unwrap(),
+            CommandBodyV1::Input {
+                text: r#"/tool echo {"text":"traced"}"#.into(),
+            },
+        )
+        .await
+        .unwrap();
+    c.deliver(&placed, &cmd.command).await.unwrap();
+    assert_eq!(
+        terminal(&store, &record, &cmd.command).await.outcome,
+        Some(Outcome::Applied)
+    );
+    let apply = eventually("the tool command's span", async || {
+        c_spans(&collector, &trace_id, "command.apply")
+            .into_iter()
+            .find(|s| s.attr("command") == Some("tool-1"))
+            .ok_or_else(|| "not yet".to_owned())
+    })
+    .await;
+    let runtime = wait_for_child(&collector, &trace_id, "runtime.apply", &apply.span_id).await;
+    let turn = wait_for_child(&collector, &trace_id, "turn", &runtime.span_id).await;
+    let tool = wait_for_child(&collector, &trace_id, "tool.call", &turn.span_id).await;
+    assert_eq!(tool.attr("tool"), Some("echo"), "{tool:?}");
+    assert_eq!(tool.attr("outcome"), Some("ok"), "{tool:?}");
+    assert_eq!(tool.status_code, 0, "{tool:?}");
     drop(host);
     store.close().await;
 }
