@@ -314,11 +314,13 @@ async fn invoke_once(
     let started = tokio::time::Instant::now();
     // Real time (not the runtime's clock): how long the pid counter had to wrap.
     let spawned_at = std::time::Instant::now();
-    let mut child = command.spawn().map_err(|e| RunnableError::Spawn {
-        identity: identity.clone(),
-        command: decl.command.clone(),
-        reason: e.to_string(),
-    })?;
+    let mut child = spawn_past_busy_text(&mut command)
+        .await
+        .map_err(|e| RunnableError::Spawn {
+            identity: identity.clone(),
+            command: decl.command.clone(),
+            reason: e.to_string(),
+        })?;
     let pid = child.id() as i32;
     let stdin = child.stdin.take();
     let stdout = child.stdout.take();
@@ -768,6 +770,29 @@ pub fn stop_orphans(running: &Path) -> usize {
     stopped
 }
 
+/// How often a spawn refused with "text file busy" is tried again, and the first pause.
+const BUSY_TEXT_TRIES: u32 = 8;
+const BUSY_TEXT_PAUSE: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// Spawns `command`, trying again for a moment when the kernel refuses the executable as busy
+/// (`ETXTBSY`). A handler just written (a cache folder unpacked again after an edit) can be
+/// held open for writing by a child another thread of this process forked and has not yet
+/// exec'd; that child's copy of the descriptor closes at its exec, within moments.
+async fn spawn_past_busy_text(command: &mut Command) -> std::io::Result<std::process::Child> {
+    let mut pause = BUSY_TEXT_PAUSE;
+    for _ in 1..BUSY_TEXT_TRIES {
+        match command.spawn() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => {
+                tracing::debug!(error = %e, "the handler's executable is busy; trying again");
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+            }
+            other => return other,
+        }
+    }
+    command.spawn()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -799,5 +824,27 @@ mod tests {
         assert_ne!(a, effect_id("i2", "w/n@1", "sha256:aa"));
         assert_ne!(a, effect_id("i1", "w/n@2", "sha256:aa"));
         assert_ne!(a, effect_id("i1", "w/n@1", "sha256:bb"));
+    }
+
+    #[tokio::test]
+    async fn a_handler_held_open_for_writing_for_a_moment_is_spawned_once_the_writer_lets_go() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("handler.sh");
+        std::fs::write(&path, "#!/bin/sh\nexit 0\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        // As a child forked by another thread holds a just-written file until its exec.
+        let writer = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        let busy = Command::new(&path).spawn().unwrap_err();
+        assert_eq!(busy.kind(), std::io::ErrorKind::ExecutableFileBusy);
+        let lets_go = tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+            drop(writer);
+        });
+        let mut child = super::spawn_past_busy_text(&mut Command::new(&path))
+            .await
+            .unwrap();
+        assert!(child.wait().unwrap().success());
+        lets_go.await.unwrap();
     }
 }
