@@ -157,16 +157,7 @@ mod cases {
         let gate = Arc::new(ReleaseGate::default());
         let mut o = options("h-warm-drain");
         o.warm_ttl = Duration::from_millis(300);
-        let svc = host::Composition {
-            options: o,
-            store: ts.options(),
-            registrar: Box::new(WrappedRegistrar::held(gate.clone())),
-            profile: department::RuntimeProfile::Durable,
-            version: "test".into(),
-        }
-        .build()
-        .await
-        .expect("the Host composes");
+        let svc = compose_with(ts, o, Box::new(WrappedRegistrar::held(gate.clone()))).await;
         svc.start().await.expect("the Host starts");
         let c = Controller::new(ts);
         let s = c.session().await;
@@ -233,16 +224,7 @@ mod cases {
         let releases = Arc::new(CountedReleases::default());
         let mut o = options("h-bounded-drain");
         o.capacity = u32::try_from(count).unwrap() + 4;
-        let svc = host::Composition {
-            options: o,
-            store: ts.options(),
-            registrar: Box::new(WrappedRegistrar::counted(releases.clone())),
-            profile: department::RuntimeProfile::Durable,
-            version: "test".into(),
-        }
-        .build()
-        .await
-        .expect("the Host composes");
+        let svc = compose_with(ts, o, Box::new(WrappedRegistrar::counted(releases.clone()))).await;
         svc.start().await.expect("the Host starts");
         let c = Controller::new(ts);
         let mut sessions = Vec::new();

@@ -57,6 +57,21 @@ mod cases {
         }
     }
 
+    /// Host B takes over `s` (epoch 1, held by host A) under token `token-b`.
+    async fn taken_by_host_b(ts: &TestStore, s: &RunStatus) -> RunStatus {
+        ts.store
+            .take_run(Takeover {
+                run_id: s.run_id.clone(),
+                expected_epoch: 1,
+                holder: "host-b/attempt-1".into(),
+                fencing_token: "token-b".into(),
+                lease: Duration::from_secs(60),
+                rule: TakeoverRule::HeldByOrExpired("host-a/".into()),
+            })
+            .await
+            .unwrap()
+    }
+
     async fn start(ts: &TestStore, id: &str) -> RunStatus {
         ts.store.create_run(new_run(id, None)).await.unwrap().status
     }
@@ -207,18 +222,7 @@ mod cases {
     pub async fn after_a_takeover_every_write_under_the_old_fence_is_refused(ts: &TestStore) {
         let s = start(ts, "run-1").await;
         let old = s.fence();
-        let taken = ts
-            .store
-            .take_run(Takeover {
-                run_id: s.run_id.clone(),
-                expected_epoch: 1,
-                holder: "host-b/attempt-1".into(),
-                fencing_token: "token-b".into(),
-                lease: Duration::from_secs(60),
-                rule: TakeoverRule::HeldByOrExpired("host-a/".into()),
-            })
-            .await
-            .unwrap();
+        let taken = taken_by_host_b(ts, &s).await;
         assert_eq!(
             (taken.epoch, taken.holder.as_str()),
             (2, "host-b/attempt-1")
@@ -921,18 +925,7 @@ mod cases {
         assert!(!again.created);
         assert_eq!(again.status.trace, trace);
         // Whoever takes the run over reads the same trace.
-        let taken = ts
-            .store
-            .take_run(Takeover {
-                run_id: s.run_id.clone(),
-                expected_epoch: 1,
-                holder: "host-b/attempt-1".into(),
-                fencing_token: "token-b".into(),
-                lease: Duration::from_secs(60),
-                rule: TakeoverRule::HeldByOrExpired("host-a/".into()),
-            })
-            .await
-            .unwrap();
+        let taken = taken_by_host_b(ts, &s).await;
         assert_eq!(taken.epoch, 2);
         assert_eq!(taken.trace, trace);
         let listed = ts.store.runs(&tenant("acme")).await.unwrap();

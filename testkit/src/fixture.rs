@@ -71,10 +71,15 @@ pub fn options(host: &str) -> Options {
 }
 
 pub async fn compose(ts: &TestStore, opts: Options, rocket: Arc<CountingTool>) -> Service {
+    compose_with(ts, opts, Box::new(HarnessRegistrar { rocket })).await
+}
+
+/// A Host on `ts` with durable runtimes from `registrar` (composed, not started).
+pub async fn compose_with(ts: &TestStore, opts: Options, registrar: Box<dyn Registrar>) -> Service {
     Composition {
         options: opts,
         store: ts.options(),
-        registrar: Box::new(HarnessRegistrar { rocket }),
+        registrar,
         profile: RuntimeProfile::Durable,
         version: "test".into(),
     }

@@ -38,6 +38,18 @@ fn traced_host(
     )
 }
 
+/// A HostLink link of tenant `acme` to `host`.
+async fn link(host: &Serve, token: &str) -> controller::client::HostLinkClient {
+    controller::client::HostLinkClient::connect(
+        &format!("ws://127.0.0.1:{}", host.port),
+        &TenantId::new("acme").unwrap(),
+        token,
+        "trace-test",
+    )
+    .await
+    .expect("connected")
+}
+
 /// A controller of tenant `acme` admitting under a fresh trace, and the session `name` it
 /// created, placed, bound and whose creation the Host applied.
 struct TracedSession {
@@ -310,14 +322,7 @@ async fn a_malformed_traceparent_is_refused_with_107_and_a_good_one_is_not() {
     let dir = tmp.path();
     let (token, credentials) = tenant_credentials(dir, "acme");
     let (host, _) = traced_host(dir, "traced-b", &credentials, &collector.endpoint(), &[]);
-    let client = controller::client::HostLinkClient::connect(
-        &format!("ws://127.0.0.1:{}", host.port),
-        &TenantId::new("acme").unwrap(),
-        &token,
-        "trace-test",
-    )
-    .await
-    .expect("connected");
+    let client = link(&host, &token).await;
     let attach = |trace: serde_json::Value| {
         let mut data = json!({
             "version": 1, "tenant_id": "acme", "session_id": "nowhere", "host_id": "traced-b",
@@ -575,14 +580,7 @@ async fn a_runs_steps_share_the_trace_it_was_started_in_across_its_park_and_take
     let dir = tmp.path();
     let (token, credentials) = tenant_credentials(dir, "acme");
     let (host, _) = traced_host(dir, "traced-run", &credentials, &collector.endpoint(), &[]);
-    let client = controller::client::HostLinkClient::connect(
-        &format!("ws://127.0.0.1:{}", host.port),
-        &TenantId::new("acme").unwrap(),
-        &token,
-        "trace-test",
-    )
-    .await
-    .expect("connected");
+    let client = link(&host, &token).await;
     let (header, trace_id) = traceparent();
     let caller = header[36..52].to_owned();
 
