@@ -2,7 +2,9 @@
 //! cost before anyone is authenticated: a bound on concurrent connections (a permit is taken
 //! as the socket is accepted, before a byte is read, and held by the connection — an upgraded
 //! HostLink link included — until it closes; past the bound a connection is answered 503 and
-//! closed at once), a deadline for a request's header (a slowloris client is cut off), and an
+//! closed gently: its write side ends first and what the client sent is read and dropped for a
+//! moment, so the client reads the whole answer and an orderly end, never a reset that could
+//! throw the answer away), a deadline for a request's header (a slowloris client is cut off), and an
 //! idle timeout (a connection that sends nothing for that long is closed). Each bound counts
 //! in `host_connections_cut_total{reason}` when it bites. Sets `TCP_NODELAY` on every socket.
 //! Never routes or authenticates: the router it is given does.
@@ -183,6 +185,47 @@ impl AsyncWrite for Guarded {
 /// takes it at once: a refused client never holds the Host up).
 const BUSY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\ncontent-length: 33\r\nconnection: close\r\n\r\nthe Host is at its connection cap";
 
+/// How many refused connections may be closing gently at once; past that a refusal is closed
+/// at once, as a flood of them must not cost the Host more than a bounded set of descriptors.
+const GENTLE_REFUSALS: usize = 256;
+
+/// How long a refused client has, after the answer, to close its side before the Host closes
+/// the connection regardless.
+const REFUSAL_LINGER: Duration = Duration::from_millis(500);
+
+/// Answers a connection past the bound with [`BUSY`] and closes it. Closing a socket whose
+/// client's request is still unread makes the kernel send a reset, and a client that sees the
+/// reset may lose the answer it had not read yet (a probe would report a broken connection,
+/// not a full Host). So the write side is ended first and the client's bytes are read and
+/// dropped until it closes its side or [`REFUSAL_LINGER`] passes, for at most
+/// [`GENTLE_REFUSALS`] connections at a time.
+fn refuse(tcp: TcpStream, refusals: &Arc<Semaphore>, connections: &TaskTracker) {
+    let _ = tcp.try_write(BUSY);
+    let Ok(gentle) = refusals.clone().try_acquire_owned() else {
+        return;
+    };
+    connections.spawn(async move {
+        let _gentle = gentle;
+        close_gently(tcp).await;
+    });
+}
+
+async fn close_gently(mut tcp: TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    if tcp.shutdown().await.is_err() {
+        return;
+    }
+    let mut sink = [0u8; 1024];
+    let _ = tokio::time::timeout(REFUSAL_LINGER, async {
+        while let Ok(read) = tcp.read(&mut sink).await {
+            if read == 0 {
+                break;
+            }
+        }
+    })
+    .await;
+}
+
 /// Accepts until `stop` turns true, then asks every open HTTP connection to finish and
 /// returns once they have (or `grace` has passed). Upgraded links are their owner's to close.
 pub(crate) async fn serve(
@@ -194,6 +237,7 @@ pub(crate) async fn serve(
     grace: Duration,
 ) {
     let permits = Arc::new(Semaphore::new(options.max_connections));
+    let refusals = Arc::new(Semaphore::new(GENTLE_REFUSALS));
     let connections = TaskTracker::new();
     let cut = |reason: &str| metrics.connections_cut.with_label_values(&[reason]);
     loop {
@@ -213,7 +257,7 @@ pub(crate) async fn serve(
         };
         let Ok(permit) = permits.clone().try_acquire_owned() else {
             cut(CUT_MAX_CONNECTIONS).inc();
-            let _ = tcp.try_write(BUSY);
+            refuse(tcp, &refusals, &connections);
             continue;
         };
         if let Err(e) = tcp.set_nodelay(true) {

@@ -488,6 +488,79 @@ async fn a_slowloris_client_and_a_silent_one_are_cut_off_at_their_timeouts() {
     }
 }
 
+/// A client refused at the connection cap reads the whole 503 and then an orderly end, never a
+/// reset: a Host that closed the socket with the client's request unread would make the kernel
+/// reset it, and the client could lose the answer (a probe would see a broken connection, not
+/// a full Host). Attempts come 25 at a time so some requests reach the Host before their
+/// connection is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_refused_at_the_connection_cap_reads_the_whole_503_and_no_reset() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Some(ts) = TestStore::open(TestBackend::Sqlite).await else {
+        return;
+    };
+    let s = bounded(
+        &ts,
+        "fault-refusal",
+        host::listener::ListenerOptions {
+            max_connections: 1,
+            ..host::listener::ListenerOptions::default()
+        },
+    )
+    .await;
+    let addr = s.server.local_addr();
+    let fds_before = open_fds();
+    let holder = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut failures = Vec::new();
+    for _ in 0..20 {
+        let mut tries = Vec::new();
+        for _ in 0..25 {
+            tries.push(tokio::spawn(async move {
+                let mut c = tokio::net::TcpStream::connect(addr)
+                    .await
+                    .map_err(|e| format!("connect: {e}"))?;
+                c.write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
+                    .await
+                    .map_err(|e| format!("write: {e}"))?;
+                let mut answer = Vec::new();
+                match tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut answer)).await
+                {
+                    Err(_) => Err("no end within 5 s".to_owned()),
+                    Ok(Err(e)) => Err(format!(
+                        "read: {e} after {:?}",
+                        String::from_utf8_lossy(&answer)
+                    )),
+                    Ok(Ok(_)) if answer.ends_with(b"the Host is at its connection cap") => Ok(()),
+                    Ok(Ok(_)) => Err(format!("answer {:?}", String::from_utf8_lossy(&answer))),
+                }
+            }));
+        }
+        for t in tries {
+            if let Err(e) = t.await.unwrap() {
+                failures.push(e);
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of 500 refusals were not a clean 503: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
+    assert!(cut(&s, "max_connections") >= 500.0);
+    drop(holder);
+    eventually("descriptors to return", async || {
+        let now = open_fds();
+        check(now <= fds_before + 20, || {
+            format!("{now} open, {fds_before} before")
+        })
+    })
+    .await;
+    s.server.shutdown();
+    s.server.wait().await;
+}
+
 fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
 }
