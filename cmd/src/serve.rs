@@ -364,22 +364,30 @@ pub async fn run(
         }
     };
     data.remove_runtime();
-    for f in &report.failures {
-        let session = f
-            .session
-            .as_ref()
-            .map(|s| s.to_string())
-            .unwrap_or_default();
-        tracing::error!(step = f.step, session = %session, reason = %f.reason, "drain step failed");
-    }
+    // Each failure was logged by the drain itself (the first ones one by one, the rest as a
+    // count per step); the last line says what the drain came to.
     out.note(format_args!(
-        "drained: {} released, {} abandoned, {} parked, {} failures",
+        "drained: {} released, {} abandoned, {} parked, {} failures{}",
         report.released.len(),
         report.abandoned.len(),
         report.parked.len(),
-        report.failures.len()
+        report.failures.len(),
+        failures_by_step_text(&report)
     ));
     Ok(exit_after_drain(&report))
+}
+
+/// ` (release_runtime 3, release_lease 1)`: a drain's failures counted by step, or nothing.
+fn failures_by_step_text(report: &host::DrainReport) -> String {
+    let counts = report.failures_by_step();
+    if counts.is_empty() {
+        return String::new();
+    }
+    let parts: Vec<String> = counts
+        .iter()
+        .map(|(step, n)| format!("{step} {n}"))
+        .collect();
+    format!(" ({})", parts.join(", "))
 }
 
 /// How `hostd serve` exits after its drain: non-zero when a step failed or a session was left
@@ -435,6 +443,27 @@ mod tests {
         assert_eq!(exit_after_drain(&report), ExitCode::SUCCESS);
         report.parked.push(key("still-running"));
         assert_eq!(exit_after_drain(&report), ExitCode::FAILURE);
+    }
+
+    #[test]
+    fn the_drain_line_counts_failures_by_step_in_the_order_they_first_failed() {
+        let mut report = host::DrainReport::new(1);
+        assert_eq!(failures_by_step_text(&report), "");
+        for step in [
+            host::drain_steps::RELEASE_RUNTIME,
+            host::drain_steps::CLOSE_STORE,
+            host::drain_steps::RELEASE_RUNTIME,
+        ] {
+            report.failures.push(host::DrainFailure {
+                session: None,
+                step,
+                reason: "refused".into(),
+            });
+        }
+        assert_eq!(
+            failures_by_step_text(&report),
+            " (release_runtime 2, close_store 1)"
+        );
     }
 
     #[test]

@@ -35,7 +35,9 @@ pub use extension::{Extension, StopBounds};
 pub use link_backend::{CAPABILITIES, HostBackend};
 pub use options::{Config, IsolationClass, Options, OptionsCode, OptionsError};
 pub use publisher::default_timeout;
-pub use release::{DRAIN_PARALLELISM, DrainFailure, DrainReport, steps as drain_steps};
+pub use release::{
+    DRAIN_PARALLELISM, DrainFailure, DrainReport, FAILURES_LOGGED_ONE_BY_ONE, steps as drain_steps,
+};
 pub use residency::Footprint;
 pub use resident::{ResidentState, SessionKey};
 pub use server::{Host, HostBuilder, Listen, ServerError};

@@ -60,6 +60,18 @@ impl DrainReport {
         }
     }
 
+    /// How many failures each step had, in the order the steps first failed.
+    pub fn failures_by_step(&self) -> Vec<(&'static str, usize)> {
+        let mut counts: Vec<(&'static str, usize)> = Vec::new();
+        for f in &self.failures {
+            match counts.iter_mut().find(|(step, _)| *step == f.step) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((f.step, 1)),
+            }
+        }
+        counts
+    }
+
     /// True when every step succeeded and nothing is parked.
     pub fn is_clean(&self) -> bool {
         self.failures.is_empty() && self.parked.is_empty()
@@ -326,18 +338,26 @@ async fn drain_session(ctx: SessionCtx, deadline: Instant, report: &std::sync::M
     let key = r.key.clone();
     let generation = ctx.host_generation();
     let fail = |step: &'static str, reason: String| {
-        // A refused runtime release is the crash-equivalent case: an operator must know.
-        if step == steps::RELEASE_RUNTIME {
+        let index = match report.lock() {
+            Ok(mut rep) => {
+                rep.failures.push(DrainFailure {
+                    session: Some(key.clone()),
+                    step,
+                    reason: reason.clone(),
+                });
+                rep.failures.len()
+            }
+            Err(_) => 0,
+        };
+        // Past the first few, a failure is logged only in the drain's summary by step: a large
+        // Host may fail the same step for tens of thousands of sessions.
+        if index > FAILURES_LOGGED_ONE_BY_ONE {
+            tracing::debug!(tenant = %key.tenant, session = %key.session, epoch = r.epoch.0, host_generation = generation, step, reason = %reason, "drain step failed");
+        } else if step == steps::RELEASE_RUNTIME {
+            // A refused runtime release is the crash-equivalent case: an operator must know.
             tracing::error!(tenant = %key.tenant, session = %key.session, epoch = r.epoch.0, host_generation = generation, step, reason = %reason, "drain step failed");
         } else {
             tracing::warn!(tenant = %key.tenant, session = %key.session, epoch = r.epoch.0, host_generation = generation, step, reason = %reason, "drain step failed");
-        }
-        if let Ok(mut rep) = report.lock() {
-            rep.failures.push(DrainFailure {
-                session: Some(key.clone()),
-                step,
-                reason,
-            });
         }
     };
     match claim_for_drain(&r, deadline).await {
@@ -485,6 +505,7 @@ impl DrainOnce {
 }
 
 fn whole_host_failure(report: &std::sync::Mutex<DrainReport>, step: &'static str, reason: String) {
+    tracing::warn!(step, reason = %reason, "drain step failed");
     if let Ok(mut r) = report.lock() {
         r.failures.push(DrainFailure {
             session: None,
@@ -493,6 +514,10 @@ fn whole_host_failure(report: &std::sync::Mutex<DrainReport>, step: &'static str
         });
     }
 }
+
+/// How many of a drain's failed steps are logged one line each; the rest are counted in one
+/// summary line per step at the drain's end (and every one is in the report).
+pub const FAILURES_LOGGED_ONE_BY_ONE: usize = 20;
 
 /// How many idle sessions a drain releases at once (see `drain_in_span`).
 pub const DRAIN_PARALLELISM: usize = 64;
@@ -589,6 +614,16 @@ async fn drain_in_span(host: &Arc<Residency>, once: &DrainOnce) -> DrainReport {
         report.parked.push(key);
     }
     report.settle();
+    if report.failures.len() > FAILURES_LOGGED_ONE_BY_ONE {
+        for (step, count) in report.failures_by_step() {
+            tracing::error!(
+                host_generation = report.generation,
+                step,
+                failures = count,
+                "drain step failed (summary: only the drain's first {FAILURES_LOGGED_ONE_BY_ONE} failures were logged one by one)"
+            );
+        }
+    }
     once.finish(report.clone());
     tracing::info!(
         host_generation = report.generation,

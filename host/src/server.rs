@@ -432,6 +432,7 @@ impl Host {
         match self.task.await {
             Ok(r) => r,
             Err(e) => {
+                tracing::error!(step = steps::STOP, error = %e, "the stop task failed");
                 let mut report = DrainReport::new(0);
                 report.failures.push(DrainFailure {
                     session: None,

@@ -1,12 +1,11 @@
 //! What an attach tells the operator, read from the Host's own log (captured by a global
-//! subscriber for this test binary), on SQLite and PostgreSQL: a refusal the operator may have
+//! subscriber for this test binary, `testkit::log_capture`), on SQLite and PostgreSQL: a refusal the operator may have
 //! to act on is a WARN naming tenant, session, step and code; an attach before start is
 //! `not_started`; a runtime that lacks a recovery capability is named at attach, and a
 //! stranded attempt it cannot close holds the session's stream. Also what an attach writes
 //! before it launches the runtime (the fencing write to the gate mark).
 
-use std::io::Write;
-use std::sync::{Arc, Mutex, Once};
+use std::sync::{Arc, Mutex};
 
 use department::{
     Capabilities, LaunchError, LaunchRequest, LaunchTarget, Recovery, Registration, Runtime,
@@ -14,42 +13,6 @@ use department::{
 use host::Registrar;
 use sessionstore::{CompatibilityId, Store};
 use testkit::HarnessRegistrar;
-
-static LOG: Mutex<Vec<u8>> = Mutex::new(Vec::new());
-
-struct Capture;
-
-impl Write for Capture {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        LOG.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// Installs the capturing subscriber once for the whole binary.
-pub fn capture() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        let subscriber = tracing_subscriber::fmt()
-            .with_ansi(false)
-            .with_max_level(tracing::Level::DEBUG)
-            .with_writer(|| Capture)
-            .finish();
-        tracing::subscriber::set_global_default(subscriber).unwrap();
-    });
-}
-
-/// The captured lines that mention `needle`.
-pub fn lines_with(needle: &str) -> Vec<String> {
-    String::from_utf8_lossy(&LOG.lock().unwrap())
-        .lines()
-        .filter(|l| l.contains(needle))
-        .map(str::to_owned)
-        .collect()
-}
 
 /// The harness agent, launched without an attempt closer or fault reports and declaring
 /// neither.
@@ -192,7 +155,8 @@ mod cases {
     use sessionstore::*;
     use testkit::*;
 
-    use super::{BareRegistrar, BrokenRegistrar, MarkingRegistrar, capture, lines_with};
+    use super::{BareRegistrar, BrokenRegistrar, MarkingRegistrar};
+    use testkit::log_capture::{capture, lines_with};
 
     pub async fn an_attach_refusal_an_operator_must_see_is_a_warn_and_before_start_is_not_started(
         ts: &TestStore,
