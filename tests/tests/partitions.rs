@@ -671,6 +671,31 @@ struct CutFigures {
     failover: Vec<Duration>,
 }
 
+/// The earliest expiry, in the store now, of the leases in `mine` (session index, epoch)
+/// still under their epoch.
+async fn final_expiry(
+    fleet: &Fleet,
+    ss: &[SessionRecord],
+    mine: &[(usize, ResidencyEpoch, i64)],
+) -> i64 {
+    let mut earliest = i64::MAX;
+    for (i, epoch, _) in mine {
+        let s = &ss[*i];
+        let lease = fleet
+            .store
+            .residency(&s.tenant, &s.session)
+            .await
+            .expect("the lease reads");
+        if let Some(l) = lease
+            && l.epoch == *epoch
+            && let Some(at) = l.expires_at_ms
+        {
+            earliest = earliest.min(at);
+        }
+    }
+    earliest
+}
+
 /// Cuts `victim` from PostgreSQL (a black hole), admits the next command of each session it
 /// held at once, and measures.
 async fn cut_one_host(
@@ -686,7 +711,6 @@ async fn cut_one_host(
         .filter(|(_, h)| h.0 == victim)
         .map(|(i, h)| (i, h.1, h.2))
         .collect();
-    let earliest_expiry = mine.iter().map(|m| m.2).min().unwrap_or(i64::MAX);
     let member = &fleet.members[victim];
     fleet
         .history
@@ -713,6 +737,10 @@ async fn cut_one_host(
     while (stopped.is_none() || unready.is_none()) && Instant::now() < watch_until {
         if stopped.is_none() && member.resident() == Some(0) {
             stopped = Some(cut.elapsed());
+            // The leases' expiry as the store holds it now, when the cut Host can write no
+            // more: a heartbeat that straddled the cut may have renewed them after `held` was
+            // read, so only this reading is what a successor must wait out.
+            let earliest_expiry = final_expiry(fleet, ss, &mine).await;
             // When it gave up, by its own log's timestamp (the store is on this machine: one
             // wall clock), not when this poll saw it.
             let log = member.serve().log_text();
