@@ -100,7 +100,7 @@ enum RunCommand {
         /// The run id.
         run: String,
     },
-    /// List the tenant's runs.
+    /// List the tenant's runs, oldest first.
     Ps,
     /// Print a run's step journal; with -f, follow it (woken by the run's channel of step
     /// events) until the run ends.
@@ -568,9 +568,26 @@ async fn dispatch(
         }
         RunCommand::Ps => {
             let link = dialer.dial(any).await?;
-            let list: RunList = call(&link.client, "run.list", json!({"version": 1}))
-                .await?
-                .map_err(refused)?;
+            // Every run, a page at a time (the Host answers at most a page per call).
+            let mut list = RunList {
+                runs: Vec::new(),
+                next: None,
+            };
+            let mut after: Option<String> = None;
+            loop {
+                let mut data = json!({"version": 1});
+                if let Some(a) = &after {
+                    data["after"] = json!(a);
+                }
+                let page: RunList = call(&link.client, "run.list", data)
+                    .await?
+                    .map_err(refused)?;
+                list.runs.extend(page.runs);
+                match page.next {
+                    Some(n) => after = Some(n),
+                    None => break,
+                }
+            }
             if out.is_json() {
                 out.record("", || json!(list))?;
             } else {

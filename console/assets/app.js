@@ -13,6 +13,7 @@ const state = {
   samples: [],
   hosts: [],
   nextSessions: null,
+  nextRuns: null,
 };
 
 const $ = (id) => document.getElementById(id);
@@ -304,14 +305,25 @@ async function showGates() {
       el("td", {}, gateActions(g)))));
 }
 
-async function showRuns() {
-  const r = await call("GET", "/runs");
-  table("runs-table", ["Tenant", "Run", "State", "Step", "Failure", "Updated"],
-    r.runs.map((x) => el("tr", { class: "clickable", "data-run": x.run_id, onclick: () => openRun(x.tenant_id, x.run_id) },
-      el("td", {}, x.tenant_id), el("td", {}, x.run_id),
-      el("td", {}, x.state === "needs_attention" ? badge(x.state, "warn") : x.state === "failed" ? badge(x.state, "bad") : x.state),
-      el("td", {}, x.step || ""), el("td", { class: "wrap" }, x.failure ? `${x.failure.code}: ${x.failure.message}` : ""),
-      el("td", {}, time(x.updated_at_ms)))));
+function runRow(x) {
+  return el("tr", { class: "clickable", "data-run": x.run_id, onclick: () => openRun(x.tenant_id, x.run_id) },
+    el("td", {}, x.tenant_id), el("td", {}, x.run_id),
+    el("td", {}, x.state === "needs_attention" ? badge(x.state, "warn") : x.state === "failed" ? badge(x.state, "bad") : x.state),
+    el("td", {}, x.step || ""), el("td", { class: "wrap" }, x.failure ? `${x.failure.code}: ${x.failure.message}` : ""),
+    el("td", {}, time(x.updated_at_ms)));
+}
+
+// Newest first, a page at a time; "More" reads the next page.
+async function showRuns(more) {
+  const q = more && state.nextRuns ? "?after=" + encodeURIComponent(state.nextRuns) : "";
+  const r = await call("GET", "/runs" + q);
+  if (more) {
+    $("runs-table").querySelector("tbody").append(...r.runs.map(runRow));
+  } else {
+    table("runs-table", ["Tenant", "Run", "State", "Step", "Failure", "Updated"], r.runs.map(runRow));
+  }
+  state.nextRuns = r.next;
+  $("runs-more").hidden = !r.next;
   if (state.run) await showRun();
 }
 
@@ -454,5 +466,6 @@ window.addEventListener("hashchange", route);
 document.addEventListener("DOMContentLoaded", () => {
   $("login-form").addEventListener("submit", login);
   $("sessions-more").addEventListener("click", () => showSessions(true));
+  $("runs-more").addEventListener("click", () => showRuns(true));
   whoami();
 });

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use sessionstore::wire::{CommandBodyV1, GateAnswer, encode_command_body};
 use sessionstore::{
     CommandBody, CommandId, CommandKind, CommandRecord, ErrorCode, GateRecord, NewCommand, RunId,
-    SessionId, SessionRecord, StoreError, TenantId,
+    RunOrder, SessionId, SessionRecord, StoreError, TenantId,
 };
 
 use crate::Console;
@@ -511,13 +511,30 @@ pub async fn answer_gate(
 
 // ------------------------------------------------------------------------ runs
 
-pub async fn runs(State(c): State<Console>, headers: HeaderMap) -> ApiResult {
+/// A page of the listed tenants' runs (or one tenant's, with `tenant`), newest first; `after`
+/// is the `next` of the previous page (a run id).
+pub async fn runs(
+    State(c): State<Console>,
+    headers: HeaderMap,
+    Query(q): Query<Page>,
+) -> ApiResult {
     operator(&c, &headers)?;
-    let store = c.service.store();
-    let mut rows = Vec::new();
-    for t in c.tenants.iter() {
-        for r in store.runs(t).await? {
-            rows.push(json!({
+    let limit = page_limit(q.limit)?;
+    let tenants: Vec<TenantId> = match q.tenant.as_deref() {
+        Some(t) => vec![tenant(&c, t)?],
+        None => c.tenants.iter().cloned().collect(),
+    };
+    let after = q.after.as_deref().map(run_id).transpose()?;
+    let page = c
+        .service
+        .store()
+        .runs_page(&tenants, after.as_ref(), limit, RunOrder::NewestFirst)
+        .await?;
+    let rows: Vec<Value> = page
+        .runs
+        .iter()
+        .map(|r| {
+            json!({
                 "tenant_id": r.tenant.as_str(),
                 "run_id": r.run_id.as_str(),
                 "state": r.state.as_str(),
@@ -526,10 +543,10 @@ pub async fn runs(State(c): State<Console>, headers: HeaderMap) -> ApiResult {
                 "failure": r.failure.as_ref().map(|f| json!({"code": f.code, "step": f.step, "message": f.message})),
                 "created_at_ms": r.created_at_ms,
                 "updated_at_ms": r.updated_at_ms,
-            }));
-        }
-    }
-    ok(json!({"runs": rows}))
+            })
+        })
+        .collect();
+    ok(json!({"runs": rows, "next": page.next.map(|r| r.to_string())}))
 }
 
 fn run_id(r: &str) -> Result<RunId, ApiError> {

@@ -12,7 +12,7 @@
 //! | `run.resume` | `version`, `run_id`, `traceparent`?, `tracestate`? | [`RunStarted`] |
 //! | `run.answer` | `version`, `run_id`, `checkpoint`, `value`, `traceparent`?, `tracestate`? | [`RunAnswered`] |
 //! | `run.status` | `version`, `run_id`, `traceparent`?, `tracestate`? | [`RunView`] |
-//! | `run.list` (alias `run.ps`) | `version`, `traceparent`?, `tracestate`? | [`RunList`] |
+//! | `run.list` (alias `run.ps`) | `version`, `limit`?, `after`?, `traceparent`?, `tracestate`? | [`RunList`] |
 //! | `run.cancel` | `version`, `run_id`, `traceparent`?, `tracestate`? | [`RunView`] |
 //!
 //! `traceparent`/`tracestate` are W3C trace context, parsed strictly like everywhere in HostLink
@@ -213,11 +213,28 @@ impl RunAnswerRequest {
     }
 }
 
-/// `run.list` / `run.ps`.
+/// The most runs one `run.list` reply carries, and what it carries when no `limit` is asked.
+pub const RUN_LIST_MAX_LIMIT: u32 = 500;
+
+/// `run.list` / `run.ps`: a page of the tenant's runs, oldest first.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RunListRequest {
     pub version: V1,
+    /// The most runs in the reply, 1 to [`RUN_LIST_MAX_LIMIT`] (the default).
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub limit: Option<u32>,
+    /// The run the page starts after: the `next` of the previous reply.
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub after: Option<RunId>,
     /// W3C trace context of the caller (see the module documentation).
     #[serde(
         default,
@@ -238,7 +255,18 @@ impl RunListRequest {
     pub fn decode(bytes: &[u8]) -> Result<Self, RecordError> {
         let r: RunListRequest = decode_object("run_list", bytes)?;
         check_trace(&r.traceparent, &r.tracestate).map_err(|e| fail("run_list", e))?;
+        if r.limit.is_some_and(|l| l == 0 || l > RUN_LIST_MAX_LIMIT) {
+            return Err(fail(
+                "run_list",
+                format!("limit is from 1 to {RUN_LIST_MAX_LIMIT}"),
+            ));
+        }
         Ok(r)
+    }
+
+    /// The page size asked for, or the largest.
+    pub fn page_limit(&self) -> u32 {
+        self.limit.unwrap_or(RUN_LIST_MAX_LIMIT)
     }
 }
 
@@ -346,6 +374,9 @@ pub struct RunSummary {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunList {
     pub runs: Vec<RunSummary>,
+    /// Present when more runs follow: ask again with `after` set to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
 }
 
 /// One program problem (no source text).
@@ -500,10 +531,16 @@ mod tests {
 
     #[test]
     fn a_reply_is_a_result_or_a_refusal() {
-        let ok = RunReply::ok(RunList { runs: Vec::new() });
+        let ok = RunReply::ok(RunList {
+            runs: Vec::new(),
+            next: None,
+        });
         assert_eq!(
             RunReply::<RunList>::decode(ok.as_bytes()).unwrap(),
-            Ok(RunList { runs: Vec::new() })
+            Ok(RunList {
+                runs: Vec::new(),
+                next: None,
+            })
         );
         let no = RunReply::refused(RunRefusal {
             code: refusal_codes::NOT_FOUND.into(),

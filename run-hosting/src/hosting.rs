@@ -690,7 +690,7 @@ impl RunHost {
                 Err(_) => ExtensionReply::Done(Err(Refusal::BadRequest)),
             },
             "run.list" | "run.ps" => match RunListRequest::decode(bytes) {
-                Ok(_) => reply(self.list(tenant).await),
+                Ok(req) => reply(self.list(tenant, &req).await),
                 Err(_) => ExtensionReply::Done(Err(Refusal::BadRequest)),
             },
             "run.cancel" => match RunRequest::decode(bytes) {
@@ -1062,16 +1062,28 @@ impl RunHost {
         })
     }
 
-    /// `run.list`: the tenant's runs, oldest first.
-    pub async fn list(&self, tenant: &TenantId) -> Result<RunList, RunRefusal> {
-        let runs = self
+    /// `run.list`: a page of the tenant's runs, oldest first, with the cursor of the next
+    /// page when more follow. A cursor that is not one of the tenant's runs is `not_found`.
+    pub async fn list(
+        &self,
+        tenant: &TenantId,
+        request: &RunListRequest,
+    ) -> Result<RunList, RunRefusal> {
+        let page = self
             .inner
             .store
-            .runs(tenant)
+            .runs_page(
+                std::slice::from_ref(tenant),
+                request.after.as_ref(),
+                request.page_limit() as usize,
+                sessionstore::RunOrder::OldestFirst,
+            )
             .await
             .map_err(|e| store_refusal(&e))?;
         Ok(RunList {
-            runs: runs
+            next: page.next.map(|r| r.to_string()),
+            runs: page
+                .runs
                 .into_iter()
                 .map(|s| RunSummary {
                     run_id: s.run_id.to_string(),

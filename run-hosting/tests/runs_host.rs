@@ -7,7 +7,7 @@ mod cases {
 
     use async_trait::async_trait;
     use hostlink::runs::{RunAnswered, RunList, RunRefusal, RunReply, RunStarted, RunView};
-    use hostlink_server::backend::ExtensionReply;
+    use hostlink_server::backend::{ExtensionReply, Refusal};
     use run_hosting::hosting::{RunHost, RunHosting, RunOptions};
     use runnable::{Effect, OutcomeClass};
     use serde::de::DeserializeOwned;
@@ -404,6 +404,73 @@ mod cases {
         .await
         .unwrap_err();
         assert_eq!(again.code, "state");
+    }
+
+    pub async fn run_list_answers_a_page_at_a_time_oldest_first_and_refuses_a_bad_page(
+        ts: &TestStore,
+    ) {
+        let h = booted(&ts.store, "host-a", options(8, 5000)).await;
+        let mut started = Vec::new();
+        for _ in 0..3 {
+            started.push(start(&h, QUICK).await.unwrap().run_id);
+        }
+        let first: RunList = call(&h, "acme", "run.list", json!({"version": 1, "limit": 2}))
+            .await
+            .unwrap();
+        let next = first.next.clone().expect("a second page");
+        let rest: RunList = call(
+            &h,
+            "acme",
+            "run.list",
+            json!({"version": 1, "limit": 2, "after": next}),
+        )
+        .await
+        .unwrap();
+        assert_eq!(rest.next, None);
+        let listed: Vec<String> = first
+            .runs
+            .iter()
+            .chain(&rest.runs)
+            .map(|r| r.run_id.clone())
+            .collect();
+        assert_eq!(listed, started, "oldest first, each once");
+        // Without a limit, one page holds them all.
+        let all: RunList = call(&h, "acme", "run.list", json!({"version": 1}))
+            .await
+            .unwrap();
+        assert_eq!((all.runs.len(), all.next), (3, None));
+        let unknown = call::<RunList>(
+            &h,
+            "acme",
+            "run.list",
+            json!({"version": 1, "after": "run-nosuch"}),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(unknown.code, "not_found");
+        // Another tenant's run is no cursor for this one.
+        let foreign = call::<RunList>(
+            &h,
+            "globex",
+            "run.list",
+            json!({"version": 1, "after": started[0]}),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(foreign.code, "not_found");
+        for bad in [json!(0), json!(501), json!(null), json!("2")] {
+            let raw = serde_json::value::RawValue::from_string(
+                json!({"version": 1, "limit": bad}).to_string(),
+            )
+            .unwrap();
+            assert!(
+                matches!(
+                    h.handle(&t("acme"), "run.list", Some(&raw)).await,
+                    ExtensionReply::Done(Err(Refusal::BadRequest))
+                ),
+                "limit {bad}"
+            );
+        }
     }
 
     pub async fn a_retried_start_with_its_key_returns_the_same_run(ts: &TestStore) {
@@ -886,6 +953,7 @@ sessionstore::both_backends!(cases =>
     a_step_still_in_flight_at_the_grace_is_halted_and_nothing_is_recorded_for_it,
     a_refused_program_reports_every_problem_and_records_nothing,
     a_pause_free_run_completes_and_is_listed,
+    run_list_answers_a_page_at_a_time_oldest_first_and_refuses_a_bad_page,
     a_start_whose_run_cannot_be_made_durable_is_refused_and_no_run_appears_later,
     an_answer_is_acknowledged_once_durable_while_nothing_consumes_it,
     a_retried_start_with_its_key_returns_the_same_run,

@@ -54,8 +54,9 @@ pub use options::{LOCAL_STORAGE_BINDING, StoreOptions, Synchronous, local_bindin
 pub use packages::{NewPackage, PackageSummary, Publication, StoredPackage};
 pub use runs::{
     AnswerRecorded, Checkpoint, CheckpointKind, NewCheckpoint, NewRun, NewStepEntry, PARKED_HOLDER,
-    ParkUntil, RunAnswer, RunCreated, RunEnd, RunFailure, RunFence, RunPin, RunProgram, RunState,
-    RunStatus, RunsMark, StepEntry, StepEntryKind, Takeover, TakeoverRule, holder_host,
+    ParkUntil, RunAnswer, RunCreated, RunEnd, RunFailure, RunFence, RunOrder, RunPin, RunProgram,
+    RunState, RunStatus, RunsMark, RunsPage, StepEntry, StepEntryKind, Takeover, TakeoverRule,
+    holder_host,
 };
 pub use stats::StoreStats;
 pub use store::{BackendKind, Store};

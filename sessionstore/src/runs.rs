@@ -75,6 +75,24 @@ pub struct RunFailure {
     pub message: String,
 }
 
+/// Which end of a tenant's runs a listing starts from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RunOrder {
+    /// The order runs were started in (how `run.list` answers).
+    #[default]
+    OldestFirst,
+    /// The newest run first (how the console shows them).
+    NewestFirst,
+}
+
+/// A page of runs, and where the next one starts.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RunsPage {
+    pub runs: Vec<RunStatus>,
+    /// The last run of this page when more follow (the `after` of the next page).
+    pub next: Option<RunId>,
+}
+
 /// A cheap summary of a tenant's runs that changes whenever what a view of them shows does:
 /// a run is added, or a status record is rewritten (a step, a park, a takeover, an answer,
 /// an end). Lease renewals do not change it.
@@ -790,6 +808,85 @@ pub(crate) async fn list<C: Conn>(
         "SELECT {STATUS_COLS} FROM run_status WHERE tenant_id = $1 ORDER BY created_at, run_id"
     );
     rows(tx, &q, vec![text(tenant.as_str())], "run_status")
+        .await?
+        .iter()
+        .map(decode_status)
+        .collect()
+}
+
+/// A page of the runs of `tenants` in `order` of creation (the run id, unique across tenants,
+/// breaks ties), starting after the run `after` (which must be a run of one of them), at most
+/// `limit`, with the cursor of the next page when more follow.
+pub(crate) async fn page<C: Conn>(
+    tx: &mut SqlTx<C>,
+    tenants: &[TenantId],
+    after: Option<&RunId>,
+    limit: u64,
+    order: RunOrder,
+) -> StoreResult<RunsPage> {
+    let mut runs = page_and_one(tx, tenants, after, limit + 1, order).await?;
+    let next = if runs.len() as u64 > limit {
+        runs.truncate(limit as usize);
+        runs.last().map(|r| r.run_id.clone())
+    } else {
+        None
+    };
+    Ok(RunsPage { runs, next })
+}
+
+async fn page_and_one<C: Conn>(
+    tx: &mut SqlTx<C>,
+    tenants: &[TenantId],
+    after: Option<&RunId>,
+    limit: u64,
+    order: RunOrder,
+) -> StoreResult<Vec<RunStatus>> {
+    if tenants.is_empty() {
+        return Ok(Vec::new());
+    }
+    let (past, direction) = match order {
+        RunOrder::OldestFirst => (">", "ASC"),
+        RunOrder::NewestFirst => ("<", "DESC"),
+    };
+    let mut params: Vec<Param> = tenants.iter().map(|t| text(t.as_str())).collect();
+    let among = (1..=tenants.len())
+        .map(|i| format!("${i}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut past_cursor = String::new();
+    if let Some(after) = after {
+        let mut lookup = params.clone();
+        lookup.push(text(after.as_str()));
+        let found = rows(
+            tx,
+            &format!(
+                "SELECT created_at FROM run_status WHERE tenant_id IN ({among}) AND run_id = ${}",
+                lookup.len()
+            ),
+            lookup,
+            "run_status",
+        )
+        .await?;
+        let Some(cursor) = found.first() else {
+            return Err(StoreError::NotFound {
+                entity: "run",
+                key: after.to_string(),
+            });
+        };
+        params.push(ms(cursor.i64(0)?));
+        params.push(text(after.as_str()));
+        let (at, id) = (params.len() - 1, params.len());
+        past_cursor = format!(
+            " AND (created_at {past} ${at} OR (created_at = ${at} AND run_id {past} ${id}))"
+        );
+    }
+    params.push(int(limit));
+    let q = format!(
+        "SELECT {STATUS_COLS} FROM run_status WHERE tenant_id IN ({among}){past_cursor} \
+         ORDER BY created_at {direction}, run_id {direction} LIMIT ${}",
+        params.len()
+    );
+    rows(tx, &q, params, "run_status")
         .await?
         .iter()
         .map(decode_status)

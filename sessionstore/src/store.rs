@@ -1241,6 +1241,27 @@ impl Store {
         read_op!(self, |tx| crate::runs::list(tx, &t))
     }
 
+    /// A page of the runs of `tenants` in `order`, after the run `after` (a run of one of
+    /// them; otherwise `not_found`), at most `limit` (1 to [`MAX_PAGE`]), with the cursor of
+    /// the next page when more follow.
+    pub async fn runs_page(
+        &self,
+        tenants: &[TenantId],
+        after: Option<&crate::RunId>,
+        limit: usize,
+        order: crate::runs::RunOrder,
+    ) -> StoreResult<crate::runs::RunsPage> {
+        let (tenants, after) = (tenants.to_vec(), after.cloned());
+        let limit = limit.clamp(1, MAX_PAGE) as u64;
+        read_op!(self, |tx| crate::runs::page(
+            tx,
+            &tenants,
+            after.as_ref(),
+            limit,
+            order
+        ))
+    }
+
     /// A tenant's [`crate::RunsMark`]: one aggregate read, for a view that follows runs to
     /// tell that they changed without reading them all.
     pub async fn runs_mark(&self, tenant: &TenantId) -> StoreResult<crate::runs::RunsMark> {

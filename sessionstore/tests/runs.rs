@@ -158,6 +158,94 @@ mod cases {
         assert!(mark(acme).await.revisions > stepped.revisions);
     }
 
+    pub async fn a_tenants_runs_are_read_in_pages_either_way_and_a_foreign_cursor_is_not_found(
+        ts: &TestStore,
+    ) {
+        let acme = tenant("acme");
+        for n in 1..=5 {
+            start(ts, &format!("run-{n}")).await;
+        }
+        let mut theirs = new_run("run-0", None);
+        theirs.tenant = tenant("globex");
+        ts.store.create_run(theirs).await.unwrap();
+        let pages = |order: RunOrder| {
+            let acme = acme.clone();
+            async move {
+                let mut pages: Vec<Vec<String>> = Vec::new();
+                let mut after: Option<RunId> = None;
+                loop {
+                    let page = ts
+                        .store
+                        .runs_page(std::slice::from_ref(&acme), after.as_ref(), 2, order)
+                        .await
+                        .unwrap();
+                    pages.push(page.runs.iter().map(|r| r.run_id.to_string()).collect());
+                    match page.next {
+                        Some(next) => after = Some(next),
+                        None => break,
+                    }
+                }
+                pages
+            }
+        };
+        assert_eq!(
+            pages(RunOrder::OldestFirst).await,
+            [
+                vec!["run-1", "run-2"],
+                vec!["run-3", "run-4"],
+                vec!["run-5"]
+            ]
+        );
+        assert_eq!(
+            pages(RunOrder::NewestFirst).await,
+            [
+                vec!["run-5", "run-4"],
+                vec!["run-3", "run-2"],
+                vec!["run-1"]
+            ]
+        );
+        // A page that holds the last run says no more follow.
+        let whole = ts
+            .store
+            .runs_page(std::slice::from_ref(&acme), None, 5, RunOrder::OldestFirst)
+            .await
+            .unwrap();
+        assert_eq!((whole.runs.len(), whole.next), (5, None));
+        // Several tenants page together by creation; a run id names one run across them.
+        let both = [acme.clone(), tenant("globex")];
+        let mut seen = std::collections::BTreeSet::new();
+        let mut after: Option<RunId> = None;
+        loop {
+            let page = ts
+                .store
+                .runs_page(&both, after.as_ref(), 4, RunOrder::NewestFirst)
+                .await
+                .unwrap();
+            for r in page.runs {
+                assert!(seen.insert(r.run_id.to_string()), "{} twice", r.run_id);
+            }
+            match page.next {
+                Some(next) => after = Some(next),
+                None => break,
+            }
+        }
+        assert_eq!(seen.len(), 6, "{seen:?}");
+        // A cursor must be one of the tenant's own runs: another tenant's reads as unknown.
+        for cursor in ["run-0", "run-9"] {
+            let e = ts
+                .store
+                .runs_page(
+                    std::slice::from_ref(&acme),
+                    Some(&RunId::new(cursor).unwrap()),
+                    2,
+                    RunOrder::OldestFirst,
+                )
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), ErrorCode::NotFound, "{e}");
+        }
+    }
+
     pub async fn another_tenants_run_reads_exactly_like_an_unknown_one(ts: &TestStore) {
         let s = start(ts, "run-1").await;
         let other = tenant("globex");
@@ -981,6 +1069,7 @@ mod cases {
 
 sessionstore::both_backends!(cases =>
     a_tenants_runs_mark_moves_with_each_status_change_and_only_its_own,
+    a_tenants_runs_are_read_in_pages_either_way_and_a_foreign_cursor_is_not_found,
     only_live_runs_count_as_pinned_to_a_release,
     a_run_is_recorded_with_its_exact_program_and_a_first_status_at_epoch_one,
     a_start_retried_with_its_idempotency_key_returns_the_first_run,

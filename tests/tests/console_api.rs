@@ -299,6 +299,60 @@ mod cases {
         f.stop().await;
     }
 
+    pub async fn runs_page_newest_first_with_a_cursor_and_an_unknown_cursor_is_not_found(
+        ts: &TestStore,
+    ) {
+        let f = Fixture::start(ts, "h-console-run-pages").await;
+        for id in ["run-a", "run-b", "run-c"] {
+            ts.store
+                .create_run(sessionstore::NewRun {
+                    run_id: sessionstore::RunId::new(id).unwrap(),
+                    tenant: TenantId::new("acme").unwrap(),
+                    source: "steps: []".into(),
+                    input: "{}".into(),
+                    holder: "host-x/attempt-1".into(),
+                    fencing_token: format!("token-{id}"),
+                    lease: std::time::Duration::from_secs(60),
+                    idempotency_key: None,
+                    pins: Vec::new(),
+                    started_by: None,
+                    trace: None,
+                })
+                .await
+                .unwrap();
+            // Each a moment after the last, so the order is the order of creation.
+            tokio::time::sleep(std::time::Duration::from_millis(3)).await;
+        }
+        let ids = |page: &Value| -> Vec<String> {
+            page["runs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| r["run_id"].as_str().unwrap().to_owned())
+                .collect()
+        };
+        let (status, first) = f.get(Some(&f.read), "/runs?limit=2").await;
+        assert_eq!(status, 200, "{first}");
+        assert_eq!(ids(&first), ["run-c", "run-b"], "{first}");
+        assert_eq!(first["next"], "run-b", "{first}");
+        let (status, last) = f.get(Some(&f.read), "/runs?limit=2&after=run-b").await;
+        assert_eq!(status, 200, "{last}");
+        assert_eq!(ids(&last), ["run-a"], "{last}");
+        assert_eq!(last["next"], Value::Null, "{last}");
+        let (status, body) = f.get(Some(&f.read), "/runs?after=run-zzz").await;
+        assert_eq!(
+            (status, body["error"]["code"].clone()),
+            (404, json!("not_found")),
+            "{body}"
+        );
+        let (status, body) = f.get(Some(&f.read), "/runs?limit=0").await;
+        assert_eq!(
+            (status, body["error"]["code"].clone()),
+            (400, json!("invalid"))
+        );
+        f.stop().await;
+    }
+
     pub async fn only_the_operate_role_drains_and_the_report_comes_back(ts: &TestStore) {
         let f = Fixture::start(ts, "h-console-drain").await;
         let s = f.c.session().await;
@@ -345,5 +399,6 @@ sessionstore::both_backends!(cases =>
     a_gate_answered_from_the_console_runs_its_tool_once_and_names_the_operator,
     a_session_view_shows_commands_gates_and_journal_and_no_runtime_private_id,
     sessions_page_with_a_cursor_and_a_bad_limit_is_a_stable_refusal,
+    runs_page_newest_first_with_a_cursor_and_an_unknown_cursor_is_not_found,
     only_the_operate_role_drains_and_the_report_comes_back,
 );

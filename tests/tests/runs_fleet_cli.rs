@@ -177,4 +177,53 @@ fn follows_the_run_across_a_kill(dir: &Path, url: &str) {
     let ps: Value = serde_json::from_str(&c.run(dir, &["--json", "run", "ps"])).expect("ps JSON");
     assert_eq!(ps["runs"][0]["run_id"], run.as_str(), "{ps}");
     assert_eq!(ps["runs"][0]["state"], "completed", "{ps}");
+
+    // More runs than one `run.list` page holds: `run ps` reads every page, oldest first.
+    let bulk = hostlink::runs::RUN_LIST_MAX_LIMIT as usize + 100;
+    completed_runs(url, bulk);
+    let ps: Value = serde_json::from_str(&c.run(dir, &["--json", "run", "ps"])).expect("ps JSON");
+    let listed = ps["runs"].as_array().expect("runs");
+    assert_eq!(listed.len(), bulk + 1);
+    assert_eq!(listed[0]["run_id"], run.as_str());
+    assert_eq!(listed[bulk]["run_id"], format!("run-bulk-{:04}", bulk - 1));
+    assert!(
+        ps.get("next").is_none(),
+        "one whole listing: {}",
+        ps["next"]
+    );
+}
+
+/// Records `n` completed runs of `acme` (`run-bulk-0000` on) straight into the store at `url`.
+fn completed_runs(url: &str, n: usize) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let store = sessionstore::Store::open(sessionstore::StoreOptions::new(url.to_owned()))
+            .await
+            .expect("the store opens");
+        for i in 0..n {
+            let created = store
+                .create_run(sessionstore::NewRun {
+                    run_id: sessionstore::RunId::new(format!("run-bulk-{i:04}")).unwrap(),
+                    tenant: sessionstore::TenantId::new("acme").unwrap(),
+                    source: PROGRAM.into(),
+                    input: "{}".into(),
+                    holder: "bulk/attempt-1".into(),
+                    fencing_token: format!("bulk-{i}"),
+                    lease: std::time::Duration::from_secs(3600),
+                    idempotency_key: None,
+                    pins: Vec::new(),
+                    started_by: None,
+                    trace: None,
+                })
+                .await
+                .expect("a bulk run");
+            store
+                .end_run(&created.status.fence(), sessionstore::RunEnd::Completed)
+                .await
+                .expect("the bulk run ends");
+        }
+    });
 }
