@@ -876,9 +876,8 @@ async fn page_and_one<C: Conn>(
         params.push(ms(cursor.i64(0)?));
         params.push(text(after.as_str()));
         let (at, id) = (params.len() - 1, params.len());
-        past_cursor = format!(
-            " AND (created_at {past} ${at} OR (created_at = ${at} AND run_id {past} ${id}))"
-        );
+        // A row-value comparison, so both backends walk the index from the cursor on.
+        past_cursor = format!(" AND (created_at, run_id) {past} (${at}, ${id})");
     }
     params.push(int(limit));
     let q = format!(
