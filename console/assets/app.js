@@ -13,7 +13,9 @@ const state = {
   samples: [],
   hosts: [],
   nextSessions: null,
+  sessionsShown: 0,
   nextRuns: null,
+  runsShown: 0,
 };
 
 const $ = (id) => document.getElementById(id);
@@ -211,8 +213,17 @@ function sessionRow(s) {
   );
 }
 
+// How many rows a fresh read of a paged view asks for: as many as it shows (a live change
+// must not fold up the pages the operator opened with More), at least a page, at most the
+// API's bound.
+const PAGE = 50;
+const MAX_ROWS = 1000;
+const rowsToRead = (shown) => Math.min(MAX_ROWS, Math.max(PAGE, shown || 0));
+
 async function showSessions(more) {
-  const q = more && state.nextSessions ? "?after=" + encodeURIComponent(state.nextSessions) : "";
+  const q = more && state.nextSessions
+    ? "?after=" + encodeURIComponent(state.nextSessions)
+    : "?limit=" + rowsToRead(state.sessionsShown);
   const r = await call("GET", "/sessions" + q);
   const headers = ["Tenant", "Session", "Agent", "Residency", "Host", "Epoch", "Gates", "Blocked", "Last command", "Last active"];
   if (more) {
@@ -220,6 +231,7 @@ async function showSessions(more) {
   } else {
     table("sessions-table", headers, r.sessions.map(sessionRow));
   }
+  state.sessionsShown = (more ? state.sessionsShown : 0) + r.sessions.length;
   state.nextSessions = r.next;
   $("sessions-more").hidden = !r.next;
   if (state.session) await showSession();
@@ -315,13 +327,16 @@ function runRow(x) {
 
 // Newest first, a page at a time; "More" reads the next page.
 async function showRuns(more) {
-  const q = more && state.nextRuns ? "?after=" + encodeURIComponent(state.nextRuns) : "";
+  const q = more && state.nextRuns
+    ? "?after=" + encodeURIComponent(state.nextRuns)
+    : "?limit=" + rowsToRead(state.runsShown);
   const r = await call("GET", "/runs" + q);
   if (more) {
     $("runs-table").querySelector("tbody").append(...r.runs.map(runRow));
   } else {
     table("runs-table", ["Tenant", "Run", "State", "Step", "Failure", "Updated"], r.runs.map(runRow));
   }
+  state.runsShown = (more ? state.runsShown : 0) + r.runs.length;
   state.nextRuns = r.next;
   $("runs-more").hidden = !r.next;
   if (state.run) await showRun();

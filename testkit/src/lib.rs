@@ -4,7 +4,7 @@
 //! composed in-process with a controller's-eye checker ([`fixture`]), that Host behind its real
 //! listener ([`served`]), `hostd` as a child process ([`process`]), a PostgreSQL database of a
 //! test's own ([`pg`]), injected faults ([`faults`]), a TCP proxy that injects network faults
-//! ([`faultproxy`]), signing keys made at test time ([`jwt_keys`]), the Host's log read back ([`log_capture`]), a recorded client history ([`history`]) and the exactly-once checker that
+//! ([`faultproxy`]), signing keys made at test time ([`jwt_keys`]), the Host's log read back ([`log_capture`]), runs recorded straight into a store ([`runs`]), a recorded client history ([`history`]) and the exactly-once checker that
 //! judges it against the store ([`checker`]), and what the benches share ([`bench`]).
 //!
 //! Nothing here is shipped: only test and bench targets depend on this crate. It must never
@@ -24,6 +24,7 @@ pub mod log_capture;
 pub mod pg;
 pub mod poll;
 pub mod process;
+pub mod runs;
 pub mod served;
 
 pub use fixture::*;

@@ -132,6 +132,34 @@ try {
   promptAnswer = undefined;
   await page.waitForFunction(() => document.querySelector("#run-title").textContent.includes("completed"));
   await page.screenshot({ path: `${shots}/07-run-answered.png`, fullPage: true });
+
+  step("more runs than a page: newest first, and More reads the rest");
+  say("WANT_RUNS 60");
+  const newest = (await nextLine()).trim();
+  // The page hears of the new runs without a reload; the CLI's run, now the oldest, is past
+  // the first page.
+  await page.waitForSelector(`#runs-table tbody tr[data-run="${newest}"]`);
+  const firstRow = await page.$eval("#runs-table tbody tr", (r) => r.dataset.run);
+  if (firstRow !== newest) throw new Error(`the newest run is not first: ${firstRow}`);
+  if (await page.$(`#runs-table tr[data-run="${run}"]`)) throw new Error("the oldest run is on the first page");
+  await page.waitForSelector("#runs-more:not([hidden])");
+  await page.click("#runs-more");
+  await page.waitForSelector(`#runs-table tr[data-run="${run}"]`);
+  await page.waitForSelector("#runs-more[hidden]", { state: "attached" });
+  const rows = () => page.$$eval("#runs-table tbody tr[data-run]", (rs) => rs.map((r) => r.dataset.run));
+  const listed = await rows();
+  if (listed.length !== 61) throw new Error(`${listed.length} runs listed after More, not 61`);
+  await page.screenshot({ path: `${shots}/07-runs-more.png`, fullPage: true });
+  // A run started meanwhile: the live refresh keeps as many rows as were shown (it does not
+  // fold the list back to one page), the new run first and the oldest pushed to the next page.
+  say("WANT_RUNS 1");
+  const newer = (await nextLine()).trim();
+  await page.waitForSelector(`#runs-table tbody tr[data-run="${newer}"]`);
+  await page.waitForSelector("#runs-more:not([hidden])");
+  const refreshed = await rows();
+  if (refreshed.length !== 61 || refreshed[0] !== newer || refreshed.includes(run)) {
+    throw new Error("the refreshed list: " + JSON.stringify([refreshed.length, refreshed[0], refreshed.includes(run)]));
+  }
   await page.click("nav a[data-view=charts]");
   await page.waitForTimeout(2500);
   await page.screenshot({ path: `${shots}/08-charts.png`, fullPage: true });

@@ -107,6 +107,7 @@ async fn an_operator_signs_in_answers_a_gate_and_drains_a_host_in_a_real_browser
         let mut b: Option<Serve> = None;
         let mut session = String::new();
         let mut done = false;
+        let mut batches = 0;
         let deadline = Instant::now() + Duration::from_secs(180);
         for line in stdout.lines() {
             let line = line.expect("the script's output");
@@ -151,6 +152,13 @@ async fn an_operator_signs_in_answers_a_gate_and_drains_a_host_in_a_real_browser
                 .to_owned();
                 assert!(run.starts_with("run-"), "{run}");
                 writeln!(stdin, "{run}").unwrap();
+            } else if let Some(n) = line.strip_prefix("WANT_RUNS ") {
+                // Runs newer than any before, recorded straight into the store.
+                let n: usize = n.parse().expect("a count of runs");
+                batches += 1;
+                let prefix = format!("run-page{batches}");
+                testkit::runs::record_completed_runs(&store, "acme", &prefix, n);
+                writeln!(stdin, "{prefix}-{:04}", n - 1).unwrap();
             } else if let Some(report) = line.strip_prefix("DRAINED ") {
                 let report: serde_json::Value = serde_json::from_str(report).unwrap();
                 assert_eq!(report["state"], "drained", "{report}");

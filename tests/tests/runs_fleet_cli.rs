@@ -180,7 +180,7 @@ fn follows_the_run_across_a_kill(dir: &Path, url: &str) {
 
     // More runs than one `run.list` page holds: `run ps` reads every page, oldest first.
     let bulk = hostlink::runs::RUN_LIST_MAX_LIMIT as usize + 100;
-    completed_runs(url, bulk);
+    testkit::runs::record_completed_runs(url, "acme", "run-bulk", bulk);
     let ps: Value = serde_json::from_str(&c.run(dir, &["--json", "run", "ps"])).expect("ps JSON");
     let listed = ps["runs"].as_array().expect("runs");
     assert_eq!(listed.len(), bulk + 1);
@@ -191,39 +191,4 @@ fn follows_the_run_across_a_kill(dir: &Path, url: &str) {
         "one whole listing: {}",
         ps["next"]
     );
-}
-
-/// Records `n` completed runs of `acme` (`run-bulk-0000` on) straight into the store at `url`.
-fn completed_runs(url: &str, n: usize) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    runtime.block_on(async {
-        let store = sessionstore::Store::open(sessionstore::StoreOptions::new(url.to_owned()))
-            .await
-            .expect("the store opens");
-        for i in 0..n {
-            let created = store
-                .create_run(sessionstore::NewRun {
-                    run_id: sessionstore::RunId::new(format!("run-bulk-{i:04}")).unwrap(),
-                    tenant: sessionstore::TenantId::new("acme").unwrap(),
-                    source: PROGRAM.into(),
-                    input: "{}".into(),
-                    holder: "bulk/attempt-1".into(),
-                    fencing_token: format!("bulk-{i}"),
-                    lease: std::time::Duration::from_secs(3600),
-                    idempotency_key: None,
-                    pins: Vec::new(),
-                    started_by: None,
-                    trace: None,
-                })
-                .await
-                .expect("a bulk run");
-            store
-                .end_run(&created.status.fence(), sessionstore::RunEnd::Completed)
-                .await
-                .expect("the bulk run ends");
-        }
-    });
 }
