@@ -548,6 +548,19 @@ fn bad(entity: &'static str, e: StoreError) -> StoreError {
     StoreError::integrity(entity, e.to_string())
 }
 
+/// The status records a query over `run_status` selecting [`STATUS_COLS`] answers.
+async fn statuses<C: Conn>(
+    tx: &mut SqlTx<C>,
+    q: &str,
+    params: Vec<Param>,
+) -> StoreResult<Vec<RunStatus>> {
+    rows(tx, q, params, "run_status")
+        .await?
+        .iter()
+        .map(decode_status)
+        .collect()
+}
+
 fn decode_status(r: &Row) -> StoreResult<RunStatus> {
     let failure = match (r.opt_text(10)?, r.opt_text(11)?) {
         (Some(code), Some(step)) => Some(RunFailure {
@@ -807,11 +820,7 @@ pub(crate) async fn list<C: Conn>(
     let q = format!(
         "SELECT {STATUS_COLS} FROM run_status WHERE tenant_id = $1 ORDER BY created_at, run_id"
     );
-    rows(tx, &q, vec![text(tenant.as_str())], "run_status")
-        .await?
-        .iter()
-        .map(decode_status)
-        .collect()
+    statuses(tx, &q, vec![text(tenant.as_str())]).await
 }
 
 /// A page of the runs of `tenants` in `order` of creation (the run id, unique across tenants,
@@ -885,11 +894,7 @@ async fn page_and_one<C: Conn>(
          ORDER BY created_at {direction}, run_id {direction} LIMIT ${}",
         params.len()
     );
-    rows(tx, &q, params, "run_status")
-        .await?
-        .iter()
-        .map(decode_status)
-        .collect()
+    statuses(tx, &q, params).await
 }
 
 /// The tenant's [`RunsMark`].
@@ -920,11 +925,7 @@ pub(crate) async fn in_state<C: Conn>(
     let q = format!(
         "SELECT {STATUS_COLS} FROM run_status WHERE state = $1 ORDER BY created_at, run_id LIMIT $2"
     );
-    rows(tx, &q, vec![text(state.as_str()), int(limit)], "run_status")
-        .await?
-        .iter()
-        .map(decode_status)
-        .collect()
+    statuses(tx, &q, vec![text(state.as_str()), int(limit)]).await
 }
 
 /// A run's program, checked against its recorded SHA-256.
@@ -1081,11 +1082,7 @@ pub(crate) async fn to_take<C: Conn>(
         ") ORDER BY lease_expires_at, run_id LIMIT ${}",
         params.len()
     ));
-    rows(tx, &q, params, "run_status")
-        .await?
-        .iter()
-        .map(decode_status)
-        .collect()
+    statuses(tx, &q, params).await
 }
 
 /// Hands a running run back to the store under the driver's fence: it keeps its epoch and

@@ -303,26 +303,7 @@ mod cases {
         ts: &TestStore,
     ) {
         let f = Fixture::start(ts, "h-console-run-pages").await;
-        for id in ["run-a", "run-b", "run-c"] {
-            ts.store
-                .create_run(sessionstore::NewRun {
-                    run_id: sessionstore::RunId::new(id).unwrap(),
-                    tenant: TenantId::new("acme").unwrap(),
-                    source: "steps: []".into(),
-                    input: "{}".into(),
-                    holder: "host-x/attempt-1".into(),
-                    fencing_token: format!("token-{id}"),
-                    lease: std::time::Duration::from_secs(60),
-                    idempotency_key: None,
-                    pins: Vec::new(),
-                    started_by: None,
-                    trace: None,
-                })
-                .await
-                .unwrap();
-            // Each a moment after the last, so the order is the order of creation.
-            tokio::time::sleep(std::time::Duration::from_millis(3)).await;
-        }
+        testkit::runs::completed_runs(&ts.store, "acme", "run", 3).await;
         let ids = |page: &Value| -> Vec<String> {
             page["runs"]
                 .as_array()
@@ -333,11 +314,11 @@ mod cases {
         };
         let (status, first) = f.get(Some(&f.read), "/runs?limit=2").await;
         assert_eq!(status, 200, "{first}");
-        assert_eq!(ids(&first), ["run-c", "run-b"], "{first}");
-        assert_eq!(first["next"], "run-b", "{first}");
-        let (status, last) = f.get(Some(&f.read), "/runs?limit=2&after=run-b").await;
+        assert_eq!(ids(&first), ["run-0002", "run-0001"], "{first}");
+        assert_eq!(first["next"], "run-0001", "{first}");
+        let (status, last) = f.get(Some(&f.read), "/runs?limit=2&after=run-0001").await;
         assert_eq!(status, 200, "{last}");
-        assert_eq!(ids(&last), ["run-a"], "{last}");
+        assert_eq!(ids(&last), ["run-0000"], "{last}");
         assert_eq!(last["next"], Value::Null, "{last}");
         let (status, body) = f.get(Some(&f.read), "/runs?after=run-zzz").await;
         assert_eq!(
