@@ -496,6 +496,8 @@ async fn a_slowloris_client_and_a_silent_one_are_cut_off_at_their_timeouts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_refused_at_the_connection_cap_reads_the_whole_503_and_no_reset() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // This process's descriptors are counted: no other counting test may run meanwhile.
+    let _alone = DESCRIPTOR_TESTS.lock().await;
     let Some(ts) = TestStore::open(TestBackend::Sqlite).await else {
         return;
     };
@@ -550,10 +552,20 @@ async fn a_client_refused_at_the_connection_cap_reads_the_whole_503_and_no_reset
     );
     assert!(cut(&s, "max_connections") >= 500.0);
     drop(holder);
+    descriptors_return_then_stop(s, fds_before).await;
+}
+
+/// Held by each test that counts this process's open descriptors, so two of them never run
+/// at once (one's connections would be counted as the other's leak).
+static DESCRIPTOR_TESTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Waits for this process's open descriptors to come back to `before` (give or take the
+/// Host's own churn), then stops the Host.
+async fn descriptors_return_then_stop(s: Served, before: usize) {
     eventually("descriptors to return", async || {
         let now = open_fds();
-        check(now <= fds_before + 20, || {
-            format!("{now} open, {fds_before} before")
+        check(now <= before + 20, || {
+            format!("{now} open, {before} before")
         })
     })
     .await;
@@ -571,6 +583,8 @@ fn open_fds() -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_connection_attempts_past_the_bound_are_refused_and_leak_nothing() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // This process's descriptors are counted: no other counting test may run meanwhile.
+    let _alone = DESCRIPTOR_TESTS.lock().await;
     let Some(ts) = TestStore::open(TestBackend::Sqlite).await else {
         return;
     };
@@ -677,13 +691,5 @@ async fn ten_thousand_connection_attempts_past_the_bound_are_refused_and_leak_no
         "{:?}",
         readyz.answers()
     );
-    eventually("descriptors to return", async || {
-        let now = open_fds();
-        check(now <= fds_before + 20, || {
-            format!("{now} open, {fds_before} before")
-        })
-    })
-    .await;
-    s.server.shutdown();
-    s.server.wait().await;
+    descriptors_return_then_stop(s, fds_before).await;
 }
