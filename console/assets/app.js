@@ -16,6 +16,8 @@ const state = {
   sessionsShown: 0,
   nextRuns: null,
   runsShown: 0,
+  nextGates: null,
+  gatesShown: 0,
 };
 
 const $ = (id) => document.getElementById(id);
@@ -217,7 +219,7 @@ function sessionRow(s) {
 // must not fold up the pages the operator opened with More), at least a page, at most the
 // API's bound.
 const PAGE = 50;
-const MAX_ROWS = 1000;
+const MAX_ROWS = 200; // the API's page bound (MAX_PAGE in console/src/api.rs)
 const rowsToRead = (shown) => Math.min(MAX_ROWS, Math.max(PAGE, shown || 0));
 
 async function showSessions(more) {
@@ -308,13 +310,27 @@ function followSession() {
   src.addEventListener("error", () => { src.close(); $("live-state").textContent = "(not resident here: updates on change)"; });
 }
 
-async function showGates() {
-  const r = await call("GET", "/gates");
-  table("gates-table", ["Tenant", "Session", "Gate", "Kind", "Prompt", "Opened", ""],
-    r.gates.map((g) => el("tr", { "data-gate": g.gate_id },
-      el("td", {}, g.tenant_id), el("td", {}, g.session_id), el("td", {}, g.gate_id),
-      el("td", {}, g.kind), el("td", { class: "wrap" }, g.prompt), el("td", {}, time(g.opened_at_ms)),
-      el("td", {}, gateActions(g)))));
+function gateRow(g) {
+  return el("tr", { "data-gate": g.gate_id },
+    el("td", {}, g.tenant_id), el("td", {}, g.session_id), el("td", {}, g.gate_id),
+    el("td", {}, g.kind), el("td", { class: "wrap" }, g.prompt), el("td", {}, time(g.opened_at_ms)),
+    el("td", {}, gateActions(g)));
+}
+
+// Oldest first (the longest wait first), a page at a time; "More" reads the next page.
+async function showGates(more) {
+  const q = more && state.nextGates
+    ? "?after=" + encodeURIComponent(state.nextGates)
+    : "?limit=" + rowsToRead(state.gatesShown);
+  const r = await call("GET", "/gates" + q);
+  if (more) {
+    $("gates-table").querySelector("tbody").append(...r.gates.map(gateRow));
+  } else {
+    table("gates-table", ["Tenant", "Session", "Gate", "Kind", "Prompt", "Opened", ""], r.gates.map(gateRow));
+  }
+  state.gatesShown = (more ? state.gatesShown : 0) + r.gates.length;
+  state.nextGates = r.next;
+  $("gates-more").hidden = !r.next;
 }
 
 function runRow(x) {
@@ -482,5 +498,6 @@ document.addEventListener("DOMContentLoaded", () => {
   $("login-form").addEventListener("submit", login);
   $("sessions-more").addEventListener("click", () => showSessions(true));
   $("runs-more").addEventListener("click", () => showRuns(true));
+  $("gates-more").addEventListener("click", () => showGates(true));
   whoami();
 });

@@ -12,8 +12,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use sessionstore::wire::{CommandBodyV1, GateAnswer, encode_command_body};
 use sessionstore::{
-    CommandBody, CommandId, CommandKind, CommandRecord, ErrorCode, GateRecord, NewCommand, RunId,
-    RunOrder, SessionId, SessionRecord, StoreError, TenantId,
+    CommandBody, CommandId, CommandKind, CommandRecord, ErrorCode, GateCursor, GateId, GateRecord,
+    NewCommand, RunId, RunOrder, SessionId, SessionRecord, StoreError, TenantId,
 };
 
 use crate::Console;
@@ -435,21 +435,41 @@ pub async fn session(
 
 // ------------------------------------------------------------------------ gates
 
-pub async fn gates(State(c): State<Console>, headers: HeaderMap) -> ApiResult {
+/// A page of the open gates of the listed tenants (or one tenant's, with `tenant`), oldest
+/// first: the longest wait first. `after` is the `next` of the previous page (a JSON array of
+/// tenant, session and gate ids: any of them may hold a `/`).
+pub async fn gates(
+    State(c): State<Console>,
+    headers: HeaderMap,
+    Query(q): Query<Page>,
+) -> ApiResult {
     operator(&c, &headers)?;
-    let store = c.service.store();
-    let mut open = Vec::new();
-    let mut truncated = false;
-    for t in c.tenants.iter() {
-        let sessions = store.list_sessions(t, None, MAX_PAGE).await?;
-        truncated |= sessions.len() == MAX_PAGE;
-        for s in sessions {
-            for g in store.gates(t, &s.session, true).await? {
-                open.push(gate_view(&g));
-            }
-        }
-    }
-    ok(json!({"gates": open, "truncated": truncated}))
+    let limit = page_limit(q.limit)?;
+    let tenants: Vec<TenantId> = match q.tenant.as_deref() {
+        Some(t) => vec![tenant(&c, t)?],
+        None => c.tenants.iter().cloned().collect(),
+    };
+    let after = q.after.as_deref().map(gate_cursor).transpose()?;
+    let page = c
+        .service
+        .store()
+        .open_gates_page(&tenants, after.as_ref(), limit)
+        .await?;
+    let next = page
+        .next
+        .map(|n| json!([n.tenant.as_str(), n.session.as_str(), n.gate.as_str()]).to_string());
+    ok(json!({"gates": page.gates.iter().map(gate_view).collect::<Vec<_>>(), "next": next}))
+}
+
+/// A gates page's cursor: `["<tenant>","<session>","<gate>"]`.
+fn gate_cursor(text: &str) -> Result<GateCursor, ApiError> {
+    let bad = || ApiError::invalid("after is the `next` of a gates page");
+    let [t, s, g]: [String; 3] = serde_json::from_str(text).map_err(|_| bad())?;
+    Ok(GateCursor {
+        tenant: TenantId::new(t).map_err(|e| ApiError::invalid(e.to_string()))?,
+        session: session_id(&s)?,
+        gate: GateId::new(g).map_err(|e| ApiError::invalid(e.to_string()))?,
+    })
 }
 
 #[derive(Deserialize)]

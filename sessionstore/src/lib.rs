@@ -18,6 +18,7 @@ pub mod machine;
 mod merged;
 mod migrations;
 pub mod model;
+mod open_gates;
 mod ops;
 mod options;
 pub mod packages;
@@ -50,6 +51,7 @@ pub use ids::*;
 pub use journal::*;
 pub use location::StoreLocation;
 pub use model::*;
+pub use open_gates::{GateCursor, OpenGatesPage};
 pub use options::{LOCAL_STORAGE_BINDING, StoreOptions, Synchronous, local_binding};
 pub use packages::{NewPackage, PackageSummary, Publication, StoredPackage};
 pub use runs::{

@@ -43,6 +43,7 @@ pub(crate) const SQLITE: &[Migration] = migration_files!("sqlite":
     10 => "0010_actors.sql",
     11 => "0011_command_trace.sql",
     12 => "0012_run_trace.sql",
+    13 => "0013_open_gates.sql",
 );
 
 /// The PostgreSQL migrations this binary knows, in version order.
@@ -59,6 +60,7 @@ pub(crate) const POSTGRES: &[Migration] = migration_files!("postgres":
     10 => "0010_actors.sql",
     11 => "0011_command_trace.sql",
     12 => "0012_run_trace.sql",
+    13 => "0013_open_gates.sql",
 );
 
 /// What a backend does for the runner: each step in its own dialect, all of them inside the
@@ -172,7 +174,7 @@ mod tests {
     fn a_fresh_database_gets_every_migration_in_order() {
         assert_eq!(
             versions(&missing(SQLITE, &[]).unwrap()),
-            [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
+            [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]
         );
     }
 
@@ -180,10 +182,10 @@ mod tests {
     fn only_the_versions_not_yet_applied_are_applied_even_below_an_applied_one() {
         assert_eq!(
             versions(&missing(SQLITE, &[1, 2, 4]).unwrap()),
-            [3, 5, 6, 7, 8, 9, 10, 11, 12]
+            [3, 5, 6, 7, 8, 9, 10, 11, 12, 13]
         );
         assert!(
-            missing(SQLITE, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12])
+            missing(SQLITE, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13])
                 .unwrap()
                 .is_empty()
         );
@@ -196,7 +198,7 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "state: schema is version 999: the database was written by a newer build (schema \
-             version 999); this binary knows up to 12. Upgrade hostd or use another database."
+             version 999); this binary knows up to 13. Upgrade hostd or use another database."
         );
     }
 }

@@ -783,6 +783,25 @@ impl Store {
         })
     }
 
+    /// A page of the open gates of `tenants`, oldest first, after the gate `after` (a gate of
+    /// one of them; otherwise `not_found`), at most `limit` (1 to [`MAX_PAGE`]), with the
+    /// cursor of the next page when more follow.
+    pub async fn open_gates_page(
+        &self,
+        tenants: &[TenantId],
+        after: Option<&crate::GateCursor>,
+        limit: usize,
+    ) -> StoreResult<crate::OpenGatesPage> {
+        let (tenants, after) = (tenants.to_vec(), after.cloned());
+        let limit = limit.clamp(1, MAX_PAGE) as u64;
+        read_op!(self, |tx| crate::open_gates::page(
+            tx,
+            &tenants,
+            after.as_ref(),
+            limit
+        ))
+    }
+
     // ---- payload objects ------------------------------------------------------------------
 
     /// Stores a payload object and returns its reference (id, size, SHA-256).

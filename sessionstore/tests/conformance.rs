@@ -1255,6 +1255,79 @@ mod cases {
         }
     }
 
+    pub async fn open_gates_are_read_a_page_at_a_time_oldest_first_across_sessions_and_tenants(
+        ts: &TestStore,
+    ) {
+        let e = ResidencyEpoch(1);
+        let s1 = new_session(ts, "s1").await;
+        let s2 = new_session(ts, "s2").await;
+        let theirs = sessionstore::testing::new_session(&ts.store, "globex", "s3", "build-1").await;
+        for (s, n) in [(&s1, 1), (&s1, 2), (&s2, 3), (&theirs, 4)] {
+            ts.store
+                .open_gate(&s.tenant, &s.session, e, gate(n))
+                .await
+                .unwrap();
+        }
+        ts.store
+            .resolve_gate(&s1.tenant, &s1.session, e, &gate(2).gate, 10)
+            .await
+            .unwrap();
+        let acme = [tenant()];
+        let named = |p: &OpenGatesPage| -> Vec<String> {
+            p.gates
+                .iter()
+                .map(|g| format!("{}/{}", g.session, g.gate))
+                .collect()
+        };
+        // Only open gates, only the tenants asked for, a page at a time, oldest first.
+        let first = ts.store.open_gates_page(&acme, None, 1).await.unwrap();
+        assert_eq!(named(&first), ["s1/g1"]);
+        let cursor = first.next.clone().expect("a second page");
+        let second = ts
+            .store
+            .open_gates_page(&acme, Some(&cursor), 1)
+            .await
+            .unwrap();
+        assert_eq!(
+            (named(&second), second.next),
+            (vec!["s2/g3".to_owned()], None)
+        );
+        let both = [tenant(), TenantId::new("globex").unwrap()];
+        let all = ts.store.open_gates_page(&both, None, 10).await.unwrap();
+        assert_eq!(named(&all), ["s1/g1", "s2/g3", "s3/g4"]);
+        // A gate resolved since is still a cursor; another tenant's or an unknown one is not.
+        let resolved = GateCursor {
+            tenant: tenant(),
+            session: s1.session.clone(),
+            gate: gate(2).gate,
+        };
+        let after = ts
+            .store
+            .open_gates_page(&acme, Some(&resolved), 10)
+            .await
+            .unwrap();
+        assert_eq!(named(&after), ["s2/g3"]);
+        for bad in [
+            GateCursor {
+                tenant: theirs.tenant.clone(),
+                session: theirs.session.clone(),
+                gate: gate(4).gate,
+            },
+            GateCursor {
+                tenant: tenant(),
+                session: s1.session.clone(),
+                gate: GateId::new("g9").unwrap(),
+            },
+        ] {
+            let e = ts
+                .store
+                .open_gates_page(&acme, Some(&bad), 10)
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), ErrorCode::NotFound, "{e}");
+        }
+    }
+
     pub async fn the_gate_projection_holds_at_most_16_open_and_never_reopens(ts: &TestStore) {
         let s = new_session(ts, "s1").await;
         let e = ResidencyEpoch(1);
@@ -2764,6 +2837,7 @@ sessionstore::both_backends!(cases =>
     a_claim_under_a_lapsed_or_released_residency_is_refused_as_lost,
     the_gate_mark_refuses_lower_admits_equal_and_raises_on_higher,
     the_gate_projection_holds_at_most_16_open_and_never_reopens,
+    open_gates_are_read_a_page_at_a_time_oldest_first_across_sessions_and_tenants,
     gate_writes_are_fenced_by_the_gate_mark,
     a_registration_is_fenced_and_its_tombstone_keeps_the_epoch,
     an_advertisement_expires_and_a_lower_generation_is_refused,

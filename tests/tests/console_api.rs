@@ -13,6 +13,18 @@ use sessionstore::testing::TestStore;
 use sessionstore::{CommandId, TenantId};
 use testkit::*;
 
+/// `text` percent-encoded for a query string.
+fn urlencoding(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 struct Fixture {
     base: String,
     http: reqwest::Client,
@@ -334,6 +346,69 @@ mod cases {
         f.stop().await;
     }
 
+    pub async fn open_gates_page_oldest_first_and_a_cursor_may_name_ids_with_a_slash(
+        ts: &TestStore,
+    ) {
+        let f = Fixture::start(ts, "h-console-gate-pages").await;
+        let mut opened = Vec::new();
+        for n in 0..3 {
+            let s = f.c.session().await;
+            let gate = sessionstore::GateId::new(format!("gate/{n}")).unwrap();
+            ts.store
+                .open_gate(
+                    &s.tenant,
+                    &s.session,
+                    sessionstore::ResidencyEpoch(1),
+                    sessionstore::OpenGate {
+                        gate: gate.clone(),
+                        opened_event: sessionstore::EventId::new(format!("e{n}")).unwrap(),
+                        opened_seq: 1,
+                        kind: "permission".into(),
+                        prompt_summary: format!("allow {n}?"),
+                        deadline_ms: i64::MAX / 2,
+                    },
+                )
+                .await
+                .unwrap();
+            opened.push(gate.to_string());
+            // Each a moment after the last, so the order is the order of opening.
+            tokio::time::sleep(std::time::Duration::from_millis(3)).await;
+        }
+        let mut seen = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let q = match &after {
+                Some(a) => format!("/gates?limit=2&after={}", urlencoding(a)),
+                None => "/gates?limit=2".into(),
+            };
+            let (status, page) = f.get(Some(&f.read), &q).await;
+            assert_eq!(status, 200, "{page}");
+            for g in page["gates"].as_array().unwrap() {
+                seen.push(g["gate_id"].as_str().unwrap().to_owned());
+            }
+            match page["next"].as_str() {
+                Some(n) => after = Some(n.to_owned()),
+                None => break,
+            }
+        }
+        assert_eq!(seen, opened, "oldest first, each once");
+        // A cursor naming no gate is not found; one that is not a cursor at all is invalid.
+        for (bad, status, code) in [
+            (r#"["acme","nobody","gate/0"]"#, 404, "not_found"),
+            ("acme/s/g", 400, "invalid"),
+        ] {
+            let (got, body) = f
+                .get(Some(&f.read), &format!("/gates?after={}", urlencoding(bad)))
+                .await;
+            assert_eq!(
+                (got, body["error"]["code"].clone()),
+                (status, json!(code)),
+                "{bad}"
+            );
+        }
+        f.stop().await;
+    }
+
     pub async fn only_the_operate_role_drains_and_the_report_comes_back(ts: &TestStore) {
         let f = Fixture::start(ts, "h-console-drain").await;
         let s = f.c.session().await;
@@ -381,5 +456,6 @@ sessionstore::both_backends!(cases =>
     a_session_view_shows_commands_gates_and_journal_and_no_runtime_private_id,
     sessions_page_with_a_cursor_and_a_bad_limit_is_a_stable_refusal,
     runs_page_newest_first_with_a_cursor_and_an_unknown_cursor_is_not_found,
+    open_gates_page_oldest_first_and_a_cursor_may_name_ids_with_a_slash,
     only_the_operate_role_drains_and_the_report_comes_back,
 );

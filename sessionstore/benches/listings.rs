@@ -1,12 +1,15 @@
-//! `cargo bench -p sessionstore --bench run_pages`
+//! `cargo bench -p sessionstore --bench listings`
 //!
-//! What reading a tenant's runs costs once it has many, for each backend, in one run: the
-//! tenant gets `HOST_BENCH_RUNS` (default 20,000) completed runs, then each read is timed
-//! `READS` times and its median printed:
-//! - the whole list (`Store::runs`): what `run.list` and the console read on every call
-//!   before they paged — the baseline the pages are compared with;
-//! - the console's first page (50, newest first);
-//! - a `run.list` page of 500 from the middle of the list (oldest first, after a cursor).
+//! What the operator's listings cost once a store has many rows, for each backend, in one
+//! run; each read is timed `READS` times and its median printed beside the read it replaced:
+//! - runs: the tenant gets `HOST_BENCH_RUNS` (default 20,000) completed runs. The baseline is
+//!   the whole list (`Store::runs`), what `run.list` and the console read on every call
+//!   before they paged; against it, the console's first page (50, newest first) and a
+//!   `run.list` page of 500 from the middle (oldest first, after a cursor);
+//! - open gates: `HOST_BENCH_GATED` (default 2,000) sessions with one open gate each. The
+//!   baseline is what the console's gates view read before: the tenant's first 1,000 sessions,
+//!   then each one's open gates (and it never showed a gate past them); against it, the first
+//!   page of 50 open gates, oldest first.
 //!
 //! PostgreSQL runs when `HOST_TEST_DATABASE_URL` is set.
 
@@ -15,6 +18,7 @@ use std::time::{Duration, Instant};
 use sessionstore::testing::bench::{
     BenchDatabase, bench_postgres_url, chosen_backends, env_usize, load_average, median, runtime,
 };
+use sessionstore::testing::new_session;
 use sessionstore::*;
 
 const READS: usize = 15;
@@ -121,7 +125,83 @@ async fn bench(name: &str, store: &Store, runs: usize) {
         ms(deep),
         deep.as_secs_f64() / whole.as_secs_f64()
     );
+    gates(name, store).await;
     println!("{name}: load average {}", load_average());
+}
+
+/// `n` sessions of the bench tenant with one open gate each.
+async fn gated_sessions(store: &Store, n: usize) {
+    let mut writers = Vec::new();
+    for w in 0..WRITERS {
+        let store = store.clone();
+        writers.push(tokio::spawn(async move {
+            for i in (w..n).step_by(WRITERS) {
+                let s = new_session(&store, "bench", &format!("gated-{i:06}"), "build").await;
+                store
+                    .open_gate(
+                        &s.tenant,
+                        &s.session,
+                        ResidencyEpoch(1),
+                        OpenGate {
+                            gate: GateId::new(format!("gate-{i}")).expect("a gate id"),
+                            opened_event: EventId::new(format!("event-{i}")).expect("an event id"),
+                            opened_seq: 1,
+                            kind: "permission".into(),
+                            prompt_summary: "may the agent go on?".into(),
+                            deadline_ms: i64::MAX / 2,
+                        },
+                    )
+                    .await
+                    .expect("an open gate");
+            }
+        }));
+    }
+    for w in writers {
+        w.await.expect("a writer");
+    }
+}
+
+async fn gates(name: &str, store: &Store) {
+    let gated = env_usize("HOST_BENCH_GATED", 2_000);
+    let start = Instant::now();
+    gated_sessions(store, gated).await;
+    println!(
+        "{name}: {gated} sessions with an open gate each recorded in {:.1} s",
+        start.elapsed().as_secs_f64()
+    );
+    let t = tenant();
+    let (before, before_rows) = timed(|| async {
+        let mut open = 0;
+        for s in store.list_sessions(&t, None, 1000).await.expect("sessions") {
+            open += store
+                .gates(&t, &s.session, true)
+                .await
+                .expect("gates")
+                .len();
+        }
+        open
+    })
+    .await;
+    let tenants = [t.clone()];
+    let (page, page_rows) = timed(|| async {
+        store
+            .open_gates_page(&tenants, None, 50)
+            .await
+            .expect("a page of open gates")
+            .gates
+            .len()
+    })
+    .await;
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "{name}: gates view before (1,000 sessions, a read each; baseline): {:>8.2} ms for {before_rows} of {gated} open gates",
+        ms(before)
+    );
+    println!(
+        "{name}: first page of open gates, oldest first:                  {:>8.2} ms for {page_rows} ({:.4}× the baseline)",
+        ms(page),
+        page.as_secs_f64() / before.as_secs_f64()
+    );
 }
 
 fn main() {
@@ -141,7 +221,7 @@ fn main() {
         && let Some(url) = bench_postgres_url()
     {
         rt.block_on(async {
-            let db = BenchDatabase::postgres(&url, "bench_run_pages");
+            let db = BenchDatabase::postgres(&url, "bench_listings");
             let store = Store::open(db.options.clone()).await.expect("store");
             bench("postgres", &store, runs).await;
             store.close().await;
