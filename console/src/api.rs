@@ -150,6 +150,14 @@ fn tenant(c: &Console, t: &str) -> Result<TenantId, ApiError> {
     Ok(t)
 }
 
+/// The tenants a list covers: the one `only` names (one of the console's), or every one.
+fn listed_tenants(c: &Console, only: Option<&str>) -> Result<Vec<TenantId>, ApiError> {
+    match only {
+        Some(t) => Ok(vec![tenant(c, t)?]),
+        None => Ok(c.tenants.iter().cloned().collect()),
+    }
+}
+
 fn session_id(s: &str) -> Result<SessionId, ApiError> {
     SessionId::new(s).map_err(|e| ApiError::invalid(e.to_string()))
 }
@@ -445,10 +453,7 @@ pub async fn gates(
 ) -> ApiResult {
     operator(&c, &headers)?;
     let limit = page_limit(q.limit)?;
-    let tenants: Vec<TenantId> = match q.tenant.as_deref() {
-        Some(t) => vec![tenant(&c, t)?],
-        None => c.tenants.iter().cloned().collect(),
-    };
+    let tenants = listed_tenants(&c, q.tenant.as_deref())?;
     let after = q.after.as_deref().map(gate_cursor).transpose()?;
     let page = c
         .service
@@ -540,10 +545,7 @@ pub async fn runs(
 ) -> ApiResult {
     operator(&c, &headers)?;
     let limit = page_limit(q.limit)?;
-    let tenants: Vec<TenantId> = match q.tenant.as_deref() {
-        Some(t) => vec![tenant(&c, t)?],
-        None => c.tenants.iter().cloned().collect(),
-    };
+    let tenants = listed_tenants(&c, q.tenant.as_deref())?;
     let after = q.after.as_deref().map(run_id).transpose()?;
     let page = c
         .service

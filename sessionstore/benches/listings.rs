@@ -28,39 +28,51 @@ fn tenant() -> TenantId {
     TenantId::new("bench").expect("a tenant id")
 }
 
-/// `n` completed runs of the bench tenant, `WRITERS` at a time.
-async fn fill(store: &Store, n: usize) {
+/// Runs `write(store, i)` for each `i` below `n`, `WRITERS` at a time.
+async fn written<F, Fut>(store: &Store, n: usize, write: F)
+where
+    F: Fn(Store, usize) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
     let mut writers = Vec::new();
     for w in 0..WRITERS {
-        let store = store.clone();
+        let (store, write) = (store.clone(), write.clone());
         writers.push(tokio::spawn(async move {
             for i in (w..n).step_by(WRITERS) {
-                let created = store
-                    .create_run(NewRun {
-                        run_id: RunId::new(format!("run-{i:07}")).expect("a run id"),
-                        tenant: tenant(),
-                        source: "steps:\n  - name: only\n    sleep: 0s\n".into(),
-                        input: "{}".into(),
-                        holder: "bench/attempt-1".into(),
-                        fencing_token: format!("bench-{i}"),
-                        lease: Duration::from_secs(3600),
-                        idempotency_key: None,
-                        pins: Vec::new(),
-                        started_by: Some("user:bench".into()),
-                        trace: None,
-                    })
-                    .await
-                    .expect("a run");
-                store
-                    .end_run(&created.status.fence(), RunEnd::Completed)
-                    .await
-                    .expect("the run ends");
+                write(store.clone(), i).await;
             }
         }));
     }
     for w in writers {
         w.await.expect("a writer");
     }
+}
+
+/// `n` completed runs of the bench tenant.
+async fn fill(store: &Store, n: usize) {
+    written(store, n, |store, i| async move {
+        let created = store
+            .create_run(NewRun {
+                run_id: RunId::new(format!("run-{i:07}")).expect("a run id"),
+                tenant: tenant(),
+                source: "steps:\n  - name: only\n    sleep: 0s\n".into(),
+                input: "{}".into(),
+                holder: "bench/attempt-1".into(),
+                fencing_token: format!("bench-{i}"),
+                lease: Duration::from_secs(3600),
+                idempotency_key: None,
+                pins: Vec::new(),
+                started_by: Some("user:bench".into()),
+                trace: None,
+            })
+            .await
+            .expect("a run");
+        store
+            .end_run(&created.status.fence(), RunEnd::Completed)
+            .await
+            .expect("the run ends");
+    })
+    .await;
 }
 
 /// The median of `READS` timings of `read`, and the rows its last call returned.
@@ -131,34 +143,26 @@ async fn bench(name: &str, store: &Store, runs: usize) {
 
 /// `n` sessions of the bench tenant with one open gate each.
 async fn gated_sessions(store: &Store, n: usize) {
-    let mut writers = Vec::new();
-    for w in 0..WRITERS {
-        let store = store.clone();
-        writers.push(tokio::spawn(async move {
-            for i in (w..n).step_by(WRITERS) {
-                let s = new_session(&store, "bench", &format!("gated-{i:06}"), "build").await;
-                store
-                    .open_gate(
-                        &s.tenant,
-                        &s.session,
-                        ResidencyEpoch(1),
-                        OpenGate {
-                            gate: GateId::new(format!("gate-{i}")).expect("a gate id"),
-                            opened_event: EventId::new(format!("event-{i}")).expect("an event id"),
-                            opened_seq: 1,
-                            kind: "permission".into(),
-                            prompt_summary: "may the agent go on?".into(),
-                            deadline_ms: i64::MAX / 2,
-                        },
-                    )
-                    .await
-                    .expect("an open gate");
-            }
-        }));
-    }
-    for w in writers {
-        w.await.expect("a writer");
-    }
+    written(store, n, |store, i| async move {
+        let s = new_session(&store, "bench", &format!("gated-{i:06}"), "build").await;
+        store
+            .open_gate(
+                &s.tenant,
+                &s.session,
+                ResidencyEpoch(1),
+                OpenGate {
+                    gate: GateId::new(format!("gate-{i}")).expect("a gate id"),
+                    opened_event: EventId::new(format!("event-{i}")).expect("an event id"),
+                    opened_seq: 1,
+                    kind: "permission".into(),
+                    prompt_summary: "may the agent go on?".into(),
+                    deadline_ms: i64::MAX / 2,
+                },
+            )
+            .await
+            .expect("an open gate");
+    })
+    .await;
 }
 
 async fn gates(name: &str, store: &Store) {

@@ -5,7 +5,7 @@
 use crate::error::{StoreError, StoreResult};
 use crate::ids::{GateId, SessionId, TenantId};
 use crate::model::GateRecord;
-use crate::sql::{Conn, GATE_COLS, Param, SqlTx, decode_gate, int, ms, text};
+use crate::sql::{Conn, GATE_COLS, SqlTx, decode_gate, int, ms, split_page, tenant_list, text};
 
 /// Names one gate: where a page of open gates resumes (the last gate of the page before).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -35,11 +35,7 @@ pub(crate) async fn page<C: Conn>(
     if tenants.is_empty() {
         return Ok(OpenGatesPage::default());
     }
-    let mut params: Vec<Param> = tenants.iter().map(|t| text(t.as_str())).collect();
-    let among = (1..=tenants.len())
-        .map(|i| format!("${i}"))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let (among, mut params) = tenant_list(tenants);
     let mut past_cursor = String::new();
     if let Some(after) = after {
         let opened_at = cursor_opened_at(tx, tenants, after).await?;
@@ -64,22 +60,17 @@ pub(crate) async fn page<C: Conn>(
          ORDER BY opened_at, tenant_id, session_id, gate_id LIMIT ${}",
         params.len()
     );
-    let mut gates = tx
+    let read = tx
         .rows(&q, params, "gate")
         .await?
         .iter()
         .map(decode_gate)
         .collect::<StoreResult<Vec<_>>>()?;
-    let next = if gates.len() as u64 > limit {
-        gates.truncate(limit as usize);
-        gates.last().map(|g| GateCursor {
-            tenant: g.tenant.clone(),
-            session: g.session.clone(),
-            gate: g.gate.clone(),
-        })
-    } else {
-        None
-    };
+    let (gates, next) = split_page(read, limit, |g| GateCursor {
+        tenant: g.tenant.clone(),
+        session: g.session.clone(),
+        gate: g.gate.clone(),
+    });
     Ok(OpenGatesPage { gates, next })
 }
 

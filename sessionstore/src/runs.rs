@@ -20,7 +20,9 @@ use crate::error::{StoreError, StoreResult};
 use crate::ids::{RunId, TenantId, check_opaque_id};
 use crate::limits::MAX_LEASE_TTL;
 use crate::model::sha256_hex;
-use crate::sql::{Conn, Param, Row, SqlTx, int, ms, opt_ms, opt_text, render, text};
+use crate::sql::{
+    Conn, Param, Row, SqlTx, int, ms, opt_ms, opt_text, render, split_page, tenant_list, text,
+};
 
 /// The largest program source a run may record.
 pub const MAX_PROGRAM_BYTES: usize = 1024 * 1024;
@@ -833,13 +835,8 @@ pub(crate) async fn page<C: Conn>(
     limit: u64,
     order: RunOrder,
 ) -> StoreResult<RunsPage> {
-    let mut runs = page_and_one(tx, tenants, after, limit + 1, order).await?;
-    let next = if runs.len() as u64 > limit {
-        runs.truncate(limit as usize);
-        runs.last().map(|r| r.run_id.clone())
-    } else {
-        None
-    };
+    let read = page_and_one(tx, tenants, after, limit + 1, order).await?;
+    let (runs, next) = split_page(read, limit, |r| r.run_id.clone());
     Ok(RunsPage { runs, next })
 }
 
@@ -857,11 +854,7 @@ async fn page_and_one<C: Conn>(
         RunOrder::OldestFirst => (">", "ASC"),
         RunOrder::NewestFirst => ("<", "DESC"),
     };
-    let mut params: Vec<Param> = tenants.iter().map(|t| text(t.as_str())).collect();
-    let among = (1..=tenants.len())
-        .map(|i| format!("${i}"))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let (among, mut params) = tenant_list(tenants);
     let mut past_cursor = String::new();
     if let Some(after) = after {
         let mut lookup = params.clone();

@@ -291,6 +291,36 @@ pub(crate) fn flag(v: bool) -> Param {
     Param::Int(Some(i64::from(v)))
 }
 
+// ---- pages ----------------------------------------------------------------------------------
+
+/// A `tenant_id IN (…)` list for `tenants`: its placeholders (`$1, $2, …`) and their
+/// parameters, which come first in the statement.
+pub(crate) fn tenant_list(tenants: &[TenantId]) -> (String, Vec<Param>) {
+    let placeholders = (1..=tenants.len())
+        .map(|i| format!("${i}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    (
+        placeholders,
+        tenants.iter().map(|t| text(t.as_str())).collect(),
+    )
+}
+
+/// Splits a read of up to `limit + 1` rows into a page of at most `limit` and, when the extra
+/// row shows that more follow, the cursor of the next page (`key` of the page's last row).
+pub(crate) fn split_page<T, K>(
+    mut rows: Vec<T>,
+    limit: u64,
+    key: impl Fn(&T) -> K,
+) -> (Vec<T>, Option<K>) {
+    if rows.len() as u64 <= limit {
+        return (rows, None);
+    }
+    rows.truncate(limit as usize);
+    let next = rows.last().map(key);
+    (rows, next)
+}
+
 // ---- statements -----------------------------------------------------------------------------
 
 pub(crate) const SESSION_COLS: &str = "tenant_id, session_id, agent_id, compatibility_id, runtime_session_id, \
@@ -780,5 +810,25 @@ impl<C: Conn> SqlTx<C> {
     pub(crate) async fn exec(&mut self, template: &str, params: Vec<Param>) -> StoreResult<u64> {
         let sql = render(template, self.conn.dialect(), false);
         self.conn.execute(&sql, params).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_read_past_the_page_names_the_next_page_and_a_short_one_does_not() {
+        assert_eq!(split_page(vec![1, 2, 3], 2, |n| *n), (vec![1, 2], Some(2)));
+        assert_eq!(split_page(vec![1, 2], 2, |n| *n), (vec![1, 2], None));
+        assert_eq!(split_page(Vec::<u8>::new(), 2, |n| *n), (vec![], None));
+    }
+
+    #[test]
+    fn a_tenant_list_numbers_one_placeholder_per_tenant_from_one() {
+        let tenants = [TenantId::new("a").unwrap(), TenantId::new("b").unwrap()];
+        let (placeholders, params) = tenant_list(&tenants);
+        assert_eq!(placeholders, "$1, $2");
+        assert_eq!(params.len(), 2);
     }
 }
