@@ -197,10 +197,21 @@ pub fn decode_unverified(token: &str) -> Result<Unverified, DecodeError> {
     };
     let header_json = part_json(header, "the header is not base64url UTF-8")?;
     let claims_json = part_json(claims, "the claims are not base64url UTF-8")?;
-    let header: Header = serde_json::from_str(&header_json)
-        .map_err(|_| DecodeError("the header is not a JSON object with a string alg"))?;
-    let claims: Claims = serde_json::from_str(&claims_json)
-        .map_err(|_| DecodeError("the claims are not a JSON object of the expected types"))?;
+    // Each part is read as a whole JSON value first, so a member the typed read would skip
+    // (a number no JSON reader can hold, say) refuses the token here rather than surprising
+    // whoever shows the text later.
+    let header = serde_json::from_str::<serde_json::Value>(&header_json)
+        .ok()
+        .and_then(|v| Header::deserialize(&v).ok())
+        .ok_or(DecodeError(
+            "the header is not a JSON object with a string alg",
+        ))?;
+    let claims = serde_json::from_str::<serde_json::Value>(&claims_json)
+        .ok()
+        .and_then(|v| Claims::deserialize(&v).ok())
+        .ok_or(DecodeError(
+            "the claims are not a JSON object of the expected types",
+        ))?;
     Ok(Unverified {
         header,
         claims,
@@ -709,5 +720,24 @@ mod tests {
         assert!(decode_unverified("x").is_err());
         assert!(decode_unverified(&"a".repeat(MAX_TOKEN_BYTES + 1)).is_err());
         assert!(!looks_like_jwt("opaque-token_without-dots"));
+    }
+
+    #[test]
+    fn a_part_holding_json_no_reader_can_hold_is_not_a_jwt() {
+        // Found by the `jwt` fuzz target: claims with a member the typed read skips, whose
+        // number overflows every JSON reader (`{"alg":2e6056}`). The token was read, and its
+        // claims text then failed to parse wherever it was shown.
+        let part = |json: &str| URL_SAFE_NO_PAD.encode(json);
+        let token = format!(
+            "{}.{}.false",
+            part(r#"{"alg":"n"}"#),
+            part(r#"{"alg":2e6056}"#)
+        );
+        assert_eq!(
+            decode_unverified(&token).unwrap_err().to_string(),
+            "not a JWT: the claims are not a JSON object of the expected types"
+        );
+        let header = format!("{}.{}.x", part(r#"{"alg":"HS256","x":1e999}"#), part("{}"));
+        assert!(decode_unverified(&header).is_err());
     }
 }
