@@ -51,7 +51,7 @@ async fn link(host: &Serve, token: &str) -> controller::client::HostLinkClient {
 }
 
 /// A controller of tenant `acme` admitting under a fresh trace, and the session `name` it
-/// created, placed, bound and whose creation the Host applied.
+/// created and placed, whose creation the Host applied; bound when a feed is kept.
 struct TracedSession {
     c: Controller,
     session: SessionId,
@@ -60,10 +60,11 @@ struct TracedSession {
     /// The caller's `traceparent` and its trace id.
     header: String,
     trace_id: String,
-    _feed: tokio::sync::mpsc::Receiver<controller::client::Publication>,
+    _feed: Option<tokio::sync::mpsc::Receiver<controller::client::Publication>>,
 }
 
-async fn traced_session(store: &Store, token: &str, name: &str) -> TracedSession {
+/// The session `name` created and placed under a fresh trace, not bound.
+async fn traced_placed(store: &Store, token: &str, name: &str) -> TracedSession {
     let (header, trace_id) = traceparent();
     let trace = TraceContext::from_headers(Some(&header), None).unwrap();
     let c = Controller::new(store.clone(), TenantId::new("acme").unwrap(), token).with_trace(trace);
@@ -79,8 +80,6 @@ async fn traced_session(store: &Store, token: &str, name: &str) -> TracedSession
         .await
         .unwrap();
     let placed = c.place(&session).await.expect("placed");
-    let feed = c.bind_and_stream(&placed, false).await.expect("bound");
-
     assert_eq!(
         terminal(store, &record, &create.command).await.outcome,
         Some(Outcome::Applied)
@@ -92,8 +91,20 @@ async fn traced_session(store: &Store, token: &str, name: &str) -> TracedSession
         placed,
         header,
         trace_id,
-        _feed: feed,
+        _feed: None,
     }
+}
+
+/// [`traced_placed`], and bound: its link streams the session.
+async fn traced_session(store: &Store, token: &str, name: &str) -> TracedSession {
+    let mut traced = traced_placed(store, token, name).await;
+    let feed = traced
+        .c
+        .bind_and_stream(&traced.placed, false)
+        .await
+        .expect("bound");
+    traced._feed = Some(feed);
+    traced
 }
 
 async fn wait_for_span(c: &Collector, trace_id: &str, name: &str) -> collector::Span {
@@ -480,27 +491,16 @@ async fn after_a_kill_and_failover_the_successor_applies_a_command_in_its_admiss
     let store = Store::open(StoreOptions::new(db.url.clone()))
         .await
         .expect("the fleet's store");
-    let (header, trace_id) = traceparent();
-    let trace = TraceContext::from_headers(Some(&header), None).unwrap();
-    let c =
-        Controller::new(store.clone(), TenantId::new("acme").unwrap(), &token).with_trace(trace);
-    let session = SessionId::new("failover-traced").unwrap();
-    let (record, create) = c
-        .create_session(
-            session.clone(),
-            AgentId::new(AGENT).unwrap(),
-            CompatibilityId::new(BUILD).unwrap(),
-            None,
-            CommandId::new("create").unwrap(),
-        )
-        .await
-        .unwrap();
-    let placed = c.place(&session).await.expect("placed");
+    let TracedSession {
+        c,
+        session,
+        record,
+        placed,
+        header,
+        trace_id,
+        ..
+    } = traced_placed(&store, &token, "failover-traced").await;
     let resident = placed.observation.host_id.to_string();
-    assert_eq!(
-        terminal(&store, &record, &create.command).await.outcome,
-        Some(Outcome::Applied)
-    );
     let [a, b] = hosts;
     let (victim, survivor) = if resident == "trace-a" {
         (a, b)

@@ -157,6 +157,23 @@ pub struct Collector {
     stop: Option<oneshot::Sender<()>>,
 }
 
+/// A collector at `addr` whose server `serve` (given the sink it records into and the signal
+/// to stop on) runs on the current tokio runtime until the collector stops.
+fn serving<F, Fut>(addr: SocketAddr, serve: F) -> Collector
+where
+    F: FnOnce(Sink, oneshot::Receiver<()>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let sink = Sink::default();
+    let (stop, stopped) = oneshot::channel::<()>();
+    tokio::spawn(serve(sink.clone(), stopped));
+    Collector {
+        addr,
+        sink,
+        stop: Some(stop),
+    }
+}
+
 impl Collector {
     /// Serves on a free port of 127.0.0.1 (on the current tokio runtime).
     pub fn start() -> Collector {
@@ -167,22 +184,14 @@ impl Collector {
     pub fn start_on(addr: SocketAddr) -> Collector {
         let incoming = TcpIncoming::bind(addr).expect("the collector binds");
         let addr = incoming.local_addr().expect("the collector's address");
-        let sink = Sink::default();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let service = TraceServiceServer::new(sink.clone());
-        tokio::spawn(async move {
+        serving(addr, |sink, stopped| async move {
             let _ = tonic::transport::Server::builder()
-                .add_service(service)
+                .add_service(TraceServiceServer::new(sink))
                 .serve_with_incoming_shutdown(incoming, async {
                     let _ = stopped.await;
                 })
                 .await;
-        });
-        Collector {
-            addr,
-            sink,
-            stop: Some(stop),
-        }
+        })
     }
 
     /// Serves OTLP/HTTP (protobuf) on a free port of 127.0.0.1 (on the current tokio runtime).
@@ -193,23 +202,16 @@ impl Collector {
             .expect("a non-blocking listener");
         let addr = listener.local_addr().expect("the collector's address");
         let listener = tokio::net::TcpListener::from_std(listener).expect("a tokio listener");
-        let sink = Sink::default();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let app = axum::Router::new()
-            .route("/v1/traces", axum::routing::post(http_export))
-            .with_state(sink.clone());
-        tokio::spawn(async move {
+        serving(addr, |sink, stopped| async move {
+            let app = axum::Router::new()
+                .route("/v1/traces", axum::routing::post(http_export))
+                .with_state(sink);
             let _ = axum::serve(listener, app)
                 .with_graceful_shutdown(async {
                     let _ = stopped.await;
                 })
                 .await;
-        });
-        Collector {
-            addr,
-            sink,
-            stop: Some(stop),
-        }
+        })
     }
 
     /// The endpoint to give `--otlp-endpoint` (for OTLP/HTTP, the base `/v1/traces` is added to).
